@@ -1,0 +1,42 @@
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+
+namespace zaya::app {
+namespace {
+
+struct Pending {
+  const char* name;
+  const char* description;
+  const char* issue;
+};
+
+// Remove an entry when its real command lands in its own apps/cmd_<name>.cc.
+const std::vector<Pending> kPending = {
+    {"train", "Train a model from a TOML config", "#5"},
+    {"eval", "Evaluate a checkpoint on a dataset", "#5"},
+    {"generate", "Generate text or token ids from a checkpoint", "#4/#5"},
+    {"data", "Prepare tokenized datasets (SentencePiece + Megatron .bin/.idx)", "#5"},
+    {"ckpt", "Inspect, verify, export and import checkpoints", "#6"},
+    {"bench", "Collective, GEMM, memory-bandwidth and checkpoint benchmarks", "#7"},
+    {"size", "Parameters, FLOPs, memory and step time of a model on given hardware", "#7"},
+    {"simulate", "Simulate collectives and data-parallel scaling on a cluster", "#7"},
+    {"supervise", "Run a job under the Aegis fault-tolerance supervisor", "Aegis"},
+};
+
+}  // namespace
+
+void add_pending_commands(CLI::App& app, Commands& commands) {
+  for (const Pending& p : kPending) {
+    auto* cmd = app.add_subcommand(p.name, std::string(p.description) + " (not built yet)");
+    cmd->allow_extras();
+    commands.push_back({cmd, [p] {
+                          std::cerr << "zaya " << p.name << ": not built yet (tracked in issue " << p.issue << ")\n";
+                          return 2;
+                        }});
+  }
+}
+
+}  // namespace zaya::app

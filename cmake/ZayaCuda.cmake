@@ -1,0 +1,40 @@
+# CUDA is optional. When it is built, zaya_core defines ZAYA_HAVE_CUDA for every layer above it.
+set(ZAYA_WITH_CUDA OFF)
+if(NOT ZAYA_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(ZAYA_WITH_CUDA ON)
+  elseif(ZAYA_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "ZAYA_CUDA=ON but no CUDA compiler (nvcc) was found")
+  endif()
+endif()
+
+if(ZAYA_WITH_CUDA)
+  # Hopper: native sm_90a code plus compute_90 PTX so newer GPUs can JIT it.
+  set(CMAKE_CUDA_ARCHITECTURES OFF)
+  enable_language(CUDA)
+  # CMake 3.25 does not know nvcc's C++20 flag (nvcc 12+ has it): teach it, then ask for 20.
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA_STANDARD 20)
+  find_package(CUDAToolkit REQUIRED)
+  message(STATUS "zaya: building CUDA sources with ${CMAKE_CUDA_COMPILER}")
+else()
+  message(STATUS "zaya: CPU-only build")
+endif()
+
+function(zaya_cuda_target tgt)
+  if(NOT ZAYA_WITH_CUDA)
+    return()
+  endif()
+  get_target_property(type ${tgt} TYPE)
+  if(type STREQUAL "INTERFACE_LIBRARY")
+    return()
+  endif()
+  target_compile_options(${tgt} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
+      --expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra>)
+  target_compile_definitions(${tgt} PUBLIC ZAYA_HAVE_CUDA=1)
+  target_link_libraries(${tgt} PUBLIC CUDA::cudart CUDA::cublasLt CUDA::cublas)
+endfunction()

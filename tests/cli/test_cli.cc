@@ -1,0 +1,53 @@
+// The CLI's exit-code contract: 0 success, 2 usage or input errors, and "not built yet" for
+// subcommands whose issue has not landed.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int code;
+  std::string output;  // stdout and stderr together
+};
+
+CliRun zaya(const std::string& args) {
+  std::string cmd = std::string(ZAYA_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(Cli, SysinfoSucceeds) {
+  CliRun r = zaya("sysinfo");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("oneDNN"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("CUDA devices"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("avx512_bf16"), std::string::npos) << r.output;
+}
+
+TEST(Cli, HelpSucceeds) { EXPECT_EQ(zaya("--help").code, 0); }
+
+TEST(Cli, UsageErrorsExitTwo) {
+  EXPECT_EQ(zaya("").code, 2);                     // no subcommand
+  EXPECT_EQ(zaya("--no-such-flag sysinfo").code, 2);
+  EXPECT_EQ(zaya("no-such-command").code, 2);
+  CliRun r = zaya("--log-level loud sysinfo");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("--log-level"), std::string::npos) << r.output;
+}
+
+TEST(Cli, PendingCommandsSaySoAndExitTwo) {
+  for (const char* cmd : {"supervise"}) {
+    CliRun r = zaya(cmd);
+    EXPECT_EQ(r.code, 2) << cmd;
+    EXPECT_NE(r.output.find("not built yet"), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
