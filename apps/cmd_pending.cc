@@ -13,7 +13,7 @@ struct Pending {
   const char* issue;
 };
 
-// Remove an entry when its real command lands in its own apps/cmd_<name>.cc.
+// Commands that registered for real (apps/cmd_<name>.cc) are skipped; remove their entry here.
 const std::vector<Pending> kPending = {
     {"train", "Train a model from a TOML config", "#5"},
     {"eval", "Evaluate a checkpoint on a dataset", "#5"},
@@ -28,8 +28,16 @@ const std::vector<Pending> kPending = {
 
 }  // namespace
 
+std::vector<RegisteredCommand>& command_registry() {
+  static std::vector<RegisteredCommand> registry;
+  return registry;
+}
+
 void add_pending_commands(CLI::App& app, Commands& commands) {
   for (const Pending& p : kPending) {
+    bool landed = false;
+    for (const auto& r : command_registry()) landed |= r.name == p.name;
+    if (landed) continue;
     auto* cmd = app.add_subcommand(p.name, std::string(p.description) + " (not built yet)");
     cmd->allow_extras();
     commands.push_back({cmd, [p] {

@@ -4,8 +4,9 @@
 #include "zaya/bench/sysinfo.h"
 
 namespace zaya::app {
+namespace {
 
-void add_sysinfo_command(CLI::App& app, Commands& commands) {
+void add_sysinfo(CLI::App& app, Commands& commands) {
   auto* cmd = app.add_subcommand("sysinfo", "Print cores, memory, CPU ISA, library versions and CUDA devices");
   commands.push_back({cmd, [] {
                         std::cout << bench::format_sysinfo(bench::query_sysinfo());
@@ -13,4 +14,7 @@ void add_sysinfo_command(CLI::App& app, Commands& commands) {
                       }});
 }
 
+}  // namespace
 }  // namespace zaya::app
+
+ZAYA_COMMAND(sysinfo, zaya::app::add_sysinfo);

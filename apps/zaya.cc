@@ -2,6 +2,7 @@
 // 2 a usage or input error (bad flag, bad config, malformed file), 3 an internal error.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <iostream>
 
 #include "commands.h"
@@ -18,7 +19,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "debug, info, warn or error");
 
   zaya::app::Commands commands;
-  zaya::app::add_sysinfo_command(app, commands);
+  auto registry = zaya::app::command_registry();
+  std::sort(registry.begin(), registry.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (const auto& r : registry) r.add(app, commands);
   zaya::app::add_pending_commands(app, commands);
 
   try {
