@@ -1,0 +1,45 @@
+// GEMM on the CPU through oneDNN matmul: C = alpha·op(A)·op(B) + beta·C.
+//
+// A and B are f32, or both bf16 (f32 accumulation, f32 output: the CPU's avx512_bf16/AMX units run
+// these natively). C is always f32. Primitives are built once per (shapes, transposes, dtype, alpha,
+// beta, thread count) and cached, so a training step reuses them instead of re-JIT-ing kernels.
+// beta != 0 accumulates into C through oneDNN's sum post-op.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "zaya/core/tensor.h"
+
+namespace zaya::ops {
+
+enum class Trans : uint8_t { N, T };
+
+// op(A) is [M, K]: A is [M, K] for Trans::N and [K, M] for Trans::T; likewise op(B) is [K, N].
+// Batched: A and C may carry a leading batch dim [Bt, ., .]; B is then [Bt, ., .] or 2-D (the same
+// B for every batch entry). C must not alias A or B.
+void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, Tensor& C, float alpha = 1.0f,
+          float beta = 0.0f);
+
+// One problem of a grouped GEMM (the expert GEMMs: each expert gets a different number of tokens).
+struct GemmProblem {
+  Tensor A;
+  Tensor B;
+  Tensor C;
+};
+
+// Runs every problem with the same transposes, alpha and beta; problems may have M = 0 (an expert
+// that received no tokens), in which case nothing is touched.
+void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha = 1.0f,
+                  float beta = 0.0f);
+
+// Primitive cache statistics, for tests and benchmarks.
+struct GemmCacheStats {
+  int64_t hits = 0;
+  int64_t misses = 0;
+  int64_t size = 0;
+};
+GemmCacheStats gemm_cache_stats();
+void gemm_cache_clear();
+
+}  // namespace zaya::ops

@@ -1,0 +1,212 @@
+// GEMM against a float64 reference: every transpose combination, beta 0/1, odd shapes, bf16,
+// batched, grouped (with empty groups), determinism across runs and thread counts, errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "ops/gradcheck.h"
+#include "zaya/core/threads.h"
+#include "zaya/ops/gemm.h"
+
+namespace zaya::ops {
+namespace {
+
+using test::random_tensor;
+using test::to_f64;
+
+// C = alpha·op(A)·op(B) + beta·C in double, row-major, batch-major; B may be shared over the batch.
+std::vector<double> gemm_reference(const std::vector<double>& a, Trans ta, const std::vector<double>& b,
+                                   Trans tb, std::vector<double> c, int64_t batch, int64_t m, int64_t n,
+                                   int64_t k, double alpha, double beta, bool shared_b = false) {
+  for (int64_t z = 0; z < batch; ++z) {
+    const double* A = a.data() + z * m * k;
+    const double* B = b.data() + (shared_b ? 0 : z * k * n);
+    double* C = c.data() + z * m * n;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          double av = ta == Trans::N ? A[i * k + p] : A[p * m + i];
+          double bv = tb == Trans::N ? B[p * n + j] : B[j * k + p];
+          s += av * bv;
+        }
+        C[i * n + j] = alpha * s + beta * C[i * n + j];
+      }
+  }
+  return c;
+}
+
+Shape operand_shape(int64_t rows, int64_t cols, Trans t) { return t == Trans::N ? Shape{rows, cols} : Shape{cols, rows}; }
+
+struct Dims {
+  int64_t m, n, k;
+};
+
+class GemmF32 : public ::testing::TestWithParam<std::tuple<Dims, Trans, Trans, float>> {};
+
+TEST_P(GemmF32, MatchesFloat64Reference) {
+  auto [d, ta, tb, beta] = GetParam();
+  Tensor A = random_tensor(operand_shape(d.m, d.k, ta), 1);
+  Tensor B = random_tensor(operand_shape(d.k, d.n, tb), 2);
+  Tensor C = random_tensor({d.m, d.n}, 3);
+  auto ref = gemm_reference(to_f64(A), ta, to_f64(B), tb, to_f64(C), 1, d.m, d.n, d.k, 0.75, beta);
+  gemm(A, ta, B, tb, C, 0.75f, beta);
+  // f32 products summed over K <= 64 terms: rounding grows like sqrt(K)·2^-24 (~5e-7) in norm;
+  // 1e-5 leaves a 20x margin and still catches any indexing or transpose mistake (errors O(1)).
+  EXPECT_LT(test::rel_error(C, ref), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmF32,
+                         ::testing::Combine(::testing::Values(Dims{1, 1, 1}, Dims{5, 17, 3}, Dims{64, 48, 33},
+                                                              Dims{7, 13, 64}),
+                                            ::testing::Values(Trans::N, Trans::T),
+                                            ::testing::Values(Trans::N, Trans::T), ::testing::Values(0.0f, 1.0f)));
+
+TEST(Gemm, Bf16InputsAccumulateInF32) {
+  for (Dims d : {Dims{1, 1, 1}, Dims{5, 17, 3}, Dims{64, 48, 33}}) {
+    for (Trans ta : {Trans::N, Trans::T}) {
+      for (Trans tb : {Trans::N, Trans::T}) {
+        Tensor Af = random_tensor(operand_shape(d.m, d.k, ta), 11);
+        Tensor Bf = random_tensor(operand_shape(d.k, d.n, tb), 12);
+        Tensor A = random_tensor(operand_shape(d.m, d.k, ta), 11, 1.0f, DType::bf16);  // same values, rounded
+        Tensor B = random_tensor(operand_shape(d.k, d.n, tb), 12, 1.0f, DType::bf16);
+        Tensor C = random_tensor({d.m, d.n}, 13);
+        auto c0 = to_f64(C);
+        gemm(A, ta, B, tb, C, 1.0f, 1.0f);
+        // (1) On the bf16-rounded inputs (exact in double) only the f32 accumulation differs:
+        // same 1e-5 bound as the f32 test.
+        auto exact = gemm_reference(to_f64(A), ta, to_f64(B), tb, c0, 1, d.m, d.n, d.k, 1, 1);
+        EXPECT_LT(test::rel_error(C, exact), 1e-5);
+        // (2) Against the unrounded f32 inputs: each input carries relative rounding <= 2^-8, so each
+        // product is off by <= (2·2^-8 + 2^-16)|a||b|; bound elementwise by that times sum|a||b|,
+        // plus 1e-5·(sum|a||b| + |c0|) for the f32 accumulation.
+        auto absA = to_f64(Af), absB = to_f64(Bf);
+        for (auto& x : absA) x = std::fabs(x);
+        for (auto& x : absB) x = std::fabs(x);
+        auto mag = gemm_reference(absA, ta, absB, tb, std::vector<double>(c0.size(), 0.0), 1, d.m, d.n, d.k, 1, 0);
+        auto ref = gemm_reference(to_f64(Af), ta, to_f64(Bf), tb, c0, 1, d.m, d.n, d.k, 1, 1);
+        auto got = to_f64(C);
+        double u = std::ldexp(1.0, -8);
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_LE(std::fabs(got[i] - ref[i]), (2 * u + u * u) * mag[i] + 1e-5 * (mag[i] + std::fabs(c0[i])))
+              << "element " << i << " of " << d.m << "x" << d.n << "x" << d.k;
+      }
+    }
+  }
+}
+
+TEST(Gemm, BatchedAndBroadcastB) {
+  const int64_t z = 3, m = 5, n = 4, k = 7;
+  for (bool shared : {false, true}) {
+    Tensor A = random_tensor({z, k, m}, 21);  // Trans::T
+    Tensor B = shared ? random_tensor({k, n}, 22) : random_tensor({z, k, n}, 22);
+    Tensor C = random_tensor({z, m, n}, 23);
+    auto ref = gemm_reference(to_f64(A), Trans::T, to_f64(B), Trans::N, to_f64(C), z, m, n, k, 1, 1, shared);
+    gemm(A, Trans::T, B, Trans::N, C, 1.0f, 1.0f);
+    // Same f32 accumulation bound as above (K = 7).
+    EXPECT_LT(test::rel_error(C, ref), 1e-5) << "shared B: " << shared;
+  }
+}
+
+TEST(Gemm, GroupedWithEmptyGroups) {
+  const int64_t n = 9, k = 13;
+  std::vector<int64_t> ms = {0, 3, 17, 0, 1};
+  std::vector<GemmProblem> problems;
+  std::vector<std::vector<double>> refs;
+  for (size_t g = 0; g < ms.size(); ++g) {
+    Tensor A = ms[g] ? random_tensor({ms[g], k}, 30 + g) : Tensor::empty({0, k}, DType::f32);
+    Tensor B = random_tensor({n, k}, 40 + g);  // used transposed, like the [out, in] expert weights
+    Tensor C = ms[g] ? random_tensor({ms[g], n}, 50 + g) : Tensor::empty({0, n}, DType::f32);
+    refs.push_back(gemm_reference(to_f64(A), Trans::N, to_f64(B), Trans::T, to_f64(C), 1, ms[g], n, k, 1, 1));
+    problems.push_back({A, B, C});
+  }
+  gemm_grouped(problems, Trans::N, Trans::T, 1.0f, 1.0f);
+  for (size_t g = 0; g < ms.size(); ++g) {
+    EXPECT_EQ(problems[g].C.numel(), ms[g] * n);
+    if (ms[g]) {
+      EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5) << "group " << g;  // f32, K = 13
+    }
+  }
+}
+
+TEST(Gemm, ZeroInnerDimScalesC) {
+  Tensor A = Tensor::empty({4, 0}, DType::f32), B = Tensor::empty({0, 3}, DType::f32);
+  Tensor C = random_tensor({4, 3}, 5);
+  auto c0 = to_f64(C);
+  gemm(A, Trans::N, B, Trans::N, C, 1.0f, 0.5f);
+  for (int64_t i = 0; i < C.numel(); ++i) EXPECT_EQ(C.data<float>()[i], static_cast<float>(0.5 * c0[i]));
+}
+
+// Bitwise equality of two f32 tensors.
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+TEST(Gemm, DeterministicAcrossRunsAndThreadCounts) {
+  int saved = num_threads();
+  // Includes a long-K, small-MN shape, where a library is most tempted to split the reduction.
+  for (Dims d : {Dims{64, 48, 33}, Dims{8, 8, 4096}, Dims{200, 300, 256}}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Tensor A = random_tensor({d.m, d.k}, 61, 1.0f, dt), B = random_tensor({d.n, d.k}, 62, 1.0f, dt);
+      Tensor C0 = random_tensor({d.m, d.n}, 63);
+      std::vector<Tensor> outs;
+      for (int threads : {1, 2, 2, 1}) {
+        set_num_threads(threads);
+        Tensor C = C0.clone();
+        gemm(A, Trans::N, B, Trans::T, C, 1.0f, 1.0f);
+        outs.push_back(C);
+      }
+      for (size_t i = 1; i < outs.size(); ++i)
+        EXPECT_TRUE(same_bits(outs[0], outs[i])) << d.m << "x" << d.n << "x" << d.k << " " << dtype_name(dt);
+    }
+  }
+  set_num_threads(saved);
+}
+
+TEST(Gemm, PrimitivesAreCached) {
+  Tensor A = random_tensor({6, 10}, 71), B = random_tensor({10, 12}, 72), C = Tensor::empty({6, 12}, DType::f32);
+  gemm(A, Trans::N, B, Trans::N, C);
+  GemmCacheStats before = gemm_cache_stats();
+  for (int i = 0; i < 3; ++i) gemm(A, Trans::N, B, Trans::N, C);
+  GemmCacheStats after = gemm_cache_stats();
+  EXPECT_EQ(after.hits - before.hits, 3);
+  EXPECT_EQ(after.misses, before.misses);
+  EXPECT_EQ(after.size, before.size);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Gemm, ShapeErrorsNameBothShapes) {
+  Tensor A = random_tensor({5, 7}, 1), B = random_tensor({6, 4}, 2), C = Tensor::empty({5, 4}, DType::f32);
+  std::string msg = error_of([&] { gemm(A, Trans::N, B, Trans::N, C); });
+  EXPECT_NE(msg.find("[5, 7]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[6, 4]"), std::string::npos) << msg;
+  Tensor B2 = random_tensor({7, 4}, 2), C2 = Tensor::empty({4, 5}, DType::f32);
+  msg = error_of([&] { gemm(A, Trans::N, B2, Trans::N, C2); });
+  EXPECT_NE(msg.find("[4, 5]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[5, 4]"), std::string::npos) << msg;
+  Tensor Ab = random_tensor({5, 7}, 1, 1.0f, DType::bf16);
+  EXPECT_THROW(gemm(Ab, Trans::N, B2, Trans::N, C), Error);  // mixed dtypes
+  EXPECT_THROW(gemm(A, Trans::N, B2, Trans::N, A), Error);   // C is not [5, 4]
+}
+
+TEST(Gemm, CudaTensorsAreRejected) {
+  float dummy[20];
+  Tensor A = Tensor::borrow(dummy, {5, 4}, DType::f32, Device::cuda);  // never dereferenced
+  Tensor B = random_tensor({4, 3}, 2), C = Tensor::empty({5, 3}, DType::f32);
+  std::string msg = error_of([&] { gemm(A, Trans::N, B, Trans::N, C); });
+  EXPECT_NE(msg.find("no CUDA kernel yet"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace zaya::ops
