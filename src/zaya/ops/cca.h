@@ -1,0 +1,72 @@
+// CCA (compressed convolutional attention) pieces of the ZAYA1 attention block, forward and
+// backward: the two causal sequence convolutions over concat(q̃, k̃), the mean skip, the value
+// shift and the QK L2 norm with the key temperature (DESIGN.md, "The ZAYA1 model, exactly",
+// steps 1-5). Math matches transformers' ZayaCCAProjection and ZayaQKNorm in fp32.
+//
+// Conventions (all sequence ops): activations are contiguous row-major [B, T, F] (or [B·T, F], or
+// [B, T, heads, hd]); outputs are preallocated by the caller; parameter gradients ACCUMULATE (+=),
+// activation gradients are WRITTEN. CPU only for now: a CUDA tensor throws "<op>: no CUDA kernel yet".
+// Results are bitwise identical across runs and thread counts (fixed reduction orders, no atomics).
+#pragma once
+
+#include <cstdint>
+
+#include "zaya/core/tensor.h"
+
+namespace zaya::ops {
+
+// Head layout of the CCA block: C = (nq + nkv)·hd conv channels (the nq query heads, then the nkv
+// key heads), one grouped-conv group per head.
+struct CcaDims {
+  int64_t nq = 0, nkv = 0, hd = 0;
+  int64_t heads() const { return nq + nkv; }
+  int64_t channels() const { return (nq + nkv) * hd; }
+};
+
+// The conv weights in Hugging Face layout: depthwise weight [C, 1, 2] and bias [C]
+// (conv_qk_depthwise), grouped weight [C, hd, 2] and bias [C] (conv_qk_grouped). Tap 1 multiplies
+// the newer sample (cross-correlation, as torch's Conv1d).
+struct CcaConvWeights {
+  Tensor dw_weight, dw_bias, gw_weight, gw_bias;
+};
+
+// out = grouped(depthwise(pad2(z))): z [B, T, C] → out [B, T, C]. The sequence is left-padded once
+// with 2 zero time steps, so the depthwise output at the first padded slot is its bias alone and
+// feeds the grouped conv at t = 0; token t sees z_{t-2}, z_{t-1}, z_t.
+void cca_conv_forward(Tensor& out, const Tensor& z, const CcaConvWeights& w, int64_t B, int64_t T,
+                      const CcaDims& dims);
+// dz written; the four weight gradients (same shapes as the weights) accumulated.
+void cca_conv_backward(Tensor& dz, CcaConvWeights& grads, const Tensor& dout, const Tensor& z,
+                       const CcaConvWeights& w, int64_t B, int64_t T, const CcaDims& dims);
+// One decode step. state [B, 2, C] holds the last two pre-conv columns of z (oldest first; zeros
+// before the first token, which is exactly the padding). z_new [B, C] → out [B, C]; state shifts.
+void cca_conv_decode(Tensor& out, Tensor& state, const Tensor& z_new, const CcaConvWeights& w,
+                     int64_t B, const CcaDims& dims);
+
+// Mean skip + residual add, per token (rows N = B·T):
+//   m_q^h = ½(q̃^h + k̃^j) for q head h in kv group j = ⌊h/G⌋, m_k^j = mean_{h in j} m_q^h,
+//   q = conv[:, :nq·hd] + m_q, k = conv[:, nq·hd:] + m_k.
+// conv [N, C], q_tilde [N, nq·hd], k_tilde [N, nkv·hd] → q [N, nq·hd], k [N, nkv·hd].
+void mean_skip_forward(Tensor& q, Tensor& k, const Tensor& conv, const Tensor& q_tilde,
+                       const Tensor& k_tilde, int64_t N, const CcaDims& dims);
+void mean_skip_backward(Tensor& dconv, Tensor& dq_tilde, Tensor& dk_tilde, const Tensor& dq,
+                        const Tensor& dk, int64_t N, const CcaDims& dims);
+
+// Value shift: v_t = concat(vc_t, vd_{t-1}), vd_{-1} = 0. vc, vd [B, T, half] → v [B, T, 2·half]
+// (half = nkv·hd/2). No state crosses batch rows.
+void value_shift_forward(Tensor& v, const Tensor& vc, const Tensor& vd, int64_t B, int64_t T, int64_t half);
+void value_shift_backward(Tensor& dvc, Tensor& dvd, const Tensor& dv, int64_t B, int64_t T, int64_t half);
+// Decode: state [B, half] is the previous token's vd (zeros before the first token); vc, vd [B, half]
+// → v [B, 2·half]; state ← vd.
+void value_shift_decode(Tensor& v, Tensor& state, const Tensor& vc, const Tensor& vd, int64_t B, int64_t half);
+
+// QK norm: per head, q ← q·√hd / max(‖q‖₂, ε), k ← k·√hd / max(‖k‖₂, ε) · τ_j with ε = FLT_EPSILON
+// (torch.finfo(float32).eps, as the reference) and τ [nkv] used linearly. q [N, nq·hd],
+// k [N, nkv·hd]; outputs separate from inputs (backward needs the inputs).
+void qk_norm_forward(Tensor& q_out, Tensor& k_out, const Tensor& q, const Tensor& k, const Tensor& temp,
+                     int64_t N, const CcaDims& dims);
+// dq, dk written; dtemp [nkv] accumulated.
+void qk_norm_backward(Tensor& dq, Tensor& dk, Tensor& dtemp, const Tensor& dq_out, const Tensor& dk_out,
+                      const Tensor& q, const Tensor& k, const Tensor& temp, int64_t N, const CcaDims& dims);
+
+}  // namespace zaya::ops

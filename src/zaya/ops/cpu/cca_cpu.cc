@@ -1,0 +1,297 @@
+// CPU kernels of the CCA block (see zaya/ops/cca.h for the math and the conventions).
+//
+// The convolutions follow transformers' ZayaCCAProjection: pad the sequence ONCE with two zero time
+// steps, depthwise Conv1d(k=2) → T+1 slots, grouped Conv1d(k=2, one group per head) → T outputs.
+// With zp_s = z_{s-2} (zero for s < 2) the depthwise slot s ∈ [0, T] is
+//     d_s[c] = db[c] + dw[c,0]·z_{s-2}[c] + dw[c,1]·z_{s-1}[c]
+// and output t of head g (channels o, i of that head) is
+//     out_t[o] = gb[o] + Σ_i gw[o,i,0]·d_t[i] + gw[o,i,1]·d_{t+1}[i].
+// Storing d_t and d_{t+1} interleaved ([i][tap]) makes the grouped conv a dot of length 2·hd with the
+// contiguous row gw[o, :, :].
+#include "zaya/ops/cpu/cca_cpu.h"
+
+#include <cfloat>
+#include <cmath>
+#include <vector>
+
+#include "zaya/ops/cpu/seq_vec.h"
+
+namespace zaya::ops::cpu {
+
+namespace {
+
+// Depthwise slots s and s+1 of one head (channels c0..c0+hd) of batch row zb ([T, C] at b),
+// interleaved into dd[2·hd]. Padding (negative time) reads as zero.
+inline void depthwise_pair(float* dd, const float* zb, int64_t s, int64_t T, int64_t C, int64_t c0,
+                           int64_t hd, const float* dw, const float* db) {
+  (void)T;
+  const float* zm2 = s - 2 >= 0 ? zb + (s - 2) * C : nullptr;  // z_{s-2}
+  const float* zm1 = s - 1 >= 0 ? zb + (s - 1) * C : nullptr;  // z_{s-1}
+  const float* z0 = s >= 0 ? zb + s * C : nullptr;             // z_s (newest for slot s+1)
+  for (int64_t i = 0; i < hd; ++i) {
+    int64_t c = c0 + i;
+    float a = zm2 ? zm2[c] : 0.0f, b = zm1 ? zm1[c] : 0.0f, n = z0 ? z0[c] : 0.0f;
+    dd[2 * i + 0] = db[c] + dw[2 * c] * a + dw[2 * c + 1] * b;
+    dd[2 * i + 1] = db[c] + dw[2 * c] * b + dw[2 * c + 1] * n;
+  }
+}
+
+// Grouped conv of one head from the interleaved depthwise pair.
+inline void grouped_head(float* out, const float* dd, int64_t c0, int64_t hd, const float* gw,
+                         const float* gb) {
+  for (int64_t o = c0; o < c0 + hd; ++o) out[o] = gb[o] + dotf(gw + o * 2 * hd, dd, 2 * hd);
+}
+
+}  // namespace
+
+void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, const float* gw,
+                  const float* gb, int64_t B, int64_t T, int64_t heads, int64_t hd) {
+  const int64_t C = heads * hd;
+#pragma omp parallel
+  {
+    std::vector<float> dd(2 * hd);
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      int64_t b = bt / T, t = bt % T;
+      const float* zb = z + b * T * C;
+      for (int64_t g = 0; g < heads; ++g) {
+        depthwise_pair(dd.data(), zb, t, T, C, g * hd, hd, dw, db);
+        grouped_head(out + bt * C, dd.data(), g * hd, hd, gw, gb);
+      }
+    }
+  }
+}
+
+// Backward, one thread per head: every channel belongs to exactly one head, so each thread owns its
+// slices of dz and of all four weight gradients, and sums over (b, t) in a fixed order — bitwise
+// deterministic for any thread count without atomics.
+//   e_t[i,k] = Σ_o gw[o,i,k]·dout_t[o]         (gradient reaching depthwise slot t+k)
+//   G_s      = e_s[·,0] + e_{s-1}[·,1]           (total gradient of depthwise slot s, s ∈ [0, T])
+//   ddb += G_s, ddw[·,0] += G_s·z_{s-2}, ddw[·,1] += G_s·z_{s-1},
+//   dz_{s-2} += G_s·dw[·,0], dz_{s-1} += G_s·dw[·,1]
+//   dgb += dout_t, dgw[o,i,k] += dout_t[o]·d_{t+k}[i]
+void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, const float* dout,
+                  const float* z, const float* dw, const float* db, const float* gw, int64_t B,
+                  int64_t T, int64_t heads, int64_t hd) {
+  const int64_t C = heads * hd;
+#pragma omp parallel
+  {
+    std::vector<float> dd(2 * hd), e(2 * hd), prev(hd), G(hd);
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < heads; ++g) {
+      const int64_t c0 = g * hd;
+      // Applies the slot-s gradient G to the depthwise parameters and to dz.
+      auto apply_slot = [&](int64_t b, int64_t s) {
+        const float* zb = z + b * T * C;
+        float* dzb = dz + b * T * C;
+        for (int64_t i = 0; i < hd; ++i) {
+          int64_t c = c0 + i;
+          float a = s - 2 >= 0 ? zb[(s - 2) * C + c] : 0.0f;
+          float p = s - 1 >= 0 ? zb[(s - 1) * C + c] : 0.0f;
+          ddb[c] += G[i];
+          ddw[2 * c] += G[i] * a;
+          ddw[2 * c + 1] += G[i] * p;
+          if (s - 2 >= 0) dzb[(s - 2) * C + c] += G[i] * dw[2 * c];
+          if (s - 1 >= 0 && s - 1 < T) dzb[(s - 1) * C + c] += G[i] * dw[2 * c + 1];
+        }
+      };
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t i = 0; i < hd; ++i) dz[(b * T + t) * C + c0 + i] = 0.0f;
+        std::fill(prev.begin(), prev.end(), 0.0f);
+        for (int64_t t = 0; t < T; ++t) {
+          const float* dot_ = dout + (b * T + t) * C;
+          depthwise_pair(dd.data(), z + b * T * C, t, T, C, c0, hd, dw, db);
+          std::fill(e.begin(), e.end(), 0.0f);
+          for (int64_t o = c0; o < c0 + hd; ++o) {
+            float go = dot_[o];
+            dgb[o] += go;
+            axpyf(dgw + o * 2 * hd, go, dd.data(), 2 * hd);
+            axpyf(e.data(), go, gw + o * 2 * hd, 2 * hd);
+          }
+          for (int64_t i = 0; i < hd; ++i) {
+            G[i] = e[2 * i] + prev[i];
+            prev[i] = e[2 * i + 1];
+          }
+          apply_slot(b, t);
+        }
+        for (int64_t i = 0; i < hd; ++i) G[i] = prev[i];
+        apply_slot(b, T);
+      }
+    }
+  }
+}
+
+void cca_conv_decode(float* out, float* state, const float* z, const float* dw, const float* db,
+                     const float* gw, const float* gb, int64_t B, int64_t heads, int64_t hd) {
+  const int64_t C = heads * hd;
+  std::vector<float> win(3 * C), dd(2 * hd);
+  for (int64_t b = 0; b < B; ++b) {
+    // The window [z_{t-2}, z_{t-1}, z_t] laid out as a 3-step sequence; slot 2 of its depthwise
+    // conv is d_t and slot 3 is d_{t+1}, exactly what the full forward computes at position t.
+    float* st = state + b * 2 * C;
+    std::copy(st, st + 2 * C, win.begin());
+    std::copy(z + b * C, z + (b + 1) * C, win.begin() + 2 * C);
+    for (int64_t g = 0; g < heads; ++g) {
+      depthwise_pair(dd.data(), win.data(), 2, 3, C, g * hd, hd, dw, db);
+      grouped_head(out + b * C, dd.data(), g * hd, hd, gw, gb);
+    }
+    std::copy(win.begin() + C, win.end(), st);
+  }
+}
+
+void mean_skip_fwd(float* q, float* k, const float* conv, const float* qt, const float* kt, int64_t N,
+                   int64_t nq, int64_t nkv, int64_t hd) {
+  const int64_t G = nq / nkv, C = (nq + nkv) * hd;
+  const float inv_g = 1.0f / static_cast<float>(G);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* cv = conv + n * C;
+    for (int64_t j = 0; j < nkv; ++j) {
+      const float* kj = kt + (n * nkv + j) * hd;
+      float* ko = k + (n * nkv + j) * hd;
+      for (int64_t d = 0; d < hd; ++d) ko[d] = 0.0f;  // running Σ_h m_q^h of group j
+      for (int64_t h = j * G; h < (j + 1) * G; ++h) {
+        const float* qh = qt + (n * nq + h) * hd;
+        float* qo = q + (n * nq + h) * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          float m = (qh[d] + kj[d]) * 0.5f;
+          qo[d] = cv[h * hd + d] + m;
+          ko[d] += m;
+        }
+      }
+      // mean = sum / G, as torch's mean; then the conv output is added.
+      for (int64_t d = 0; d < hd; ++d) ko[d] = cv[(nq + j) * hd + d] + ko[d] * inv_g;
+    }
+  }
+}
+
+// dm_q^h = dq^h + dk^j / G;  dq̃^h = ½ dm_q^h;  dk̃^j = ½ Σ_{h in j} dm_q^h;  dconv = [dq, dk].
+void mean_skip_bwd(float* dconv, float* dqt, float* dkt, const float* dq, const float* dk, int64_t N,
+                   int64_t nq, int64_t nkv, int64_t hd) {
+  const int64_t G = nq / nkv, C = (nq + nkv) * hd;
+  const float inv_g = 1.0f / static_cast<float>(G);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* dc = dconv + n * C;
+    for (int64_t j = 0; j < nkv; ++j) {
+      const float* dkj = dk + (n * nkv + j) * hd;
+      float* dktj = dkt + (n * nkv + j) * hd;
+      for (int64_t d = 0; d < hd; ++d) {
+        dc[(nq + j) * hd + d] = dkj[d];
+        dktj[d] = 0.0f;
+      }
+      for (int64_t h = j * G; h < (j + 1) * G; ++h) {
+        const float* dqh = dq + (n * nq + h) * hd;
+        float* dqth = dqt + (n * nq + h) * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          float dm = dqh[d] + dkj[d] * inv_g;
+          dc[h * hd + d] = dqh[d];
+          dqth[d] = 0.5f * dm;
+          dktj[d] += dm;
+        }
+      }
+      for (int64_t d = 0; d < hd; ++d) dktj[d] *= 0.5f;
+    }
+  }
+}
+
+void value_shift_fwd(float* v, const float* vc, const float* vd, int64_t B, int64_t T, int64_t half) {
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    float* vo = v + bt * 2 * half;
+    std::copy(vc + bt * half, vc + (bt + 1) * half, vo);
+    if (bt % T == 0) std::fill(vo + half, vo + 2 * half, 0.0f);  // vd_{-1} = 0 at each row's start
+    else std::copy(vd + (bt - 1) * half, vd + bt * half, vo + half);
+  }
+}
+
+void value_shift_bwd(float* dvc, float* dvd, const float* dv, int64_t B, int64_t T, int64_t half) {
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    const float* g = dv + bt * 2 * half;
+    std::copy(g, g + half, dvc + bt * half);
+    // vd_t feeds v_{t+1}; the last token's vd is used by no one (in this sequence).
+    if (bt % T == T - 1) std::fill(dvd + bt * half, dvd + (bt + 1) * half, 0.0f);
+    else std::copy(g + 2 * half + half, g + 4 * half, dvd + bt * half);
+  }
+}
+
+void value_shift_decode(float* v, float* state, const float* vc, const float* vd, int64_t B, int64_t half) {
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy(vc + b * half, vc + (b + 1) * half, v + b * 2 * half);
+    std::copy(state + b * half, state + (b + 1) * half, v + b * 2 * half + half);
+    std::copy(vd + b * half, vd + (b + 1) * half, state + b * half);
+  }
+}
+
+namespace {
+// s / max(‖x‖, ε) in the reference's order: the norm in fp32, then the python scalar √hd divided by it.
+inline float norm_scale(const float* x, int64_t hd, float sqrt_hd) {
+  float nrm = std::sqrt(dotf(x, x, hd));
+  return sqrt_hd / std::max(nrm, FLT_EPSILON);
+}
+}  // namespace
+
+void qk_norm_fwd(float* qo, float* ko, const float* q, const float* k, const float* temp, int64_t N,
+                 int64_t nq, int64_t nkv, int64_t hd) {
+  const float sqrt_hd = static_cast<float>(std::sqrt(static_cast<double>(hd)));
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t h = 0; h < nq; ++h) {
+      const float* x = q + (n * nq + h) * hd;
+      float* y = qo + (n * nq + h) * hd;
+      float s = norm_scale(x, hd, sqrt_hd);
+      for (int64_t d = 0; d < hd; ++d) y[d] = x[d] * s;
+    }
+    for (int64_t j = 0; j < nkv; ++j) {
+      const float* x = k + (n * nkv + j) * hd;
+      float* y = ko + (n * nkv + j) * hd;
+      float s = norm_scale(x, hd, sqrt_hd);
+      for (int64_t d = 0; d < hd; ++d) y[d] = (x[d] * s) * temp[j];
+    }
+  }
+}
+
+namespace {
+// With y = x·s/n (n = ‖x‖ > ε): dx = (s/n)·(dy − x·(x·dy)/n²). Below ε the scale is the constant s/ε.
+inline void norm_backward(float* dx, const float* x, const float* dy, float tau, int64_t hd, float sqrt_hd) {
+  float nrm = std::sqrt(dotf(x, x, hd));
+  if (nrm > FLT_EPSILON) {
+    float s = sqrt_hd / nrm;
+    float proj = tau * dotf(x, dy, hd) / (nrm * nrm);
+    for (int64_t d = 0; d < hd; ++d) dx[d] = s * (tau * dy[d] - x[d] * proj);
+  } else {
+    float s = sqrt_hd / FLT_EPSILON;
+    for (int64_t d = 0; d < hd; ++d) dx[d] = s * tau * dy[d];
+  }
+}
+}  // namespace
+
+void qk_norm_bwd(float* dq, float* dk, float* dtemp, const float* dqo, const float* dko, const float* q,
+                 const float* k, const float* temp, int64_t N, int64_t nq, int64_t nkv, int64_t hd) {
+  const float sqrt_hd = static_cast<float>(std::sqrt(static_cast<double>(hd)));
+  // dτ_j = Σ_n ⟨dk_out, x·s/max(n, ε)⟩: partial sums over fixed 256-row chunks (independent of the
+  // thread count), added in chunk order afterwards.
+  constexpr int64_t kChunk = 256;
+  const int64_t chunks = (N + kChunk - 1) / kChunk;
+  std::vector<float> part(static_cast<size_t>(chunks * nkv), 0.0f);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t n = c * kChunk; n < std::min(N, (c + 1) * kChunk); ++n) {
+      for (int64_t h = 0; h < nq; ++h) {
+        int64_t off = (n * nq + h) * hd;
+        norm_backward(dq + off, q + off, dqo + off, 1.0f, hd, sqrt_hd);
+      }
+      for (int64_t j = 0; j < nkv; ++j) {
+        int64_t off = (n * nkv + j) * hd;
+        norm_backward(dk + off, k + off, dko + off, temp[j], hd, sqrt_hd);
+        part[c * nkv + j] += norm_scale(k + off, hd, sqrt_hd) * dotf(k + off, dko + off, hd);
+      }
+    }
+  }
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t j = 0; j < nkv; ++j) dtemp[j] += part[c * nkv + j];
+}
+
+}  // namespace zaya::ops::cpu
