@@ -1,0 +1,120 @@
+#include "zaya/dist/communicator.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "zaya/core/cuda_runtime.h"
+
+namespace zaya::dist {
+
+std::string_view backend_name(Backend b) {
+  switch (b) {
+    case Backend::local: return "local";
+    case Backend::mpi: return "mpi";
+    case Backend::nccl: return "nccl";
+  }
+  return "?";
+}
+
+Backend parse_backend(const std::string& name, const std::string& field, bool* is_auto) {
+  *is_auto = false;
+  if (name == "auto") {
+    *is_auto = true;
+    return Backend::local;
+  }
+  if (name == "local") return Backend::local;
+  if (name == "mpi") return Backend::mpi;
+  if (name == "nccl") return Backend::nccl;
+  throw Error("unknown communicator backend", {.field = field, .expected = "auto, local, mpi or nccl", .found = name});
+}
+
+void Communicator::set_timeout(double seconds) {
+  ZAYA_CHECK(seconds > 0, "collective timeout must be positive, found ", seconds, " s");
+  options_.timeout_s = seconds;
+}
+
+namespace {
+
+// First variable that is set and parses as a non-negative integer, else `fallback`.
+int env_int(std::initializer_list<const char*> names, int fallback) {
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    long x = std::strtol(v, &end, 10);
+    if (*end == '\0' && x >= 0) return static_cast<int>(x);
+  }
+  return fallback;
+}
+
+class LocalCommunicator final : public Communicator {
+ public:
+  explicit LocalCommunicator(Options o) : Communicator(o) {}
+  Backend backend() const override { return Backend::local; }
+  Device device() const override { return Device::cpu; }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+
+  // With one rank every collective is the identity from send to recv.
+  void all_reduce(const void* s, void* r, size_t n, DType t) override { copy(s, r, n, t); }
+  void reduce_scatter(const void* s, void* r, size_t n, DType t) override { copy(s, r, n, t); }
+  void all_gather(const void* s, void* r, size_t n, DType t) override { copy(s, r, n, t); }
+  void broadcast(const void* s, void* r, size_t n, DType t, int root) override {
+    ZAYA_CHECK(root == 0, "broadcast root ", root, " out of range for a world of 1");
+    copy(s, r, n, t);
+  }
+  void all_to_all(const void* s, void* r, size_t n, DType t) override { copy(s, r, n, t); }
+  void barrier() override {}
+  void send(const void*, size_t, DType, int peer, int) override {
+    throw Error(str("send to rank ", peer, " in a world of 1: there is no peer"));
+  }
+  void recv(void*, size_t, DType, int peer, int) override {
+    throw Error(str("recv from rank ", peer, " in a world of 1: there is no peer"));
+  }
+  double host_max(double v) override { return v; }
+  int64_t host_sum(int64_t v) override { return v; }
+  void host_all_gather(const void* s, void* r, size_t bytes) override { copy(s, r, bytes, DType::u8); }
+
+ private:
+  static void copy(const void* s, void* r, size_t n, DType t) {
+    if (s != r && n > 0) std::memmove(r, s, n * dtype_size(t));
+  }
+};
+
+}  // namespace
+
+int launcher_world_size() {
+  return env_int({"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, 1);
+}
+int launcher_rank() { return env_int({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}, 0); }
+
+std::unique_ptr<Communicator> make_local_communicator(Options options) {
+  return std::make_unique<LocalCommunicator>(options);
+}
+
+#ifndef ZAYA_HAVE_CUDA
+std::unique_ptr<Communicator> make_nccl_communicator(Options) {
+  throw Error("the nccl backend needs a CUDA build of zaya", {.field = "--backend", .expected = "mpi or local",
+                                                              .found = "nccl"});
+}
+#endif
+
+std::unique_ptr<Communicator> make_communicator(Backend backend, bool is_auto, Options options) {
+  if (is_auto) {
+    // Under mpirun -np 1 there is nobody to talk to: skip MPI entirely.
+    if (launcher_world_size() <= 1) return make_local_communicator(options);
+    if (cuda::device_count() > 0) return make_nccl_communicator(options);
+    return make_mpi_communicator(options);
+  }
+  switch (backend) {
+    case Backend::local:
+      ZAYA_CHECK(launcher_world_size() <= 1, "the local backend is a world of one, but the launcher started ",
+                 launcher_world_size(), " ranks (use --backend mpi)");
+      return make_local_communicator(options);
+    case Backend::mpi: return make_mpi_communicator(options);
+    case Backend::nccl: return make_nccl_communicator(options);
+  }
+  return nullptr;
+}
+
+}  // namespace zaya::dist
