@@ -1,0 +1,71 @@
+// `zaya data prepare`: text / JSONL files -> a SentencePiece model and Megatron train/val datasets.
+//
+// Outputs (all written to temporaries and renamed only when everything succeeded, so a failure
+// leaves nothing behind): PREFIX.model, PREFIX.vocab, PREFIX_train.bin/.idx, PREFIX_val.bin/.idx,
+// PREFIX.json (stats). Rules are in docs/data.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zaya::data {
+
+enum class DocSplit { file, paragraph };  // one document per file, or per blank-line paragraph
+DocSplit parse_doc_split(const std::string& name);
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // files, directories (recursive) or glob patterns
+  int vocab_size = 0;               // train a tokenizer with this vocabulary ...
+  std::string tokenizer_model;      // ... or use this existing .model (exactly one of the two)
+  std::string out_prefix;
+  double val_fraction = 0.05;
+  DocSplit doc_split = DocSplit::file;
+  std::string jsonl_field = "text";  // the document field of .jsonl / .json lines
+  uint64_t seed = 1234;              // train/val split and tokenizer sampling
+  int64_t input_sentence_size = 1000000;
+  int threads = 2;
+  bool progress = true;  // log progress lines
+};
+
+struct SplitStats {
+  int64_t documents = 0;
+  int64_t tokens = 0;  // including one EOS per document
+};
+
+struct PrepareStats {
+  SplitStats train, val;
+  int vocab_size = 0;
+  std::string dtype;
+  int64_t input_files = 0;
+  int64_t input_bytes = 0;
+  // Cross-entropy (nats/token) of add-one-smoothed training unigram frequencies on the
+  // validation tokens: the loss of a model that ignores context entirely.
+  double unigram_baseline = 0.0;
+  double tokenizer_seconds = 0.0;
+  double total_seconds = 0.0;
+};
+
+// A document to tokenize: its text and where it came from (for error messages).
+struct Document {
+  std::string text;
+  std::string source;
+};
+
+// Expands inputs (files, directories, globs) into a sorted list of files; a missing input or an
+// empty file is a zaya::Error naming it.
+std::vector<std::string> resolve_inputs(const std::vector<std::string>& inputs);
+// Reads documents from one file: JSONL (extension .jsonl) by `jsonl_field`, else text split by
+// `split`. Empty documents (whitespace only) are dropped.
+std::vector<Document> read_documents(const std::string& file, DocSplit split, const std::string& jsonl_field);
+// true if document `index` belongs to the validation split (docs/data.md: the split rule).
+bool is_validation_document(uint64_t seed, int64_t index, double val_fraction);
+// Assigns every document to a split; guarantees a non-empty validation split when there are at
+// least two documents (throws if fewer).
+std::vector<bool> split_documents(int64_t num_documents, uint64_t seed, double val_fraction);
+// Cross-entropy in nats/token of add-one-smoothed unigram counts on `val_counts`.
+double unigram_cross_entropy(const std::vector<int64_t>& train_counts, const std::vector<int64_t>& val_counts);
+
+PrepareStats prepare(const PrepareOptions& options);
+
+}  // namespace zaya::data
