@@ -125,9 +125,9 @@ bool overlaps(const Tensor& x, const Tensor& y) {
 
 }  // namespace
 
-void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, Tensor& C, float alpha, float beta) {
+void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha, float beta) {
   constexpr const char* op = "gemm";
-  for (const Tensor* t : {&A, &B, static_cast<const Tensor*>(&C)}) {
+  for (const Tensor* t : {&A, &B, &C}) {
     ZAYA_CHECK(t->defined(), op, ": undefined operand");
     detail::require_cpu(op, *t);
   }

@@ -1,0 +1,480 @@
+// CPU kernels for dense.h: forward and backward side by side, the math written out (llm.c style).
+// Threads split rows (independent) or, for sums over rows, columns, so no value is ever reduced
+// across threads and results do not depend on the thread count.
+#include "zaya/ops/dense.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "zaya/ops/cpu/op_checks.h"
+#include "zaya/ops/gemm.h"
+
+namespace zaya::ops {
+namespace {
+
+using detail::require_cpu;
+using detail::require_f32;
+
+int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.size(-1); }
+int64_t rows_of(const Tensor& t) {
+  int64_t f = last_dim(t);
+  return f == 0 ? 0 : t.numel() / f;
+}
+
+// Σ_i a[i]·b[i] in a fixed order: 16 running lanes (so the compiler can vectorize it), the tail,
+// then the lanes in order. The order depends only on n, never on threads.
+inline float dot_fixed(const float* a, const float* b, int64_t n) {
+  float lane[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) lane[j] += a[i + j] * b[i + j];
+  float s = 0;
+  for (; i < n; ++i) s += a[i] * b[i];
+  for (int j = 0; j < 16; ++j) s += lane[j];
+  return s;
+}
+
+// out[j] += Σ_n term(n, j): each block of 64 columns belongs to one thread, which adds rows in
+// order into a zero-started local sum and adds that to out once.
+constexpr int64_t kColBlock = 64;
+template <class Term>
+void column_reduce(int64_t rows, int64_t cols, float* out, Term term) {
+  int64_t blocks = (cols + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    int64_t c0 = blk * kColBlock, c1 = std::min(cols, c0 + kColBlock);
+    float acc[kColBlock] = {};
+    for (int64_t n = 0; n < rows; ++n)
+      for (int64_t j = c0; j < c1; ++j) acc[j - c0] += term(n, j);
+    for (int64_t j = c0; j < c1; ++j) out[j] += acc[j - c0];
+  }
+}
+
+void check_vector(const char* op, const char* what, const Tensor& t, int64_t f) {
+  require_f32(op, what, t);
+  check_shape(str(op, ": ", what), t, Shape{f});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// linear: y = x·Wᵀ + b.  dx = dy·W,  dW += dyᵀ·x,  db += Σ_rows dy.
+
+void linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y) {
+  const char* op = "linear_forward";
+  require_cpu(op, x);
+  require_cpu(op, W);
+  require_f32(op, "y", y);
+  ZAYA_CHECK(x.ndim() == 2 && W.ndim() == 2, op, ": x ", x.str(), " and W ", W.str(), " must be 2-D");
+  ZAYA_CHECK(x.size(1) == W.size(1), op, ": x ", x.shape().str(), " has ", x.size(1), " features, W ",
+             W.shape().str(), " expects ", W.size(1));
+  int64_t n = x.size(0), out = W.size(0);
+  check_shape("linear_forward: y", y, Shape{n, out});
+  gemm(x, Trans::N, W, Trans::T, y, 1.0f, 0.0f);
+  if (b.defined()) {
+    check_vector(op, "b", b, out);
+    const float* bp = b.data<float>();
+    float* yp = y.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < out; ++j) yp[i * out + j] += bp[j];
+  }
+}
+
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dx, const Tensor& dW,
+                     const Tensor& db, const Tensor& dy_bf16) {
+  const char* op = "linear_backward";
+  require_f32(op, "dy", dy);
+  require_cpu(op, x);
+  require_cpu(op, W);
+  ZAYA_CHECK(x.ndim() == 2 && W.ndim() == 2, op, ": x ", x.str(), " and W ", W.str(), " must be 2-D");
+  int64_t n = x.size(0), in = x.size(1), out = W.size(0);
+  check_shape("linear_backward: W", W, Shape{out, in});
+  check_shape("linear_backward: dy", dy, Shape{n, out});
+  // The GEMM operand that stands for dy: dy itself (f32), or its bf16 copy next to bf16 x and W.
+  Tensor g = dy;
+  if (x.dtype() == DType::bf16) {
+    ZAYA_CHECK(dy_bf16.defined() && dy_bf16.dtype() == DType::bf16, op,
+               ": bf16 x and W need a bf16 dy workspace [", n, ", ", out, "], found ",
+               dy_bf16.defined() ? dy_bf16.str() : std::string("none"));
+    require_cpu(op, dy_bf16);
+    check_shape("linear_backward: dy_bf16", dy_bf16, Shape{n, out});
+    const float* s = dy.data<float>();
+    bf16* d = dy_bf16.data<bf16>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n * out; ++i) d[i] = to_bf16(s[i]);
+    g = dy_bf16;
+  }
+  if (dx.defined()) {
+    require_f32(op, "dx", dx);
+    check_shape("linear_backward: dx", dx, Shape{n, in});
+    gemm(g, Trans::N, W, Trans::N, dx, 1.0f, 0.0f);
+  }
+  if (dW.defined()) {
+    require_f32(op, "dW", dW);
+    check_shape("linear_backward: dW", dW, Shape{out, in});
+    gemm(g, Trans::T, x, Trans::N, dW, 1.0f, 1.0f);
+  }
+  if (db.defined()) {
+    check_vector(op, "db", db, out);
+    const float* d = dy.data<float>();
+    column_reduce(n, out, db.data<float>(), [&](int64_t i, int64_t j) { return d[i * out + j]; });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// embedding: y[n] = E[ids[n]].  dE[ids[n]] += dy[n] unless ids[n] == padding_idx.
+
+namespace {
+void check_ids(const char* op, const Tensor& ids, int64_t vocab) {
+  require_cpu(op, ids);
+  ZAYA_CHECK(ids.dtype() == DType::i32, op, ": ids must be i32, found ", ids.str());
+  const int32_t* p = ids.data<int32_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    ZAYA_CHECK(p[i] >= 0 && p[i] < vocab, op, ": token id ", p[i], " at position ", i,
+               " is outside the vocabulary [0, ", vocab, ")");
+}
+}  // namespace
+
+void embedding_forward(const Tensor& ids, const Tensor& E, const Tensor& y) {
+  const char* op = "embedding_forward";
+  require_f32(op, "E", E);
+  require_f32(op, "y", y);
+  ZAYA_CHECK(E.ndim() == 2, op, ": E must be [V, H], found ", E.str());
+  int64_t vocab = E.size(0), h = E.size(1), n = ids.numel();
+  check_ids(op, ids, vocab);
+  check_shape("embedding_forward: y", y, Shape{n, h});
+  const int32_t* id = ids.data<int32_t>();
+  const float* e = E.data<float>();
+  float* out = y.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) std::copy_n(e + int64_t{id[i]} * h, h, out + i * h);
+}
+
+void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dE, int64_t padding_idx) {
+  const char* op = "embedding_backward";
+  require_f32(op, "dy", dy);
+  require_f32(op, "dE", dE);
+  ZAYA_CHECK(dE.ndim() == 2, op, ": dE must be [V, H], found ", dE.str());
+  int64_t vocab = dE.size(0), h = dE.size(1), n = ids.numel();
+  check_ids(op, ids, vocab);
+  check_shape("embedding_backward: dy", dy, Shape{n, h});
+  const int32_t* id = ids.data<int32_t>();
+  const float* g = dy.data<float>();
+  float* de = dE.data<float>();
+  // Threads own column blocks of H and walk the tokens in order, so repeated ids add up in token
+  // order whatever the thread count (a scatter by rows would race on repeated ids).
+  int64_t blocks = (h + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    int64_t c0 = blk * kColBlock, c1 = std::min(h, c0 + kColBlock);
+    for (int64_t i = 0; i < n; ++i) {
+      if (id[i] == padding_idx) continue;
+      float* row = de + int64_t{id[i]} * h;
+      for (int64_t j = c0; j < c1; ++j) row[j] += g[i * h + j];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// rmsnorm: r = 1/sqrt(mean(x²) + eps), x̂ = x·r, y = w ⊙ x̂.
+// backward: with ĝ = dy ⊙ w, dx = r·(ĝ − x̂·mean(ĝ ⊙ x̂)),  dw += Σ_rows dy ⊙ x̂.
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
+  const char* op = "rmsnorm_forward";
+  require_f32(op, "x", x);
+  int64_t f = last_dim(x), n = rows_of(x);
+  check_vector(op, "w", w, f);
+  require_f32(op, "y", y);
+  check_same_shape("rmsnorm_forward: y vs x", y, x);
+  require_f32(op, "rstd", rstd);
+  check_shape("rmsnorm_forward: rstd", rstd, Shape{n});
+  const float* xp = x.data<float>();
+  const float* wp = w.data<float>();
+  float* yp = y.data<float>();
+  float* rp = rstd.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = xp + i * f;
+    float r = 1.0f / std::sqrt(dot_fixed(xi, xi, f) / static_cast<float>(f) + eps);
+    rp[i] = r;
+    for (int64_t j = 0; j < f; ++j) yp[i * f + j] = wp[j] * (xi[j] * r);
+  }
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                      const Tensor& dw) {
+  const char* op = "rmsnorm_backward";
+  require_f32(op, "x", x);
+  int64_t f = last_dim(x), n = rows_of(x);
+  require_f32(op, "dy", dy);
+  check_same_shape("rmsnorm_backward: dy vs x", dy, x);
+  check_vector(op, "w", w, f);
+  require_f32(op, "rstd", rstd);
+  check_shape("rmsnorm_backward: rstd", rstd, Shape{n});
+  const float* xp = x.data<float>();
+  const float* gp = dy.data<float>();
+  const float* wp = w.data<float>();
+  const float* rp = rstd.data<float>();
+  if (dx.defined()) {
+    require_f32(op, "dx", dx);
+    check_same_shape("rmsnorm_backward: dx vs x", dx, x);
+    float* dxp = dx.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* xi = xp + i * f;
+      const float* gi = gp + i * f;
+      float r = rp[i];
+      // mean(ĝ ⊙ x̂) = r·mean(dy ⊙ w ⊙ x), in a fixed order.
+      float lane[16] = {};
+      int64_t j = 0;
+      for (; j + 16 <= f; j += 16)
+        for (int l = 0; l < 16; ++l) lane[l] += gi[j + l] * wp[j + l] * xi[j + l];
+      float s = 0;
+      for (; j < f; ++j) s += gi[j] * wp[j] * xi[j];
+      for (int l = 0; l < 16; ++l) s += lane[l];
+      float mean_gx = s * r / static_cast<float>(f);
+      for (j = 0; j < f; ++j) dxp[i * f + j] = r * (gi[j] * wp[j] - xi[j] * r * mean_gx);
+    }
+  }
+  if (dw.defined()) {
+    check_vector(op, "dw", dw, f);
+    column_reduce(n, f, dw.data<float>(), [&](int64_t i, int64_t j) { return gp[i * f + j] * (xp[i * f + j] * rp[i]); });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// residual scaling: y = (h + b_h) ⊙ s_h + (x + b_x) ⊙ s_x.
+// backward: dh = dy ⊙ s_h, dx = dy ⊙ s_x, ds_h += Σ dy ⊙ (h + b_h), db_h += Σ dy ⊙ s_h,
+//           ds_x += Σ dy ⊙ (x + b_x), db_x += Σ dy ⊙ s_x.
+
+namespace {
+void check_params(const char* op, const ResidualScaleParams& p, int64_t f) {
+  check_vector(op, "hidden_states_scale", p.hidden_scale, f);
+  check_vector(op, "hidden_states_bias", p.hidden_bias, f);
+  check_vector(op, "residual_scale", p.residual_scale, f);
+  check_vector(op, "residual_bias", p.residual_bias, f);
+}
+}  // namespace
+
+void residual_scale_forward(const Tensor& h, const Tensor& x, const ResidualScaleParams& p, const Tensor& y) {
+  const char* op = "residual_scale_forward";
+  require_f32(op, "h", h);
+  require_f32(op, "x", x);
+  require_f32(op, "y", y);
+  check_same_shape("residual_scale_forward: x vs h", x, h);
+  check_same_shape("residual_scale_forward: y vs h", y, h);
+  int64_t f = last_dim(h), n = rows_of(h);
+  check_params(op, p, f);
+  const float *hp = h.data<float>(), *xp = x.data<float>();
+  const float *sh = p.hidden_scale.data<float>(), *bh = p.hidden_bias.data<float>();
+  const float *sx = p.residual_scale.data<float>(), *bx = p.residual_bias.data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < f; ++j) {
+      int64_t k = i * f + j;
+      yp[k] = (hp[k] + bh[j]) * sh[j] + (xp[k] + bx[j]) * sx[j];
+    }
+}
+
+void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x, const ResidualScaleParams& p,
+                             const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads) {
+  const char* op = "residual_scale_backward";
+  require_f32(op, "h", h);
+  require_f32(op, "x", x);
+  require_f32(op, "dy", dy);
+  check_same_shape("residual_scale_backward: x vs h", x, h);
+  check_same_shape("residual_scale_backward: dy vs h", dy, h);
+  int64_t f = last_dim(h), n = rows_of(h);
+  check_params(op, p, f);
+  check_params(op, grads, f);
+  const float *hp = h.data<float>(), *xp = x.data<float>(), *gp = dy.data<float>();
+  const float *sh = p.hidden_scale.data<float>(), *bh = p.hidden_bias.data<float>();
+  const float *sx = p.residual_scale.data<float>(), *bx = p.residual_bias.data<float>();
+  for (const Tensor* t : {&dh, &dx}) {
+    if (!t->defined()) continue;
+    require_f32(op, t == &dh ? "dh" : "dx", *t);
+    check_same_shape(t == &dh ? "residual_scale_backward: dh vs h" : "residual_scale_backward: dx vs h", *t, h);
+  }
+  float* dhp = dh.defined() ? dh.data<float>() : nullptr;
+  float* dxp = dx.defined() ? dx.data<float>() : nullptr;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < f; ++j) {
+      int64_t k = i * f + j;
+      if (dhp) dhp[k] = gp[k] * sh[j];
+      if (dxp) dxp[k] = gp[k] * sx[j];
+    }
+  // The four parameter sums in one column-blocked pass over dy.
+  float *dsh = grads.hidden_scale.data<float>(), *dbh = grads.hidden_bias.data<float>();
+  float *dsx = grads.residual_scale.data<float>(), *dbx = grads.residual_bias.data<float>();
+  int64_t blocks = (f + kColBlock - 1) / kColBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    int64_t c0 = blk * kColBlock, c1 = std::min(f, c0 + kColBlock);
+    float a_sh[kColBlock] = {}, a_g[kColBlock] = {}, a_sx[kColBlock] = {};
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = c0; j < c1; ++j) {
+        int64_t k = i * f + j;
+        a_sh[j - c0] += gp[k] * (hp[k] + bh[j]);
+        a_sx[j - c0] += gp[k] * (xp[k] + bx[j]);
+        a_g[j - c0] += gp[k];
+      }
+    for (int64_t j = c0; j < c1; ++j) {
+      dsh[j] += a_sh[j - c0];
+      dsx[j] += a_sx[j - c0];
+      dbh[j] += a_g[j - c0] * sh[j];  // Σ dy ⊙ s_h = s_h · Σ dy
+      dbx[j] += a_g[j - c0] * sx[j];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// activations. silu(x) = x·σ(x), silu'(x) = σ(x)·(1 + x·(1 − σ(x))).
+// gelu(x) = ½x(1 + erf(x/√2)), gelu'(x) = ½(1 + erf(x/√2)) + x·φ(x), φ the standard normal pdf.
+
+namespace {
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float silu_grad(float x) {
+  float s = sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+
+// Applies out[i] = f(i) over all elements after checking that every tensor matches `like`.
+template <class F>
+void elementwise(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> tensors,
+                 const Tensor& like, F f) {
+  for (auto [name, t] : tensors) {
+    require_f32(op, name, *t);
+    check_same_shape(str(op, ": ", name, " vs ", tensors.begin()->first), *t, like);
+  }
+  int64_t n = like.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) f(i);
+}
+}  // namespace
+
+void silu_forward(const Tensor& x, const Tensor& y) {
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  elementwise("silu_forward", {{"x", &x}, {"y", &y}}, x, [&](int64_t i) { yp[i] = xp[i] * sigmoid(xp[i]); });
+}
+
+void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const float *xp = x.data<float>(), *gp = dy.data<float>();
+  float* dp = dx.data<float>();
+  elementwise("silu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x,
+              [&](int64_t i) { dp[i] = gp[i] * silu_grad(xp[i]); });
+}
+
+void gelu_forward(const Tensor& x, const Tensor& y) {
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  elementwise("gelu_forward", {{"x", &x}, {"y", &y}}, x,
+              [&](int64_t i) { yp[i] = 0.5f * xp[i] * (1.0f + std::erf(xp[i] * kInvSqrt2)); });
+}
+
+void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const float *xp = x.data<float>(), *gp = dy.data<float>();
+  float* dp = dx.data<float>();
+  elementwise("gelu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x, [&](int64_t i) {
+    float v = xp[i];
+    float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
+    float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
+    dp[i] = gp[i] * (cdf + v * pdf);
+  });
+}
+
+// swiglu: y = silu(g) ⊙ v.  dg = dy ⊙ v ⊙ silu'(g),  dv = dy ⊙ silu(g).
+
+void swiglu_forward(const Tensor& gu, const Tensor& y) {
+  const char* op = "swiglu_forward";
+  require_f32(op, "gu", gu);
+  require_f32(op, "y", y);
+  ZAYA_CHECK(gu.ndim() == 2 && gu.size(1) % 2 == 0, op, ": gu must be [N, 2I], found ", gu.str());
+  int64_t n = gu.size(0), inter = gu.size(1) / 2;
+  check_shape("swiglu_forward: y", y, Shape{n, inter});
+  const float* p = gu.data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* g = p + i * 2 * inter;
+    const float* v = g + inter;
+    for (int64_t j = 0; j < inter; ++j) yp[i * inter + j] = g[j] * sigmoid(g[j]) * v[j];
+  }
+}
+
+void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu) {
+  const char* op = "swiglu_backward";
+  require_f32(op, "gu", gu);
+  require_f32(op, "dy", dy);
+  require_f32(op, "dgu", dgu);
+  ZAYA_CHECK(gu.ndim() == 2 && gu.size(1) % 2 == 0, op, ": gu must be [N, 2I], found ", gu.str());
+  int64_t n = gu.size(0), inter = gu.size(1) / 2;
+  check_shape("swiglu_backward: dy", dy, Shape{n, inter});
+  check_same_shape("swiglu_backward: dgu vs gu", dgu, gu);
+  const float *p = gu.data<float>(), *gp = dy.data<float>();
+  float* dp = dgu.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* g = p + i * 2 * inter;
+    const float* v = g + inter;
+    const float* d = gp + i * inter;
+    float* dg = dp + i * 2 * inter;
+    float* dv = dg + inter;
+    for (int64_t j = 0; j < inter; ++j) {
+      float s = sigmoid(g[j]);
+      dv[j] = d[j] * g[j] * s;
+      dg[j] = d[j] * v[j] * s * (1.0f + g[j] * (1.0f - s));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// softmax over the last dim: y = exp(x − max) / Σ exp(x − max).  dx = y ⊙ (dy − Σ dy ⊙ y).
+
+void softmax_forward(const Tensor& x, const Tensor& y) {
+  const char* op = "softmax_forward";
+  require_f32(op, "x", x);
+  require_f32(op, "y", y);
+  check_same_shape("softmax_forward: y vs x", y, x);
+  int64_t f = last_dim(x), n = rows_of(x);
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xi = xp + i * f;
+    float* yi = yp + i * f;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < f; ++j) mx = std::max(mx, xi[j]);
+    float sum = 0;
+    for (int64_t j = 0; j < f; ++j) {
+      yi[j] = std::exp(xi[j] - mx);
+      sum += yi[j];
+    }
+    float inv = 1.0f / sum;
+    for (int64_t j = 0; j < f; ++j) yi[j] *= inv;
+  }
+}
+
+void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx) {
+  const char* op = "softmax_backward";
+  require_f32(op, "y", y);
+  require_f32(op, "dy", dy);
+  require_f32(op, "dx", dx);
+  check_same_shape("softmax_backward: dy vs y", dy, y);
+  check_same_shape("softmax_backward: dx vs y", dx, y);
+  int64_t f = last_dim(y), n = rows_of(y);
+  const float *yp = y.data<float>(), *gp = dy.data<float>();
+  float* dp = dx.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float s = dot_fixed(gp + i * f, yp + i * f, f);
+    for (int64_t j = 0; j < f; ++j) dp[i * f + j] = yp[i * f + j] * (gp[i * f + j] - s);
+  }
+}
+
+}  // namespace zaya::ops

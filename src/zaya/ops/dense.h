@@ -1,0 +1,65 @@
+// Dense (per-token) ops: linear, embedding, RMSNorm, residual scaling, activations, softmax.
+//
+// Conventions (all ops here): tokens are flattened to rows, activations are contiguous row-major
+// [N, F] f32 on the CPU; outputs are preallocated by the caller; parameter gradients ACCUMULATE
+// (dW += ...) so micro-batches can add up, activation gradients are WRITTEN (dx = ...). Optional
+// tensors (a bias, a gradient nobody needs) are passed as an undefined Tensor{}. Every op is bitwise
+// deterministic across runs and thread counts: rows are split among threads, and reductions over
+// rows (parameter gradients) are split by column, each column summed by one thread in row order.
+#pragma once
+
+#include <cstdint>
+
+#include "zaya/core/tensor.h"
+
+namespace zaya::ops {
+
+// y[N, out] = x[N, in]·Wᵀ + b, W [out, in] (Hugging Face layout), b [out] or undefined.
+// x and W are both f32 or both bf16 (bf16 copies for the bf16 GEMM path); y is f32.
+void linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y);
+// dx = dy·W (written, skipped if undefined), dW += dyᵀ·x, db += Σ_rows dy (each skipped if
+// undefined). dy is f32. On the bf16 path `dy_bf16` ([N, out] bf16 workspace) receives dy rounded
+// to bf16 for the two GEMMs; db still sums the f32 dy.
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dx, const Tensor& dW,
+                     const Tensor& db, const Tensor& dy_bf16 = {});
+
+// y[n] = E[ids[n]]; ids i32 of any shape with N elements, E [V, H], y [N, H].
+// An id outside [0, V) throws zaya::Error naming it and V.
+void embedding_forward(const Tensor& ids, const Tensor& E, const Tensor& y);
+// dE[v] += Σ_{n: ids[n] = v} dy[n], except rows with ids[n] == padding_idx (-1: none).
+void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dE, int64_t padding_idx = -1);
+
+// y = w ⊙ (x · rstd), rstd = 1/sqrt(mean(x²) + eps) per row (fp32), saved in rstd [N].
+void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd);
+// dx written, dw += Σ_rows dy ⊙ x·rstd.
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                      const Tensor& dw);
+
+// ZAYA1 residual scaling, four per-channel [F] vectors (HF names in comments):
+// y = (h + hidden_bias) ⊙ hidden_scale + (x + residual_bias) ⊙ residual_scale.
+struct ResidualScaleParams {
+  Tensor hidden_scale;    // *.hidden_states_scale
+  Tensor hidden_bias;     // *.hidden_states_bias
+  Tensor residual_scale;  // *.residual_scale
+  Tensor residual_bias;   // *.residual_bias
+};
+void residual_scale_forward(const Tensor& h, const Tensor& x, const ResidualScaleParams& p, const Tensor& y);
+// dh, dx written (either may be undefined); the four parameter gradients in `grads` accumulate.
+void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x, const ResidualScaleParams& p,
+                             const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads);
+
+// Elementwise activations on any f32 shape. Backward writes dx and may run in place (dx == dy).
+void silu_forward(const Tensor& x, const Tensor& y);  // x·σ(x)
+void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
+void gelu_forward(const Tensor& x, const Tensor& y);  // exact: ½x(1 + erf(x/√2))
+void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
+
+// SwiGLU on gu [N, 2I]: gate g = first I columns, value v = last I; y [N, I] = silu(g) ⊙ v.
+void swiglu_forward(const Tensor& gu, const Tensor& y);
+void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu);
+
+// Row softmax in fp32 over the last dim; backward from the saved output y.
+void softmax_forward(const Tensor& x, const Tensor& y);
+void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx);
+
+}  // namespace zaya::ops

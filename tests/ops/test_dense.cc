@@ -1,0 +1,351 @@
+// Dense ops against float64 references: forward values, backward by central finite differences of
+// the reference (gradcheck.h), accumulation of parameter gradients, determinism, errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "ops/gradcheck.h"
+#include "zaya/core/threads.h"
+#include "zaya/ops/dense.h"
+
+namespace zaya::ops {
+namespace {
+
+using test::random_tensor;
+using test::to_f64;
+using Vec = std::vector<double>;
+using Ref = std::function<Vec(const std::vector<Vec>&)>;
+
+// Forward: float32 ops round each of a handful of steps (and exp/erf are within ~1 ulp), so the
+// normwise error vs double is a few 1e-7; 1e-5 leaves margin yet catches any formula mistake.
+constexpr double kFwdTol = 1e-5;
+// Backward vs central differences: the FD estimate is good to ~1e-9 (gradcheck.h); ours adds
+// f32 rounding, including sums over up to ~130 rows/columns (~sqrt(130)·6e-8 ≈ 1e-6). 2e-5 margin.
+constexpr double kGradTol = 2e-5;
+
+// d/d inputs[which] of sum(g ⊙ ref(inputs)), by central differences in double.
+Vec fd_grad(const Ref& ref, std::vector<Vec> inputs, int which, const Vec& g) {
+  return test::numerical_gradient(
+      [&](const Vec& v) {
+        inputs[which] = v;
+        return test::dot(g, ref(inputs));
+      },
+      inputs[which]);
+}
+
+Vec plus(const Vec& a, const Vec& b) {
+  Vec c(a.size());
+  for (size_t i = 0; i < a.size(); ++i) c[i] = a[i] + b[i];
+  return c;
+}
+
+struct Rows {
+  int64_t n, f;
+};
+const Rows kShapes[] = {{7, 13}, {5, 70}, {3, 130}};
+
+// ------------------------------------------------------------------------------------------- linear
+Vec linear_ref(const std::vector<Vec>& in, int64_t n, int64_t i, int64_t o) {
+  const Vec &x = in[0], &w = in[1], &b = in[2];
+  Vec y(n * o);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < o; ++c) {
+      double s = b[c];
+      for (int64_t k = 0; k < i; ++k) s += x[r * i + k] * w[c * i + k];
+      y[r * o + c] = s;
+    }
+  return y;
+}
+
+TEST(Linear, ForwardBackwardF32) {
+  for (auto [n, in, out] : {std::tuple{7, 13, 11}, {1, 1, 1}, {9, 70, 33}}) {
+    Tensor x = random_tensor({n, in}, 1), W = random_tensor({out, in}, 2), b = random_tensor({out}, 3);
+    Tensor y = Tensor::empty({n, out}, DType::f32);
+    Ref ref = [&](const std::vector<Vec>& v) { return linear_ref(v, n, in, out); };
+    std::vector<Vec> inputs = {to_f64(x), to_f64(W), to_f64(b)};
+    linear_forward(x, W, b, y);
+    EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
+
+    Tensor g = random_tensor({n, out}, 4);
+    Tensor dx = Tensor::empty({n, in}, DType::f32), dW = random_tensor({out, in}, 5), db = random_tensor({out}, 6);
+    Vec dW0 = to_f64(dW), db0 = to_f64(db);
+    linear_backward(g, x, W, dx, dW, db);
+    Vec gv = to_f64(g);
+    EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, gv)), kGradTol);
+    EXPECT_LT(test::rel_error(dW, plus(dW0, fd_grad(ref, inputs, 1, gv))), kGradTol);  // accumulates
+    EXPECT_LT(test::rel_error(db, plus(db0, fd_grad(ref, inputs, 2, gv))), kGradTol);
+  }
+}
+
+TEST(Linear, Bf16Path) {
+  const int64_t n = 7, in = 13, out = 11;
+  Tensor x = random_tensor({n, in}, 1, 1.0f, DType::bf16), W = random_tensor({out, in}, 2, 1.0f, DType::bf16);
+  Tensor y = Tensor::empty({n, out}, DType::f32);
+  Vec zero_b(out, 0.0);
+  Ref ref = [&](const std::vector<Vec>& v) { return linear_ref(v, n, in, out); };
+  std::vector<Vec> inputs = {to_f64(x), to_f64(W), zero_b};
+  linear_forward(x, W, Tensor{}, y);
+  // The bf16 inputs are exact in double: only f32 accumulation differs.
+  EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
+  Tensor g = random_tensor({n, out}, 4);
+  Tensor g_bf16 = Tensor::empty({n, out}, DType::bf16);
+  Tensor dx = Tensor::empty({n, in}, DType::f32), dW = Tensor::zeros({out, in}, DType::f32);
+  linear_backward(g, x, W, dx, dW, Tensor{}, g_bf16);
+  // The GEMMs see dy rounded to bf16: compare against the gradient for that rounded dy, exactly
+  // representable, so again only f32 accumulation (and FD) error remains.
+  Vec g_rounded = to_f64(g_bf16);
+  for (size_t i = 0; i < g_rounded.size(); ++i) ASSERT_EQ(g_rounded[i], to_float(to_bf16(g.data<float>()[i])));
+  EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, g_rounded)), kGradTol);
+  EXPECT_LT(test::rel_error(dW, fd_grad(ref, inputs, 1, g_rounded)), kGradTol);
+  EXPECT_THROW(linear_backward(g, x, W, dx, dW, Tensor{}), Error);  // bf16 needs the dy workspace
+}
+
+// ---------------------------------------------------------------------------------------- embedding
+TEST(Embedding, ForwardBackwardWithRepeatsAndPadding) {
+  const int64_t vocab = 11, h = 70;
+  std::vector<int32_t> id_values = {3, 0, 3, 10, 5, 3, 0, 7, 10};
+  Tensor ids = Tensor::empty({3, 3}, DType::i32);
+  std::memcpy(ids.raw(), id_values.data(), id_values.size() * 4);
+  const int64_t n = 9;
+  Tensor E = random_tensor({vocab, h}, 1), y = Tensor::empty({n, h}, DType::f32);
+  embedding_forward(ids, E, y);
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(0, std::memcmp(y.data<float>() + i * h, E.data<float>() + id_values[i] * h, h * 4)) << i;
+
+  Tensor g = random_tensor({n, h}, 2), dE = random_tensor({vocab, h}, 3);
+  Vec expect = to_f64(dE), gv = to_f64(g);
+  const int64_t pad = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (id_values[i] != pad)
+      for (int64_t j = 0; j < h; ++j) expect[id_values[i] * h + j] += gv[i * h + j];
+  embedding_backward(g, ids, dE, pad);
+  // At most three float additions per element: relative error ~3·2^-24.
+  EXPECT_LT(test::rel_error(dE, expect), 1e-6);
+  for (int64_t j = 0; j < h; ++j) EXPECT_EQ(dE.data<float>()[pad * h + j], static_cast<float>(expect[pad * h + j]));
+}
+
+TEST(Embedding, OutOfRangeIdNamesIdAndVocab) {
+  Tensor E = random_tensor({11, 4}, 1), y = Tensor::empty({2, 4}, DType::f32);
+  for (int32_t bad : {11, -1}) {
+    Tensor ids = Tensor::empty({2}, DType::i32);
+    ids.data<int32_t>()[0] = 2;
+    ids.data<int32_t>()[1] = bad;
+    try {
+      embedding_forward(ids, E, y);
+      ADD_FAILURE() << "no error for id " << bad;
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find(std::to_string(bad)), std::string::npos) << msg;
+      EXPECT_NE(msg.find("11"), std::string::npos) << msg;
+    }
+    EXPECT_THROW(embedding_backward(y, ids, E, -1), Error);
+  }
+}
+
+// ------------------------------------------------------------------------------------------ rmsnorm
+TEST(RmsNorm, ForwardBackward) {
+  const double eps = 1e-5;
+  for (Rows s : kShapes) {
+    Tensor x = random_tensor({s.n, s.f}, 1), w = random_tensor({s.f}, 2);
+    Ref ref = [&](const std::vector<Vec>& v) {
+      Vec y(s.n * s.f);
+      for (int64_t r = 0; r < s.n; ++r) {
+        double ms = 0;
+        for (int64_t j = 0; j < s.f; ++j) ms += v[0][r * s.f + j] * v[0][r * s.f + j];
+        double rs = 1 / std::sqrt(ms / s.f + eps);
+        for (int64_t j = 0; j < s.f; ++j) y[r * s.f + j] = v[1][j] * v[0][r * s.f + j] * rs;
+      }
+      return y;
+    };
+    std::vector<Vec> inputs = {to_f64(x), to_f64(w)};
+    Tensor y = Tensor::empty({s.n, s.f}, DType::f32), rstd = Tensor::empty({s.n}, DType::f32);
+    rmsnorm_forward(x, w, static_cast<float>(eps), y, rstd);
+    EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
+    Tensor g = random_tensor({s.n, s.f}, 3), dx = Tensor::empty({s.n, s.f}, DType::f32), dw = random_tensor({s.f}, 4);
+    Vec dw0 = to_f64(dw), gv = to_f64(g);
+    rmsnorm_backward(g, x, w, rstd, dx, dw);
+    EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, gv)), kGradTol) << s.n << "x" << s.f;
+    EXPECT_LT(test::rel_error(dw, plus(dw0, fd_grad(ref, inputs, 1, gv))), kGradTol) << s.n << "x" << s.f;
+  }
+}
+
+TEST(RmsNorm, ShapeErrorNamesBothShapes) {
+  Tensor x = random_tensor({7, 13}, 1), w = random_tensor({13}, 2);
+  Tensor y = Tensor::empty({7, 12}, DType::f32), rstd = Tensor::empty({7}, DType::f32);
+  try {
+    rmsnorm_forward(x, w, 1e-5f, y, rstd);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("[7, 12]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[7, 13]"), std::string::npos) << msg;
+  }
+  Tensor w_bad = random_tensor({12}, 2), y_ok = Tensor::empty({7, 13}, DType::f32);
+  EXPECT_THROW(rmsnorm_forward(x, w_bad, 1e-5f, y_ok, rstd), Error);
+}
+
+// ----------------------------------------------------------------------------------- residual scale
+TEST(ResidualScale, ForwardBackward) {
+  for (Rows s : kShapes) {
+    int64_t n = s.n, f = s.f;
+    Tensor h = random_tensor({n, f}, 1), x = random_tensor({n, f}, 2);
+    ResidualScaleParams p{random_tensor({f}, 3), random_tensor({f}, 4), random_tensor({f}, 5), random_tensor({f}, 6)};
+    Ref ref = [&](const std::vector<Vec>& v) {  // v: h, x, s_h, b_h, s_x, b_x
+      Vec y(n * f);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < f; ++j) {
+          int64_t k = r * f + j;
+          y[k] = (v[0][k] + v[3][j]) * v[2][j] + (v[1][k] + v[5][j]) * v[4][j];
+        }
+      return y;
+    };
+    std::vector<Vec> inputs = {to_f64(h), to_f64(x), to_f64(p.hidden_scale), to_f64(p.hidden_bias),
+                               to_f64(p.residual_scale), to_f64(p.residual_bias)};
+    Tensor y = Tensor::empty({n, f}, DType::f32);
+    residual_scale_forward(h, x, p, y);
+    EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
+    Tensor g = random_tensor({n, f}, 7), dh = Tensor::empty({n, f}, DType::f32), dx = Tensor::empty({n, f}, DType::f32);
+    ResidualScaleParams grads{random_tensor({f}, 8), random_tensor({f}, 9), random_tensor({f}, 10), random_tensor({f}, 11)};
+    std::vector<Vec> grads0 = {to_f64(grads.hidden_scale), to_f64(grads.hidden_bias), to_f64(grads.residual_scale),
+                               to_f64(grads.residual_bias)};
+    residual_scale_backward(g, h, x, p, dh, dx, grads);
+    Vec gv = to_f64(g);
+    EXPECT_LT(test::rel_error(dh, fd_grad(ref, inputs, 0, gv)), kGradTol);
+    EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 1, gv)), kGradTol);
+    const Tensor* gt[] = {&grads.hidden_scale, &grads.hidden_bias, &grads.residual_scale, &grads.residual_bias};
+    for (int k = 0; k < 4; ++k)
+      EXPECT_LT(test::rel_error(*gt[k], plus(grads0[k], fd_grad(ref, inputs, 2 + k, gv))), kGradTol) << "param " << k;
+  }
+}
+
+// -------------------------------------------------------------------------------------- activations
+using Fwd = void (*)(const Tensor&, const Tensor&);
+using Bwd = void (*)(const Tensor&, const Tensor&, const Tensor&);
+
+void check_elementwise(Fwd fwd, Bwd bwd, double (*f)(double)) {
+  for (Rows s : kShapes) {
+    Tensor x = random_tensor({s.n, s.f}, 1, 2.0f);  // scale 2: both tails of the curve
+    Ref ref = [&](const std::vector<Vec>& v) {
+      Vec y(v[0].size());
+      for (size_t i = 0; i < y.size(); ++i) y[i] = f(v[0][i]);
+      return y;
+    };
+    std::vector<Vec> inputs = {to_f64(x)};
+    Tensor y = Tensor::empty({s.n, s.f}, DType::f32);
+    fwd(x, y);
+    EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
+    Tensor g = random_tensor({s.n, s.f}, 2);
+    Vec gv = to_f64(g);
+    Tensor dx = Tensor::empty({s.n, s.f}, DType::f32);
+    bwd(g, x, dx);
+    EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, gv)), kGradTol);
+    bwd(g, x, g);  // in place: dx == dy
+    EXPECT_EQ(0, std::memcmp(g.raw(), dx.raw(), dx.nbytes()));
+  }
+}
+
+double silu_d(double x) { return x / (1 + std::exp(-x)); }
+double gelu_d(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+
+TEST(Activations, Silu) { check_elementwise(silu_forward, silu_backward, silu_d); }
+TEST(Activations, GeluExactErf) { check_elementwise(gelu_forward, gelu_backward, gelu_d); }
+
+TEST(Activations, SwiGlu) {
+  for (Rows s : kShapes) {
+    int64_t n = s.n, inter = s.f;
+    Tensor gu = random_tensor({n, 2 * inter}, 1, 2.0f);
+    Ref ref = [&](const std::vector<Vec>& v) {
+      Vec y(n * inter);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < inter; ++j) y[r * inter + j] = silu_d(v[0][r * 2 * inter + j]) * v[0][r * 2 * inter + inter + j];
+      return y;
+    };
+    std::vector<Vec> inputs = {to_f64(gu)};
+    Tensor y = Tensor::empty({n, inter}, DType::f32);
+    swiglu_forward(gu, y);
+    EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
+    Tensor g = random_tensor({n, inter}, 2), dgu = Tensor::empty({n, 2 * inter}, DType::f32);
+    swiglu_backward(g, gu, dgu);
+    EXPECT_LT(test::rel_error(dgu, fd_grad(ref, inputs, 0, to_f64(g))), kGradTol);
+  }
+  Tensor odd = random_tensor({3, 7}, 1), y = Tensor::empty({3, 3}, DType::f32);
+  EXPECT_THROW(swiglu_forward(odd, y), Error);
+}
+
+TEST(Softmax, ForwardBackward) {
+  for (Rows s : kShapes) {
+    Tensor x = random_tensor({s.n, s.f}, 1, 3.0f);
+    Ref ref = [&](const std::vector<Vec>& v) {
+      Vec y(v[0].size());
+      for (int64_t r = 0; r < s.n; ++r) {
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < s.f; ++j) mx = std::max(mx, v[0][r * s.f + j]);
+        for (int64_t j = 0; j < s.f; ++j) sum += std::exp(v[0][r * s.f + j] - mx);
+        for (int64_t j = 0; j < s.f; ++j) y[r * s.f + j] = std::exp(v[0][r * s.f + j] - mx) / sum;
+      }
+      return y;
+    };
+    std::vector<Vec> inputs = {to_f64(x)};
+    Tensor y = Tensor::empty({s.n, s.f}, DType::f32);
+    softmax_forward(x, y);
+    EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
+    Tensor g = random_tensor({s.n, s.f}, 2), dx = Tensor::empty({s.n, s.f}, DType::f32);
+    softmax_backward(g, y, dx);
+    EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, to_f64(g))), kGradTol);
+  }
+}
+
+// ------------------------------------------------------------------------------------ determinism
+// Every op's outputs and gradients, bitwise, over 1, 2, 2, 1 threads.
+std::vector<Tensor> run_all(int threads) {
+  set_num_threads(threads);
+  const int64_t n = 64, f = 200, out = 96, vocab = 50;
+  Tensor x = random_tensor({n, f}, 1), w = random_tensor({f}, 2), g = random_tensor({n, f}, 3);
+  Tensor W = random_tensor({out, f}, 4), b = random_tensor({out}, 5), gy = random_tensor({n, out}, 6);
+  std::vector<Tensor> r;
+  auto add = [&](Shape s) { return r.emplace_back(Tensor::zeros(s, DType::f32)); };
+  linear_forward(x, W, b, add({n, out}));
+  linear_backward(gy, x, W, add({n, f}), add({out, f}), add({out}));
+  Tensor y = add({n, f}), rstd = add({n});
+  rmsnorm_forward(x, w, 1e-5f, y, rstd);
+  rmsnorm_backward(g, x, w, rstd, add({n, f}), add({f}));
+  ResidualScaleParams p{w, w, random_tensor({f}, 7), random_tensor({f}, 8)};
+  residual_scale_forward(g, x, p, add({n, f}));
+  ResidualScaleParams grads{add({f}), add({f}), add({f}), add({f})};
+  residual_scale_backward(g, g, x, p, add({n, f}), add({n, f}), grads);
+  Tensor ids = Tensor::empty({n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % vocab);
+  embedding_backward(g, ids, add({vocab, f}), 3);
+  softmax_forward(x, y);
+  softmax_backward(g, y, add({n, f}));
+  gelu_backward(g, x, add({n, f}));
+  swiglu_backward(random_tensor({n, f / 2}, 9), x, add({n, f}));
+  return r;
+}
+
+TEST(Dense, BitwiseDeterministicAcrossThreadCounts) {
+  int saved = num_threads();
+  auto a = run_all(1), b = run_all(2), c = run_all(2), d = run_all(1);
+  set_num_threads(saved);
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const auto* o : {&b, &c, &d})
+      EXPECT_EQ(0, std::memcmp(a[i].raw(), (*o)[i].raw(), a[i].nbytes())) << "output " << i;
+}
+
+TEST(Dense, CudaTensorsAreRejected) {
+  float dummy[16];
+  Tensor x = Tensor::borrow(dummy, {4, 4}, DType::f32, Device::cuda);  // never dereferenced
+  Tensor y = Tensor::empty({4, 4}, DType::f32);
+  try {
+    silu_forward(x, y);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA kernel yet"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace zaya::ops
