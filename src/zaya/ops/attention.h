@@ -1,0 +1,30 @@
+// Causal grouped-query softmax attention (DESIGN.md, CCA step 7): q head h reads kv head ⌊h/G⌋,
+// G = nq/nkv, scale 1/√hd, position i attends to keys j ≤ i.
+//
+// Forward is tiled flash-attention style (blocks of 64 queries × 64 keys with a running max and
+// sum): it keeps only the output and the per-row logsumexp lse [B, nq, T] — O(T) memory, never a
+// T×T matrix. Backward recomputes the probabilities tile by tile from lse (P = exp(S − lse),
+// D_i = ⟨dO_i, O_i⟩, dS = P ⊙ (dO·Vᵀ − D)) in two passes — one over query blocks for dq, one over
+// key blocks for dk and dv (summed over the G q heads of each kv head) — so every output element
+// has one writer and a fixed summation order: bitwise deterministic for any thread count.
+#pragma once
+
+#include <cstdint>
+
+#include "zaya/core/tensor.h"
+
+namespace zaya::ops {
+
+// q, out [B, T, nq, hd]; k, v [B, T, nkv, hd] (or [B, T, heads·hd]); lse [B, nq, T] written.
+void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
+                       int64_t T, int64_t nq, int64_t nkv, int64_t hd);
+// dq, dk, dv written (activation gradients). Needs the forward's out and lse.
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t nq,
+                        int64_t nkv, int64_t hd);
+// One query token per batch row against a KV cache: q, out [B, nq, hd] (or [B, 1, nq, hd]); caches
+// [B, S_cap, nkv, hd] of which the first S positions are valid (the new token's K/V included).
+void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t B,
+                      int64_t S, int64_t nq, int64_t nkv, int64_t hd);
+
+}  // namespace zaya::ops

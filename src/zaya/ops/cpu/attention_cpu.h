@@ -1,0 +1,16 @@
+// Raw-pointer CPU kernels behind zaya/ops/attention.h (arguments already checked there).
+#pragma once
+
+#include <cstdint>
+
+namespace zaya::ops::cpu {
+
+void attention_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
+                   int64_t nq, int64_t nkv, int64_t hd);
+void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                   const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nq,
+                   int64_t nkv, int64_t hd);
+void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t B, int64_t S_cap,
+                      int64_t S, int64_t nq, int64_t nkv, int64_t hd);
+
+}  // namespace zaya::ops::cpu

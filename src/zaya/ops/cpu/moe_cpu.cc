@@ -1,0 +1,120 @@
+// MoE routing and permutation kernels (math in zaya/ops/moe.h). All per-row, so bitwise
+// deterministic for any thread count; the plan is a serial O(N) counting sort (stable by design).
+#include "zaya/ops/cpu/moe_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "zaya/ops/cpu/seq_vec.h"
+
+namespace zaya::ops::cpu {
+
+void moe_route(float* probs, int32_t* choice, float* weight, const float* logits, const float* beta, int64_t N,
+               int64_t E) {
+  const int64_t K = E + 1;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* z = logits + n * K;
+    float* p = probs + n * K;
+    float mx = z[0];
+    for (int64_t e = 1; e < K; ++e) mx = std::max(mx, z[e]);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < K; ++e) {
+      p[e] = std::exp(z[e] - mx);
+      sum += p[e];
+    }
+    for (int64_t e = 0; e < K; ++e) p[e] /= sum;
+    // Biased choice on the (detached) probabilities; strict '>' keeps the lowest index on a tie.
+    int64_t best = 0;
+    float best_v = p[0] + beta[0];
+    for (int64_t e = 1; e < K; ++e) {
+      float v = p[e] + beta[e];
+      if (v > best_v) best_v = v, best = e;
+    }
+    choice[n] = static_cast<int32_t>(best);
+    weight[n] = best == E ? 0.0f : p[best];
+  }
+}
+
+void moe_route_bwd(float* dlogits, const float* dweight, const float* probs, const int32_t* choice, int64_t N,
+                   int64_t E) {
+  const int64_t K = E + 1;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* g = dlogits + n * K;
+    const float* p = probs + n * K;
+    const int64_t c = choice[n];
+    if (c == E) {  // skip: the weight is the constant 0
+      std::fill_n(g, K, 0.0f);
+      continue;
+    }
+    // d p_c / d z_e = p_c (δ_ce − p_e)
+    const float a = dweight[n] * p[c];
+    for (int64_t e = 0; e < K; ++e) g[e] = -a * p[e];
+    g[c] += a;
+  }
+}
+
+int64_t moe_plan(int32_t* counts, int32_t* offsets, int32_t* pos, int32_t* src, const int32_t* choice, int64_t N,
+                 int64_t E) {
+  std::fill_n(counts, E, 0);
+  for (int64_t n = 0; n < N; ++n)
+    if (choice[n] < E) ++counts[choice[n]];
+  offsets[0] = 0;
+  for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + counts[e];
+  std::vector<int32_t> next(offsets, offsets + E);
+  for (int64_t n = 0; n < N; ++n) {
+    if (choice[n] == E) {
+      pos[n] = -1;
+      continue;
+    }
+    const int32_t r = next[choice[n]]++;
+    pos[n] = r;
+    src[r] = static_cast<int32_t>(n);
+  }
+  return offsets[E];
+}
+
+void moe_gather(float* xp, const float* x, const int32_t* src, int64_t M, int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < M; ++r) std::copy_n(x + static_cast<int64_t>(src[r]) * H, H, xp + r * H);
+}
+
+void moe_gather_bwd(float* dx, const float* dxp, const int32_t* pos, int64_t N, int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    if (pos[n] < 0) std::fill_n(dx + n * H, H, 0.0f);
+    else std::copy_n(dxp + static_cast<int64_t>(pos[n]) * H, H, dx + n * H);
+  }
+}
+
+void moe_unpermute(float* out, const float* y, const float* weight, const int32_t* pos, int64_t N, int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* o = out + n * H;
+    if (pos[n] < 0) {
+      std::fill_n(o, H, 0.0f);
+      continue;
+    }
+    const float* yr = y + static_cast<int64_t>(pos[n]) * H;
+    for (int64_t h = 0; h < H; ++h) o[h] = weight[n] * yr[h];
+  }
+}
+
+void moe_unpermute_bwd(float* dy, float* dweight, const float* dout, const float* y, const float* weight,
+                       const int32_t* pos, int64_t N, int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    if (pos[n] < 0) {
+      dweight[n] = 0.0f;
+      continue;
+    }
+    const int64_t r = pos[n];
+    const float* g = dout + n * H;
+    dweight[n] = dotf(g, y + r * H, H);
+    for (int64_t h = 0; h < H; ++h) dy[r * H + h] = weight[n] * g[h];
+  }
+}
+
+}  // namespace zaya::ops::cpu

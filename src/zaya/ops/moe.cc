@@ -1,0 +1,118 @@
+// Argument checks and dispatch for MoE routing and permutation (kernels in cpu/moe_cpu.cc).
+#include "zaya/ops/moe.h"
+
+#include <initializer_list>
+#include <tuple>
+
+#include "zaya/ops/cpu/moe_cpu.h"
+#include "zaya/ops/cpu/seq_checks.h"
+
+namespace zaya::ops {
+
+namespace {
+void check_nh(std::string_view op, int64_t M, int64_t N, int64_t H) {
+  seq::require_positive(op, "N", N);
+  seq::require_positive(op, "H", H);
+  ZAYA_CHECK(M >= 0 && M <= N, op, ": routed rows M must be in [0, N = ", N, "], found ", M);
+}
+// A permuted activation: at least M rows of H (the caller sizes it for the worst case N).
+void check_permuted(std::string_view op, std::string_view what, const Tensor& t, int64_t M, int64_t H) {
+  seq::require_cpu_f32(op, what, t);
+  ZAYA_CHECK(t.ndim() == 2 && t.size(1) == H && t.size(0) >= M, op, ": ", what, " has shape ", t.shape().str(),
+             ", expected [>=", M, ", ", H, "]");
+}
+}  // namespace
+
+void moe_route(Tensor& probs, Tensor& choice, Tensor& weight, const Tensor& logits, const Tensor& beta, int64_t N,
+               int64_t E) {
+  constexpr std::string_view op = "moe_route";
+  seq::require_positive(op, "N", N);
+  seq::require_positive(op, "E", E);
+  seq::require_exact(op, "router logits", logits, Shape{N, E + 1});
+  seq::require_exact(op, "balancing_biases", beta, Shape{E + 1});
+  seq::require_exact(op, "probs", probs, Shape{N, E + 1});
+  seq::require_exact(op, "weight", weight, Shape{N});
+  seq::require_cpu_i32(op, "choice", choice);
+  check_shape(str(op, ": choice"), choice, Shape{N});
+  cpu::moe_route(probs.data<float>(), choice.data<int32_t>(), weight.data<float>(), logits.data<float>(),
+                 beta.data<float>(), N, E);
+}
+
+void moe_route_backward(Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice, int64_t N,
+                        int64_t E) {
+  constexpr std::string_view op = "moe_route_backward";
+  seq::require_positive(op, "N", N);
+  seq::require_positive(op, "E", E);
+  seq::require_exact(op, "dlogits", dlogits, Shape{N, E + 1});
+  seq::require_exact(op, "probs", probs, Shape{N, E + 1});
+  seq::require_exact(op, "dweight", dweight, Shape{N});
+  seq::require_cpu_i32(op, "choice", choice);
+  check_shape(str(op, ": choice"), choice, Shape{N});
+  cpu::moe_route_bwd(dlogits.data<float>(), dweight.data<float>(), probs.data<float>(), choice.data<int32_t>(), N, E);
+}
+
+int64_t moe_plan(Tensor& counts, Tensor& offsets, Tensor& pos, Tensor& src, const Tensor& choice, int64_t N,
+                 int64_t E) {
+  constexpr std::string_view op = "moe_plan";
+  seq::require_positive(op, "N", N);
+  seq::require_positive(op, "E", E);
+  for (auto [name, t, n] : {std::tuple<const char*, const Tensor*, int64_t>{"counts", &counts, E},
+                            {"offsets", &offsets, E + 1}, {"pos", &pos, N}, {"src", &src, N}, {"choice", &choice, N}}) {
+    seq::require_cpu_i32(op, name, *t);
+    check_shape(str(op, ": ", name), *t, Shape{n});
+  }
+  const int32_t* c = choice.data<int32_t>();
+  for (int64_t n = 0; n < N; ++n)
+    ZAYA_CHECK(c[n] >= 0 && c[n] <= E, op, ": choice[", n, "] = ", c[n], ", expected an expert in [0, ", E, "]");
+  return cpu::moe_plan(counts.data<int32_t>(), offsets.data<int32_t>(), pos.data<int32_t>(), src.data<int32_t>(), c,
+                       N, E);
+}
+
+void moe_gather(Tensor& xp, const Tensor& x, const Tensor& src, int64_t M, int64_t N, int64_t H) {
+  constexpr std::string_view op = "moe_gather";
+  check_nh(op, M, N, H);
+  seq::require_n_rows(op, "x", x, N, H);
+  check_permuted(op, "xp", xp, M, H);
+  seq::require_cpu_i32(op, "src", src);
+  check_shape(str(op, ": src"), src, Shape{N});
+  cpu::moe_gather(xp.data<float>(), x.data<float>(), src.data<int32_t>(), M, H);
+}
+
+void moe_gather_backward(Tensor& dx, const Tensor& dxp, const Tensor& pos, int64_t M, int64_t N, int64_t H) {
+  constexpr std::string_view op = "moe_gather_backward";
+  check_nh(op, M, N, H);
+  seq::require_n_rows(op, "dx", dx, N, H);
+  check_permuted(op, "dxp", dxp, M, H);
+  seq::require_cpu_i32(op, "pos", pos);
+  check_shape(str(op, ": pos"), pos, Shape{N});
+  cpu::moe_gather_bwd(dx.data<float>(), dxp.data<float>(), pos.data<int32_t>(), N, H);
+}
+
+void moe_unpermute(Tensor& out, const Tensor& y, const Tensor& weight, const Tensor& pos, int64_t M, int64_t N,
+                   int64_t H) {
+  constexpr std::string_view op = "moe_unpermute";
+  check_nh(op, M, N, H);
+  seq::require_n_rows(op, "out", out, N, H);
+  check_permuted(op, "y", y, M, H);
+  seq::require_exact(op, "weight", weight, Shape{N});
+  seq::require_cpu_i32(op, "pos", pos);
+  check_shape(str(op, ": pos"), pos, Shape{N});
+  cpu::moe_unpermute(out.data<float>(), y.data<float>(), weight.data<float>(), pos.data<int32_t>(), N, H);
+}
+
+void moe_unpermute_backward(Tensor& dy, Tensor& dweight, const Tensor& dout, const Tensor& y, const Tensor& weight,
+                            const Tensor& pos, int64_t M, int64_t N, int64_t H) {
+  constexpr std::string_view op = "moe_unpermute_backward";
+  check_nh(op, M, N, H);
+  seq::require_n_rows(op, "dout", dout, N, H);
+  check_permuted(op, "y", y, M, H);
+  check_permuted(op, "dy", dy, M, H);
+  seq::require_exact(op, "weight", weight, Shape{N});
+  seq::require_exact(op, "dweight", dweight, Shape{N});
+  seq::require_cpu_i32(op, "pos", pos);
+  check_shape(str(op, ": pos"), pos, Shape{N});
+  cpu::moe_unpermute_bwd(dy.data<float>(), dweight.data<float>(), dout.data<float>(), y.data<float>(),
+                         weight.data<float>(), pos.data<int32_t>(), N, H);
+}
+
+}  // namespace zaya::ops
