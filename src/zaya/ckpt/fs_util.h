@@ -1,0 +1,53 @@
+// Durable file-system steps for the checkpoint commit protocol (docs/checkpoint-format.md).
+//
+// A rename is atomic but not durable until the directory holding it is fsynced, and a file's
+// data is not durable until the file is fsynced; the helpers here do both, and throw zaya::Error
+// naming the path and errno on failure.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zaya::ckpt {
+
+namespace fs = std::filesystem;
+
+// Writes all of `n` bytes to `fd`, in pieces of at most 64 MiB, retrying on EINTR / short writes.
+void write_all(int fd, const void* data, size_t n, const fs::path& what);
+void fsync_path(const fs::path& path);  // a file or a directory
+// rename(2) from -> to (replacing `to` if it is a file), then fsync of to's parent directory.
+void atomic_rename(const fs::path& from, const fs::path& to);
+// Writes `contents` to path.tmp, fsyncs it, renames it over `path`, fsyncs the directory.
+void write_file_atomic(const fs::path& path, const std::string& contents);
+std::string read_small_file(const fs::path& path, size_t max_bytes = 1 << 20);
+
+// "step_0000042" (at least 7 digits); parse returns the step for such a name (no .tmp suffix).
+std::string step_dir_name(int64_t step);
+std::optional<int64_t> parse_step_dir_name(const std::string& name);
+
+// Removes every entry of `run_dir` whose name ends in ".tmp" (half-written checkpoints, a
+// `latest.tmp`, checkpoints being deleted). Returns what it removed.
+std::vector<fs::path> remove_leftover_tmp(const fs::path& run_dir);
+
+// Committed checkpoint steps under run_dir, ascending.
+std::vector<int64_t> list_steps(const fs::path& run_dir);
+
+// Retention: keep the newest `keep_last` (>= 1) and every step that is a multiple of
+// `keep_every` (0 = none kept permanently); `protect` (the step `latest` names) is never deleted.
+struct RetentionPolicy {
+  int keep_last = 3;
+  int64_t keep_every = 0;
+};
+std::vector<int64_t> steps_to_delete(const std::vector<int64_t>& steps, const RetentionPolicy& policy,
+                                     std::optional<int64_t> protect);
+// Deletes what the policy says, each directory first renamed to <name>.deleting.tmp so a kill
+// half-way through leaves a .tmp that the next start removes, never a half-deleted step_N.
+std::vector<int64_t> apply_retention(const fs::path& run_dir, const RetentionPolicy& policy);
+
+// The step directory `latest` names (run_dir/latest holds e.g. "step_0000042"), if any.
+std::optional<fs::path> read_latest(const fs::path& run_dir);
+
+}  // namespace zaya::ckpt

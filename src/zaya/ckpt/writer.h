@@ -1,0 +1,95 @@
+// Writing checkpoints: the synchronous core (rank files + manifest + atomic commit) and the
+// asynchronous CheckpointWriter the trainer uses.
+//
+// Commit protocol (docs/checkpoint-format.md): everything goes into run_dir/step_N.tmp/; each
+// file is fsynced; manifest.json is written last; the directory is fsynced and renamed to
+// step_N; run_dir is fsynced; then `latest` is replaced atomically (latest.tmp, fsync, rename).
+// A kill at any point leaves the previous checkpoint and `latest` intact; the leftover .tmp is
+// removed by the next writer.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "zaya/ckpt/fs_util.h"
+#include "zaya/ckpt/manifest.h"
+#include "zaya/core/tensor.h"
+
+namespace zaya::ckpt {
+
+// One rank's chunk of one tensor: `tensor` holds the elements of the hyper-rectangle that starts
+// at `offsets` in a global tensor of `global_shape` (empty global_shape/offsets: the tensor is
+// the whole global tensor).
+struct SaveItem {
+  std::string name;
+  Tensor tensor;
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offsets;
+};
+
+std::string rank_file_name(int rank);  // "rank_00000.safetensors"
+
+// Synchronous save of a checkpoint whose rank files are all written by this process:
+// ranks[r] is what rank r holds. Used by CheckpointWriter (one rank) and by tests and tools that
+// need several rank files. Returns the committed step directory.
+fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const std::vector<std::vector<SaveItem>>& ranks,
+                         const nlohmann::json& state, const RetentionPolicy& retention = {});
+
+struct WriterOptions {
+  RetentionPolicy retention;
+  int rank = 0;        // this process's rank; a world of one for now
+  int world_size = 1;
+  // Test hook: sleep this long after the rank files are written and before the manifest and the
+  // commit, so a test can kill the process in the middle of a save.
+  int test_pause_before_commit_ms = 0;
+};
+
+struct SaveStats {
+  int64_t step = -1;
+  double wait_previous_s = 0;  // blocked on the previous save's background write
+  double snapshot_s = 0;       // copying tensors into host staging memory
+  double stall_s = 0;          // what training lost: wait_previous_s + snapshot_s
+  double write_s = 0;          // background: write + fsync + commit
+  uint64_t bytes = 0;          // tensor bytes written
+  double write_gbps() const { return write_s > 0 ? bytes / write_s / 1e9 : 0; }
+};
+
+class CheckpointWriter {
+ public:
+  // Creates run_dir if needed and removes leftover *.tmp entries from interrupted saves.
+  explicit CheckpointWriter(fs::path run_dir, WriterOptions options = {});
+  ~CheckpointWriter();  // waits for the write in flight (errors are logged, not thrown)
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Waits for the previous save, snapshots `items` into staging buffers (reused between saves,
+  // grown when needed) and returns; a background thread writes and commits. An error from the
+  // previous background write is re-raised here. Returns the stall.
+  double save(int64_t step, const std::vector<SaveItem>& items, const nlohmann::json& state);
+  // Blocks until the save in flight is committed; re-raises its error.
+  void wait();
+
+  const SaveStats& last_stats() const { return last_; }  // of the last completed save
+  const fs::path& run_dir() const { return run_dir_; }
+
+ private:
+  void join_background();
+
+  fs::path run_dir_;
+  WriterOptions options_;
+  std::shared_ptr<Storage> staging_;
+  std::vector<SaveItem> staged_;
+  nlohmann::json staged_state_;
+  std::thread thread_;
+  std::exception_ptr error_;
+  SaveStats pending_;
+  SaveStats last_;
+};
+
+}  // namespace zaya::ckpt
