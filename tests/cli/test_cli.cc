@@ -51,3 +51,17 @@ TEST(Cli, PendingCommandsSaySoAndExitTwo) {
 }
 
 }  // namespace
+
+namespace {
+TEST(Cli, SizeZaya1Base) {
+  CliRun r = zaya(std::string("size --model ") + ZAYA_SOURCE_DIR + "/configs/zaya1-base.toml");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("non-embedding 8.303B"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("active 0.754B"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("embedding 0.537B"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("40960 bytes per token"), std::string::npos) << r.output;
+  CliRun bad = zaya(std::string("size --model ") + ZAYA_SOURCE_DIR + "/configs/zaya1-base.toml --hw tpu");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("mi300x, h100, h200"), std::string::npos) << bad.output;
+}
+}  // namespace

@@ -1,0 +1,47 @@
+#include <iostream>
+#include <optional>
+
+#include "commands.h"
+#include "zaya/core/config.h"
+#include "zaya/sizing/size_report.h"
+
+namespace zaya::app {
+namespace {
+
+struct SizeArgs {
+  std::string model;
+  std::string hw;
+  sizing::RunShape run;
+  std::vector<std::string> overrides;
+};
+
+void add_size(CLI::App& app, Commands& commands) {
+  auto args = std::make_shared<SizeArgs>();
+  auto* cmd = app.add_subcommand("size", "Parameters, FLOPs, memory, step time and sizing-rule checks of a model");
+  cmd->add_option("--model", args->model, "TOML run config ([model] section) or a transformers config.json")->required();
+  cmd->add_option("--hw", args->hw, "hardware profile: mi300x, h100, h200 or a profile .json");
+  cmd->add_option("--dp", args->run.dp, "data-parallel ranks")->check(CLI::PositiveNumber);
+  cmd->add_option("--mbs", args->run.mbs, "micro-batch size (sequences per rank)")->check(CLI::PositiveNumber);
+  cmd->add_option("--seq", args->run.seq, "sequence length")->check(CLI::PositiveNumber);
+  cmd->add_option("--zero", args->run.zero, "ZeRO stage (0 or 1)")->check(CLI::Range(0, 1));
+  cmd->add_option("--set", args->overrides, "override a config key: model.hidden_size=1024");
+  commands.push_back({cmd, [args] {
+                        model::ModelConfig c;
+                        if (args->model.size() > 5 && args->model.substr(args->model.size() - 5) == ".json") {
+                          c = model::ModelConfig::from_hf_json(args->model);
+                        } else {
+                          ConfigReader r = ConfigReader::from_file(args->model, args->overrides);
+                          c = model::ModelConfig::from_toml(r);
+                          // Other sections (train, data, ...) belong to other commands: only [model] is checked here.
+                        }
+                        std::optional<sizing::HardwareProfile> hw;
+                        if (!args->hw.empty()) hw = sizing::resolve_profile(args->hw);
+                        std::cout << sizing::format_size_report(sizing::size_model(c, args->run, hw));
+                        return 0;
+                      }});
+}
+
+}  // namespace
+}  // namespace zaya::app
+
+ZAYA_COMMAND(size, zaya::app::add_size);

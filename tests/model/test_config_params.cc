@@ -1,0 +1,90 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "zaya/core/config.h"
+#include "zaya/core/error.h"
+#include "zaya/model/config.h"
+#include "zaya/model/params.h"
+
+namespace zaya::model {
+namespace {
+
+ModelConfig zaya1_base() {
+  ConfigReader r = ConfigReader::from_file(std::string(ZAYA_SOURCE_DIR) + "/configs/zaya1-base.toml");
+  ModelConfig c = ModelConfig::from_toml(r);
+  r.finish();
+  return c;
+}
+
+TEST(ModelParams, Zaya1BaseCountsMatchThePublishedShapes) {
+  ParamCounts n = count_parameters(zaya1_base());
+  // DESIGN.md: 8.303B non-embedding, 0.754B active, 0.537B embedding; the issue allows ±0.1%.
+  EXPECT_NEAR(static_cast<double>(n.non_embedding), 8.303e9, 8.303e6);
+  EXPECT_NEAR(static_cast<double>(n.active), 0.754e9, 0.754e6);
+  EXPECT_NEAR(static_cast<double>(n.embedding), 0.537e9, 0.537e6);
+  EXPECT_EQ(kv_cache_bytes_per_token(zaya1_base(), 2), 40960);
+}
+
+TEST(ModelParams, NamesAreUniqueAndFollowHuggingFace) {
+  ModelConfig c;
+  c.num_hidden_layers = 3;
+  auto specs = parameter_specs(c);
+  std::set<std::string> names;
+  for (const auto& p : specs) EXPECT_TRUE(names.insert(p.name).second) << p.name;
+  EXPECT_TRUE(names.count("model.layers.0.self_attn.qkv_proj.conv_qk_grouped.weight"));
+  EXPECT_TRUE(names.count("model.layers.2.mlp.experts.gate_up_proj"));
+  // EDA scale only from layer 1 on.
+  EXPECT_FALSE(names.count("model.layers.0.mlp.gate.router_states_scale"));
+  EXPECT_TRUE(names.count("model.layers.1.mlp.gate.router_states_scale"));
+  EXPECT_FALSE(names.count("lm_head.weight"));  // tied
+  for (const auto& p : specs) {
+    if (p.name == "model.layers.1.self_attn.qkv_proj.conv_qk_grouped.weight") {
+      EXPECT_EQ(p.shape, (Shape{c.conv_channels(), c.head_dim, 2}));
+    }
+  }
+}
+
+TEST(ModelConfig, HfJsonRoundTrip) {
+  ModelConfig c = zaya1_base();
+  ModelConfig back = ModelConfig::from_hf_json_text(c.to_hf_json(), "roundtrip");
+  EXPECT_EQ(back.hidden_size, c.hidden_size);
+  EXPECT_EQ(back.num_experts, c.num_experts);
+  EXPECT_EQ(back.rope_theta, c.rope_theta);
+  EXPECT_EQ(back.partial_rotary_factor, c.partial_rotary_factor);
+  EXPECT_EQ(back.eos_token_id, c.eos_token_id);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelConfig, ValidationNamesTheKey) {
+  auto toml_error = [](const std::string& text) {
+    return error_of([&] {
+      ConfigReader r = ConfigReader::from_string(text, "m.toml");
+      ModelConfig::from_toml(r);
+    });
+  };
+  std::string e = toml_error("[model]\nnum_attention_heads = 6\nnum_key_value_heads = 4\n");
+  EXPECT_NE(e.find("m.toml: num_attention_heads"), std::string::npos) << e;
+  EXPECT_NE(e.find("multiple of num_key_value_heads"), std::string::npos) << e;
+  e = toml_error("[model]\nnum_experts_per_tok = 2\n");
+  EXPECT_NE(e.find("num_experts_per_tok"), std::string::npos) << e;
+  e = toml_error("[model]\nhead_dim = 15\n");
+  EXPECT_NE(e.find("head_dim"), std::string::npos) << e;
+  e = error_of([] { ModelConfig::from_hf_json_text(R"({"model_type": "llama"})", "config.json"); });
+  EXPECT_NE(e.find("model_type"), std::string::npos) << e;
+  e = error_of([] { ModelConfig::from_hf_json_text(R"({"model_type": "zaya", "hidden_size": "big"})", "config.json"); });
+  EXPECT_NE(e.find("config.json"), std::string::npos) << e;
+  e = error_of([] { ModelConfig::from_hf_json_text("{not json", "config.json"); });
+  EXPECT_NE(e.find("invalid JSON"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace zaya::model
