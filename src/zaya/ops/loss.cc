@@ -1,0 +1,150 @@
+// Chunked cross-entropy over the tied LM head (see loss.h for the math and the memory argument).
+#include "zaya/ops/loss.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "zaya/ops/cpu/op_checks.h"
+#include "zaya/ops/gemm.h"
+
+namespace zaya::ops {
+namespace {
+
+using detail::require_cpu;
+using detail::require_f32;
+
+struct Dims {
+  int64_t n, h, vocab, chunk;
+};
+
+Dims check_args(const char* op, const Tensor& h, const Tensor& E, const Tensor& targets, const Tensor& lse,
+                const Tensor& workspace, const CrossEntropyOptions& opt) {
+  require_f32(op, "h", h);
+  require_f32(op, "E", E);
+  ZAYA_CHECK(h.ndim() == 2, op, ": h must be [N, H], found ", h.str());
+  ZAYA_CHECK(E.ndim() == 2 && E.size(1) == h.size(1), op, ": E must be [V, ", h.size(1), "] to match h ",
+             h.shape().str(), ", found ", E.shape().str());
+  Dims d{h.size(0), h.size(1), E.size(0), std::min(opt.chunk, E.size(0))};
+  ZAYA_CHECK(d.vocab > 0, op, ": empty vocabulary, E is ", E.shape().str());
+  ZAYA_CHECK(opt.chunk > 0, op, ": chunk must be positive, found ", opt.chunk);
+  require_cpu(op, targets);
+  ZAYA_CHECK(targets.dtype() == DType::i32, op, ": targets must be i32, found ", targets.str());
+  check_shape(str(op, ": targets"), targets, Shape{d.n});
+  require_f32(op, "lse", lse);
+  check_shape(str(op, ": lse"), lse, Shape{d.n});
+  require_f32(op, "workspace", workspace);
+  int64_t need = cross_entropy_workspace_elems(d.n, d.vocab, opt);
+  ZAYA_CHECK(workspace.numel() >= need, op, ": workspace has ", workspace.numel(), " elements, needs ", need,
+             " (N = ", d.n, ", chunk = ", d.chunk, ")");
+  const int32_t* t = targets.data<int32_t>();
+  for (int64_t i = 0; i < d.n; ++i)
+    ZAYA_CHECK(t[i] == opt.ignore_index || (t[i] >= 0 && t[i] < d.vocab), op, ": target ", t[i], " at row ", i,
+               " is outside [0, ", d.vocab, ") and is not the ignore index ", opt.ignore_index);
+  return d;
+}
+
+// Logits of vocabulary rows [v0, v0 + c) for every token, into the workspace's chunk buffer.
+Tensor chunk_logits(const Tensor& h, const Tensor& E, const Tensor& workspace, const Dims& d, int64_t v0,
+                    int64_t c) {
+  Tensor logits = workspace.window(0, Shape{d.n, c});
+  gemm(h, Trans::N, E.slice(v0, v0 + c), Trans::T, logits, 1.0f, 0.0f);
+  return logits;
+}
+
+CrossEntropyResult forward_impl(const Tensor& h, const Tensor& E, const Tensor& targets, const Tensor& lse,
+                                const Tensor& workspace, const CrossEntropyOptions& opt, const Dims& d) {
+  const int32_t* tgt = targets.data<int32_t>();
+  // Row state between chunks: running max in lse (until the end), running Σexp in `sum`, the
+  // target's logit in `picked`. Both [N] buffers live after the logits chunk in the workspace.
+  float* run_max = lse.data<float>();
+  float* sum = workspace.data<float>() + d.n * d.chunk;
+  float* picked = sum + d.n;
+  std::fill_n(run_max, d.n, -INFINITY);
+  std::fill_n(sum, d.n, 0.0f);
+  std::fill_n(picked, d.n, 0.0f);
+  for (int64_t v0 = 0; v0 < d.vocab; v0 += d.chunk) {
+    int64_t c = std::min(d.chunk, d.vocab - v0);
+    Tensor logits = chunk_logits(h, E, workspace, d, v0, c);
+    const float* lp = logits.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < d.n; ++i) {
+      const float* row = lp + i * c;
+      float cm = -INFINITY;
+      for (int64_t j = 0; j < c; ++j) cm = std::max(cm, row[j]);
+      // Rescale the old sum to the new max before adding this chunk: Σexp(l − m) stays ≤ V.
+      if (cm > run_max[i]) {
+        sum[i] *= std::exp(run_max[i] - cm);  // exp(−inf) = 0 on the first chunk
+        run_max[i] = cm;
+      }
+      float s = 0;
+      for (int64_t j = 0; j < c; ++j) s += std::exp(row[j] - run_max[i]);
+      sum[i] += s;
+      if (tgt[i] >= v0 && tgt[i] < v0 + c) picked[i] = row[tgt[i] - v0];
+    }
+  }
+  CrossEntropyResult r;
+  double total = 0;
+  for (int64_t i = 0; i < d.n; ++i) {  // in row order: the loss is bitwise reproducible
+    run_max[i] += std::log(sum[i]);     // now the logsumexp
+    if (tgt[i] == opt.ignore_index) continue;
+    total += static_cast<double>(run_max[i]) - static_cast<double>(picked[i]);
+    ++r.count;
+  }
+  r.loss = r.count ? total / static_cast<double>(r.count) : 0.0;
+  return r;
+}
+
+}  // namespace
+
+int64_t cross_entropy_workspace_elems(int64_t n, int64_t vocab, const CrossEntropyOptions& opt) {
+  return n * std::min(opt.chunk, vocab) + 2 * n;
+}
+
+CrossEntropyResult cross_entropy_tied_forward(const Tensor& h, const Tensor& E, const Tensor& targets,
+                                              const Tensor& lse, const Tensor& workspace,
+                                              const CrossEntropyOptions& opt) {
+  Dims d = check_args("cross_entropy_tied_forward", h, E, targets, lse, workspace, opt);
+  return forward_impl(h, E, targets, lse, workspace, opt, d);
+}
+
+// d loss / d logit[n, v] = (softmax[n, v] − [v == t_n]) / count for counted rows, 0 for ignored.
+// dh = G·E (G the [N, V] matrix of those, chunk by chunk), dE += Gᵀ·h.
+CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Tensor& E, const Tensor& targets,
+                                                       const Tensor& dh, const Tensor& dE, const Tensor& lse,
+                                                       const Tensor& workspace, const CrossEntropyOptions& opt) {
+  const char* op = "cross_entropy_tied_forward_backward";
+  Dims d = check_args(op, h, E, targets, lse, workspace, opt);
+  require_f32(op, "dh", dh);
+  check_same_shape(str(op, ": dh vs h"), dh, h);
+  require_f32(op, "dE", dE);
+  check_same_shape(str(op, ": dE vs E"), dE, E);
+  CrossEntropyResult r = forward_impl(h, E, targets, lse, workspace, opt, d);
+  if (r.count == 0) {  // nothing to learn from: zero dh, leave dE alone, no 0/0
+    std::fill_n(dh.data<float>(), dh.numel(), 0.0f);
+    return r;
+  }
+  const int32_t* tgt = targets.data<int32_t>();
+  const float* lp_lse = lse.data<float>();
+  const float inv_count = 1.0f / static_cast<float>(r.count);
+  for (int64_t v0 = 0; v0 < d.vocab; v0 += d.chunk) {
+    int64_t c = std::min(d.chunk, d.vocab - v0);
+    Tensor g = chunk_logits(h, E, workspace, d, v0, c);
+    float* gp = g.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < d.n; ++i) {
+      float* row = gp + i * c;
+      if (tgt[i] == opt.ignore_index) {
+        std::fill_n(row, c, 0.0f);
+        continue;
+      }
+      for (int64_t j = 0; j < c; ++j) row[j] = std::exp(row[j] - lp_lse[i]) * inv_count;
+      if (tgt[i] >= v0 && tgt[i] < v0 + c) row[tgt[i] - v0] -= inv_count;
+    }
+    Tensor e_chunk = E.slice(v0, v0 + c);
+    gemm(g, Trans::N, e_chunk, Trans::N, dh, 1.0f, v0 == 0 ? 0.0f : 1.0f);
+    gemm(g, Trans::T, h, Trans::N, dE.slice(v0, v0 + c), 1.0f, 1.0f);
+  }
+  return r;
+}
+
+}  // namespace zaya::ops

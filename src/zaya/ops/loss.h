@@ -1,0 +1,41 @@
+// Fused cross-entropy with the tied LM head: the logits h·Eᵀ are made one vocabulary chunk at a
+// time, so the [N, V] matrix (2048 × 262144 f32 = 2 GiB for ZAYA1) is never held.
+//
+// loss = mean over rows with targets[n] != ignore_index of logsumexp(h[n]·Eᵀ) − h[n]·E[targets[n]].
+// The forward keeps a running (max, sum) per row across chunks (online logsumexp). The backward
+// recomputes each chunk's logits, turns them into (softmax − onehot)/count in place and feeds two
+// GEMMs: dh (written) and dE (accumulated, the tied embedding's gradient from the head).
+#pragma once
+
+#include <cstdint>
+
+#include "zaya/core/tensor.h"
+
+namespace zaya::ops {
+
+struct CrossEntropyOptions {
+  int64_t chunk = 8192;          // vocabulary columns per chunk
+  int32_t ignore_index = -100;   // targets equal to this contribute nothing
+};
+
+struct CrossEntropyResult {
+  double loss = 0;    // mean over counted rows; 0 when every target is ignored
+  int64_t count = 0;  // rows that were not ignored
+};
+
+// f32 elements the workspace needs: one [N, min(chunk, V)] logits chunk plus two [N] row buffers.
+int64_t cross_entropy_workspace_elems(int64_t n, int64_t vocab, const CrossEntropyOptions& opt = {});
+
+// h [N, H] f32 (already final-normed), E [V, H] f32, targets i32 [N]; lse [N] receives each row's
+// logsumexp; workspace is an f32 tensor with at least cross_entropy_workspace_elems elements.
+CrossEntropyResult cross_entropy_tied_forward(const Tensor& h, const Tensor& E, const Tensor& targets,
+                                              const Tensor& lse, const Tensor& workspace,
+                                              const CrossEntropyOptions& opt = {});
+
+// Forward, then backward of the mean loss: dh [N, H] written, dE [V, H] accumulated (+=).
+CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Tensor& E, const Tensor& targets,
+                                                       const Tensor& dh, const Tensor& dE, const Tensor& lse,
+                                                       const Tensor& workspace,
+                                                       const CrossEntropyOptions& opt = {});
+
+}  // namespace zaya::ops

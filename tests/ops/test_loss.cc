@@ -1,0 +1,188 @@
+// Fused tied-head cross-entropy against a naive full-logits float64 reference: chunk sizes that
+// do and do not divide V, ignored targets, the all-ignored edge case, determinism, errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "ops/gradcheck.h"
+#include "zaya/core/threads.h"
+#include "zaya/ops/loss.h"
+
+namespace zaya::ops {
+namespace {
+
+using test::random_tensor;
+using test::to_f64;
+using Vec = std::vector<double>;
+
+// Mean over non-ignored rows of logsumexp(h·Eᵀ) − (h·Eᵀ)[t], with the whole [N, V] logits.
+double ce_reference(const Vec& h, const Vec& e, const std::vector<int32_t>& t, int64_t n, int64_t hd, int64_t v,
+                    Vec* lse_out = nullptr) {
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Vec logits(v);
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < v; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < hd; ++k) s += h[i * hd + k] * e[j * hd + k];
+      logits[j] = s;
+      mx = std::max(mx, s);
+    }
+    double sum = 0;
+    for (double l : logits) sum += std::exp(l - mx);
+    double lse = mx + std::log(sum);
+    if (lse_out) lse_out->push_back(lse);
+    if (t[i] == -100) continue;
+    total += lse - logits[t[i]];
+    ++count;
+  }
+  return count ? total / count : 0.0;
+}
+
+Tensor make_targets(const std::vector<int32_t>& t) {
+  Tensor out = Tensor::empty({static_cast<int64_t>(t.size())}, DType::i32);
+  std::memcpy(out.raw(), t.data(), t.size() * 4);
+  return out;
+}
+
+Vec plus(const Vec& a, const Vec& b) {
+  Vec c(a.size());
+  for (size_t i = 0; i < a.size(); ++i) c[i] = a[i] + b[i];
+  return c;
+}
+
+TEST(CrossEntropy, MatchesNaiveReferenceForEveryChunking) {
+  const int64_t n = 7, hd = 13, v = 50;
+  // Rows 2 and 5 are ignored; target 49 lands in the last (partial) chunk, 0 in the first.
+  std::vector<int32_t> t = {3, 49, -100, 17, 0, -100, 33};
+  Tensor h = random_tensor({n, hd}, 1), E = random_tensor({v, hd}, 2), tg = make_targets(t);
+  Vec hv = to_f64(h), ev = to_f64(E), lse_ref;
+  double loss_ref = ce_reference(hv, ev, t, n, hd, v, &lse_ref);
+  Vec dh_ref = test::numerical_gradient([&](const Vec& x) { return ce_reference(x, ev, t, n, hd, v); }, hv);
+  Vec de_ref = test::numerical_gradient([&](const Vec& x) { return ce_reference(hv, x, t, n, hd, v); }, ev);
+  for (int64_t chunk : {16, 25, 50, 7, 4096}) {  // 16 and 7 leave a partial last chunk
+    CrossEntropyOptions opt{.chunk = chunk};
+    Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
+    Tensor lse = Tensor::empty({n}, DType::f32);
+    CrossEntropyResult fwd = cross_entropy_tied_forward(h, E, tg, lse, ws, opt);
+    // Logits sum 13 f32 products; exp/log are ~1 ulp: relative error ~1e-6 on a loss of ~O(4).
+    EXPECT_NEAR(fwd.loss, loss_ref, 1e-5 * std::fabs(loss_ref)) << "chunk " << chunk;
+    EXPECT_EQ(fwd.count, 5);
+    EXPECT_LT(test::rel_error(lse, lse_ref), 1e-6) << "chunk " << chunk;  // same reason, per row
+
+    Tensor dh = random_tensor({n, hd}, 3);  // garbage: dh must be written, not accumulated
+    Tensor dE = random_tensor({v, hd}, 4);
+    Vec de0 = to_f64(dE);
+    CrossEntropyResult both = cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt);
+    EXPECT_EQ(both.loss, fwd.loss);  // the same forward code, bitwise
+    // Gradients: f32 softmax probabilities (~1e-7 relative) summed over up to 50 vocabulary rows
+    // (dh) or 7 tokens (dE), vs central differences good to ~1e-9: 2e-5 leaves a wide margin.
+    EXPECT_LT(test::rel_error(dh, dh_ref), 2e-5) << "chunk " << chunk;
+    EXPECT_LT(test::rel_error(dE, plus(de0, de_ref)), 2e-5) << "chunk " << chunk;
+  }
+}
+
+TEST(CrossEntropy, LargerShapeAgainstAnalyticGradient) {
+  // Too big for finite differences at test speed: compare with the closed form in double,
+  // dlogit = (softmax − onehot)/count, dh = G·E, dE = Gᵀ·h.
+  const int64_t n = 33, hd = 64, v = 1000;
+  std::vector<int32_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = i % 5 == 4 ? -100 : static_cast<int32_t>((i * 397) % v);
+  Tensor h = random_tensor({n, hd}, 5, 0.5f), E = random_tensor({v, hd}, 6, 0.5f), tg = make_targets(t);
+  Vec hv = to_f64(h), ev = to_f64(E), lse_ref;
+  double loss_ref = ce_reference(hv, ev, t, n, hd, v, &lse_ref);
+  int64_t count = 0;
+  for (int32_t x : t) count += x != -100;
+  Vec dh_ref(n * hd, 0.0), de_ref(v * hd, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (t[i] == -100) continue;
+    for (int64_t j = 0; j < v; ++j) {
+      double l = 0;
+      for (int64_t k = 0; k < hd; ++k) l += hv[i * hd + k] * ev[j * hd + k];
+      double g = (std::exp(l - lse_ref[i]) - (j == t[i] ? 1.0 : 0.0)) / count;
+      for (int64_t k = 0; k < hd; ++k) {
+        dh_ref[i * hd + k] += g * ev[j * hd + k];
+        de_ref[j * hd + k] += g * hv[i * hd + k];
+      }
+    }
+  }
+  CrossEntropyOptions opt{.chunk = 256};  // 1000 = 3·256 + 232
+  Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
+  Tensor lse = Tensor::empty({n}, DType::f32), dh = Tensor::empty({n, hd}, DType::f32);
+  Tensor dE = Tensor::zeros({v, hd}, DType::f32);
+  CrossEntropyResult r = cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt);
+  // As above, with 64-term logits and 1000-term sums: still well inside 1e-5 / 5e-5.
+  EXPECT_NEAR(r.loss, loss_ref, 1e-5 * std::fabs(loss_ref));
+  EXPECT_LT(test::rel_error(dh, dh_ref), 5e-5);
+  EXPECT_LT(test::rel_error(dE, de_ref), 5e-5);
+}
+
+TEST(CrossEntropy, AllTargetsIgnoredGivesZeroLossAndGrads) {
+  const int64_t n = 4, hd = 5, v = 9;
+  Tensor h = random_tensor({n, hd}, 1), E = random_tensor({v, hd}, 2), tg = make_targets({-100, -100, -100, -100});
+  CrossEntropyOptions opt{.chunk = 4};
+  Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
+  Tensor lse = Tensor::empty({n}, DType::f32), dh = random_tensor({n, hd}, 3), dE = random_tensor({v, hd}, 4);
+  Tensor dE0 = dE.clone();
+  CrossEntropyResult r = cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt);
+  EXPECT_EQ(r.loss, 0.0);
+  EXPECT_EQ(r.count, 0);
+  for (int64_t i = 0; i < dh.numel(); ++i) EXPECT_EQ(dh.data<float>()[i], 0.0f);
+  EXPECT_EQ(0, std::memcmp(dE.raw(), dE0.raw(), dE.nbytes()));
+}
+
+TEST(CrossEntropy, BitwiseDeterministicAcrossThreadCounts) {
+  const int64_t n = 64, hd = 48, v = 700;
+  std::vector<int32_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 31) % v);
+  Tensor h = random_tensor({n, hd}, 1), E = random_tensor({v, hd}, 2), tg = make_targets(t);
+  CrossEntropyOptions opt{.chunk = 128};
+  int saved = num_threads();
+  std::vector<double> losses;
+  std::vector<Tensor> grads;
+  for (int threads : {1, 2, 2, 1}) {
+    set_num_threads(threads);
+    Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
+    Tensor lse = Tensor::empty({n}, DType::f32), dh = Tensor::empty({n, hd}, DType::f32);
+    Tensor dE = Tensor::zeros({v, hd}, DType::f32);
+    losses.push_back(cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt).loss);
+    grads.push_back(dh);
+    grads.push_back(dE);
+  }
+  set_num_threads(saved);
+  for (size_t i = 1; i < losses.size(); ++i) {
+    EXPECT_EQ(losses[i], losses[0]);
+    EXPECT_EQ(0, std::memcmp(grads[2 * i].raw(), grads[0].raw(), grads[0].nbytes()));
+    EXPECT_EQ(0, std::memcmp(grads[2 * i + 1].raw(), grads[1].raw(), grads[1].nbytes()));
+  }
+}
+
+TEST(CrossEntropy, BadArgumentsAreNamed) {
+  const int64_t n = 3, hd = 4, v = 10;
+  Tensor h = random_tensor({n, hd}, 1), E = random_tensor({v, hd}, 2);
+  Tensor lse = Tensor::empty({n}, DType::f32);
+  Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v)}, DType::f32);
+  try {
+    cross_entropy_tied_forward(h, E, make_targets({1, 10, 2}), lse, ws);
+    ADD_FAILURE() << "target 10 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 10"), std::string::npos) << e.what();
+  }
+  Tensor E_bad = random_tensor({v, hd + 1}, 2);
+  try {
+    cross_entropy_tied_forward(h, E_bad, make_targets({1, 2, 3}), lse, ws);
+    ADD_FAILURE() << "mismatched E accepted";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("[3, 4]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[10, 5]"), std::string::npos) << msg;
+  }
+  Tensor small = Tensor::empty({5}, DType::f32);
+  EXPECT_THROW(cross_entropy_tied_forward(h, E, make_targets({1, 2, 3}), lse, small), Error);
+}
+
+}  // namespace
+}  // namespace zaya::ops
