@@ -11,7 +11,7 @@ want_venv=1
 [[ "${1:-}" == "--no-venv" ]] && want_venv=0
 
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   libdnnl-dev libopenblas-dev
