@@ -11,6 +11,8 @@ else
 fi
 ZAYA_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export ZAYA_ROOT
+# ccache keys on relative paths under the repository, so a fresh clone elsewhere reuses the cache.
+export CCACHE_BASEDIR="$ZAYA_ROOT"
 # The build preset: cuda whenever nvcc exists (CUDA code must always compile), else cpu.
 if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH="$PATH:/usr/local/cuda/bin"
