@@ -138,23 +138,22 @@ StHeader parse_safetensors(std::span<const std::byte> bytes, const std::string& 
       t.shape.push_back(static_cast<int64_t>(n));
       has_zero |= n == 0;
     }
+    // Overflow-checked product; a shape whose byte size passes 2^64 saturates (and cannot match).
     uint64_t expect_bytes = has_zero ? 0 : esize;
-    for (size_t i = 0; i < t.shape.size() && expect_bytes != 0 && expect_bytes != UINT64_MAX; ++i) {
-      const uint64_t n = static_cast<uint64_t>(t.shape[i]);
-      expect_bytes = n > h.data_bytes / expect_bytes ? UINT64_MAX : expect_bytes * n;  // saturate past the file
-    }
+    for (size_t i = 0; i < t.shape.size() && expect_bytes != 0 && expect_bytes != UINT64_MAX; ++i)
+      if (__builtin_mul_overflow(expect_bytes, static_cast<uint64_t>(t.shape[i]), &expect_bytes)) expect_bytes = UINT64_MAX;
     auto o = v.find("data_offsets");
     uint64_t b, e;
     if (o == v.end() || !o->is_array() || o->size() != 2 || !as_u63((*o)[0], &b) || !as_u63((*o)[1], &e))
       throw fail("data_offsets must be [begin, end] integers", name + ".data_offsets", "[begin, end]", o == v.end() ? "nothing" : json_brief(*o));
     if (b > e || e > h.data_bytes)
-      throw fail("data_offsets out of range", name + ".data_offsets",
+      throw fail("data_offsets out of range (past the data buffer: truncated file?)", name + ".data_offsets",
                  str("0 <= begin <= end <= ", h.data_bytes, " (data buffer size)"), str("[", b, ", ", e, "]"));
     t.begin = b;
     t.end = e;
     if (expect_bytes != t.nbytes())
       throw fail("shape x dtype size does not match the byte range", name,
-                 str(expect_bytes == UINT64_MAX ? std::string("more than the file") : str(expect_bytes), " bytes from shape and ", t.dtype),
+                 str(expect_bytes == UINT64_MAX ? std::string("more than 2^64") : str(expect_bytes), " bytes from shape and ", t.dtype),
                  str(t.nbytes(), " bytes in data_offsets"));
     h.tensors.push_back(std::move(t));
   }
