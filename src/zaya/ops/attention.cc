@@ -52,8 +52,8 @@ void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const
                       int64_t S, int64_t nq, int64_t nkv, int64_t hd) {
   constexpr std::string_view op = "attention_decode";
   check_heads(op, B, S, nq, nkv, hd);
-  seq::require_rows(op, "q", q, B, 1, nq * hd);
-  seq::require_rows(op, "out", out, B, 1, nq * hd);
+  seq::require_n_rows(op, "q", q, B, nq * hd);
+  seq::require_n_rows(op, "out", out, B, nq * hd);
   seq::require_cpu_f32(op, "k_cache", k_cache);
   const int64_t cap = k_cache.ndim() == 4 ? k_cache.size(1) : -1;
   ZAYA_CHECK(cap >= S, op, ": k_cache has shape ", k_cache.shape().str(), ", expected [", B, ", >=", S, ", ", nkv,
