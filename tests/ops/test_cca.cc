@@ -1,0 +1,356 @@
+// CCA block ops against float64 references written literally after transformers' ZayaCCAProjection
+// and ZayaQKNorm (pad twice on the left, depthwise conv, grouped conv; mean skip; value shift; L2
+// norm with temperature), gradients by central differences, decode steps against the full forward,
+// determinism across thread counts.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gradcheck.h"
+#include "zaya/core/threads.h"
+#include "zaya/ops/cca.h"
+
+namespace zaya {
+namespace {
+
+using test::rel_error;
+using test::to_f64;
+using V = std::vector<double>;
+
+// HF: qk = pad(z, (2, 0)); qk = conv_depthwise(qk) (T+1 slots); qk = conv_grouped(qk) (T outputs).
+V conv_ref(const V& z, const V& dw, const V& db, const V& gw, const V& gb, int64_t B, int64_t T, int64_t heads,
+           int64_t hd) {
+  const int64_t C = heads * hd;
+  V out(B * T * C);
+  for (int64_t b = 0; b < B; ++b) {
+    auto zp = [&](int64_t s, int64_t c) { return s < 2 ? 0.0 : z[(b * T + s - 2) * C + c]; };  // padded input
+    V d((T + 1) * C);
+    for (int64_t s = 0; s <= T; ++s)
+      for (int64_t c = 0; c < C; ++c) d[s * C + c] = db[c] + dw[2 * c] * zp(s, c) + dw[2 * c + 1] * zp(s + 1, c);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t o = 0; o < C; ++o) {
+        const int64_t g = o / hd;
+        double acc = gb[o];
+        for (int64_t i = 0; i < hd; ++i)
+          for (int64_t kk = 0; kk < 2; ++kk) acc += gw[(o * hd + i) * 2 + kk] * d[(t + kk) * C + g * hd + i];
+        out[(b * T + t) * C + o] = acc;
+      }
+  }
+  return out;
+}
+
+struct ConvCase {
+  int64_t B, T, nq, nkv, hd;
+};
+
+struct ConvSetup {
+  ops::CcaDims dims;
+  Tensor z, dw, db, gw, gb, g;
+  ops::CcaConvWeights w() const { return {dw, db, gw, gb}; }
+};
+
+ConvSetup conv_setup(const ConvCase& c, uint64_t seed) {
+  ConvSetup s;
+  s.dims = {c.nq, c.nkv, c.hd};
+  const int64_t C = s.dims.channels();
+  s.z = test::random_tensor(Shape{c.B, c.T, C}, seed);
+  s.dw = test::random_tensor(Shape{C, 1, 2}, seed + 1, 0.5f);
+  s.db = test::random_tensor(Shape{C}, seed + 2, 0.5f);
+  s.gw = test::random_tensor(Shape{C, c.hd, 2}, seed + 3, 0.3f);
+  s.gb = test::random_tensor(Shape{C}, seed + 4, 0.5f);
+  s.g = test::random_tensor(Shape{c.B, c.T, C}, seed + 5);
+  return s;
+}
+
+class CcaConvShapes : public ::testing::TestWithParam<ConvCase> {};
+
+TEST_P(CcaConvShapes, ForwardMatchesFloat64) {
+  const ConvCase c = GetParam();
+  ConvSetup s = conv_setup(c, 10 + c.T);
+  Tensor out = Tensor::empty(s.z.shape(), DType::f32);
+  ops::cca_conv_forward(out, s.z, s.w(), c.B, c.T, s.dims);
+  V ref = conv_ref(to_f64(s.z), to_f64(s.dw), to_f64(s.db), to_f64(s.gw), to_f64(s.gb), c.B, c.T, s.dims.heads(),
+                   c.hd);
+  EXPECT_LT(rel_error(out, ref), 1e-6);  // fp32 dots of length 2·hd: a few ulps
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CcaConvShapes,
+                         ::testing::Values(ConvCase{1, 1, 4, 2, 16}, ConvCase{2, 5, 2, 2, 32},
+                                           ConvCase{3, 67, 4, 1, 16}, ConvCase{1, 5, 4, 2, 64}));
+
+TEST(CcaConv, FirstStepSeesTheDepthwiseBiasOfThePaddedSlot) {
+  // With z = 0 everywhere, every depthwise slot is its bias, so out_t = gb + Σ_i (gw0 + gw1)·db for
+  // all t — including t = 0, which reads the padded slot (the "pad once" rule).
+  ConvSetup s = conv_setup({1, 3, 2, 1, 16}, 3);
+  s.z.zero_();
+  Tensor out = Tensor::empty(s.z.shape(), DType::f32);
+  ops::cca_conv_forward(out, s.z, s.w(), 1, 3, s.dims);
+  const int64_t C = s.dims.channels(), hd = 16;
+  for (int64_t o = 0; o < C; ++o) {
+    double want = s.gb.data<float>()[o];
+    for (int64_t i = 0; i < hd; ++i)
+      want += (s.gw.data<float>()[(o * hd + i) * 2] + s.gw.data<float>()[(o * hd + i) * 2 + 1]) *
+              s.db.data<float>()[o / hd * hd + i];
+    for (int64_t t = 0; t < 3; ++t) EXPECT_NEAR(out.data<float>()[t * C + o], want, 1e-5);  // fp32 dot
+  }
+}
+
+TEST(CcaConv, BackwardMatchesFiniteDifferences) {
+  for (ConvCase c : {ConvCase{2, 5, 4, 2, 16}, ConvCase{1, 1, 2, 2, 16}, ConvCase{1, 4, 4, 1, 16}}) {
+    ConvSetup s = conv_setup(c, 20 + c.T);
+    const int64_t C = s.dims.channels(), heads = s.dims.heads();
+    // Parameter grads accumulate: start them at a known non-zero value and subtract it afterwards.
+    ops::CcaConvWeights gr{Tensor::empty(s.dw.shape(), DType::f32), Tensor::empty(s.db.shape(), DType::f32),
+                           Tensor::empty(s.gw.shape(), DType::f32), Tensor::empty(s.gb.shape(), DType::f32)};
+    for (Tensor* t : {&gr.dw_weight, &gr.dw_bias, &gr.gw_weight, &gr.gw_bias}) t->fill_(0.25);
+    Tensor dz = Tensor::empty(s.z.shape(), DType::f32);
+    dz.fill_(7.0);  // written, not accumulated: stale contents must vanish
+    ops::cca_conv_backward(dz, gr, s.g, s.z, s.w(), c.B, c.T, s.dims);
+    V z = to_f64(s.z), dw = to_f64(s.dw), db = to_f64(s.db), gw = to_f64(s.gw), gb = to_f64(s.gb), g = to_f64(s.g);
+    auto L = [&](const V& z_, const V& dw_, const V& db_, const V& gw_, const V& gb_) {
+      return test::dot(g, conv_ref(z_, dw_, db_, gw_, gb_, c.B, c.T, heads, c.hd));
+    };
+    auto minus = [](const Tensor& t, double v) {
+      V x = to_f64(t);
+      for (double& e : x) e -= v;
+      return x;
+    };
+    using test::numerical_gradient;
+    // The op is linear in each argument separately, so central differences are exact up to double
+    // rounding; the 1e-5 bound covers fp32 accumulation over B·T terms.
+    EXPECT_LT(rel_error(dz, numerical_gradient([&](const V& x) { return L(x, dw, db, gw, gb); }, z)), 1e-5);
+    EXPECT_LT(rel_error(minus(gr.dw_weight, 0.25), numerical_gradient([&](const V& x) { return L(z, x, db, gw, gb); }, dw)), 1e-5);
+    EXPECT_LT(rel_error(minus(gr.dw_bias, 0.25), numerical_gradient([&](const V& x) { return L(z, dw, x, gw, gb); }, db)), 1e-5);
+    EXPECT_LT(rel_error(minus(gr.gw_weight, 0.25), numerical_gradient([&](const V& x) { return L(z, dw, db, x, gb); }, gw)), 1e-5);
+    EXPECT_LT(rel_error(minus(gr.gw_bias, 0.25), numerical_gradient([&](const V& x) { return L(z, dw, db, gw, x); }, gb)), 1e-5);
+    (void)C;
+  }
+}
+
+TEST(CcaConv, DecodeEqualsFullForwardAtEveryPosition) {
+  const ConvCase c{2, 9, 4, 2, 32};
+  ConvSetup s = conv_setup(c, 31);
+  const int64_t C = s.dims.channels();
+  Tensor out = Tensor::empty(s.z.shape(), DType::f32);
+  ops::cca_conv_forward(out, s.z, s.w(), c.B, c.T, s.dims);
+  Tensor state = Tensor::zeros(Shape{c.B, 2, C}, DType::f32);
+  Tensor zt = Tensor::empty(Shape{c.B, C}, DType::f32), ot = zt.clone();
+  for (int64_t t = 0; t < c.T; ++t) {
+    for (int64_t b = 0; b < c.B; ++b)
+      std::memcpy(zt.data<float>() + b * C, s.z.data<float>() + (b * c.T + t) * C, C * 4);
+    ops::cca_conv_decode(ot, state, zt, s.w(), c.B, s.dims);
+    // Identical arithmetic in the identical order: bitwise equal.
+    for (int64_t b = 0; b < c.B; ++b)
+      ASSERT_EQ(std::memcmp(ot.data<float>() + b * C, out.data<float>() + (b * c.T + t) * C, C * 4), 0)
+          << "t=" << t << " b=" << b;
+  }
+}
+
+TEST(CcaConv, BackwardBitwiseDeterministicAcrossThreads) {
+  const ConvCase c{2, 67, 4, 2, 32};
+  ConvSetup s = conv_setup(c, 41);
+  auto run = [&](int threads) {
+    set_num_threads(threads);
+    ops::CcaConvWeights gr{Tensor::zeros(s.dw.shape(), DType::f32), Tensor::zeros(s.db.shape(), DType::f32),
+                           Tensor::zeros(s.gw.shape(), DType::f32), Tensor::zeros(s.gb.shape(), DType::f32)};
+    Tensor dz = Tensor::empty(s.z.shape(), DType::f32), out = dz.clone();
+    ops::cca_conv_forward(out, s.z, s.w(), c.B, c.T, s.dims);
+    ops::cca_conv_backward(dz, gr, s.g, s.z, s.w(), c.B, c.T, s.dims);
+    return std::vector<Tensor>{out, dz, gr.dw_weight, gr.dw_bias, gr.gw_weight, gr.gw_bias};
+  };
+  const int saved = num_threads();
+  auto a = run(1), b = run(2), b2 = run(2);
+  set_num_threads(saved);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()), 0) << i;
+    EXPECT_EQ(std::memcmp(b[i].raw(), b2[i].raw(), b[i].nbytes()), 0) << i;
+  }
+}
+
+TEST(CcaConv, RejectsWrongWeightShape) {
+  ConvSetup s = conv_setup({1, 3, 2, 1, 16}, 3);
+  ops::CcaConvWeights w = s.w();
+  w.gw_weight = Tensor::zeros(Shape{48, 1, 2}, DType::f32);
+  Tensor out = Tensor::empty(s.z.shape(), DType::f32);
+  try {
+    ops::cca_conv_forward(out, s.z, w, 1, 3, s.dims);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("conv_qk_grouped.weight"), std::string::npos) << m;
+    EXPECT_NE(m.find("[48, 16, 2]"), std::string::npos) << m;
+    EXPECT_NE(m.find("[48, 1, 2]"), std::string::npos) << m;
+  }
+}
+
+// ---- mean skip ----
+
+void mean_skip_ref(const V& conv, const V& qt, const V& kt, int64_t N, int64_t nq, int64_t nkv, int64_t hd, V& q,
+                   V& k) {
+  const int64_t G = nq / nkv, C = (nq + nkv) * hd;
+  q.assign(N * nq * hd, 0);
+  k.assign(N * nkv * hd, 0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < nq; ++h)
+      for (int64_t d = 0; d < hd; ++d) {
+        const int64_t j = h / G;
+        double m = 0.5 * (qt[(n * nq + h) * hd + d] + kt[(n * nkv + j) * hd + d]);
+        q[(n * nq + h) * hd + d] = conv[n * C + h * hd + d] + m;
+        k[(n * nkv + j) * hd + d] += m / G;
+      }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t x = 0; x < nkv * hd; ++x) k[n * nkv * hd + x] += conv[n * C + nq * hd + x];
+}
+
+TEST(MeanSkip, ForwardAndBackwardMatchFloat64) {
+  for (auto [nq, nkv, hd] : {std::tuple<int64_t, int64_t, int64_t>{4, 2, 16}, {2, 2, 32}, {4, 1, 16}}) {
+    const int64_t N = 5, C = (nq + nkv) * hd;
+    ops::CcaDims dims{nq, nkv, hd};
+    Tensor conv = test::random_tensor(Shape{N, C}, 1), qt = test::random_tensor(Shape{N, nq * hd}, 2),
+           kt = test::random_tensor(Shape{N, nkv * hd}, 3);
+    Tensor q = Tensor::empty(qt.shape(), DType::f32), k = Tensor::empty(kt.shape(), DType::f32);
+    ops::mean_skip_forward(q, k, conv, qt, kt, N, dims);
+    V rq, rk;
+    mean_skip_ref(to_f64(conv), to_f64(qt), to_f64(kt), N, nq, nkv, hd, rq, rk);
+    EXPECT_LT(rel_error(q, rq), 1e-7);  // one or two fp32 roundings per element
+    EXPECT_LT(rel_error(k, rk), 1e-6);
+    Tensor gq = test::random_tensor(q.shape(), 4), gk = test::random_tensor(k.shape(), 5);
+    Tensor dconv = Tensor::empty(conv.shape(), DType::f32), dqt = q.clone(), dkt = k.clone();
+    ops::mean_skip_backward(dconv, dqt, dkt, gq, gk, N, dims);
+    V c64 = to_f64(conv), q64 = to_f64(qt), k64 = to_f64(kt), g1 = to_f64(gq), g2 = to_f64(gk);
+    auto L = [&](const V& c, const V& a, const V& b) {
+      V x, y;
+      mean_skip_ref(c, a, b, N, nq, nkv, hd, x, y);
+      return test::dot(g1, x) + test::dot(g2, y);
+    };
+    // Linear op: central differences exact up to double rounding; fp32 adds ~1e-7.
+    EXPECT_LT(rel_error(dconv, test::numerical_gradient([&](const V& x) { return L(x, q64, k64); }, c64)), 1e-6);
+    EXPECT_LT(rel_error(dqt, test::numerical_gradient([&](const V& x) { return L(c64, x, k64); }, q64)), 1e-6);
+    EXPECT_LT(rel_error(dkt, test::numerical_gradient([&](const V& x) { return L(c64, q64, x); }, k64)), 1e-6);
+  }
+}
+
+// ---- value shift ----
+
+TEST(ValueShift, ForwardBackwardAndDecode) {
+  const int64_t B = 3, T = 5, half = 16;
+  Tensor vc = test::random_tensor(Shape{B, T, half}, 1), vd = test::random_tensor(Shape{B, T, half}, 2);
+  Tensor v = Tensor::empty(Shape{B, T, 2 * half}, DType::f32);
+  ops::value_shift_forward(v, vc, vd, B, T, half);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t x = 0; x < half; ++x) {
+        const float* row = v.data<float>() + (b * T + t) * 2 * half;
+        EXPECT_EQ(row[x], vc.data<float>()[(b * T + t) * half + x]);
+        EXPECT_EQ(row[half + x], t == 0 ? 0.0f : vd.data<float>()[(b * T + t - 1) * half + x]);
+      }
+  // Backward is the transpose: ⟨dv, shift(vc, vd)⟩ = ⟨dvc, vc⟩ + ⟨dvd, vd⟩ for all inputs.
+  Tensor dv = test::random_tensor(v.shape(), 3), dvc = vc.clone(), dvd = vd.clone();
+  dvd.fill_(9.0);
+  ops::value_shift_backward(dvc, dvd, dv, B, T, half);
+  double lhs = test::dot(to_f64(dv), to_f64(v));
+  double rhs = test::dot(to_f64(dvc), to_f64(vc)) + test::dot(to_f64(dvd), to_f64(vd));
+  EXPECT_NEAR(lhs, rhs, 1e-9 * std::fabs(lhs) + 1e-9);  // both sides are the same products in double
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t x = 0; x < half; ++x) EXPECT_EQ(dvd.data<float>()[(b * T + T - 1) * half + x], 0.0f);
+  // Decode with the previous vd as state reproduces the forward.
+  Tensor state = Tensor::zeros(Shape{B, half}, DType::f32), vt = Tensor::empty(Shape{B, 2 * half}, DType::f32);
+  Tensor ct = Tensor::empty(Shape{B, half}, DType::f32), dt = ct.clone();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t b = 0; b < B; ++b) {
+      std::memcpy(ct.data<float>() + b * half, vc.data<float>() + (b * T + t) * half, half * 4);
+      std::memcpy(dt.data<float>() + b * half, vd.data<float>() + (b * T + t) * half, half * 4);
+    }
+    ops::value_shift_decode(vt, state, ct, dt, B, half);
+    for (int64_t b = 0; b < B; ++b)
+      EXPECT_EQ(std::memcmp(vt.data<float>() + b * 2 * half, v.data<float>() + (b * T + t) * 2 * half, 2 * half * 4), 0);
+  }
+}
+
+// ---- QK norm ----
+
+void qk_norm_ref(const V& q, const V& k, const V& tau, int64_t N, int64_t nq, int64_t nkv, int64_t hd, V& qo, V& ko) {
+  qo = q;
+  ko = k;
+  auto norm = [&](V& x, int64_t off, double t) {
+    double ss = 0;
+    for (int64_t d = 0; d < hd; ++d) ss += x[off + d] * x[off + d];
+    double s = std::sqrt(static_cast<double>(hd)) / std::max(std::sqrt(ss), static_cast<double>(FLT_EPSILON));
+    for (int64_t d = 0; d < hd; ++d) x[off + d] *= s * t;
+  };
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t h = 0; h < nq; ++h) norm(qo, (n * nq + h) * hd, 1.0);
+    for (int64_t j = 0; j < nkv; ++j) norm(ko, (n * nkv + j) * hd, tau[j]);
+  }
+}
+
+TEST(QkNorm, ForwardAndBackwardMatchFloat64) {
+  for (auto [nq, nkv, hd] : {std::tuple<int64_t, int64_t, int64_t>{4, 2, 16}, {2, 2, 32}, {4, 1, 64}}) {
+    const int64_t N = 7;
+    ops::CcaDims dims{nq, nkv, hd};
+    Tensor q = test::random_tensor(Shape{N, nq * hd}, 1), k = test::random_tensor(Shape{N, nkv * hd}, 2);
+    Tensor tau = test::random_tensor(Shape{nkv}, 3);
+    Tensor qo = q.clone(), ko = k.clone();
+    ops::qk_norm_forward(qo, ko, q, k, tau, N, dims);
+    V rq, rk;
+    qk_norm_ref(to_f64(q), to_f64(k), to_f64(tau), N, nq, nkv, hd, rq, rk);
+    EXPECT_LT(rel_error(qo, rq), 1e-6);  // fp32 sum of squares, sqrt, divide, multiply
+    EXPECT_LT(rel_error(ko, rk), 1e-6);
+    Tensor gq = test::random_tensor(q.shape(), 4), gk = test::random_tensor(k.shape(), 5);
+    Tensor dq = q.clone(), dk = k.clone(), dtau = Tensor::empty(Shape{nkv}, DType::f32);
+    dtau.fill_(0.5);
+    ops::qk_norm_backward(dq, dk, dtau, gq, gk, q, k, tau, N, dims);
+    V q64 = to_f64(q), k64 = to_f64(k), t64 = to_f64(tau), g1 = to_f64(gq), g2 = to_f64(gk);
+    auto L = [&](const V& a, const V& b, const V& t) {
+      V x, y;
+      qk_norm_ref(a, b, t, N, nq, nkv, hd, x, y);
+      return test::dot(g1, x) + test::dot(g2, y);
+    };
+    V dt = to_f64(dtau);
+    for (double& x : dt) x -= 0.5;
+    // Smooth op, double FD with h = 1e-6: ~1e-9; fp32 backward: ~1e-6.
+    EXPECT_LT(rel_error(dq, test::numerical_gradient([&](const V& x) { return L(x, k64, t64); }, q64)), 1e-5);
+    EXPECT_LT(rel_error(dk, test::numerical_gradient([&](const V& x) { return L(q64, x, t64); }, k64)), 1e-5);
+    EXPECT_LT(rel_error(dt, test::numerical_gradient([&](const V& x) { return L(q64, k64, x); }, t64)), 1e-5);
+  }
+}
+
+TEST(QkNorm, TinyVectorsUseTheEpsilonFloor) {
+  // ‖x‖ < FLT_EPSILON: the scale is √hd/ε (the reference's clamp_min), not √hd/‖x‖.
+  const int64_t hd = 16;
+  ops::CcaDims dims{1, 1, hd};
+  Tensor q = Tensor::empty(Shape{1, hd}, DType::f32), k = q.clone(), tau = Tensor::empty(Shape{1}, DType::f32);
+  q.fill_(1e-9);
+  k.fill_(2e-9);
+  tau.fill_(1.5);
+  Tensor qo = q.clone(), ko = k.clone();
+  ops::qk_norm_forward(qo, ko, q, k, tau, 1, dims);
+  EXPECT_NEAR(qo.data<float>()[0], 1e-9 * 4.0 / FLT_EPSILON, 1e-6 * 1e-9 * 4.0 / FLT_EPSILON);  // fp32 rounding
+  EXPECT_NEAR(ko.data<float>()[0], 2e-9 * 4.0 / FLT_EPSILON * 1.5, 1e-6 * 2e-9 * 4.0 / FLT_EPSILON * 1.5);
+}
+
+TEST(QkNorm, BackwardBitwiseDeterministicAcrossThreads) {
+  const int64_t N = 700, nq = 4, nkv = 2, hd = 32;  // > 2 chunks of 256 rows
+  ops::CcaDims dims{nq, nkv, hd};
+  Tensor q = test::random_tensor(Shape{N, nq * hd}, 1), k = test::random_tensor(Shape{N, nkv * hd}, 2);
+  Tensor tau = test::random_tensor(Shape{nkv}, 3), gq = test::random_tensor(q.shape(), 4),
+         gk = test::random_tensor(k.shape(), 5);
+  auto run = [&](int threads) {
+    set_num_threads(threads);
+    Tensor dq = q.clone(), dk = k.clone(), dtau = Tensor::zeros(Shape{nkv}, DType::f32);
+    ops::qk_norm_backward(dq, dk, dtau, gq, gk, q, k, tau, N, dims);
+    return std::vector<Tensor>{dq, dk, dtau};
+  };
+  const int saved = num_threads();
+  auto a = run(1), b = run(2);
+  set_num_threads(saved);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()), 0) << i;
+}
+
+}  // namespace
+}  // namespace zaya
