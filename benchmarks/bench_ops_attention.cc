@@ -1,0 +1,113 @@
+// Sequence-op throughput on the CPU: causal GQA attention forward and backward (GFLOP/s, counting
+// causal FLOPs 2·2·B·nq·T²·hd/2 forward and 2.5× that backward, the usual flash-attention
+// convention; wall-clock rates), and GB/s for the CCA convolution, RoPE and the MoE gather (bytes read + written).
+//   ./bench_ops_attention --benchmark_min_time=0.05   (this libbenchmark takes a plain number)
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "zaya/core/random.h"
+#include "zaya/ops/attention.h"
+#include "zaya/ops/cca.h"
+#include "zaya/ops/moe.h"
+#include "zaya/ops/rope.h"
+
+namespace {
+
+using namespace zaya;
+
+Tensor rnd(const Shape& s, uint64_t seed) {
+  Tensor t = Tensor::empty(s, DType::f32);
+  fill_normal(t, seed, 0);
+  return t;
+}
+
+// Args: T, hd, nq, nkv.
+void BM_AttentionForward(benchmark::State& st) {
+  const int64_t B = 1, T = st.range(0), hd = st.range(1), nq = st.range(2), nkv = st.range(3);
+  Tensor q = rnd({B, T, nq, hd}, 1), k = rnd({B, T, nkv, hd}, 2), v = rnd({B, T, nkv, hd}, 3);
+  Tensor o = Tensor::empty(q.shape(), DType::f32), lse = Tensor::empty({B, nq, T}, DType::f32);
+  for (auto _ : st) ops::attention_forward(o, lse, q, k, v, B, T, nq, nkv, hd);
+  const double flops = 2.0 * 2.0 * B * nq * double(T) * T * hd / 2;
+  st.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9 * st.iterations(), benchmark::Counter::kIsRate);
+}
+
+void BM_AttentionBackward(benchmark::State& st) {
+  const int64_t B = 1, T = st.range(0), hd = st.range(1), nq = st.range(2), nkv = st.range(3);
+  Tensor q = rnd({B, T, nq, hd}, 1), k = rnd({B, T, nkv, hd}, 2), v = rnd({B, T, nkv, hd}, 3);
+  Tensor o = Tensor::empty(q.shape(), DType::f32), lse = Tensor::empty({B, nq, T}, DType::f32);
+  Tensor dout = rnd(q.shape(), 4), dq = Tensor::empty(q.shape(), DType::f32);
+  Tensor dk = Tensor::empty(k.shape(), DType::f32), dv = Tensor::empty(v.shape(), DType::f32);
+  ops::attention_forward(o, lse, q, k, v, B, T, nq, nkv, hd);
+  for (auto _ : st) ops::attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, T, nq, nkv, hd);
+  const double flops = 2.5 * 2.0 * 2.0 * B * nq * double(T) * T * hd / 2;
+  st.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9 * st.iterations(), benchmark::Counter::kIsRate);
+}
+
+void attention_args(benchmark::internal::Benchmark* b) {
+  for (int64_t T : {256, 1024, 4096}) {
+    b->Args({T, 128, 8, 2});  // ZAYA1
+    b->Args({T, 64, 4, 2});   // the demo config
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_AttentionForward)->Apply(attention_args);
+BENCHMARK(BM_AttentionBackward)->Apply(attention_args);
+
+// CCA conv over [T, C] with ZAYA1 heads (nq 8, nkv 2, hd 128). Arg: T.
+void BM_CcaConvForward(benchmark::State& st) {
+  const int64_t B = 1, T = st.range(0);
+  ops::CcaDims d{8, 2, 128};
+  const int64_t C = d.channels();
+  Tensor z = rnd({B, T, C}, 1), out = Tensor::empty({B, T, C}, DType::f32);
+  ops::CcaConvWeights w{rnd({C, 1, 2}, 2), rnd({C}, 3), rnd({C, d.hd, 2}, 4), rnd({C}, 5)};
+  for (auto _ : st) ops::cca_conv_forward(out, z, w, B, T, d);
+  st.counters["GB/s"] = benchmark::Counter(2.0 * B * T * C * 4 * st.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+void BM_CcaConvBackward(benchmark::State& st) {
+  const int64_t B = 1, T = st.range(0);
+  ops::CcaDims d{8, 2, 128};
+  const int64_t C = d.channels();
+  Tensor z = rnd({B, T, C}, 1), dout = rnd({B, T, C}, 6), dz = Tensor::empty({B, T, C}, DType::f32);
+  ops::CcaConvWeights w{rnd({C, 1, 2}, 2), rnd({C}, 3), rnd({C, d.hd, 2}, 4), rnd({C}, 5)};
+  ops::CcaConvWeights g{Tensor::zeros({C, 1, 2}, DType::f32), Tensor::zeros({C}, DType::f32),
+                        Tensor::zeros({C, d.hd, 2}, DType::f32), Tensor::zeros({C}, DType::f32)};
+  for (auto _ : st) ops::cca_conv_backward(dz, g, dout, z, w, B, T, d);
+  st.counters["GB/s"] = benchmark::Counter(3.0 * B * T * C * 4 * st.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_CcaConvForward)->Arg(1024)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CcaConvBackward)->Arg(1024)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// RoPE in place on q [T, 8, 128] (half the dims rotate; all bytes are read and written).
+void BM_Rope(benchmark::State& st) {
+  const int64_t B = 1, T = st.range(0), H = 8, hd = 128;
+  ops::RopeTable tab = ops::make_rope_table(hd, 0.5, 5e6, T);
+  Tensor x = rnd({B, T, H, hd}, 1);
+  for (auto _ : st) ops::rope_forward(x, x, tab, B, T, H, hd);
+  st.counters["GB/s"] = benchmark::Counter(2.0 * x.nbytes() * st.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Rope)->Arg(1024)->Arg(4096)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// MoE gather + weighted unpermute of N tokens × H = 2048 over 16 experts (+ skip).
+void BM_MoePermute(benchmark::State& st) {
+  const int64_t N = st.range(0), H = 2048, E = 16;
+  Tensor logits = rnd({N, E + 1}, 1), beta = Tensor::zeros({E + 1}, DType::f32);
+  Tensor probs = Tensor::empty({N, E + 1}, DType::f32), choice = Tensor::empty({N}, DType::i32);
+  Tensor weight = Tensor::empty({N}, DType::f32);
+  ops::moe_route(probs, choice, weight, logits, beta, N, E);
+  Tensor counts = Tensor::empty({E}, DType::i32), offsets = Tensor::empty({E + 1}, DType::i32);
+  Tensor pos = Tensor::empty({N}, DType::i32), src = Tensor::empty({N}, DType::i32);
+  const int64_t M = ops::moe_plan(counts, offsets, pos, src, choice, N, E);
+  Tensor x = rnd({N, H}, 2), xp = Tensor::empty({N, H}, DType::f32), out = Tensor::empty({N, H}, DType::f32);
+  for (auto _ : st) {
+    ops::moe_gather(xp, x, src, M, N, H);
+    ops::moe_unpermute(out, xp, weight, pos, M, N, H);
+  }
+  st.counters["GB/s"] = benchmark::Counter((2.0 * M + M + N) * H * 4 * st.iterations() * 1e-9,
+                                           benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MoePermute)->Arg(4096)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
