@@ -1,0 +1,171 @@
+// Memory-bound ops in bytes/s (bytes each op must read + write, counted once) at sizes far beyond
+// the caches, next to a STREAM triad measured in the same binary as the machine's ceiling; and the
+// fused LM-head cross-entropy in FLOP/s (3 GEMM-equivalents: forward, recompute, two gradients = 4).
+//   ./bench_ops_dense --benchmark_min_time=0.05s
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "zaya/core/random.h"
+#include "zaya/core/threads.h"
+#include "zaya/ops/dense.h"
+#include "zaya/ops/loss.h"
+#include "zaya/ops/optim_ops.h"
+
+namespace {
+
+using namespace zaya;
+
+// 4096 × 2048 f32 = 32 MiB per tensor: every op below touches several, well past any cache.
+constexpr int64_t kRows = 4096, kCols = 2048;
+
+Tensor randn(const Shape& s, uint64_t seed) {
+  Tensor t = Tensor::empty(s, DType::f32);
+  fill_normal(t, seed, 0, 0.0f, 1.0f);
+  return t;
+}
+
+void set_bytes(benchmark::State& state, int64_t bytes_per_iter) {
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes_per_iter);
+}
+
+// STREAM triad a = b + s·c over three arrays of kRows·kCols floats, parallel like our kernels.
+void BM_stream_triad(benchmark::State& state) {
+  const int64_t n = kRows * kCols;
+  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
+  const float s = 3.0f;
+  for (auto _ : state) {
+    float *ap = a.data(), *bp = b.data(), *cp = c.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) ap[i] = bp[i] + s * cp[i];
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, 3 * n * 4);
+}
+
+void BM_rmsnorm_forward(benchmark::State& state) {
+  Tensor x = randn({kRows, kCols}, 1), w = randn({kCols}, 2), y = Tensor::empty({kRows, kCols}, DType::f32);
+  Tensor rstd = Tensor::empty({kRows}, DType::f32);
+  for (auto _ : state) ops::rmsnorm_forward(x, w, 1e-5f, y, rstd);
+  set_bytes(state, 2 * kRows * kCols * 4);  // x in, y out
+}
+
+void BM_rmsnorm_backward(benchmark::State& state) {
+  Tensor x = randn({kRows, kCols}, 1), w = randn({kCols}, 2), g = randn({kRows, kCols}, 3);
+  Tensor y = Tensor::empty({kRows, kCols}, DType::f32), rstd = Tensor::empty({kRows}, DType::f32);
+  Tensor dx = Tensor::empty({kRows, kCols}, DType::f32), dw = Tensor::zeros({kCols}, DType::f32);
+  ops::rmsnorm_forward(x, w, 1e-5f, y, rstd);
+  for (auto _ : state) ops::rmsnorm_backward(g, x, w, rstd, dx, dw);
+  set_bytes(state, 3 * kRows * kCols * 4);  // dy, x in, dx out (dw's second pass is not counted)
+}
+
+void BM_residual_scale_forward(benchmark::State& state) {
+  Tensor h = randn({kRows, kCols}, 1), x = randn({kRows, kCols}, 2), y = Tensor::empty({kRows, kCols}, DType::f32);
+  ops::ResidualScaleParams p{randn({kCols}, 3), randn({kCols}, 4), randn({kCols}, 5), randn({kCols}, 6)};
+  for (auto _ : state) ops::residual_scale_forward(h, x, p, y);
+  set_bytes(state, 3 * kRows * kCols * 4);
+}
+
+void BM_residual_scale_backward(benchmark::State& state) {
+  Tensor h = randn({kRows, kCols}, 1), x = randn({kRows, kCols}, 2), g = randn({kRows, kCols}, 3);
+  Tensor dh = Tensor::empty({kRows, kCols}, DType::f32), dx = Tensor::empty({kRows, kCols}, DType::f32);
+  ops::ResidualScaleParams p{randn({kCols}, 3), randn({kCols}, 4), randn({kCols}, 5), randn({kCols}, 6)};
+  ops::ResidualScaleParams gr{Tensor::zeros({kCols}, DType::f32), Tensor::zeros({kCols}, DType::f32),
+                              Tensor::zeros({kCols}, DType::f32), Tensor::zeros({kCols}, DType::f32)};
+  for (auto _ : state) ops::residual_scale_backward(g, h, x, p, dh, dx, gr);
+  set_bytes(state, 5 * kRows * kCols * 4);  // dy, h, x in; dh, dx out
+}
+
+void BM_silu_forward(benchmark::State& state) {
+  Tensor x = randn({kRows, kCols}, 1), y = Tensor::empty({kRows, kCols}, DType::f32);
+  for (auto _ : state) ops::silu_forward(x, y);
+  set_bytes(state, 2 * kRows * kCols * 4);
+}
+
+void BM_gelu_forward(benchmark::State& state) {
+  Tensor x = randn({kRows, kCols}, 1), y = Tensor::empty({kRows, kCols}, DType::f32);
+  for (auto _ : state) ops::gelu_forward(x, y);
+  set_bytes(state, 2 * kRows * kCols * 4);
+}
+
+void BM_swiglu_forward(benchmark::State& state) {
+  Tensor gu = randn({kRows, kCols}, 1), y = Tensor::empty({kRows, kCols / 2}, DType::f32);
+  for (auto _ : state) ops::swiglu_forward(gu, y);
+  set_bytes(state, (kRows * kCols + kRows * kCols / 2) * 4);
+}
+
+void BM_swiglu_backward(benchmark::State& state) {
+  Tensor gu = randn({kRows, kCols}, 1), g = randn({kRows, kCols / 2}, 2), dgu = Tensor::empty({kRows, kCols}, DType::f32);
+  for (auto _ : state) ops::swiglu_backward(g, gu, dgu);
+  set_bytes(state, (2 * kRows * kCols + kRows * kCols / 2) * 4);
+}
+
+void BM_softmax_forward(benchmark::State& state) {
+  Tensor x = randn({kRows, kCols}, 1), y = Tensor::empty({kRows, kCols}, DType::f32);
+  for (auto _ : state) ops::softmax_forward(x, y);
+  set_bytes(state, 2 * kRows * kCols * 4);
+}
+
+void BM_embedding_forward(benchmark::State& state) {
+  const int64_t vocab = 8192;
+  Tensor E = randn({vocab, kCols}, 1), y = Tensor::empty({kRows, kCols}, DType::f32);
+  Tensor ids = Tensor::empty({kRows}, DType::i32);
+  for (int64_t i = 0; i < kRows; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 2654435761u) % vocab);
+  for (auto _ : state) ops::embedding_forward(ids, E, y);
+  set_bytes(state, 2 * kRows * kCols * 4);
+}
+
+void BM_adamw_update(benchmark::State& state) {
+  Tensor p = randn({kRows, kCols}, 1), g = randn({kRows, kCols}, 2);
+  Tensor m = Tensor::zeros({kRows, kCols}, DType::f32), v = Tensor::zeros({kRows, kCols}, DType::f32);
+  int64_t t = 0;
+  for (auto _ : state) ops::adamw_update(p, g, m, v, ops::AdamWHyper{}, ++t);
+  set_bytes(state, 7 * kRows * kCols * 4);  // p, g, m, v in; p, m, v out
+}
+
+void BM_grad_norm(benchmark::State& state) {
+  std::vector<Tensor> grads = {randn({kRows, kCols}, 1)};
+  for (auto _ : state) benchmark::DoNotOptimize(ops::global_grad_norm(grads));
+  set_bytes(state, kRows * kCols * 4);
+}
+
+// Demo LM head: 2048 tokens, H 256, V 8192, chunk 4096.
+void BM_cross_entropy_tied(benchmark::State& state) {
+  const int64_t n = 2048, h = 256, vocab = 8192;
+  ops::CrossEntropyOptions opt{.chunk = 4096};
+  Tensor hid = randn({n, h}, 1), E = randn({vocab, h}, 2), dh = Tensor::empty({n, h}, DType::f32);
+  Tensor dE = Tensor::zeros({vocab, h}, DType::f32), lse = Tensor::empty({n}, DType::f32);
+  Tensor ws = Tensor::empty({ops::cross_entropy_workspace_elems(n, vocab, opt)}, DType::f32);
+  Tensor tg = Tensor::empty({n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i) tg.data<int32_t>()[i] = static_cast<int32_t>((i * 7919) % vocab);
+  for (auto _ : state) ops::cross_entropy_tied_forward_backward(hid, E, tg, dh, dE, lse, ws, opt);
+  state.counters["FLOP/s"] = benchmark::Counter(4 * 2.0 * n * h * vocab, benchmark::Counter::kIsIterationInvariantRate,
+                                                benchmark::Counter::kIs1000);
+}
+
+BENCHMARK(BM_stream_triad)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_rmsnorm_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_rmsnorm_backward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_residual_scale_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_residual_scale_backward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_silu_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_gelu_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_swiglu_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_swiglu_backward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_softmax_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_embedding_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_adamw_update)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_grad_norm)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_cross_entropy_tied)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  zaya::set_num_threads(zaya::default_num_threads());
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
