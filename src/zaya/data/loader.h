@@ -41,6 +41,8 @@ class DataLoader {
  public:
   DataLoader(const std::vector<DatasetSpec>& specs, int64_t seq_len, uint64_t seed);
   ~DataLoader();
+  DataLoader(DataLoader&&) noexcept = default;
+  DataLoader& operator=(DataLoader&&) noexcept = default;
 
   int64_t seq_len() const { return seq_len_; }
   int num_datasets() const { return static_cast<int>(datasets_.size()); }

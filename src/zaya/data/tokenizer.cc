@@ -60,10 +60,11 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& lines, const Tokenize
       {"input_sentence_size", std::to_string(o.input_sentence_size)},
       {"shuffle_input_sentence", "true"},
       {"num_threads", std::to_string(o.num_threads)},
-      {"random_seed", std::to_string(static_cast<uint32_t>(o.seed))},
   };
   const int old_level = sentencepiece::logging::GetMinLogLevel();
   if (o.quiet) sentencepiece::logging::SetMinLogLevel(2);  // errors only
+  // The seed of SentencePiece's sentence sampling (used when lines > input_sentence_size).
+  sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned>(o.seed));
   LineIterator it(lines);
   std::string model;
   auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
