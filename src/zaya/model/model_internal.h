@@ -1,0 +1,56 @@
+// Internal to the model layer: the saved-activation and parameter-view structs shared by
+// zaya_model.cc (planning, embedding, head) and zaya_layer.cc (the decoder layer).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "zaya/core/tensor.h"
+#include "zaya/model/config.h"
+#include "zaya/ops/cca.h"
+#include "zaya/ops/dense.h"
+
+namespace zaya::model {
+
+// Saved activations of one layer (N = B·T rows). Everything backward needs, nothing else.
+struct LayerActs {
+  Tensor rstd_in, u;              // input RMSNorm
+  Tensor z;                       // conv input concat(q̃, k̃) [N, C]
+  Tensor qpre, kpre;              // q, k after conv + mean skip (QK-norm inputs)
+  Tensor qr, kr, v;               // post-norm, post-RoPE q and k; shifted values
+  Tensor att, lse;                // attention output [N, nq·hd] and row logsumexp [B, nq, T]
+  Tensor o;                       // o_proj output (RS_attn's h)
+  Tensor x_mid;                   // residual stream after attention (fp32)
+  Tensor rstd_post, w;            // post-attention RMSNorm
+  Tensor r;                       // router state after EDA [N, R] (handed to the next layer)
+  Tensor rstd_r, zr, a1, g1, a2, g2;  // router MLP: norm, fc1 pre/post GELU, fc2 pre/post GELU
+  Tensor probs, choice, weight;   // routing
+  Tensor counts, offsets, pos, src;  // permutation plan
+  int64_t M = 0;                  // routed tokens
+  Tensor xp, gu, act, y;          // experts: gathered input, [g; v], SiLU(g)⊙v, output (permuted)
+  Tensor m;                       // MoE output (RS_mlp's h)
+};
+
+// Temporaries shared by all layers: forward splits and the backward's gradient buffers.
+struct ScratchActs {
+  Tensor ids;                        // copy of the last forward's ids [B, T] i32
+  Tensor emb;                        // Embed[t], saved for the input scale's gradient
+  std::vector<Tensor> xs;            // residual stream x^0..x^L [N, H]
+  Tensor hf, rstd_f, dh, lse_ce, ce_ws;  // final norm and loss
+  Tensor proj, qt, kt, vc, vd, conv, logits;  // forward temporaries
+  Tensor dxa, dxb, dxmid, dtmp, dm, dy, dweight, dact, dgu, dxp, dw, dlogits, dg2, dg1, dzr, dr, drc;
+  Tensor dout_proj, datt, dqr, dkr, dv, dqpre, dkpre, dconv, dqt, dkt, dz, dvc, dvd, dproj, du;
+};
+
+// Views of one layer's parameters (or of their gradients: same layout in the grad buffer).
+struct LayerParams {
+  Tensor w_in, w_qkv, temp, w_o, w_post, w_down, b_down, s_eda, w_rn, fc1w, fc1b, fc2w, fc2b, outw, w_gu, w_d;
+  ops::CcaConvWeights conv;
+  ops::ResidualScaleParams rs_attn, rs_mlp;
+};
+
+// Views of layer l's tensors through `get` (parameters or their gradients).
+LayerParams layer_params(const ModelConfig& c, int l, const std::function<Tensor(const std::string&)>& get);
+
+}  // namespace zaya::model

@@ -1,0 +1,248 @@
+// One ZAYA1 decoder layer, forward and backward (DESIGN.md, "Layer", "CCA", "Router", "Experts"):
+//   u = RMSNorm_in(x);  a = o_proj(attention(CCA(u)));  x_mid = RS_attn(a, x);
+//   w = RMSNorm_post(x_mid);  (m, r_l) = MoE(w, r_{l−1});  x_out = RS_mlp(m, x_mid).
+// The backward walks the same steps in reverse; each step's comment gives the forward it undoes.
+#include <cmath>
+
+#include "zaya/model/model_internal.h"
+#include "zaya/model/zaya_model.h"
+#include "zaya/ops/attention.h"
+#include "zaya/ops/cca.h"
+#include "zaya/ops/dense.h"
+#include "zaya/ops/gemm.h"
+#include "zaya/ops/moe.h"
+#include "zaya/ops/rope.h"
+
+namespace zaya::model {
+
+namespace {
+
+void copy_cols(const Tensor& dst, const Tensor& src, int64_t c0) {
+  const int64_t n = src.size(0), ld = src.size(1), w = dst.numel() / n;
+  const float* s = src.data<float>();
+  float* d = dst.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < w; ++j) d[i * w + j] = s[i * ld + c0 + j];
+}
+
+// dst[:, c0 : c0 + w] = a[:, a0 : a0 + w] (+ b[:, :w] when b is defined).
+void put_cols(const Tensor& dst, int64_t c0, const Tensor& a, int64_t a0, int64_t w, const Tensor& b) {
+  const int64_t n = dst.size(0), ld = dst.size(1), ald = a.numel() / n;
+  const float* ap = a.data<float>();
+  const float* bp = b.defined() ? b.data<float>() : nullptr;
+  float* d = dst.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < w; ++j) d[i * ld + c0 + j] = ap[i * ald + a0 + j] + (bp ? bp[i * w + j] : 0.0f);
+}
+
+void add_into(const Tensor& dst, const Tensor& src) {
+  float* d = dst.data<float>();
+  const float* s = src.data<float>();
+  const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+}
+
+}  // namespace
+
+void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
+  const int64_t N = B_ * T_, H = cfg_.hidden_size, q = cfg_.q_dim(), kv = cfg_.kv_dim(), C = cfg_.conv_channels(),
+                R = cfg_.router_hidden_size, E = cfg_.num_experts, I = cfg_.moe_intermediate_size;
+  const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const ops::CcaDims dims{nq, nkv, hd};
+  LayerActs& t = acts_[l];
+  ScratchActs& s = *scratch_;
+  const LayerParams& p = lp_[l];
+  const Tensor& x = s.xs[l];
+
+  // --- attention -------------------------------------------------------------------------
+  ops::rmsnorm_forward(x, p.w_in, eps, t.u, t.rstd_in);
+  // proj = u·[W_q; W_k; W_vc; W_vd]ᵀ, columns [q̃ | k̃ | vc | vd].
+  ops::linear_forward(t.u, p.w_qkv, Tensor{}, s.proj);
+  copy_cols(t.z, s.proj, 0);  // z = concat(q̃, k̃)
+  copy_cols(s.qt, s.proj, 0);
+  copy_cols(s.kt, s.proj, q);
+  copy_cols(s.vc, s.proj, C);
+  copy_cols(s.vd, s.proj, C + kv / 2);
+  ops::cca_conv_forward(s.conv, t.z, p.conv, B_, T_, dims);
+  ops::mean_skip_forward(t.qpre, t.kpre, s.conv, s.qt, s.kt, N, dims);
+  ops::value_shift_forward(t.v, s.vc, s.vd, B_, T_, kv / 2);
+  ops::qk_norm_forward(t.qr, t.kr, t.qpre, t.kpre, p.temp, N, dims);
+  ops::rope_forward(t.qr, t.qr, rope_, B_, T_, nq, hd);
+  ops::rope_forward(t.kr, t.kr, rope_, B_, T_, nkv, hd);
+  ops::attention_forward(t.att, t.lse, t.qr, t.kr, t.v, B_, T_, nq, nkv, hd);
+  ops::linear_forward(t.att, p.w_o, Tensor{}, t.o);
+  ops::residual_scale_forward(t.o, x, p.rs_attn, t.x_mid);
+
+  // --- router ----------------------------------------------------------------------------
+  ops::rmsnorm_forward(t.x_mid, p.w_post, eps, t.w, t.rstd_post);
+  ops::linear_forward(t.w, p.w_down, p.b_down, t.r);  // h_l = W_down w + b_down
+  if (l > 0) {                                         // EDA: r_l = h_l + s_l ⊙ r_{l−1}
+    const float* rp = acts_[l - 1].r.data<float>();
+    const float* sc = p.s_eda.data<float>();
+    float* r = t.r.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < R; ++j) r[i * R + j] += sc[j] * rp[i * R + j];
+  }
+  ops::rmsnorm_forward(t.r, p.w_rn, eps, t.zr, t.rstd_r);
+  ops::linear_forward(t.zr, p.fc1w, p.fc1b, t.a1);
+  ops::gelu_forward(t.a1, t.g1);
+  ops::linear_forward(t.g1, p.fc2w, p.fc2b, t.a2);
+  ops::gelu_forward(t.a2, t.g2);
+  ops::linear_forward(t.g2, p.outw, Tensor{}, s.logits);
+  Tensor beta = beta_.select(l);
+  ops::moe_route(t.probs, t.choice, t.weight, s.logits, beta, N, E);
+
+  // --- experts: grouped by expert, dropless ----------------------------------------------
+  t.M = ops::moe_plan(t.counts, t.offsets, t.pos, t.src, t.choice, N, E);
+  const int32_t* off = t.offsets.data<int32_t>();
+  if (t.M > 0) {
+    ops::moe_gather(t.xp, t.w, t.src, t.M, N, H);
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)  // gu_e = xp_e · W_gu[e]ᵀ   (gate rows first)
+      if (off[e + 1] > off[e])
+        problems_.push_back({t.xp.slice(off[e], off[e + 1]), p.w_gu.select(e), t.gu.slice(off[e], off[e + 1])});
+    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
+    ops::swiglu_forward(t.gu.slice(0, t.M), t.act.slice(0, t.M));
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)  // y_e = act_e · W_d[e]ᵀ
+      if (off[e + 1] > off[e])
+        problems_.push_back({t.act.slice(off[e], off[e + 1]), p.w_d.select(e), t.y.slice(off[e], off[e + 1])});
+    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
+  }
+  ops::moe_unpermute(t.m, t.y, t.weight, t.pos, t.M, N, H);  // m = p_choice · y (0 if skipped)
+  ops::residual_scale_forward(t.m, t.x_mid, p.rs_mlp, s.xs[l + 1]);
+  (void)I;
+}
+
+// In: s.dxa = dL/dx_out, s.drc = dL/dr_l from layer l+1 (0 for the last layer).
+// Out: s.dxa = dL/dx_in, s.drc = dL/dr_{l−1}.
+void ZayaModel::layer_backward(int l) {
+  const int64_t N = B_ * T_, H = cfg_.hidden_size, q = cfg_.q_dim(), kv = cfg_.kv_dim(), C = cfg_.conv_channels(),
+                R = cfg_.router_hidden_size, E = cfg_.num_experts;
+  const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
+  const ops::CcaDims dims{nq, nkv, hd};
+  LayerActs& t = acts_[l];
+  ScratchActs& s = *scratch_;
+  const LayerParams& p = lp_[l];
+  LayerParams& g = lg_[l];
+  const Tensor& x = s.xs[l];
+
+  // x_out = RS_mlp(m, x_mid)
+  ops::residual_scale_backward(s.dxa, t.m, t.x_mid, p.rs_mlp, s.dm, s.dxmid, g.rs_mlp);
+  // m = weight · y[pos]
+  ops::moe_unpermute_backward(s.dy, s.dweight, s.dm, t.y, t.weight, t.pos, t.M, N, H);
+  const int32_t* off = t.offsets.data<int32_t>();
+  if (t.M > 0) {
+    // y_e = act_e · W_d[e]ᵀ:  dact_e = dy_e · W_d[e],  dW_d[e] += dy_eᵀ · act_e
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e])
+        problems_.push_back({s.dy.slice(off[e], off[e + 1]), p.w_d.select(e), s.dact.slice(off[e], off[e + 1])});
+    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::N);
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e])
+        problems_.push_back({s.dy.slice(off[e], off[e + 1]), t.act.slice(off[e], off[e + 1]), g.w_d.select(e)});
+    ops::gemm_grouped(problems_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
+    // act = SiLU(g) ⊙ v
+    ops::swiglu_backward(s.dact.slice(0, t.M), t.gu.slice(0, t.M), s.dgu.slice(0, t.M));
+    // gu_e = xp_e · W_gu[e]ᵀ:  dxp_e = dgu_e · W_gu[e],  dW_gu[e] += dgu_eᵀ · xp_e
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e])
+        problems_.push_back({s.dgu.slice(off[e], off[e + 1]), p.w_gu.select(e), s.dxp.slice(off[e], off[e + 1])});
+    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::N);
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e])
+        problems_.push_back({s.dgu.slice(off[e], off[e + 1]), t.xp.slice(off[e], off[e + 1]), g.w_gu.select(e)});
+    ops::gemm_grouped(problems_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
+  }
+  ops::moe_gather_backward(s.dw, s.dxp, t.pos, t.M, N, H);  // xp = w[src]
+
+  // Router: weight = p_choice, p = softmax(out_proj(GELU(fc2(GELU(fc1(RMSNorm_R(r))))))).
+  ops::moe_route_backward(s.dlogits, s.dweight, t.probs, t.choice, N, E);
+  ops::linear_backward(s.dlogits, t.g2, p.outw, s.dg2, g.outw, Tensor{});
+  ops::gelu_backward(s.dg2, t.a2, s.dg2);
+  ops::linear_backward(s.dg2, t.g1, p.fc2w, s.dg1, g.fc2w, g.fc2b);
+  ops::gelu_backward(s.dg1, t.a1, s.dg1);
+  ops::linear_backward(s.dg1, t.zr, p.fc1w, s.dzr, g.fc1w, g.fc1b);
+  ops::rmsnorm_backward(s.dzr, t.r, p.w_rn, t.rstd_r, s.dr, g.w_rn);
+  add_into(s.dr, s.drc);  // + dL/dr_l through layer l+1's EDA
+  if (l > 0) {
+    // r_l = h_l + s_l ⊙ r_{l−1}:  ds_l += Σ_rows dr ⊙ r_{l−1},  dr_{l−1} (carried) = dr ⊙ s_l
+    const float* dr = s.dr.data<float>();
+    const float* rp = acts_[l - 1].r.data<float>();
+    const float* sc = p.s_eda.data<float>();
+    float* ds = g.s_eda.data<float>();
+    float* drc = s.drc.data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < R; ++j) {
+      float acc = 0;
+      for (int64_t i = 0; i < N; ++i) {
+        acc += dr[i * R + j] * rp[i * R + j];
+        drc[i * R + j] = dr[i * R + j] * sc[j];
+      }
+      ds[j] += acc;
+    }
+  }
+  // h_l = W_down w + b_down; w also feeds the experts (s.dw from the gather).
+  ops::linear_backward(s.dr, t.w, p.w_down, s.dtmp, g.w_down, g.b_down);
+  add_into(s.dw, s.dtmp);
+  // w = RMSNorm_post(x_mid)
+  ops::rmsnorm_backward(s.dw, t.x_mid, p.w_post, t.rstd_post, s.dtmp, g.w_post);
+  add_into(s.dxmid, s.dtmp);
+
+  // x_mid = RS_attn(o, x)
+  ops::residual_scale_backward(s.dxmid, t.o, x, p.rs_attn, s.dout_proj, s.dxb, g.rs_attn);
+  ops::linear_backward(s.dout_proj, t.att, p.w_o, s.datt, g.w_o, Tensor{});
+  ops::attention_backward(s.dqr, s.dkr, s.dv, s.datt, t.qr, t.kr, t.v, t.att, t.lse, B_, T_, nq, nkv, hd);
+  ops::rope_backward(s.dqr, s.dqr, rope_, B_, T_, nq, hd);
+  ops::rope_backward(s.dkr, s.dkr, rope_, B_, T_, nkv, hd);
+  ops::qk_norm_backward(s.dqpre, s.dkpre, g.temp, s.dqr, s.dkr, t.qpre, t.kpre, p.temp, N, dims);
+  ops::mean_skip_backward(s.dconv, s.dqt, s.dkt, s.dqpre, s.dkpre, N, dims);
+  ops::cca_conv_backward(s.dz, g.conv, s.dconv, t.z, p.conv, B_, T_, dims);
+  ops::value_shift_backward(s.dvc, s.dvd, s.dv, B_, T_, kv / 2);
+  // proj columns [q̃ | k̃ | vc | vd]: q̃, k̃ reach the loss through the conv and the mean skip.
+  put_cols(s.dproj, 0, s.dz, 0, q, s.dqt);
+  put_cols(s.dproj, q, s.dz, q, kv, s.dkt);
+  put_cols(s.dproj, C, s.dvc, 0, kv / 2, Tensor{});
+  put_cols(s.dproj, C + kv / 2, s.dvd, 0, kv / 2, Tensor{});
+  ops::linear_backward(s.dproj, t.u, p.w_qkv, s.du, g.w_qkv, Tensor{});
+  ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dtmp, g.w_in);
+  add_into(s.dxb, s.dtmp);
+  std::swap(s.dxa, s.dxb);  // s.dxa = dL/dx_in
+}
+
+std::vector<RouterStats> ZayaModel::router_stats() const {
+  std::vector<RouterStats> out;
+  const int64_t E = cfg_.num_experts, N = B_ * T_;
+  for (const LayerActs& t : acts_) {
+    RouterStats st;
+    const int32_t* c = t.counts.data<int32_t>();
+    st.tokens_per_expert.assign(c, c + E);
+    st.skipped = N - t.M;
+    double h = 0;
+    for (int64_t e = 0; e < E; ++e)
+      if (c[e] > 0) {
+        double f = static_cast<double>(c[e]) / static_cast<double>(t.M);
+        h -= f * std::log(f);
+      }
+    st.load_entropy = E > 1 && t.M > 0 ? h / std::log(static_cast<double>(E)) : 0.0;
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+Tensor ZayaModel::router_choice(int layer) const {
+  ZAYA_CHECK(layer >= 0 && layer < cfg_.num_hidden_layers, "router_choice: layer ", layer, " out of range [0, ",
+             cfg_.num_hidden_layers, ")");
+  return acts_[layer].choice;
+}
+
+}  // namespace zaya::model

@@ -1,0 +1,282 @@
+// ZayaModel: parameters, activation planning, the embedding/head, and the layer forward/backward
+// (written next to each other so the math of each step can be checked against its gradient).
+#include "zaya/model/zaya_model.h"
+#include "zaya/model/model_internal.h"
+
+#include <cmath>
+#include <functional>
+
+#include "zaya/core/random.h"
+#include "zaya/ops/attention.h"
+#include "zaya/ops/cca.h"
+#include "zaya/ops/dense.h"
+#include "zaya/ops/gemm.h"
+#include "zaya/ops/loss.h"
+#include "zaya/ops/moe.h"
+
+namespace zaya::model {
+
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// splitmix64 finalizer: turns (seed, name hash) into a well-mixed Philox key.
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+LayerParams layer_params(const ModelConfig& /*c*/, int l, const std::function<Tensor(const std::string&)>& get) {
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  const std::string qkv = p + "self_attn.qkv_proj.";
+  LayerParams lp;
+  lp.w_in = get(p + "input_layernorm.weight");
+  // q, k, v_current, v_delayed are adjacent in parameter_specs() order, so the caller turns q's
+  // view into one [C + nkv·hd, H] window of the flat buffer: the fused projection.
+  lp.w_qkv = get(qkv + "q_proj.weight");
+  lp.conv = {get(qkv + "conv_qk_depthwise.weight"), get(qkv + "conv_qk_depthwise.bias"),
+             get(qkv + "conv_qk_grouped.weight"), get(qkv + "conv_qk_grouped.bias")};
+  lp.temp = get(p + "self_attn.qk_norm.temp");
+  lp.w_o = get(p + "self_attn.o_proj.weight");
+  auto rs = [&](const std::string& s) {
+    return ops::ResidualScaleParams{get(s + "hidden_states_scale"), get(s + "hidden_states_bias"),
+                                    get(s + "residual_scale"), get(s + "residual_bias")};
+  };
+  lp.rs_attn = rs(p + "post_attention_residual_scale.");
+  lp.rs_mlp = rs(p + "post_mlp_residual_scale.");
+  lp.w_post = get(p + "post_attention_layernorm.weight");
+  const std::string g = p + "mlp.gate.";
+  lp.w_down = get(g + "down_proj.weight");
+  lp.b_down = get(g + "down_proj.bias");
+  if (l > 0) lp.s_eda = get(g + "router_states_scale");
+  lp.w_rn = get(g + "router_mlp.norm.weight");
+  lp.fc1w = get(g + "router_mlp.fc1.weight");
+  lp.fc1b = get(g + "router_mlp.fc1.bias");
+  lp.fc2w = get(g + "router_mlp.fc2.weight");
+  lp.fc2b = get(g + "router_mlp.fc2.bias");
+  lp.outw = get(g + "router_mlp.out_proj.weight");
+  lp.w_gu = get(p + "mlp.experts.gate_up_proj");
+  lp.w_d = get(p + "mlp.experts.down_proj");
+  return lp;
+}
+
+ZayaModel::ZayaModel(const ModelConfig& config, int64_t batch, int64_t seq_len) : cfg_(config) {
+  cfg_.validate("ZayaModel");
+  specs_ = parameter_specs(cfg_);
+  int64_t total = 0;
+  for (const ParamSpec& s : specs_) total += s.shape.numel();
+  params_ = Tensor::zeros(Shape{total}, DType::f32);
+  grads_ = Tensor::zeros(Shape{total}, DType::f32);
+  int64_t off = 0;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    param_views_.push_back(params_.window(off, specs_[i].shape));
+    grad_views_.push_back(grads_.window(off, specs_[i].shape));
+    index_[specs_[i].name] = static_cast<int>(i);
+    offsets_.push_back(off);
+    off += specs_[i].shape.numel();
+  }
+  const Shape qkv_shape{cfg_.conv_channels() + cfg_.kv_dim(), cfg_.hidden_size};
+  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+    lp_.push_back(layer_params(cfg_, l, [&](const std::string& n) { return param(n); }));
+    lg_.push_back(layer_params(cfg_, l, [&](const std::string& n) { return grad(n); }));
+    const std::string qkv = "model.layers." + std::to_string(l) + ".self_attn.qkv_proj.";
+    const int64_t q_off = offsets_[param_index(qkv + "q_proj.weight")];
+    ZAYA_ASSERT(offsets_[param_index(qkv + "v_proj_delayed.weight")] ==
+                q_off + (cfg_.conv_channels() + cfg_.kv_dim() / 2) * cfg_.hidden_size);
+    lp_.back().w_qkv = params_.window(q_off, qkv_shape);
+    lg_.back().w_qkv = grads_.window(q_off, qkv_shape);
+  }
+  problems_.reserve(static_cast<size_t>(cfg_.num_experts));
+  beta_ = Tensor::zeros(Shape{cfg_.num_hidden_layers, cfg_.router_classes()}, DType::f32);
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) beta_.data<float>()[l * cfg_.router_classes() + cfg_.num_experts] = -1.0f;
+  set_batch_shape(batch, seq_len);
+}
+
+ZayaModel::~ZayaModel() = default;
+
+int ZayaModel::param_index(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? -1 : it->second;
+}
+Tensor ZayaModel::param(const std::string& name) const {
+  int i = param_index(name);
+  ZAYA_CHECK(i >= 0, "ZayaModel: no parameter named '", name, "'");
+  return param_views_[i];
+}
+Tensor ZayaModel::grad(const std::string& name) const {
+  int i = param_index(name);
+  ZAYA_CHECK(i >= 0, "ZayaModel: no parameter named '", name, "'");
+  return grad_views_[i];
+}
+
+void ZayaModel::init(uint64_t seed) {
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& s = specs_[i];
+    Tensor& t = param_views_[i];
+    switch (s.init) {
+      case InitKind::normal: fill_normal(t, mix(seed ^ mix(fnv1a(s.name))), 0, 0.0f, s.init_value); break;
+      case InitKind::ones: t.fill_(1.0); break;
+      case InitKind::zeros: t.zero_(); break;
+      case InitKind::constant: t.fill_(s.init_value); break;
+    }
+  }
+  // The padding row is zero at init, as torch's nn.Embedding(padding_idx) leaves it.
+  if (cfg_.pad_token_id >= 0 && cfg_.pad_token_id < cfg_.vocab_size) param_views_[0].select(cfg_.pad_token_id).zero_();
+  beta_.zero_();
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) beta_.data<float>()[l * cfg_.router_classes() + cfg_.num_experts] = -1.0f;
+}
+
+void ZayaModel::set_batch_shape(int64_t batch, int64_t seq_len) {
+  ZAYA_CHECK(batch > 0 && seq_len > 0, "ZayaModel: batch and sequence length must be positive, found [", batch,
+             ", ", seq_len, "]");
+  B_ = batch;
+  T_ = seq_len;
+  rope_ = ops::make_rope_table(cfg_.head_dim, cfg_.partial_rotary_factor, cfg_.rope_theta, T_);
+  plan();
+  have_backward_ = false;
+}
+
+// Lays out every activation. Run twice: once counting bytes (with the arena's 64-byte alignment),
+// once carving them out of an arena of exactly that size.
+void ZayaModel::plan() {
+  const int64_t N = B_ * T_, H = cfg_.hidden_size, L = cfg_.num_hidden_layers, q = cfg_.q_dim(),
+                kv = cfg_.kv_dim(), C = cfg_.conv_channels(), R = cfg_.router_hidden_size, E = cfg_.num_experts,
+                I = cfg_.moe_intermediate_size, V = cfg_.vocab_size, nq = cfg_.num_attention_heads;
+  size_t counted = 0;
+  bool counting = true;
+  auto a = [&](Shape s, DType d = DType::f32) -> Tensor {
+    if (!counting) return arena_.alloc(s, d);
+    counted = (counted + kArenaAlign - 1) / kArenaAlign * kArenaAlign + static_cast<size_t>(s.numel()) * dtype_size(d);
+    return Tensor{};
+  };
+  size_t layer_bytes = 0;
+  auto run = [&] {
+    acts_.assign(static_cast<size_t>(L), LayerActs{});
+    scratch_ = std::make_unique<ScratchActs>();
+    ScratchActs& s = *scratch_;
+    s.xs.clear();
+    for (int64_t l = 0; l <= L; ++l) s.xs.push_back(a({N, H}));
+    for (int64_t l = 0; l < L; ++l) {
+      size_t before = counted;
+      LayerActs& t = acts_[l];
+      t.rstd_in = a({N}); t.u = a({N, H});
+      t.z = a({N, C}); t.qpre = a({N, q}); t.kpre = a({N, kv});
+      t.qr = a({N, q}); t.kr = a({N, kv}); t.v = a({N, kv});
+      t.att = a({N, q}); t.lse = a({B_, nq, T_}); t.o = a({N, H}); t.x_mid = a({N, H});
+      t.rstd_post = a({N}); t.w = a({N, H});
+      t.r = a({N, R}); t.rstd_r = a({N}); t.zr = a({N, R});
+      t.a1 = a({N, R}); t.g1 = a({N, R}); t.a2 = a({N, R}); t.g2 = a({N, R});
+      t.probs = a({N, E + 1}); t.choice = a({N}, DType::i32); t.weight = a({N});
+      t.counts = a({E}, DType::i32); t.offsets = a({E + 1}, DType::i32);
+      t.pos = a({N}, DType::i32); t.src = a({N}, DType::i32);
+      t.xp = a({N, H}); t.gu = a({N, 2 * I}); t.act = a({N, I}); t.y = a({N, H}); t.m = a({N, H});
+      if (l == 0) layer_bytes = counted - before;
+    }
+    s.ids = a({B_, T_}, DType::i32);
+    s.emb = a({N, H});
+    s.hf = a({N, H}); s.rstd_f = a({N}); s.dh = a({N, H}); s.lse_ce = a({N});
+    s.ce_ws = a({ops::cross_entropy_workspace_elems(N, V)});
+    s.proj = a({N, C + kv}); s.qt = a({N, q}); s.kt = a({N, kv}); s.vc = a({N, kv / 2}); s.vd = a({N, kv / 2});
+    s.conv = a({N, C}); s.logits = a({N, E + 1});
+    for (Tensor* g : {&s.dxa, &s.dxb, &s.dxmid, &s.dtmp, &s.dm, &s.dy, &s.dxp, &s.dw, &s.dout_proj, &s.du})
+      *g = a({N, H});
+    s.dweight = a({N}); s.dact = a({N, I}); s.dgu = a({N, 2 * I}); s.dlogits = a({N, E + 1});
+    for (Tensor* g : {&s.dg2, &s.dg1, &s.dzr, &s.dr, &s.drc}) *g = a({N, R});
+    s.datt = a({N, q}); s.dqr = a({N, q}); s.dkr = a({N, kv}); s.dv = a({N, kv});
+    s.dqpre = a({N, q}); s.dkpre = a({N, kv}); s.dconv = a({N, C}); s.dqt = a({N, q}); s.dkt = a({N, kv});
+    s.dz = a({N, C}); s.dvc = a({N, kv / 2}); s.dvd = a({N, kv / 2}); s.dproj = a({N, C + kv});
+  };
+  run();
+  saved_per_layer_ = layer_bytes;
+  arena_ = Arena(counted + kArenaAlign);
+  counting = false;
+  run();
+  ZAYA_ASSERT(arena_.used() <= arena_.capacity());
+}
+
+double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_backward) {
+  check_dtype("ZayaModel::forward: ids", ids, DType::i32);
+  check_shape("ZayaModel::forward: ids", ids, Shape{B_, T_});
+  if (targets.defined()) {
+    check_dtype("ZayaModel::forward: targets", targets, DType::i32);
+    check_shape("ZayaModel::forward: targets", targets, Shape{B_, T_});
+  }
+  const int64_t N = B_ * T_, H = cfg_.hidden_size, L = cfg_.num_hidden_layers;
+  ScratchActs& s = *scratch_;
+  s.ids.copy_from(ids);
+  // x⁰ = (Embed[t] + b_in) ⊙ g_in: bias first, then scale, no √H.
+  ops::embedding_forward(ids, param_views_[0], s.emb);
+  {
+    const float* e = s.emb.data<float>();
+    const float* g = param("model.input_hidden_states_scale").data<float>();
+    const float* b = param("model.input_hidden_states_bias").data<float>();
+    float* x = s.xs[0].data<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < H; ++j) x[i * H + j] = (e[i * H + j] + b[j]) * g[j];
+  }
+  const bool need_backward = targets.defined() && for_backward;
+  for (int l = 0; l < L; ++l) layer_forward(l, need_backward);
+  ops::rmsnorm_forward(s.xs[L], param("model.norm.weight"), static_cast<float>(cfg_.rms_norm_eps), s.hf, s.rstd_f);
+  have_backward_ = false;
+  if (!targets.defined()) return 0;
+  Tensor tg = targets.reshape(Shape{N});
+  ops::CrossEntropyResult res;
+  if (need_backward) {
+    // The head's gradient into the tied embedding is accumulated here, in the same pass.
+    res = ops::cross_entropy_tied_forward_backward(s.hf, param_views_[0], tg, s.dh, grad_views_[0], s.lse_ce, s.ce_ws);
+    have_backward_ = true;
+  } else {
+    res = ops::cross_entropy_tied_forward(s.hf, param_views_[0], tg, s.lse_ce, s.ce_ws);
+  }
+  return res.loss;
+}
+
+void ZayaModel::forward_logits(const Tensor& ids, const Tensor& logits) {
+  check_shape("ZayaModel::forward_logits: logits", logits, Shape{B_ * T_, cfg_.vocab_size});
+  check_dtype("ZayaModel::forward_logits: logits", logits, DType::f32);
+  forward(ids, Tensor{}, false);
+  ops::gemm(scratch_->hf, ops::Trans::N, param_views_[0], ops::Trans::T, logits);
+}
+
+void ZayaModel::backward() {
+  ZAYA_CHECK(have_backward_, "ZayaModel::backward: call forward(ids, targets, for_backward = true) first");
+  have_backward_ = false;
+  const int64_t N = B_ * T_, H = cfg_.hidden_size, L = cfg_.num_hidden_layers;
+  ScratchActs& s = *scratch_;
+  ops::rmsnorm_backward(s.dh, s.xs[L], param("model.norm.weight"), s.rstd_f, s.dxa, grad("model.norm.weight"));
+  s.drc.zero_();  // the last layer's router state feeds nothing
+  for (int l = static_cast<int>(L) - 1; l >= 0; --l) layer_backward(l);
+  // x⁰ = (e + b) ⊙ g:  de = dx ⊙ g,  db += Σ_rows de,  dg += Σ_rows dx ⊙ (e + b). Column sums in
+  // row order, one thread per column block: deterministic for any thread count.
+  const float* dx = s.dxa.data<float>();
+  const float* e = s.emb.data<float>();
+  const float* g = param("model.input_hidden_states_scale").data<float>();
+  const float* b = param("model.input_hidden_states_bias").data<float>();
+  float* dg = grad("model.input_hidden_states_scale").data<float>();
+  float* db = grad("model.input_hidden_states_bias").data<float>();
+  float* de = s.dtmp.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < H; ++j) {
+    float sg = 0, sb = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      float d = dx[i * H + j];
+      de[i * H + j] = d * g[j];
+      sb += d * g[j];
+      sg += d * (e[i * H + j] + b[j]);
+    }
+    dg[j] += sg;
+    db[j] += sb;
+  }
+  ops::embedding_backward(s.dtmp, s.ids, grad_views_[0], cfg_.pad_token_id);
+}
+
+}  // namespace zaya::model

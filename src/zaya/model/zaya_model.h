@@ -1,0 +1,114 @@
+// ZayaModel: the ZAYA1 decoder (DESIGN.md, "The ZAYA1 model, exactly") on the CPU in fp32, with an
+// explicit forward and backward (the llm.c way): every parameter is a named view into one flat f32
+// buffer, gradients likewise, and every activation comes from one arena sized at construction for a
+// fixed (B, T), so a step allocates nothing.
+//
+// Usage: ZayaModel m(cfg, B, T); m.init(seed); loss = m.forward(ids, targets); m.backward();
+// Gradients accumulate into grads() until zero_grad().
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zaya/core/arena.h"
+#include "zaya/core/tensor.h"
+#include "zaya/model/config.h"
+#include "zaya/model/params.h"
+#include "zaya/ops/gemm.h"
+#include "zaya/ops/rope.h"
+
+namespace zaya::model {
+
+// Per-layer routing statistics of the last forward.
+struct RouterStats {
+  std::vector<int64_t> tokens_per_expert;  // [E]
+  int64_t skipped = 0;                     // tokens that chose the skip class
+  double load_entropy = 0;                 // −Σ f_e ln f_e / ln E over routed tokens (1 = balanced)
+};
+
+struct LayerActs;     // saved activations of one layer (zaya_model.cc)
+struct ScratchActs;   // backward temporaries
+struct LayerParams;   // views of one layer's parameters
+
+class ZayaModel {
+ public:
+  // Allocates parameters, gradients (zeroed), balancing biases and the activation arena for
+  // batches of exactly [B, T] tokens. Parameters are left zero until init() or a load.
+  ZayaModel(const ModelConfig& config, int64_t batch, int64_t seq_len);
+  ~ZayaModel();
+  ZayaModel(const ZayaModel&) = delete;
+  ZayaModel& operator=(const ZayaModel&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  int64_t batch() const { return B_; }
+  int64_t seq_len() const { return T_; }
+
+  // Re-plans the activation arena for another [B, T] (allocates: not for the hot loop).
+  void set_batch_shape(int64_t batch, int64_t seq_len);
+
+  // Deterministic init from `seed` following each ParamSpec's init; each parameter draws from its
+  // own Philox stream keyed by (seed, hash of its HF name), so adding or reordering parameters
+  // does not change the others. Balancing biases are reset to 0 (skip class −1).
+  void init(uint64_t seed);
+
+  // Parameters and gradients: flat buffers and named views (HF names).
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  const Tensor& params_flat() const { return params_; }
+  const Tensor& grads_flat() const { return grads_; }
+  const Tensor& param(int i) const { return param_views_[i]; }
+  const Tensor& grad(int i) const { return grad_views_[i]; }
+  Tensor param(const std::string& name) const;  // throws naming `name` if unknown
+  Tensor grad(const std::string& name) const;
+  int param_index(const std::string& name) const;  // −1 if unknown
+  // Balancing biases β, [L, E+1] f32: not parameters (no loss gradient).
+  const Tensor& balancing_biases() const { return beta_; }
+  void zero_grad() { grads_.zero_(); }
+
+  // Forward over ids [B, T] i32. With targets [B, T] i32 (−100 = ignored) returns the mean
+  // cross-entropy through the chunked fused loss; when `for_backward` the loss gradient wrt the
+  // final hidden states is computed in the same pass (and the embedding's head gradient is
+  // accumulated), ready for backward(). Without targets returns 0.
+  double forward(const Tensor& ids, const Tensor& targets = {}, bool for_backward = true);
+  // Logits [B·T, V] for ids [B, T] (no loss; the full vocabulary matrix is materialized).
+  void forward_logits(const Tensor& ids, const Tensor& logits);
+  // Backpropagates the last forward(ids, targets, true) into every parameter gradient (+=).
+  void backward();
+
+  // Routing statistics of the last forward, one entry per layer.
+  std::vector<RouterStats> router_stats() const;
+  // The expert chosen by each token in layer l in the last forward ([B·T] i32, E = skip).
+  Tensor router_choice(int layer) const;
+
+  // Activation arena bytes (saved activations + backward scratch) for the current [B, T].
+  size_t activation_bytes() const { return arena_.capacity(); }
+  // Bytes of the per-layer saved activations alone, per token (compare with
+  // activation_bytes_per_token_per_layer(cfg, 4)).
+  double saved_bytes_per_token_per_layer() const { return saved_per_layer_ / static_cast<double>(B_ * T_); }
+
+ private:
+  void plan();
+  void layer_forward(int l, bool need_backward);
+  void layer_backward(int l);
+
+  ModelConfig cfg_;
+  int64_t B_ = 0, T_ = 0;
+  std::vector<ParamSpec> specs_;
+  std::map<std::string, int> index_;
+  std::vector<int64_t> offsets_;  // element offset of each parameter in the flat buffers
+  Tensor params_, grads_, beta_;
+  std::vector<Tensor> param_views_, grad_views_;
+  ops::RopeTable rope_;
+
+  Arena arena_;
+  std::vector<LayerActs> acts_;
+  std::vector<LayerParams> lp_, lg_;  // parameter and gradient views per layer
+  std::vector<ops::GemmProblem> problems_;  // reused by the expert GEMMs (no per-step allocation)
+  std::unique_ptr<ScratchActs> scratch_;
+  size_t saved_per_layer_ = 0;
+  bool have_backward_ = false;
+};
+
+}  // namespace zaya::model
