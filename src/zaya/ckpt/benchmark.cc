@@ -1,0 +1,76 @@
+#include "zaya/ckpt/benchmark.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "zaya/ckpt/fs_util.h"
+#include "zaya/ckpt/writer.h"
+#include "zaya/core/error.h"
+
+namespace zaya::ckpt {
+namespace {
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+CheckpointBenchResult benchmark_checkpoint(uint64_t size_bytes, const std::filesystem::path& dir) {
+  ZAYA_CHECK(size_bytes >= 32, "checkpoint benchmark: size must be at least 32 bytes, got ", size_bytes);
+  const fs::path work = dir / ("zaya_ckpt_bench_" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(work, ec);
+  fs::create_directories(work, ec);
+  if (ec) throw Error(str("cannot create benchmark directory: ", ec.message()), {.file = work.string()});
+
+  // 8 tensors of equal size (the last takes the remainder); non-zero bytes so no layer below can
+  // cheat with sparse or compressed zeros.
+  const int64_t total = static_cast<int64_t>(size_bytes / 4);
+  std::vector<SaveItem> items;
+  for (int i = 0; i < 8; ++i) {
+    const int64_t n = i < 7 ? total / 8 : total - 7 * (total / 8);
+    Tensor t = Tensor::empty({n}, DType::f32);
+    float* p = t.data<float>();
+    for (int64_t k = 0; k < n; ++k) p[k] = static_cast<float>((k * 2654435761u + i) % 1000003) * 1e-3f;
+    items.push_back({"param." + std::to_string(i), t, {}, {}});
+  }
+  CheckpointBenchResult r;
+  r.bytes = static_cast<uint64_t>(total) * 4;
+  try {
+    {  // raw sequential write + fsync of the same bytes
+      const fs::path raw = work / "raw.bin";
+      const auto t0 = std::chrono::steady_clock::now();
+      int fd = ::open(raw.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0) throw Error(str("cannot create: ", std::strerror(errno)), {.file = raw.string()});
+      for (const auto& it : items) write_all(fd, it.tensor.raw(), it.tensor.nbytes(), raw);
+      const int rc = ::fsync(fd);
+      ::close(fd);
+      if (rc != 0) throw Error("fsync failed", {.file = raw.string()});
+      r.raw_write_s = since(t0);
+      fs::remove(raw, ec);
+    }
+    {
+      const auto t0 = std::chrono::steady_clock::now();
+      save_checkpoint(work / "sync", 1, {items}, {{"bench", true}});
+      r.sync_save_s = since(t0);
+      fs::remove_all(work / "sync", ec);
+    }
+    {
+      CheckpointWriter w(work / "async");
+      r.async_stall_s = w.save(1, items, {{"bench", true}});
+      w.wait();
+      r.async_write_s = w.last_stats().write_s;
+    }
+  } catch (...) {
+    fs::remove_all(work, ec);
+    throw;
+  }
+  fs::remove_all(work, ec);
+  return r;
+}
+
+}  // namespace zaya::ckpt
