@@ -36,14 +36,14 @@ std::string describe(const CollectivesFlags& f) {
 
 int run_collectives(const CollectivesFlags& fl, const std::string& command) {
   bench::CollectivesOptions o;
-  o.min_bytes = bench::parse_size(fl.b, "-b");
-  o.max_bytes = bench::parse_size(fl.e, "-e");
-  o.step_bytes = bench::parse_size(fl.i, "-i");
+  o.min_bytes = dist::parse_size(fl.b, "-b");
+  o.max_bytes = dist::parse_size(fl.e, "-e");
+  o.step_bytes = dist::parse_size(fl.i, "-i");
   o.step_factor = fl.f;
   o.iters = fl.n;
   o.warmup = fl.w;
   o.check = fl.c;
-  o.ops = bench::parse_colls(fl.op);
+  o.ops = dist::parse_colls(fl.op);
   if (fl.dtype == "float") o.dtype = DType::f32;
   else if (fl.dtype == "bfloat16") o.dtype = DType::bf16;
   else throw Error("unknown data type", {.field = "--dtype", .expected = "float or bfloat16", .found = fl.dtype});
@@ -95,8 +95,8 @@ void add_bench(CLI::App& app, Commands& commands) {
   mem->add_option("--json", mf->json, "Also write the rows as JSON");
   commands.push_back({mem, [mf] {
                         bench::MembwOptions o;
-                        o.min_bytes = bench::parse_size(mf->min, "--min-bytes");
-                        o.max_bytes = bench::parse_size(mf->max, "--max-bytes");
+                        o.min_bytes = dist::parse_size(mf->min, "--min-bytes");
+                        o.max_bytes = dist::parse_size(mf->max, "--max-bytes");
                         o.factor = mf->factor;
                         o.iters = mf->n;
                         if (!mf->threads.empty()) o.threads = bench::parse_int_list(mf->threads, "--threads");
