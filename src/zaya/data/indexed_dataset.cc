@@ -31,20 +31,19 @@ void append(std::string& out, T v) {
 
 Error idx_error(const std::string& file, const std::string& field, const std::string& expected,
                 const std::string& found) {
-  return Error(str(file, ": field '", field, "': expected ", expected, ", found ", found),
-               ErrorContext{.file = file, .field = field, .expected = expected, .found = found});
+  // zaya::Error formats this as "FILE: FIELD: malformed (expected ..., found ...)".
+  return Error("malformed", ErrorContext{.file = file, .field = field, .expected = expected, .found = found});
 }
 
 // Maps a whole file read-only. Returns nullptr for an empty file (mmap rejects length 0).
 const uint8_t* map_file(const std::string& path, size_t* size) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    throw Error(str(path, ": cannot open: ", std::strerror(errno)),
-                ErrorContext{.file = path, .expected = "a readable file", .found = std::strerror(errno)});
+    throw Error("cannot open", ErrorContext{.file = path, .found = std::strerror(errno)});
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error(str(path, ": not a regular file"), ErrorContext{.file = path, .expected = "a regular file"});
+    throw Error("not a regular file", ErrorContext{.file = path});
   }
   *size = static_cast<size_t>(st.st_size);
   if (*size == 0) {
@@ -53,7 +52,7 @@ const uint8_t* map_file(const std::string& path, size_t* size) {
   }
   void* p = ::mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);  // the mapping keeps its own reference to the file
-  if (p == MAP_FAILED) throw Error(str(path, ": mmap failed: ", std::strerror(errno)), ErrorContext{.file = path});
+  if (p == MAP_FAILED) throw Error("mmap failed", ErrorContext{.file = path, .found = std::strerror(errno)});
   return static_cast<const uint8_t*>(p);
 }
 

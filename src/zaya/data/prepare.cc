@@ -72,8 +72,7 @@ class TempFiles {
 DocSplit parse_doc_split(const std::string& name) {
   if (name == "file") return DocSplit::file;
   if (name == "paragraph") return DocSplit::paragraph;
-  throw Error(str("--doc-split: expected file or paragraph, found '", name, "'"),
-              ErrorContext{.field = "--doc-split", .expected = "file | paragraph", .found = name});
+  throw Error("unknown document split", ErrorContext{.field = "--doc-split", .expected = "file or paragraph", .found = name});
 }
 
 std::vector<std::string> resolve_inputs(const std::vector<std::string>& inputs) {
@@ -96,8 +95,7 @@ std::vector<std::string> resolve_inputs(const std::vector<std::string>& inputs) 
       ::globfree(&g);
       ZAYA_CHECK(!found.empty(), in, ": no input file matches this pattern");
     } else {
-      throw Error(str(in, ": input file not found"),
-                  ErrorContext{.file = in, .field = "--input", .expected = "an existing file", .found = "nothing"});
+      throw Error("input file not found", ErrorContext{.file = in});
     }
     for (const auto& f : found) {
       ZAYA_CHECK(fs::is_regular_file(f, ec), f, ": input is not a regular file");
@@ -120,7 +118,7 @@ std::vector<Document> read_documents(const std::string& file, DocSplit split, co
       try {
         j = nlohmann::json::parse(line);
       } catch (const nlohmann::json::exception& e) {
-        throw Error(str(file, ":", n, ": not valid JSON: ", e.what()), ErrorContext{.file = file, .field = str("line ", n)});
+        throw Error(str("not valid JSON: ", e.what()), ErrorContext{.file = str(file, ":", n)});
       }
       ZAYA_CHECK(j.is_object() && j.contains(jsonl_field) && j[jsonl_field].is_string(), file, ":", n,
                  ": expected an object with a string field '", jsonl_field, "'");

@@ -74,10 +74,8 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& lines, const Tokenize
     // SentencePiece says "Vocabulary size is too large. Please set it to a value <= N." (or
     // "smaller than required_chars") when the corpus has too few distinct pieces.
     if (msg.find("ocabulary size") != std::string::npos)
-      throw Error(str("--vocab ", o.vocab_size, ": the corpus cannot support this vocabulary size (SentencePiece: ",
-                      msg, ")"),
-                  ErrorContext{.field = "--vocab", .expected = "a vocabulary the corpus supports",
-                               .found = std::to_string(o.vocab_size)});
+      throw Error(str("the corpus cannot support a vocabulary of ", o.vocab_size, " (SentencePiece: ", msg, ")"),
+                  ErrorContext{.field = "--vocab"});
     throw Error(str("tokenizer training failed: ", msg));
   }
   if (serialized_model) *serialized_model = model;
@@ -89,8 +87,7 @@ Tokenizer Tokenizer::load(const std::string& model_file) {
   t.name_ = model_file;
   auto status = t.sp_->Load(model_file);
   if (!status.ok())
-    throw Error(str(model_file, ": cannot load the SentencePiece model: ", status.message()),
-                ErrorContext{.file = model_file, .expected = "a SentencePiece .model", .found = status.message()});
+    throw Error(str("cannot load the SentencePiece model: ", status.message()), ErrorContext{.file = model_file});
   return t;
 }
 
