@@ -133,8 +133,8 @@ TEST(Loader, BlendingProportionsConvergeToTheWeights) {
   std::vector<int64_t> counts(3);
   const int64_t n = 10000;  // several epochs of each dataset, crossing blend checkpoints
   for (int64_t i = 0; i < n; ++i) ++counts[dl.locate(i).dataset];
-  // The greedy rule keeps every count within one sample of w_d·i at all times (so within 1/n of
-  // the share); tolerance 2 samples for the max(i, 1) start.
+  // For these weights the greedy rule keeps every count within one sample of w_d·i (checked on
+  // every prefix below); tolerance 2 samples allows for the max(i, 1) start.
   EXPECT_NEAR(static_cast<double>(counts[0]), 0.5 * n, 2.0);
   EXPECT_NEAR(static_cast<double>(counts[1]), 0.3 * n, 2.0);
   EXPECT_NEAR(static_cast<double>(counts[2]), 0.2 * n, 2.0);
