@@ -1,0 +1,81 @@
+// `zaya data ...` through the built binary: exit codes, one-line errors, no partial outputs.
+// Skips when the binary has not been built (test_data does not depend on the zaya target).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "corpus.h"
+
+namespace {
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+CliRun zaya(const std::string& args) {
+  std::string cmd = std::string(ZAYA_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+class DataCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(ZAYA_BINARY)) GTEST_SKIP() << "zaya binary not built: " << ZAYA_BINARY;
+    dir_ = (fs::temp_directory_path() / "zaya_test_data" / "cli").string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ + "/out");
+    std::ofstream txt(dir_ + "/corpus.txt");
+    for (const auto& p : zaya::data::testing::make_paragraphs(60, 5)) txt << p << "\n";
+  }
+  bool out_empty() const { return fs::is_empty(dir_ + "/out"); }
+  std::string dir_;
+};
+
+TEST_F(DataCli, PrepareAndInspect) {
+  CliRun r = zaya("--log-level warn data prepare --input " + dir_ + "/corpus.txt --vocab 350 --doc-split paragraph --out " +
+               dir_ + "/out/p");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("unigram baseline:"), std::string::npos) << r.out;
+  for (const char* f : {"p.model", "p.vocab", "p.json", "p_train.bin", "p_train.idx", "p_val.bin", "p_val.idx"})
+    EXPECT_TRUE(fs::exists(dir_ + "/out/" + f)) << f;
+  r = zaya("data inspect " + dir_ + "/out/p_train --tokenizer " + dir_ + "/out/p.model");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("dtype:     uint16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("text: "), std::string::npos) << r.out;
+}
+
+TEST_F(DataCli, BadInputsExitTwoWithOneLineAndNoFiles) {
+  std::ofstream(dir_ + "/empty.txt").flush();
+  const std::string out = " --out " + dir_ + "/out/p";
+  for (const std::string& args :
+       {"--input " + dir_ + "/missing.txt --vocab 350" + out, "--input " + dir_ + "/empty.txt --vocab 350" + out,
+        "--input " + dir_ + "/corpus.txt --doc-split paragraph --vocab 40000" + out,
+        "--input " + dir_ + "/corpus.txt --doc-split sentence --vocab 350" + out}) {
+    CliRun r = zaya("--log-level warn data prepare " + args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_EQ(r.out.rfind("zaya: error: ", 0), 0u) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << r.out;
+    EXPECT_TRUE(out_empty()) << args;
+  }
+}
+
+TEST_F(DataCli, InspectOfAMalformedIndexNamesTheField) {
+  std::ofstream(dir_ + "/bad.idx") << "MMIDIDX";
+  std::ofstream(dir_ + "/bad.bin").flush();
+  CliRun r = zaya("data inspect " + dir_ + "/bad");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("bad.idx: header: malformed"), std::string::npos) << r.out;
+}
+
+}  // namespace
