@@ -95,12 +95,15 @@ double training_flops_per_token(const ModelConfig& c, int64_t seq_len) {
 
 int64_t activation_bytes_per_token_per_layer(const ModelConfig& c, int64_t b) {
   const int64_t H = c.hidden_size, C = c.conv_channels(), R = c.router_hidden_size, I = c.moe_intermediate_size;
-  // compute dtype: u, w (norm outputs); z, depthwise out, q/k before and after norm+RoPE (4C);
-  // v; attention output; router h, r, z, fc1, fc2 (5R); router probs (E+1); expert input, gate_up
-  // (2I), SwiGLU output (I), expert output (H).
-  int64_t compute = 2 * H + 4 * C + c.kv_dim() + c.q_dim() + 5 * R + c.router_classes() + H + 3 * I + H;
-  // fp32: layer input and x_mid (residual stream), per-row rstd of 3 norms, attention logsumexp.
-  int64_t fp32 = 2 * H + 3 + c.num_attention_heads;
+  // What ZayaModel saves per token (docs/model.md derives it). Compute dtype: the norm outputs u and
+  // w, the attention and MoE outputs (residual-scale backward needs them), the expert input and
+  // output (4H); z, q and k after the conv and after norm + RoPE (3C); v; the attention output; the
+  // router's h, r, z and the fc1/fc2 pre- and post-GELU values (6R); router probabilities (E + 1); the
+  // expert gate_up and SwiGLU output (3I).
+  int64_t compute = 6 * H + 3 * C + c.kv_dim() + c.q_dim() + 6 * R + c.router_classes() + 3 * I;
+  // fp32: the layer input and x_mid (residual stream), the attention logsumexp (nq), three norms'
+  // rstd, the routing weight and three int32 routing indices.
+  int64_t fp32 = 2 * H + c.num_attention_heads + 3 + 4;
   return compute * b + fp32 * 4;
 }
 
