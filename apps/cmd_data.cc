@@ -31,8 +31,8 @@ int run_prepare(const DataArgs& a) {
             << std::setprecision(1) << s.tokenizer_seconds << " s\n"
             << "train:        " << s.train.documents << " documents, " << s.train.tokens << " tokens -> "
             << o.out_prefix << "_train.bin/.idx\n"
-            << "val:          " << s.val.documents << " documents, " << s.val.tokens << " tokens -> " << o.out_prefix
-            << "_val.bin/.idx\n"
+            << "val:          " << s.val.documents << " documents, " << s.val.tokens << " tokens -> "
+            << o.out_prefix << "_val.bin/.idx\n"
             << std::setprecision(4) << "unigram baseline: " << s.unigram_baseline
             << " nats/token (cross-entropy of train unigram frequencies on val)\n"
             << std::setprecision(1) << "total:        " << s.total_seconds << " s; stats in " << o.out_prefix
@@ -51,12 +51,14 @@ int run_inspect(const DataArgs& a) {
     return 0;
   }
   std::cout << "dataset:   " << a.inspect_prefix << "\n"
-            << "dtype:     " << data::token_dtype_name(ds.dtype()) << " (code " << static_cast<int>(ds.dtype()) << ")\n"
+            << "dtype:     " << data::token_dtype_name(ds.dtype()) << " (code "
+            << static_cast<int>(ds.dtype()) << ")\n"
             << "documents: " << ds.num_documents() << "\n"
             << "sequences: " << ds.num_sequences() << "\n"
             << "tokens:    " << ds.num_tokens() << "\n";
   std::unique_ptr<data::Tokenizer> tok;
-  if (!a.inspect_model.empty()) tok = std::make_unique<data::Tokenizer>(data::Tokenizer::load(a.inspect_model));
+  if (!a.inspect_model.empty())
+    tok = std::make_unique<data::Tokenizer>(data::Tokenizer::load(a.inspect_model));
   const int64_t show = std::min<int64_t>(a.inspect_docs, ds.num_documents());
   for (int64_t d = 0; d < show; ++d) {
     std::vector<int32_t> ids = ds.document(d);
@@ -75,27 +77,34 @@ int run_inspect(const DataArgs& a) {
 
 void add_data(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<DataArgs>();
-  auto* data_cmd = app.add_subcommand("data", "Prepare and inspect tokenized datasets (SentencePiece + Megatron .bin/.idx)");
+  auto* data_cmd = app.add_subcommand(
+      "data", "Prepare and inspect tokenized datasets (SentencePiece + Megatron .bin/.idx)");
   data_cmd->require_subcommand(1);
 
   auto* prep = data_cmd->add_subcommand("prepare", "Tokenize text/JSONL into Megatron train/val datasets");
   auto& o = args->prepare;
-  prep->add_option("--input", o.inputs, "Input files, directories (recursive) or glob patterns; .jsonl reads --jsonl-field")
+  prep->add_option("--input", o.inputs,
+                   "Input files, directories (recursive) or glob patterns; .jsonl reads --jsonl-field")
       ->required();
-  auto* vocab = prep->add_option("--vocab", o.vocab_size, "Train a SentencePiece BPE model with this vocabulary");
+  auto* vocab =
+      prep->add_option("--vocab", o.vocab_size, "Train a SentencePiece BPE model with this vocabulary");
   auto* model = prep->add_option("--tokenizer", o.tokenizer_model, "Use this existing SentencePiece .model");
   vocab->excludes(model);
-  prep->add_option("--out", o.out_prefix, "Output prefix: PREFIX.model/.vocab/.json, PREFIX_{train,val}.bin/.idx")
+  prep->add_option("--out", o.out_prefix,
+                   "Output prefix: PREFIX.model/.vocab/.json, PREFIX_{train,val}.bin/.idx")
       ->required();
   prep->add_option("--val-fraction", o.val_fraction, "Fraction of documents in the validation split")
       ->capture_default_str();
-  prep->add_option("--doc-split", args->doc_split, "file: one document per file; paragraph: per blank-line paragraph")
+  prep->add_option("--doc-split", args->doc_split,
+                   "file: one document per file; paragraph: per blank-line paragraph")
       ->capture_default_str();
   prep->add_option("--jsonl-field", o.jsonl_field, "Document field of JSONL lines")->capture_default_str();
   prep->add_option("--seed", o.seed, "Seed for the split and tokenizer sampling")->capture_default_str();
-  prep->add_option("--input-sentence-size", o.input_sentence_size, "Max lines SentencePiece samples for training")
+  prep->add_option("--input-sentence-size", o.input_sentence_size,
+                   "Max lines SentencePiece samples for training")
       ->capture_default_str();
-  prep->add_option("--tokenizer-threads", o.threads, "Threads for training and encoding")->capture_default_str();
+  prep->add_option("--tokenizer-threads", o.threads, "Threads for training and encoding")
+      ->capture_default_str();
 
   auto* insp = data_cmd->add_subcommand("inspect", "Counts, dtype and the first tokens of a dataset PREFIX");
   insp->add_option("prefix", args->inspect_prefix, "Dataset prefix (PREFIX.bin/.idx)")->required();

@@ -9,11 +9,13 @@
 namespace zaya::data::testing {
 
 inline std::vector<std::string> make_paragraphs(int count, uint64_t seed) {
-  static const char* kWords[] = {
-      "the", "model", "tokens", "data", "loader", "shuffle", "training", "python", "function", "returns",
-      "value", "list", "string", "error", "file", "module", "class", "object", "method", "argument",
-      "default", "example", "number", "of", "a", "is", "in", "to", "and", "for", "with", "when",
-      "print(x)", "x = 42", "def f():", "return None", "import os", "self.name", "0.5", "2024", "naïve", "über"};
+  static const char* kWords[] = {"the",       "model",     "tokens",   "data",    "loader",   "shuffle",
+                                 "training",  "python",    "function", "returns", "value",    "list",
+                                 "string",    "error",     "file",     "module",  "class",    "object",
+                                 "method",    "argument",  "default",  "example", "number",   "of",
+                                 "a",         "is",        "in",       "to",      "and",      "for",
+                                 "with",      "when",      "print(x)", "x = 42",  "def f():", "return None",
+                                 "import os", "self.name", "0.5",      "2024",    "naïve",    "über"};
   constexpr int kNumWords = sizeof(kWords) / sizeof(kWords[0]);
   uint64_t s = seed * 2654435761u + 1;
   auto next = [&s] {

@@ -43,11 +43,12 @@ class DataCli : public ::testing::Test {
 };
 
 TEST_F(DataCli, PrepareAndInspect) {
-  CliRun r = zaya("--log-level warn data prepare --input " + dir_ + "/corpus.txt --vocab 350 --doc-split paragraph --out " +
-               dir_ + "/out/p");
+  CliRun r = zaya("--log-level warn data prepare --input " + dir_ +
+                  "/corpus.txt --vocab 350 --doc-split paragraph --out " + dir_ + "/out/p");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("unigram baseline:"), std::string::npos) << r.out;
-  for (const char* f : {"p.model", "p.vocab", "p.json", "p_train.bin", "p_train.idx", "p_val.bin", "p_val.idx"})
+  for (const char* f :
+       {"p.model", "p.vocab", "p.json", "p_train.bin", "p_train.idx", "p_val.bin", "p_val.idx"})
     EXPECT_TRUE(fs::exists(dir_ + "/out/" + f)) << f;
   r = zaya("data inspect " + dir_ + "/out/p_train --tokenizer " + dir_ + "/out/p.model");
   EXPECT_EQ(r.code, 0) << r.out;
@@ -58,10 +59,10 @@ TEST_F(DataCli, PrepareAndInspect) {
 TEST_F(DataCli, BadInputsExitTwoWithOneLineAndNoFiles) {
   std::ofstream(dir_ + "/empty.txt").flush();
   const std::string out = " --out " + dir_ + "/out/p";
-  for (const std::string& args :
-       {"--input " + dir_ + "/missing.txt --vocab 350" + out, "--input " + dir_ + "/empty.txt --vocab 350" + out,
-        "--input " + dir_ + "/corpus.txt --doc-split paragraph --vocab 40000" + out,
-        "--input " + dir_ + "/corpus.txt --doc-split sentence --vocab 350" + out}) {
+  for (const std::string& args : {"--input " + dir_ + "/missing.txt --vocab 350" + out,
+                                  "--input " + dir_ + "/empty.txt --vocab 350" + out,
+                                  "--input " + dir_ + "/corpus.txt --doc-split paragraph --vocab 40000" + out,
+                                  "--input " + dir_ + "/corpus.txt --doc-split sentence --vocab 350" + out}) {
     CliRun r = zaya("--log-level warn data prepare " + args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
     EXPECT_EQ(r.out.rfind("zaya: error: ", 0), 0u) << r.out;

@@ -16,7 +16,8 @@ namespace fs = std::filesystem;
 
 std::string temp_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::temp_directory_path() / "zaya_test_data" / (std::string(info->test_suite_name()) + "." + info->name());
+  fs::path dir = fs::temp_directory_path() / "zaya_test_data" /
+                 (std::string(info->test_suite_name()) + "." + info->name());
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
@@ -173,7 +174,7 @@ TEST_F(MalformedIdx, BinSizeMismatch) {
 }
 TEST_F(MalformedIdx, DocumentIndices) {
   expect_error(with<int64_t>(kDoc, 1), bin_, "document_indices[0]");
-  expect_error(with<int64_t>(kDoc + 8 * 2, 0), bin_, "document_indices[2]");  // decreasing
+  expect_error(with<int64_t>(kDoc + 8 * 2, 0), bin_, "document_indices[2]");   // decreasing
   expect_error(with<int64_t>(kDoc + 8 * kS, 4), bin_, "document_indices[5]");  // must end at S
 }
 TEST_F(MalformedIdx, MissingBin) {

@@ -71,7 +71,8 @@ TEST(Loader, EpochsReshuffle) {
 
 TEST(Loader, SampleIsAPureFunctionOfSeedAndIndex) {
   const std::string a = make_dataset("pure_a", 0, 2000), b = make_dataset("pure_b", 30000, 3000);
-  DataLoader x({{a, 0.3}, {b, 0.7}}, 16, 11), y({{a, 0.3}, {b, 0.7}}, 16, 11), z({{a, 0.3}, {b, 0.7}}, 16, 12);
+  DataLoader x({{a, 0.3}, {b, 0.7}}, 16, 11), y({{a, 0.3}, {b, 0.7}}, 16, 11),
+      z({{a, 0.3}, {b, 0.7}}, 16, 12);
   // Different access orders (y backwards, jumping) give the same samples; another seed differs.
   std::vector<std::vector<int32_t>> forward;
   for (int64_t i = 0; i < 400; ++i) forward.push_back(x.sample(i));
@@ -116,7 +117,8 @@ TEST(Loader, AnyWorldSizeCoversTheSameGlobalSamples) {
     for (int step = 0; step < 20; ++step)
       for (int r = 0; r < world; ++r) {
         ranks[r].next_batch(r, world, batch);
-        for (int j = 0; j < b; ++j) rows.emplace_back(batch.data<int32_t>() + j * 17, batch.data<int32_t>() + (j + 1) * 17);
+        for (int j = 0; j < b; ++j)
+          rows.emplace_back(batch.data<int32_t>() + j * 17, batch.data<int32_t>() + (j + 1) * 17);
       }
     return rows;
   };
@@ -147,7 +149,8 @@ TEST(Loader, BlendingProportionsConvergeToTheWeights) {
   std::vector<int64_t> run(3);
   for (int64_t i = 0; i < 500; ++i) {
     ++run[dl.locate(i).dataset];
-    for (int d = 0; d < 3; ++d) EXPECT_LE(std::abs(static_cast<double>(run[d]) - dl.weight(d) * (i + 1)), 1.0 + 1e-9);
+    for (int d = 0; d < 3; ++d)
+      EXPECT_LE(std::abs(static_cast<double>(run[d]) - dl.weight(d) * (i + 1)), 1.0 + 1e-9);
   }
 }
 

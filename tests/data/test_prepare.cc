@@ -30,7 +30,8 @@ class Prepare : public ::testing::Test {
     std::ofstream txt(dir_ + "/in/a.txt");
     for (size_t i = 0; i < 80; ++i) txt << paragraphs_[i] << "\n";  // blank line after each
     std::ofstream jsonl(dir_ + "/in/b.jsonl");
-    for (size_t i = 80; i < paragraphs_.size(); ++i) jsonl << nlohmann::json{{"text", paragraphs_[i]}, {"id", i}}.dump() << "\n";
+    for (size_t i = 80; i < paragraphs_.size(); ++i)
+      jsonl << nlohmann::json{{"text", paragraphs_[i]}, {"id", i}}.dump() << "\n";
   }
   PrepareOptions options() const {
     PrepareOptions o;
@@ -88,7 +89,8 @@ TEST_F(Prepare, EndToEnd) {
   for (int64_t c : train_counts) n_train += static_cast<double>(c);
   double nll = 0;
   for (int64_t d = 0; d < val.num_documents(); ++d)
-    for (int32_t t : val.document(d)) nll -= std::log((static_cast<double>(train_counts[t]) + 1) / (n_train + 400));
+    for (int32_t t : val.document(d))
+      nll -= std::log((static_cast<double>(train_counts[t]) + 1) / (n_train + 400));
   const double expect = nll / static_cast<double>(val.num_tokens());
   // Tolerance: both sides sum the same terms in double in different orders (relative 1e-12).
   EXPECT_NEAR(st.unigram_baseline, expect, 1e-12 * expect);
@@ -182,7 +184,8 @@ TEST_F(Prepare, DirectoriesAndGlobsExpandSorted) {
   std::ofstream(dir_ + "/in/z.txt") << "zzz\n";
   EXPECT_EQ(resolve_inputs({dir_ + "/in"}),
             (std::vector<std::string>{dir_ + "/in/a.txt", dir_ + "/in/b.jsonl", dir_ + "/in/z.txt"}));
-  EXPECT_EQ(resolve_inputs({dir_ + "/in/*.txt"}), (std::vector<std::string>{dir_ + "/in/a.txt", dir_ + "/in/z.txt"}));
+  EXPECT_EQ(resolve_inputs({dir_ + "/in/*.txt"}),
+            (std::vector<std::string>{dir_ + "/in/a.txt", dir_ + "/in/z.txt"}));
   EXPECT_THROW(resolve_inputs({dir_ + "/in/*.none"}), Error);
 }
 

@@ -48,9 +48,10 @@ TEST(Tokenizer, EncodeDecodeIsLossless) {
   const Tokenizer& t = trained();
   // Seen words, unseen characters (byte fallback: CJK, emoji, control characters), whitespace
   // runs, leading spaces and newlines must all survive exactly.
-  for (const std::string& text : {std::string("the model returns a value.\n"), std::string("  two  spaces\n\n\tand a tab "),
-                                 std::string("日本語 and 🙂 emoji"), std::string("def f():\n    return None\n"),
-                                 std::string("\x01\x7f bytes"), std::string("")}) {
+  for (const std::string& text :
+       {std::string("the model returns a value.\n"), std::string("  two  spaces\n\n\tand a tab "),
+        std::string("日本語 and 🙂 emoji"), std::string("def f():\n    return None\n"),
+        std::string("\x01\x7f bytes"), std::string("")}) {
     const std::vector<int32_t> ids = t.encode(text);
     for (int32_t id : ids) {
       EXPECT_GE(id, 0);

@@ -38,8 +38,7 @@ Error idx_error(const std::string& file, const std::string& field, const std::st
 // Maps a whole file read-only. Returns nullptr for an empty file (mmap rejects length 0).
 const uint8_t* map_file(const std::string& path, size_t* size) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    throw Error("cannot open", ErrorContext{.file = path, .found = std::strerror(errno)});
+  if (fd < 0) throw Error("cannot open", ErrorContext{.file = path, .found = std::strerror(errno)});
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -89,11 +88,12 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
              " tokens exceeds the int32 length field of the .idx format");
   const int32_t hi = dtype_ == TokenDtype::u16 ? 65535 : INT32_MAX;
   for (int32_t t : tokens)
-    ZAYA_CHECK(t >= 0 && t <= hi, bin_file_, ": token id ", t, " does not fit dtype ", token_dtype_name(dtype_),
-               " (expected 0..", hi, ")");
+    ZAYA_CHECK(t >= 0 && t <= hi, bin_file_, ": token id ", t, " does not fit dtype ",
+               token_dtype_name(dtype_), " (expected 0..", hi, ")");
   if (dtype_ == TokenDtype::u16) {
     scratch_.assign(tokens.begin(), tokens.end());
-    bin_.write(reinterpret_cast<const char*>(scratch_.data()), static_cast<std::streamsize>(scratch_.size() * 2));
+    bin_.write(reinterpret_cast<const char*>(scratch_.data()),
+               static_cast<std::streamsize>(scratch_.size() * 2));
   } else {
     bin_.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
   }
@@ -146,7 +146,8 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
     // Header: nothing is read past what the file holds, and nothing is sized by its counts until
     // they agree with the file size exactly.
     if (idx_size_ < kHeaderBytes)
-      throw idx_error(ipath, "header", str("at least ", kHeaderBytes, " bytes"), str(idx_size_, " bytes (truncated)"));
+      throw idx_error(ipath, "header", str("at least ", kHeaderBytes, " bytes"),
+                      str(idx_size_, " bytes (truncated)"));
     if (std::memcmp(idx_map_, kMagic, 9) != 0)
       throw idx_error(ipath, "magic", "\"MMIDIDX\\0\\0\" (a Megatron indexed dataset)", "other bytes");
     const uint64_t version = load<uint64_t>(idx_map_ + 9);
@@ -160,14 +161,16 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
     const uint64_t body = idx_size_ - kHeaderBytes;
     // Each count alone must fit the file before they are multiplied (no overflow).
     if (s > body / 12)
-      throw idx_error(ipath, "sequence count", str("at most ", body / 12, " for a file of ", idx_size_, " bytes"), str(s));
+      throw idx_error(ipath, "sequence count",
+                      str("at most ", body / 12, " for a file of ", idx_size_, " bytes"), str(s));
     if (d > body / 8)
-      throw idx_error(ipath, "document count", str("at most ", body / 8, " for a file of ", idx_size_, " bytes"), str(d));
+      throw idx_error(ipath, "document count",
+                      str("at most ", body / 8, " for a file of ", idx_size_, " bytes"), str(d));
     const uint64_t need = kHeaderBytes + 12 * s + 8 * d;
     if (need != idx_size_)
-      throw idx_error(ipath, "file size",
-                      str(need, " bytes for ", s, " sequences and ", d, " document index entries"),
-                      str(idx_size_, " bytes", idx_size_ == need + s ? " (a multimodal index: not supported)" : ""));
+      throw idx_error(
+          ipath, "file size", str(need, " bytes for ", s, " sequences and ", d, " document index entries"),
+          str(idx_size_, " bytes", idx_size_ == need + s ? " (a multimodal index: not supported)" : ""));
     if (d < 1) throw idx_error(ipath, "document count", "at least 1 (the index starts with 0)", "0");
     num_sequences_ = static_cast<int64_t>(s);
     num_doc_index_ = static_cast<int64_t>(d);
@@ -187,9 +190,10 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
       if (total > bin_size_) break;
     }
     if (total != bin_size_)
-      throw idx_error(bpath, "file size",
-                      str(total > bin_size_ ? "at least " : "", total, " bytes (the lengths in ", ipath, " x ", isz, ")"),
-                      str(bin_size_, " bytes"));
+      throw idx_error(
+          bpath, "file size",
+          str(total > bin_size_ ? "at least " : "", total, " bytes (the lengths in ", ipath, " x ", isz, ")"),
+          str(bin_size_, " bytes"));
     int64_t expect_ptr = 0;
     for (int64_t i = 0; i < num_sequences_; ++i) {
       const int32_t len = sequence_length(i);
@@ -200,18 +204,19 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
                         str("a byte range inside ", bpath, " (", bin_size_, " bytes)"),
                         str("offset ", ptr, " + ", len, " tokens x ", isz, " bytes"));
       if (ptr != expect_ptr)
-        throw idx_error(ipath, str("pointers[", i, "]"), str(expect_ptr, " (sequences stored back to back)"), str(ptr));
+        throw idx_error(ipath, str("pointers[", i, "]"), str(expect_ptr, " (sequences stored back to back)"),
+                        str(ptr));
       expect_ptr += static_cast<int64_t>(len) * isz;
     }
     num_tokens_ = expect_ptr / isz;
     if (document_index(0) != 0) throw idx_error(ipath, "document_indices[0]", "0", str(document_index(0)));
     for (int64_t i = 1; i < num_doc_index_; ++i)
       if (document_index(i) < document_index(i - 1))
-        throw idx_error(ipath, str("document_indices[", i, "]"), str(">= ", document_index(i - 1), " (non-decreasing)"),
-                        str(document_index(i)));
+        throw idx_error(ipath, str("document_indices[", i, "]"),
+                        str(">= ", document_index(i - 1), " (non-decreasing)"), str(document_index(i)));
     if (document_index(num_doc_index_ - 1) != num_sequences_)
-      throw idx_error(ipath, str("document_indices[", num_doc_index_ - 1, "]"), str(num_sequences_, " (the sequence count)"),
-                      str(document_index(num_doc_index_ - 1)));
+      throw idx_error(ipath, str("document_indices[", num_doc_index_ - 1, "]"),
+                      str(num_sequences_, " (the sequence count)"), str(document_index(num_doc_index_ - 1)));
   } catch (...) {
     if (idx_map_) ::munmap(const_cast<uint8_t*>(idx_map_), idx_size_);
     if (bin_map_) ::munmap(const_cast<uint8_t*>(bin_map_), bin_size_);

@@ -22,7 +22,8 @@ std::vector<int64_t> shuffled_indices(int64_t n, uint64_t key) {
   for (int64_t i = n - 1; i > 0; --i) {
     PhiloxBlock b = philox_block(key, static_cast<uint64_t>(n - 1 - i));
     const uint64_t r = (static_cast<uint64_t>(b.v[1]) << 32) | b.v[0];
-    const int64_t j = static_cast<int64_t>((static_cast<unsigned __int128>(r) * static_cast<uint64_t>(i + 1)) >> 64);
+    const int64_t j =
+        static_cast<int64_t>((static_cast<unsigned __int128>(r) * static_cast<uint64_t>(i + 1)) >> 64);
     std::swap(p[i], p[j]);
   }
   return p;
@@ -118,8 +119,8 @@ std::vector<int32_t> DataLoader::sample(int64_t i) {
 void DataLoader::next_batch(int rank, int world, Tensor& out) {
   ZAYA_CHECK(world >= 1 && rank >= 0 && rank < world, "data loader: rank ", rank, " of world size ", world);
   check_dtype("data loader batch", out, DType::i32);
-  ZAYA_CHECK(out.ndim() == 2 && out.size(1) == seq_len_ + 1, "data loader batch has shape ", out.shape().str(),
-             ", expected [micro_batch, ", seq_len_ + 1, "]");
+  ZAYA_CHECK(out.ndim() == 2 && out.size(1) == seq_len_ + 1, "data loader batch has shape ",
+             out.shape().str(), ", expected [micro_batch, ", seq_len_ + 1, "]");
   const int64_t b = out.size(0);
   int32_t* p = out.data<int32_t>();
   for (int64_t j = 0; j < b; ++j) sample(state_ + rank * b + j, p + j * (seq_len_ + 1));

@@ -72,7 +72,8 @@ class TempFiles {
 DocSplit parse_doc_split(const std::string& name) {
   if (name == "file") return DocSplit::file;
   if (name == "paragraph") return DocSplit::paragraph;
-  throw Error("unknown document split", ErrorContext{.field = "--doc-split", .expected = "file or paragraph", .found = name});
+  throw Error("unknown document split",
+              ErrorContext{.field = "--doc-split", .expected = "file or paragraph", .found = name});
 }
 
 std::vector<std::string> resolve_inputs(const std::vector<std::string>& inputs) {
@@ -82,7 +83,8 @@ std::vector<std::string> resolve_inputs(const std::vector<std::string>& inputs) 
     std::error_code ec;
     std::vector<std::string> found;
     if (fs::is_directory(in, ec)) {
-      for (const auto& e : fs::recursive_directory_iterator(in, fs::directory_options::follow_directory_symlink))
+      for (const auto& e :
+           fs::recursive_directory_iterator(in, fs::directory_options::follow_directory_symlink))
         if (e.is_regular_file()) found.push_back(e.path().string());
       std::sort(found.begin(), found.end());
       ZAYA_CHECK(!found.empty(), in, ": input directory holds no files");
@@ -106,7 +108,8 @@ std::vector<std::string> resolve_inputs(const std::vector<std::string>& inputs) 
   return files;
 }
 
-std::vector<Document> read_documents(const std::string& file, DocSplit split, const std::string& jsonl_field) {
+std::vector<Document> read_documents(const std::string& file, DocSplit split,
+                                     const std::string& jsonl_field) {
   const std::string text = read_file(file);
   std::vector<Document> docs;
   if (ends_with(file, ".jsonl")) {
@@ -170,7 +173,8 @@ std::vector<bool> split_documents(int64_t n, uint64_t seed, double f) {
   return val;
 }
 
-double unigram_cross_entropy(const std::vector<int64_t>& train_counts, const std::vector<int64_t>& val_counts) {
+double unigram_cross_entropy(const std::vector<int64_t>& train_counts,
+                             const std::vector<int64_t>& val_counts) {
   ZAYA_ASSERT(train_counts.size() == val_counts.size());
   const double v = static_cast<double>(train_counts.size());
   double n_train = 0, n_val = 0, nll = 0;
@@ -190,8 +194,8 @@ PrepareStats prepare(const PrepareOptions& o) {
   ZAYA_CHECK((o.vocab_size > 0) != !o.tokenizer_model.empty(),
              "data prepare: expected exactly one of --vocab N or --tokenizer MODEL");
   ZAYA_CHECK(!o.out_prefix.empty(), "--out: expected an output prefix");
-  ZAYA_CHECK(o.val_fraction > 0.0 && o.val_fraction < 1.0, "--val-fraction: expected a value in (0, 1), found ",
-             o.val_fraction);
+  ZAYA_CHECK(o.val_fraction > 0.0 && o.val_fraction < 1.0,
+             "--val-fraction: expected a value in (0, 1), found ", o.val_fraction);
   {
     fs::path parent = fs::path(o.out_prefix).parent_path();
     std::error_code ec;
@@ -213,7 +217,8 @@ PrepareStats prepare(const PrepareOptions& o) {
   st.input_files = static_cast<int64_t>(files.size());
   const std::vector<bool> is_val = split_documents(static_cast<int64_t>(docs.size()), o.seed, o.val_fraction);
   if (o.progress)
-    log_info("data prepare: ", files.size(), " files, ", docs.size(), " documents, ", st.input_bytes, " bytes");
+    log_info("data prepare: ", files.size(), " files, ", docs.size(), " documents, ", st.input_bytes,
+             " bytes");
 
   // 2. Tokenizer: trained on the training split's lines only, so validation stays unseen.
   TempFiles temps;
@@ -230,9 +235,13 @@ PrepareStats prepare(const PrepareOptions& o) {
       while (std::getline(in, line))
         if (!is_blank(line)) lines.push_back(std::move(line));
     }
-    if (o.progress) log_info("data prepare: training SentencePiece BPE, vocab ", o.vocab_size, " on ", lines.size(), " lines");
-    TokenizerTrainOptions to{.vocab_size = o.vocab_size, .input_sentence_size = o.input_sentence_size,
-                             .num_threads = o.threads, .seed = o.seed};
+    if (o.progress)
+      log_info("data prepare: training SentencePiece BPE, vocab ", o.vocab_size, " on ", lines.size(),
+               " lines");
+    TokenizerTrainOptions to{.vocab_size = o.vocab_size,
+                             .input_sentence_size = o.input_sentence_size,
+                             .num_threads = o.threads,
+                             .seed = o.seed};
     tok = Tokenizer::train(lines, to, &model_bytes);
   } else {
     tok = Tokenizer::load(o.tokenizer_model);
@@ -243,14 +252,17 @@ PrepareStats prepare(const PrepareOptions& o) {
   st.vocab_size = tok.vocab_size();
   const TokenDtype dtype = token_dtype_for_vocab(st.vocab_size);
   st.dtype = token_dtype_name(dtype);
-  if (o.progress) log_info("data prepare: tokenizer ready (vocab ", st.vocab_size, ", ", st.tokenizer_seconds, " s)");
+  if (o.progress)
+    log_info("data prepare: tokenizer ready (vocab ", st.vocab_size, ", ", st.tokenizer_seconds, " s)");
 
   // 3. Encode in chunks (parallel over documents), write in document order.
   const std::string train_prefix = o.out_prefix + "_train", val_prefix = o.out_prefix + "_val";
-  const std::string train_bin = temps.add(bin_path(train_prefix)), train_idx = temps.add(idx_path(train_prefix));
+  const std::string train_bin = temps.add(bin_path(train_prefix)),
+                    train_idx = temps.add(idx_path(train_prefix));
   const std::string val_bin = temps.add(bin_path(val_prefix)), val_idx = temps.add(idx_path(val_prefix));
   IndexedDatasetWriter train_w(train_bin, train_idx, dtype), val_w(val_bin, val_idx, dtype);
-  std::vector<int64_t> train_counts(static_cast<size_t>(st.vocab_size)), val_counts(static_cast<size_t>(st.vocab_size));
+  std::vector<int64_t> train_counts(static_cast<size_t>(st.vocab_size)),
+      val_counts(static_cast<size_t>(st.vocab_size));
   constexpr int64_t kChunk = 2048;
   const int64_t n = static_cast<int64_t>(docs.size());
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
@@ -277,7 +289,8 @@ PrepareStats prepare(const PrepareOptions& o) {
       (is_val[i] ? val_w : train_w).add_document(d);
     }
     if (o.progress && n > kChunk)
-      log_info("data prepare: tokenized ", c1, "/", n, " documents, ", st.train.tokens + st.val.tokens, " tokens");
+      log_info("data prepare: tokenized ", c1, "/", n, " documents, ", st.train.tokens + st.val.tokens,
+               " tokens");
   }
   train_w.finalize();
   val_w.finalize();
@@ -295,9 +308,15 @@ PrepareStats prepare(const PrepareOptions& o) {
   nlohmann::json j = {
       {"inputs", {{"files", st.input_files}, {"bytes", st.input_bytes}}},
       {"doc_split", o.doc_split == DocSplit::file ? "file" : "paragraph"},
-      {"tokenizer", {{"model", model_path}, {"trained", o.vocab_size > 0}, {"vocab_size", st.vocab_size},
-                     {"pad_id", tok.pad_id()}, {"eos_id", tok.eos_id()}, {"bos_id", tok.bos_id()},
-                     {"unk_id", tok.unk_id()}, {"seconds", st.tokenizer_seconds}}},
+      {"tokenizer",
+       {{"model", model_path},
+        {"trained", o.vocab_size > 0},
+        {"vocab_size", st.vocab_size},
+        {"pad_id", tok.pad_id()},
+        {"eos_id", tok.eos_id()},
+        {"bos_id", tok.bos_id()},
+        {"unk_id", tok.unk_id()},
+        {"seconds", st.tokenizer_seconds}}},
       {"dtype", st.dtype},
       {"seed", o.seed},
       {"val_fraction", o.val_fraction},

@@ -64,7 +64,8 @@ bool is_validation_document(uint64_t seed, int64_t index, double val_fraction);
 // least two documents (throws if fewer).
 std::vector<bool> split_documents(int64_t num_documents, uint64_t seed, double val_fraction);
 // Cross-entropy in nats/token of add-one-smoothed unigram counts on `val_counts`.
-double unigram_cross_entropy(const std::vector<int64_t>& train_counts, const std::vector<int64_t>& val_counts);
+double unigram_cross_entropy(const std::vector<int64_t>& train_counts,
+                             const std::vector<int64_t>& val_counts);
 
 PrepareStats prepare(const PrepareOptions& options);
 

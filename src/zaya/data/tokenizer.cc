@@ -41,16 +41,24 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 Tokenizer Tokenizer::train(const std::vector<std::string>& lines, const TokenizerTrainOptions& o,
                            std::string* serialized_model) {
-  ZAYA_CHECK(o.vocab_size >= 300, "--vocab: expected at least 300 (256 byte pieces + 4 special ids + "
-             "the corpus's characters), found ", o.vocab_size);
+  ZAYA_CHECK(o.vocab_size >= 300,
+             "--vocab: expected at least 300 (256 byte pieces + 4 special ids + "
+             "the corpus's characters), found ",
+             o.vocab_size);
   ZAYA_CHECK(!lines.empty(), "tokenizer training: the corpus is empty");
   const std::unordered_map<std::string, std::string> args = {
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(o.vocab_size)},
-      {"byte_fallback", "true"},  // any byte sequence encodes: no <unk> on unseen characters
+      {"byte_fallback", "true"},         // any byte sequence encodes: no <unk> on unseen characters
       {"character_coverage", "0.9995"},  // rare characters go to bytes instead of taking pieces
-      {"pad_id", "0"}, {"eos_id", "1"}, {"bos_id", "2"}, {"unk_id", "3"},
-      {"pad_piece", "<pad>"}, {"eos_piece", "</s>"}, {"bos_piece", "<s>"}, {"unk_piece", "<unk>"},
+      {"pad_id", "0"},
+      {"eos_id", "1"},
+      {"bos_id", "2"},
+      {"unk_id", "3"},
+      {"pad_piece", "<pad>"},
+      {"eos_piece", "</s>"},
+      {"bos_piece", "<s>"},
+      {"unk_piece", "<unk>"},
       // Lossless text: no NFKC, no whitespace squeezing, no leading "▁" added.
       {"normalization_rule_name", "identity"},
       {"remove_extra_whitespaces", "false"},
@@ -74,8 +82,9 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& lines, const Tokenize
     // SentencePiece says "Vocabulary size is too large. Please set it to a value <= N." (or
     // "smaller than required_chars") when the corpus has too few distinct pieces.
     if (msg.find("ocabulary size") != std::string::npos)
-      throw Error(str("the corpus cannot support a vocabulary of ", o.vocab_size, " (SentencePiece: ", msg, ")"),
-                  ErrorContext{.field = "--vocab"});
+      throw Error(
+          str("the corpus cannot support a vocabulary of ", o.vocab_size, " (SentencePiece: ", msg, ")"),
+          ErrorContext{.field = "--vocab"});
     throw Error(str("tokenizer training failed: ", msg));
   }
   if (serialized_model) *serialized_model = model;
@@ -87,7 +96,8 @@ Tokenizer Tokenizer::load(const std::string& model_file) {
   t.name_ = model_file;
   auto status = t.sp_->Load(model_file);
   if (!status.ok())
-    throw Error(str("cannot load the SentencePiece model: ", status.message()), ErrorContext{.file = model_file});
+    throw Error(str("cannot load the SentencePiece model: ", status.message()),
+                ErrorContext{.file = model_file});
   return t;
 }
 
@@ -114,7 +124,8 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   const int n = vocab_size();
-  for (int32_t id : ids) ZAYA_CHECK(id >= 0 && id < n, name_, ": token id ", id, " outside the vocabulary [0, ", n, ")");
+  for (int32_t id : ids)
+    ZAYA_CHECK(id >= 0 && id < n, name_, ": token id ", id, " outside the vocabulary [0, ", n, ")");
   std::string text;
   auto status = sp_->Decode(std::vector<int>(ids.begin(), ids.end()), &text);
   ZAYA_CHECK(status.ok(), name_, ": decode failed: ", status.message());
