@@ -134,7 +134,19 @@ TEST(Loader, BlendingProportionsConvergeToTheWeights) {
   DataLoader dl({{a, 5.0}, {b, 3.0}, {c, 2.0}}, 8, 1);
   std::vector<int64_t> counts(3);
   const int64_t n = 10000;  // several epochs of each dataset, crossing blend checkpoints
-  for (int64_t i = 0; i < n; ++i) ++counts[dl.locate(i).dataset];
+  std::vector<SampleLocation> seq;
+  for (int64_t i = 0; i < n; ++i) {
+    seq.push_back(dl.locate(i));
+    ++counts[seq.back().dataset];
+  }
+  // Random access on a fresh loader (checkpoint strides of 4096, backwards jumps) agrees.
+  DataLoader fresh({{a, 5.0}, {b, 3.0}, {c, 2.0}}, 8, 1);
+  for (int64_t i : {9999, 4096, 4095, 0, 8191, 8192, 5000, 1}) {
+    const SampleLocation l = fresh.locate(i);
+    EXPECT_EQ(l.dataset, seq[i].dataset) << i;
+    EXPECT_EQ(l.count, seq[i].count) << i;
+    EXPECT_EQ(l.sample, seq[i].sample) << i;
+  }
   // For these weights the greedy rule keeps every count within one sample of w_d·i (checked on
   // every prefix below); tolerance 2 samples allows for the max(i, 1) start.
   EXPECT_NEAR(static_cast<double>(counts[0]), 0.5 * n, 2.0);

@@ -75,8 +75,18 @@ void DataLoader::blend_counts_before(int64_t i, std::vector<int64_t>& counts) {
     for (int64_t j = start; j < start + kBlendStride; ++j) ++c[pick(j, c)];
     blend_checkpoints_.push_back(std::move(c));
   }
-  counts = blend_checkpoints_[k];
-  for (int64_t j = k * kBlendStride; j < i; ++j) ++counts[pick(j, counts)];
+  // Sequential access (every rank's usual pattern) continues from the last query instead of the
+  // checkpoint: O(D) per sample.
+  int64_t from = k * kBlendStride;
+  if (last_blend_index_ >= from && last_blend_index_ <= i) {
+    from = last_blend_index_;
+    counts = last_blend_counts_;
+  } else {
+    counts = blend_checkpoints_[k];
+  }
+  for (int64_t j = from; j < i; ++j) ++counts[pick(j, counts)];
+  last_blend_index_ = i;
+  last_blend_counts_ = counts;
 }
 
 SampleLocation DataLoader::locate(int64_t i) {

@@ -77,6 +77,8 @@ class DataLoader {
   std::vector<std::vector<int64_t>> perm_;
   std::vector<int64_t> perm_epoch_;
   std::vector<std::vector<int64_t>> blend_checkpoints_;
+  int64_t last_blend_index_ = -1;  // the counts before the last queried sample
+  std::vector<int64_t> last_blend_counts_;
 };
 
 // The Fisher–Yates permutation of [0, n) for (key): exposed for tests and docs.
