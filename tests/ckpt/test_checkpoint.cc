@@ -305,6 +305,35 @@ TEST(Checkpoint, LeftoverTmpIsRemovedAtStart) {
   EXPECT_TRUE(fs::exists(dir.path() / "keep_me"));
 }
 
+TEST(Checkpoint, RewindDiscardsNewerSteps) {
+  TempDir dir;
+  CheckpointWriter w(dir.path());
+  Tensor t = patterned({4}, DType::f32, 1);
+  for (int64_t s = 1; s <= 3; ++s) w.save(s, {{"t", t, {}, {}}}, {{"step", s}});
+  w.wait();
+  expect_error([&] { rewind_to(dir.path(), 7); }, {"no committed checkpoint", "step_0000007"});
+  EXPECT_EQ(rewind_to(dir.path(), 1), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(read_latest(dir.path())->filename(), "step_0000001");
+  EXPECT_EQ(list_steps(dir.path()), (std::vector<int64_t>{1}));
+  w.save(2, {{"t", t, {}, {}}}, {{"step", 2}});  // the re-run can save step 2 again
+  w.wait();
+  EXPECT_EQ(read_latest(dir.path())->filename(), "step_0000002");
+}
+
+TEST(Checkpoint, LoadFullChecksFilesBeforeAllocating) {
+  // A manifest that claims a huge tensor (consistent with itself) must fail on the file check,
+  // not by trying to allocate what it claims.
+  TempDir dir;
+  fs::path d = save_checkpoint(dir.path(), 1, {{{"t", patterned({4}, DType::f32, 1), {}, {}}}}, json::object());
+  json m = json::parse(read_small_file(d / "manifest.json"));
+  const int64_t huge = int64_t{1} << 40;
+  m["tensors"]["t"]["shape"] = {huge};
+  m["tensors"]["t"]["chunks"][0]["shape"] = {huge};
+  m["tensors"]["t"]["chunks"][0]["byte_end"] = m["tensors"]["t"]["chunks"][0]["byte_begin"].get<int64_t>() + 4 * huge;
+  write_file_atomic(d / "manifest.json", m.dump());
+  expect_error([&] { Checkpoint(d).load_full("t"); }, {"rank file header disagrees with the manifest"});
+}
+
 TEST(Retention, Policy) {
   std::vector<int64_t> steps = {1, 2, 3, 4, 5, 6, 7, 8, 9};
   EXPECT_EQ(steps_to_delete(steps, {.keep_last = 2, .keep_every = 4}, std::nullopt),

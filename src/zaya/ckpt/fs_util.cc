@@ -160,18 +160,39 @@ std::optional<fs::path> read_latest(const fs::path& run_dir) {
   return run_dir / name;
 }
 
+namespace {
+void delete_step(const fs::path& run_dir, int64_t s) {
+  fs::path dir = run_dir / step_dir_name(s);
+  fs::path tomb = run_dir / (step_dir_name(s) + ".deleting.tmp");
+  atomic_rename(dir, tomb);
+  std::error_code ec;
+  fs::remove_all(tomb, ec);
+  if (ec) throw Error(str("cannot delete old checkpoint: ", ec.message()), {.file = tomb.string()});
+}
+}  // namespace
+
+std::vector<int64_t> rewind_to(const fs::path& run_dir, int64_t step) {
+  std::error_code ec;
+  const fs::path target = run_dir / step_dir_name(step);
+  if (!fs::is_regular_file(target / "manifest.json", ec))
+    throw Error("cannot rewind: no committed checkpoint for that step", {.file = target.string()});
+  // `latest` moves first: a kill after it leaves only extra newer directories, never a `latest`
+  // that names a deleted one.
+  write_file_atomic(run_dir / "latest", step_dir_name(step) + "\n");
+  std::vector<int64_t> deleted;
+  for (int64_t s : list_steps(run_dir))
+    if (s > step) {
+      delete_step(run_dir, s);
+      deleted.push_back(s);
+    }
+  return deleted;
+}
+
 std::vector<int64_t> apply_retention(const fs::path& run_dir, const RetentionPolicy& policy) {
   std::optional<int64_t> protect;
   if (auto latest = read_latest(run_dir)) protect = parse_step_dir_name(latest->filename().string());
   std::vector<int64_t> doomed = steps_to_delete(list_steps(run_dir), policy, protect);
-  for (int64_t s : doomed) {
-    fs::path dir = run_dir / step_dir_name(s);
-    fs::path tomb = run_dir / (step_dir_name(s) + ".deleting.tmp");
-    atomic_rename(dir, tomb);
-    std::error_code ec;
-    fs::remove_all(tomb, ec);
-    if (ec) throw Error(str("cannot delete old checkpoint: ", ec.message()), {.file = tomb.string()});
-  }
+  for (int64_t s : doomed) delete_step(run_dir, s);
   return doomed;
 }
 

@@ -47,6 +47,11 @@ std::vector<int64_t> steps_to_delete(const std::vector<int64_t>& steps, const Re
 // half-way through leaves a .tmp that the next start removes, never a half-deleted step_N.
 std::vector<int64_t> apply_retention(const fs::path& run_dir, const RetentionPolicy& policy);
 
+// Rewinding (Aegis after a NaN, or a user resuming from an older checkpoint): points `latest` at
+// `step` (which must exist), then deletes every newer step directory (tombstone rename first), so
+// the re-run can save those steps again. Returns the deleted steps.
+std::vector<int64_t> rewind_to(const fs::path& run_dir, int64_t step);
+
 // The step directory `latest` names (run_dir/latest holds e.g. "step_0000042"), if any.
 std::optional<fs::path> read_latest(const fs::path& run_dir);
 

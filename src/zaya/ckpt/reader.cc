@@ -214,6 +214,9 @@ Tensor Checkpoint::load_full(const std::string& name) const {
                                                           .expected = "BF16, F32, I32, I64 or U8", .found = t.dtype});
   ZAYA_CHECK(t.shape.size() <= static_cast<size_t>(kMaxDims), "checkpoint load: tensor '", name, "' has ", t.shape.size(),
              " dims, zaya tensors hold at most ", kMaxDims);
+  // Open (and cross-check) every file holding a chunk before allocating: the shape comes from
+  // the manifest, and only once the files confirm the chunks' byte ranges is its size trusted.
+  for (const auto& c : t.chunks) file(c.file);
   Tensor out = Tensor::empty(Shape::of(t.shape), *dt);
   load(name, out);
   return out;

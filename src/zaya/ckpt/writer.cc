@@ -86,7 +86,8 @@ fs::path save_impl(const fs::path& run_dir, int64_t step, const std::vector<std:
   const fs::path final_dir = run_dir / name;
   const fs::path tmp_dir = run_dir / (name + ".tmp");
   std::error_code ec;
-  ZAYA_CHECK(!fs::exists(final_dir, ec), "checkpoint save: ", final_dir.string(), " already exists");
+  ZAYA_CHECK(!fs::exists(final_dir, ec), "checkpoint save: ", final_dir.string(),
+             " already exists (after resuming from an older checkpoint, call rewind_to(run_dir, step) to discard newer ones)");
   fs::create_directories(run_dir, ec);
   fs::remove_all(tmp_dir, ec);
   fs::create_directory(tmp_dir, ec);
