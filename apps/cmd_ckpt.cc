@@ -1,4 +1,5 @@
-// zaya ckpt: inspect | verify | export-hf | import-hf (+ a hidden write-test-file for interop tests).
+// zaya ckpt: inspect | verify | export-hf | import-hf (+ hidden write-test-file / write-test-checkpoint
+// for the interop tests).
 // Exit codes: 0 ok, 1 verify found a problem (corrupt or incomplete checkpoint), 2 usage error or
 // unreadable input.
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include "commands.h"
 #include "zaya/ckpt/reader.h"
 #include "zaya/ckpt/safetensors.h"
+#include "zaya/ckpt/writer.h"
 #include "zaya/core/error.h"
 
 namespace zaya::app {
@@ -122,6 +124,22 @@ int write_test_file(const std::string& out) {
   return 0;
 }
 
+// A 3-rank checkpoint (step 7) of a [6, 4] F32 tensor with values 0..23 split by rows 2/2/2,
+// plus a BF16 vector held whole by rank 0, for the CLI/interop tests.
+int write_test_checkpoint(const std::string& run_dir) {
+  std::vector<std::vector<ck::SaveItem>> ranks(3);
+  for (int r = 0; r < 3; ++r) {
+    Tensor rows = Tensor::empty({2, 4}, DType::f32);
+    for (int i = 0; i < 8; ++i) rows.data<float>()[i] = static_cast<float>(r * 8 + i);
+    ranks[r].push_back({"w", rows, {6, 4}, {2 * r, 0}});
+  }
+  Tensor v = Tensor::empty({3}, DType::bf16);
+  for (int i = 0; i < 3; ++i) v.data<bf16>()[i] = to_bf16(i + 0.5f);
+  ranks[0].push_back({"v", v, {}, {}});
+  ck::save_checkpoint(run_dir, 7, ranks, {{"step", 7}, {"config", {{"hidden_size", 4}}}});
+  return 0;
+}
+
 void add_ckpt(CLI::App& app, Commands& commands) {
   auto* cmd = app.add_subcommand("ckpt", "Inspect, verify, export and import checkpoints");
   cmd->require_subcommand(1);
@@ -133,6 +151,9 @@ void add_ckpt(CLI::App& app, Commands& commands) {
   auto* wtf = cmd->add_subcommand("write-test-file", "Write a small safetensors file with known values (interop tests)");
   wtf->add_option("OUT", *target, "Output path")->required();
   wtf->group("");  // hidden from --help
+  auto* wtc = cmd->add_subcommand("write-test-checkpoint", "Write a small 3-rank checkpoint (interop tests)");
+  wtc->add_option("RUN_DIR", *target, "Run directory")->required();
+  wtc->group("");
   auto* exp = cmd->add_subcommand("export-hf", "Export a checkpoint as a Hugging Face model directory (not built yet)");
   auto* imp = cmd->add_subcommand("import-hf", "Import a Hugging Face model directory (not built yet)");
   exp->allow_extras();
@@ -141,6 +162,7 @@ void add_ckpt(CLI::App& app, Commands& commands) {
                         if (insp->parsed()) return inspect(*target);
                         if (ver->parsed()) return verify(*target);
                         if (wtf->parsed()) return write_test_file(*target);
+                        if (wtc->parsed()) return write_test_checkpoint(*target);
                         std::cerr << "zaya ckpt " << (exp->parsed() ? "export-hf" : "import-hf")
                                   << ": not built yet (needs the model; tracked in issue #6)\n";
                         return 2;
