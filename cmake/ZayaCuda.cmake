@@ -19,6 +19,12 @@ if(ZAYA_WITH_CUDA)
   set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
   set(CMAKE_CUDA_STANDARD 20)
   find_package(CUDAToolkit REQUIRED)
+  # NCCL ships with the CUDA toolkit here (lib/ beside lib64/); the NCCL communicator needs it.
+  find_library(ZAYA_NCCL_LIBRARY nccl
+               HINTS ${CUDAToolkit_LIBRARY_ROOT}/lib ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu
+               REQUIRED)
+  find_path(ZAYA_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/include REQUIRED)
+  message(STATUS "zaya: NCCL ${ZAYA_NCCL_LIBRARY}")
   message(STATUS "zaya: building CUDA sources with ${CMAKE_CUDA_COMPILER}")
 else()
   message(STATUS "zaya: CPU-only build")
@@ -36,5 +42,6 @@ function(zaya_cuda_target tgt)
     $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
       --expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra>)
   target_compile_definitions(${tgt} PUBLIC ZAYA_HAVE_CUDA=1)
-  target_link_libraries(${tgt} PUBLIC CUDA::cudart CUDA::cublasLt CUDA::cublas)
+  target_link_libraries(${tgt} PUBLIC CUDA::cudart CUDA::cublasLt CUDA::cublas ${ZAYA_NCCL_LIBRARY})
+  target_include_directories(${tgt} PUBLIC ${ZAYA_NCCL_INCLUDE})
 endfunction()
