@@ -1,0 +1,48 @@
+#include "zaya/optim/balancer.h"
+
+#include "zaya/ops/optim_ops.h"
+
+namespace zaya::optim {
+
+BalanceController::BalanceController(int64_t layers, int64_t experts, double lr, double beta1, double beta2,
+                                     double eps)
+    : L_(layers), E_(experts), lr_(lr), beta1_(beta1), beta2_(beta2), eps_(eps) {
+  ZAYA_CHECK(layers >= 1 && experts >= 1, "BalanceController: need >= 1 layer and expert, found ", layers, ", ",
+             experts);
+  m_ = Tensor::zeros(Shape{L_, E_}, DType::f32);
+  v_ = Tensor::zeros(Shape{L_, E_}, DType::f32);
+  g_ = Tensor::zeros(Shape{L_, E_}, DType::f32);
+}
+
+void BalanceController::step(const Tensor& biases, std::span<const int64_t> counts) {
+  ZAYA_CHECK(m_.defined(), "BalanceController: not constructed for a model");
+  check_shape("BalanceController: balancing biases", biases, Shape{L_, E_ + 1});
+  check_dtype("BalanceController: balancing biases", biases, DType::f32);
+  ZAYA_CHECK(static_cast<int64_t>(counts.size()) == L_ * E_, "BalanceController: expected ", L_ * E_,
+             " expert counts (layers x experts), found ", counts.size());
+  ++step_;
+  ops::AdamWHyper hp;
+  hp.lr = static_cast<float>(lr_);
+  hp.beta1 = static_cast<float>(beta1_);
+  hp.beta2 = static_cast<float>(beta2_);
+  hp.eps = static_cast<float>(eps_);
+  hp.weight_decay = 0.0f;
+  for (int64_t l = 0; l < L_; ++l) {
+    int64_t total = 0;
+    for (int64_t e = 0; e < E_; ++e) {
+      ZAYA_CHECK(counts[l * E_ + e] >= 0, "BalanceController: negative count ", counts[l * E_ + e], " at layer ",
+                 l, " expert ", e);
+      total += counts[l * E_ + e];
+    }
+    if (total == 0) continue;
+    float* g = g_.data<float>() + l * E_;
+    for (int64_t e = 0; e < E_; ++e)
+      g[e] = static_cast<float>(static_cast<double>(counts[l * E_ + e]) / static_cast<double>(total) -
+                                1.0 / static_cast<double>(E_));
+    // Real experts are the first E entries of the layer's [E+1] row; skip (index E) is not pushed.
+    Tensor beta = biases.window(l * (E_ + 1), Shape{E_});
+    ops::adamw_update(beta, g_.select(l), m_.select(l), v_.select(l), hp, step_);
+  }
+}
+
+}  // namespace zaya::optim

@@ -1,0 +1,157 @@
+#include "zaya/optim/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "zaya/core/log.h"
+#include "zaya/ops/optim_ops.h"
+#include "zaya/optim/muon.h"
+
+namespace zaya::optim {
+
+Optimizer::Optimizer(const OptimizerConfig& config, const model::ZayaModel& model)
+    : cfg_(config), specs_(model.specs()) {
+  cfg_.validate("Optimizer");
+  const float* base = model.params_flat().data<float>();
+  int64_t n_adamw = 0, scratch = 0;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    groups_.push_back(group_of(specs_[i], cfg_));
+    const ParamGroup& g = groups_.back();
+    offset_.push_back(model.param(static_cast<int>(i)).data<float>() - base);
+    if (g.group == Group::adamw) {
+      v_offset_.push_back(n_adamw);
+      n_adamw += specs_[i].shape.numel();
+    } else {
+      v_offset_.push_back(-1);
+      scratch = std::max(scratch, muon_scratch_elems(g.rows, g.cols));
+    }
+  }
+  summary_ = summarize_groups(specs_, cfg_);
+  moment1_ = Tensor::zeros(Shape{model.params_flat().numel()}, DType::f32);
+  adam_v_ = Tensor::zeros(Shape{std::max<int64_t>(n_adamw, 1)}, DType::f32);
+  if (scratch > 0) scratch_ = Tensor::zeros(Shape{scratch}, DType::f32);
+  step_t_ = Tensor::zeros(Shape{1}, DType::i64);
+  balance_step_t_ = Tensor::zeros(Shape{1}, DType::i64);
+  const model::ModelConfig& mc = model.config();
+  balancer_ = BalanceController(mc.num_hidden_layers, mc.num_experts, cfg_.balance_lr, cfg_.beta1, cfg_.beta2,
+                                cfg_.eps);
+  log_info(summary_.str());
+  log_info("optimizer state: ", state_bytes(), " bytes (", cfg_.muon ? "muon + adamw" : "adamw only",
+           ", muon scratch ", scratch * 4, " bytes)");
+}
+
+size_t Optimizer::state_bytes() const {
+  return moment1_.nbytes() + adam_v_.nbytes() + (scratch_.defined() ? scratch_.nbytes() : 0) +
+         balancer_.m().nbytes() + balancer_.v().nbytes();
+}
+
+StepStats Optimizer::step(model::ZayaModel& model, double lr) {
+  ZAYA_CHECK(model.specs().size() == specs_.size() && model.params_flat().numel() == moment1_.numel(),
+             "Optimizer::step: model does not match the one the optimizer was built for");
+  ZAYA_CHECK(std::isfinite(lr) && lr >= 0, "Optimizer::step: learning rate must be finite and >= 0, found ", lr);
+  StepStats s;
+  s.lr = lr;
+  const Tensor grads = model.grads_flat();
+  std::span<const Tensor> all(&grads, 1);
+  s.grad_norm = cfg_.grad_clip > 0 ? ops::clip_grad_norm(all, cfg_.grad_clip) : ops::global_grad_norm(all);
+  s.clipped = cfg_.grad_clip > 0 && s.grad_norm + 1e-6 > cfg_.grad_clip;
+  if (!std::isfinite(s.grad_norm)) {
+    log_warn("optimizer: non-finite gradient norm ", s.grad_norm, " at step ", step_ + 1, ": update skipped");
+    s.skipped = true;
+    s.step = step_;
+    model.zero_grad();
+    return s;
+  }
+  s.step = ++step_;
+
+  ops::AdamWHyper ah;
+  ah.lr = static_cast<float>(lr);
+  ah.beta1 = static_cast<float>(cfg_.beta1);
+  ah.beta2 = static_cast<float>(cfg_.beta2);
+  ah.eps = static_cast<float>(cfg_.eps);
+  MuonHyper mh;
+  mh.lr = static_cast<float>(lr);
+  mh.momentum = static_cast<float>(cfg_.muon_momentum);
+  mh.ns_steps = static_cast<int>(cfg_.muon_ns_steps);
+  // Parameters in their fixed order: every run applies the same float operations in the same order.
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const int idx = static_cast<int>(i);
+    const ParamGroup& g = groups_[i];
+    const Shape& shape = specs_[i].shape;
+    const float wd = g.weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
+    Tensor m = moment1_.window(offset_[i], shape);
+    if (g.group == Group::adamw) {
+      ah.weight_decay = wd;
+      ops::adamw_update(model.param(idx), model.grad(idx), m, adam_v_.window(v_offset_[i], shape), ah, step_);
+    } else {
+      mh.weight_decay = wd;
+      muon_update_stack(model.param(idx), model.grad(idx), m, scratch_, mh);
+    }
+  }
+  model.zero_grad();
+  return s;
+}
+
+void Optimizer::balance_step(model::ZayaModel& model, std::span<const int64_t> counts) {
+  if (!cfg_.balance_enabled) return;
+  balancer_.step(model.balancing_biases(), counts);
+}
+
+void Optimizer::accumulate_router_counts(const model::ZayaModel& model, std::vector<int64_t>& counts) {
+  const int64_t L = model.config().num_hidden_layers, E = model.config().num_experts;
+  if (counts.empty()) counts.assign(static_cast<size_t>(L * E), 0);
+  ZAYA_CHECK(static_cast<int64_t>(counts.size()) == L * E, "accumulate_router_counts: counts has ", counts.size(),
+             " entries, expected layers x experts = ", L * E);
+  std::vector<model::RouterStats> stats = model.router_stats();
+  ZAYA_ASSERT(static_cast<int64_t>(stats.size()) == L);
+  for (int64_t l = 0; l < L; ++l) {
+    ZAYA_ASSERT(static_cast<int64_t>(stats[l].tokens_per_expert.size()) == E);
+    for (int64_t e = 0; e < E; ++e) counts[l * E + e] += stats[l].tokens_per_expert[e];
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  step_t_.data<int64_t>()[0] = step_;
+  balance_step_t_.data<int64_t>()[0] = balancer_.steps();
+  out.emplace_back("optim.step", step_t_);
+  out.emplace_back("optim.balance_step", balance_step_t_);
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const Shape& shape = specs_[i].shape;
+    Tensor m = moment1_.window(offset_[i], shape);
+    if (groups_[i].group == Group::adamw) {
+      out.emplace_back(specs_[i].name + ".adam_m", m);
+      out.emplace_back(specs_[i].name + ".adam_v", adam_v_.window(v_offset_[i], shape));
+    } else {
+      out.emplace_back(specs_[i].name + ".muon_momentum", m);
+    }
+  }
+  for (int64_t l = 0; l < balancer_.m().size(0); ++l) {
+    const std::string b = model::balancing_bias_name(static_cast<int>(l));
+    out.emplace_back(b + ".adam_m", balancer_.m().select(l));
+    out.emplace_back(b + ".adam_v", balancer_.v().select(l));
+  }
+  return out;
+}
+
+void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
+  // Validate everything before copying anything, so a bad checkpoint leaves the state intact.
+  std::vector<std::pair<std::string, Tensor>> mine = state_tensors();
+  for (const auto& [name, dst] : mine) {
+    auto it = state.find(name);
+    ZAYA_CHECK(it != state.end(), "optimizer state: tensor '", name,
+               "' missing (was the checkpoint written with a different optim.muon / grouping config?)");
+    check_dtype(str("optimizer state '", name, "'"), it->second, dst.dtype());
+    check_shape(str("optimizer state '", name, "'"), it->second, dst.shape());
+  }
+  for (auto& [name, dst] : mine) {
+    const Tensor& src = state.at(name);
+    dst.copy_from(src.device() == Device::cpu ? src : src.to(Device::cpu));
+  }
+  step_ = step_t_.data<int64_t>()[0];
+  balancer_.set_steps(balance_step_t_.data<int64_t>()[0]);
+  ZAYA_CHECK(step_ >= 0 && balancer_.steps() >= 0, "optimizer state: negative step counter (optim.step ", step_,
+             ", optim.balance_step ", balancer_.steps(), ")");
+}
+
+}  // namespace zaya::optim
