@@ -117,6 +117,10 @@ Tensor ZayaModel::grad(const std::string& name) const {
   return grad_views_[i];
 }
 
+const LayerParams& ZayaModel::layer_param_views(int l) const { return lp_.at(static_cast<size_t>(l)); }
+const LayerActs& ZayaModel::layer_acts(int l) const { return acts_.at(static_cast<size_t>(l)); }
+const Tensor& ZayaModel::final_hidden() const { return scratch_->hf; }
+
 void ZayaModel::init(uint64_t seed) {
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];

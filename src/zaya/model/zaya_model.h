@@ -88,6 +88,13 @@ class ZayaModel {
   // activation_bytes_per_token_per_layer(cfg, 4)).
   double saved_bytes_per_token_per_layer() const { return saved_per_layer_ / static_cast<double>(B_ * T_); }
 
+  // Read-only views for the cached decoder (generate.cc), which prefills with forward() and then
+  // reads what it needs from the saved activations: layer l's parameter views, layer l's saved
+  // activations of the last forward, and the final-normed hidden states [B·T, H].
+  const LayerParams& layer_param_views(int l) const;
+  const LayerActs& layer_acts(int l) const;
+  const Tensor& final_hidden() const;
+
  private:
   void plan();
   void layer_forward(int l, bool need_backward);

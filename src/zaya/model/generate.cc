@@ -1,0 +1,272 @@
+// Cached decode and sampling (generate.h). The decode step is layer_forward (zaya_layer.cc) with one
+// token per batch row: the sequence ops are replaced by their decode forms (cca_conv_decode,
+// value_shift_decode, attention_decode against the cache, RoPE at the cache position); everything
+// per-token (norms, projections, router, experts, residual scales) is the same op on B rows.
+#include "zaya/model/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "zaya/core/error.h"
+#include "zaya/core/philox.h"
+#include "zaya/model/model_internal.h"
+#include "zaya/ops/attention.h"
+#include "zaya/ops/cca.h"
+#include "zaya/ops/dense.h"
+#include "zaya/ops/moe.h"
+
+namespace zaya::model {
+
+ZayaDecoder::ZayaDecoder(ZayaModel& model, int64_t batch, int64_t max_len) : m_(model), B_(batch), S_(max_len) {
+  const ModelConfig& c = m_.config();
+  ZAYA_CHECK(batch > 0 && max_len > 0, "ZayaDecoder: batch and max_len must be positive, found [", batch, ", ",
+             max_len, "]");
+  const int64_t B = B_, H = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), C = c.conv_channels(),
+                R = c.router_hidden_size, E = c.num_experts, I = c.moe_intermediate_size,
+                nkv = c.num_key_value_heads, hd = c.head_dim;
+  rope_ = ops::make_rope_table(hd, c.partial_rotary_factor, c.rope_theta, S_);
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    caches_.push_back({Tensor::zeros(Shape{B, S_, nkv, hd}, DType::f32), Tensor::zeros(Shape{B, S_, nkv, hd}, DType::f32),
+                       Tensor::zeros(Shape{B, 2, C}, DType::f32), Tensor::zeros(Shape{B, kv / 2}, DType::f32)});
+  auto f = [](Shape s) { return Tensor::zeros(s, DType::f32); };
+  auto i32 = [](Shape s) { return Tensor::zeros(s, DType::i32); };
+  x_ = f({B, H}); u_ = f({B, H}); proj_ = f({B, C + kv}); z_ = f({B, C}); qt_ = f({B, q}); kt_ = f({B, kv});
+  vc_ = f({B, kv / 2}); vd_ = f({B, kv / 2}); conv_ = f({B, C}); qpre_ = f({B, q}); kpre_ = f({B, kv});
+  q_ = f({B, q}); k_ = f({B, kv}); v_ = f({B, kv}); att_ = f({B, q}); o_ = f({B, H}); xmid_ = f({B, H});
+  rstd_ = f({B}); w_ = f({B, H}); r_ = f({B, R}); rprev_ = f({B, R}); zr_ = f({B, R}); a1_ = f({B, R});
+  g1_ = f({B, R}); a2_ = f({B, R}); g2_ = f({B, R}); rlogits_ = f({B, E + 1}); probs_ = f({B, E + 1});
+  choice_ = i32({B}); weight_ = f({B}); counts_ = i32({E}); offsets_ = i32({E + 1}); pos_ = i32({B});
+  src_ = i32({B}); xp_ = f({B, H}); gu_ = f({B, 2 * I}); act_ = f({B, I}); y_ = f({B, H}); mo_ = f({B, H});
+  hf_ = f({B, H});
+  problems_.reserve(static_cast<size_t>(E));
+}
+
+void ZayaDecoder::prefill(const Tensor& ids, const Tensor& logits) {
+  const ModelConfig& c = m_.config();
+  check_dtype("ZayaDecoder::prefill: ids", ids, DType::i32);
+  ZAYA_CHECK(ids.ndim() == 2 && ids.size(0) == B_ && ids.size(1) >= 1 && ids.size(1) <= S_,
+             "ZayaDecoder::prefill: ids has shape ", ids.shape().str(), ", expected [", B_, ", T] with 1 <= T <= ",
+             S_, " (the cache length)");
+  check_shape("ZayaDecoder::prefill: logits", logits, Shape{B_, c.vocab_size});
+  const int64_t T = ids.size(1), H = c.hidden_size, kv = c.kv_dim(), C = c.conv_channels();
+  if (m_.batch() != B_ || m_.seq_len() != T) m_.set_batch_shape(B_, T);
+  m_.forward(ids, Tensor{}, false);
+
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerActs& a = m_.layer_acts(l);
+    LayerCache& lc = caches_[static_cast<size_t>(l)];
+    const float* kr = a.kr.data<float>();
+    const float* v = a.v.data<float>();
+    const float* z = a.z.data<float>();
+    const float* u = a.u.data<float>();
+    float* kc = lc.k.data<float>();
+    float* vcache = lc.v.data<float>();
+    float* cs = lc.conv.data<float>();
+    float* ul = u_.data<float>();
+    for (int64_t b = 0; b < B_; ++b) {
+      // K/V rows of the prompt go to cache positions 0..T−1 (row stride kv = nkv·hd).
+      std::memcpy(kc + b * S_ * kv, kr + b * T * kv, static_cast<size_t>(T * kv) * sizeof(float));
+      std::memcpy(vcache + b * S_ * kv, v + b * T * kv, static_cast<size_t>(T * kv) * sizeof(float));
+      // Conv state: z_{T−2}, z_{T−1} (a prompt of one token leaves the padding zero in slot 0).
+      for (int64_t s = 0; s < 2; ++s) {
+        const int64_t t = T - 2 + s;
+        float* dst = cs + (b * 2 + s) * C;
+        if (t >= 0) std::memcpy(dst, z + (b * T + t) * C, static_cast<size_t>(C) * sizeof(float));
+        else std::fill_n(dst, C, 0.0f);
+      }
+      std::memcpy(ul + b * H, u + (b * T + T - 1) * H, static_cast<size_t>(H) * sizeof(float));
+    }
+    // The forward does not keep vd; recompute the last token's from its saved normed input:
+    // vd = u·W_vdᵀ, W_vd = the last nkv·hd/2 rows of the fused [W_q; W_k; W_vc; W_vd].
+    ops::linear_forward(u_, m_.layer_param_views(l).w_qkv.slice(C + kv / 2, C + kv), Tensor{}, lc.vd_prev);
+  }
+  const float* hf = m_.final_hidden().data<float>();
+  for (int64_t b = 0; b < B_; ++b)
+    std::memcpy(hf_.data<float>() + b * H, hf + (b * T + T - 1) * H, static_cast<size_t>(H) * sizeof(float));
+  ops::gemm(hf_, ops::Trans::N, m_.param(0), ops::Trans::T, logits);  // tied head
+  len_ = T;
+}
+
+void ZayaDecoder::step(const Tensor& ids, const Tensor& logits) {
+  const ModelConfig& c = m_.config();
+  check_dtype("ZayaDecoder::step: ids", ids, DType::i32);
+  ZAYA_CHECK(ids.numel() == B_, "ZayaDecoder::step: ids has shape ", ids.shape().str(), ", expected [", B_, "]");
+  check_shape("ZayaDecoder::step: logits", logits, Shape{B_, c.vocab_size});
+  ZAYA_CHECK(len_ > 0, "ZayaDecoder::step: call prefill() first");
+  ZAYA_CHECK(len_ < S_, "ZayaDecoder::step: cache full (", S_, " positions); construct the decoder with a larger max_len");
+  const int64_t H = c.hidden_size;
+  // x⁰ = (Embed[t] + b_in) ⊙ g_in
+  ops::embedding_forward(ids, m_.param(0), u_);
+  {
+    const float* e = u_.data<float>();
+    const float* g = m_.param("model.input_hidden_states_scale").data<float>();
+    const float* bi = m_.param("model.input_hidden_states_bias").data<float>();
+    float* x = x_.data<float>();
+    for (int64_t i = 0; i < B_; ++i)
+      for (int64_t j = 0; j < H; ++j) x[i * H + j] = (e[i * H + j] + bi[j]) * g[j];
+  }
+  for (int l = 0; l < c.num_hidden_layers; ++l) layer_step(l);
+  ops::rmsnorm_forward(x_, m_.param("model.norm.weight"), static_cast<float>(c.rms_norm_eps), hf_, rstd_);
+  ops::gemm(hf_, ops::Trans::N, m_.param(0), ops::Trans::T, logits);
+  ++len_;
+}
+
+// x_ (layer input) → x_ (layer output) for the token at position len_.
+void ZayaDecoder::layer_step(int l) {
+  const ModelConfig& c = m_.config();
+  const int64_t B = B_, H = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), C = c.conv_channels(),
+                R = c.router_hidden_size, E = c.num_experts, nq = c.num_attention_heads,
+                nkv = c.num_key_value_heads, hd = c.head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const ops::CcaDims dims{nq, nkv, hd};
+  const LayerParams& p = m_.layer_param_views(l);
+  LayerCache& lc = caches_[static_cast<size_t>(l)];
+
+  // --- attention -------------------------------------------------------------------------
+  ops::rmsnorm_forward(x_, p.w_in, eps, u_, rstd_);
+  ops::linear_forward(u_, p.w_qkv, Tensor{}, proj_);  // columns [q̃ | k̃ | vc | vd]
+  {
+    const float* pr = proj_.data<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      const float* row = pr + b * (C + kv);
+      std::memcpy(z_.data<float>() + b * C, row, static_cast<size_t>(C) * sizeof(float));
+      std::memcpy(qt_.data<float>() + b * q, row, static_cast<size_t>(q) * sizeof(float));
+      std::memcpy(kt_.data<float>() + b * kv, row + q, static_cast<size_t>(kv) * sizeof(float));
+      std::memcpy(vc_.data<float>() + b * kv / 2, row + C, static_cast<size_t>(kv / 2) * sizeof(float));
+      std::memcpy(vd_.data<float>() + b * kv / 2, row + C + kv / 2, static_cast<size_t>(kv / 2) * sizeof(float));
+    }
+  }
+  ops::cca_conv_decode(conv_, lc.conv, z_, p.conv, B, dims);  // sees z_{t−2}, z_{t−1}, z_t
+  ops::mean_skip_forward(qpre_, kpre_, conv_, qt_, kt_, B, dims);
+  ops::value_shift_decode(v_, lc.vd_prev, vc_, vd_, B, kv / 2);  // v = [vc_t | vd_{t−1}]
+  ops::qk_norm_forward(q_, k_, qpre_, kpre_, p.temp, B, dims);
+  ops::rope_forward(q_, q_, rope_, B, 1, nq, hd, len_);
+  ops::rope_forward(k_, k_, rope_, B, 1, nkv, hd, len_);
+  for (int64_t b = 0; b < B; ++b) {  // append this token's K/V at position len_
+    std::memcpy(lc.k.data<float>() + (b * S_ + len_) * kv, k_.data<float>() + b * kv, static_cast<size_t>(kv) * 4);
+    std::memcpy(lc.v.data<float>() + (b * S_ + len_) * kv, v_.data<float>() + b * kv, static_cast<size_t>(kv) * 4);
+  }
+  ops::attention_decode(att_, q_, lc.k, lc.v, B, len_ + 1, nq, nkv, hd);
+  ops::linear_forward(att_, p.w_o, Tensor{}, o_);
+  ops::residual_scale_forward(o_, x_, p.rs_attn, xmid_);
+
+  // --- router (EDA reads the previous layer's r of this same token) ------------------------
+  ops::rmsnorm_forward(xmid_, p.w_post, eps, w_, rstd_);
+  ops::linear_forward(w_, p.w_down, p.b_down, r_);
+  if (l > 0) {
+    const float* rp = rprev_.data<float>();
+    const float* sc = p.s_eda.data<float>();
+    float* r = r_.data<float>();
+    for (int64_t i = 0; i < B; ++i)
+      for (int64_t j = 0; j < R; ++j) r[i * R + j] += sc[j] * rp[i * R + j];
+  }
+  ops::rmsnorm_forward(r_, p.w_rn, eps, zr_, rstd_);
+  ops::linear_forward(zr_, p.fc1w, p.fc1b, a1_);
+  ops::gelu_forward(a1_, g1_);
+  ops::linear_forward(g1_, p.fc2w, p.fc2b, a2_);
+  ops::gelu_forward(a2_, g2_);
+  ops::linear_forward(g2_, p.outw, Tensor{}, rlogits_);
+  Tensor beta = m_.balancing_biases().select(l);
+  ops::moe_route(probs_, choice_, weight_, rlogits_, beta, B, E);
+  std::swap(r_, rprev_);  // rprev_ = r_l for layer l+1
+
+  // --- experts ---------------------------------------------------------------------------
+  const int64_t M = ops::moe_plan(counts_, offsets_, pos_, src_, choice_, B, E);
+  const int32_t* off = offsets_.data<int32_t>();
+  if (M > 0) {
+    ops::moe_gather(xp_, w_, src_, M, B, H);
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e])
+        problems_.push_back({xp_.slice(off[e], off[e + 1]), p.w_gu.select(e), gu_.slice(off[e], off[e + 1])});
+    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
+    ops::swiglu_forward(gu_.slice(0, M), act_.slice(0, M));
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e])
+        problems_.push_back({act_.slice(off[e], off[e + 1]), p.w_d.select(e), y_.slice(off[e], off[e + 1])});
+    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
+  }
+  ops::moe_unpermute(mo_, y_, weight_, pos_, M, B, H);
+  ops::residual_scale_forward(mo_, xmid_, p.rs_mlp, x_);  // x_out written over the layer input
+}
+
+int32_t sample_token(const float* logits, int64_t V, const SamplingOptions& opt, uint64_t draw,
+                     std::vector<float>& scratch, std::vector<int32_t>& order) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < V; ++i)
+    if (logits[i] > logits[best]) best = i;  // strict: the lowest id wins a tie
+  if (opt.greedy) return static_cast<int32_t>(best);
+  ZAYA_CHECK(opt.temperature > 0 && std::isfinite(opt.temperature), "sampling: temperature must be > 0, found ",
+             opt.temperature);
+  ZAYA_CHECK(opt.top_p > 0 && opt.top_p <= 1, "sampling: top_p must be in (0, 1], found ", opt.top_p);
+  // Unnormalized probabilities exp((l − max)/T) in double, so the nucleus sum is exact enough that
+  // top_p = 1 keeps every id with nonzero mass.
+  scratch.resize(static_cast<size_t>(V));
+  const double inv_t = 1.0 / opt.temperature, mx = logits[best];
+  double total = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    scratch[i] = static_cast<float>(std::exp((logits[i] - mx) * inv_t));
+    total += scratch[i];
+  }
+  order.resize(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) order[i] = static_cast<int32_t>(i);
+  int64_t keep = V;
+  if (opt.top_p < 1) {
+    // Descending probability, ties by id: a total order, so the nucleus is deterministic.
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return scratch[a] != scratch[b] ? scratch[a] > scratch[b] : a < b;
+    });
+    double acc = 0;
+    for (keep = 0; keep < V;) {
+      acc += scratch[order[keep++]];
+      if (acc >= opt.top_p * total) break;
+    }
+    total = acc;
+  }
+  const double target = static_cast<double>(philox_uniform(opt.seed, draw)) * total;  // in [0, total)
+  double acc = 0;
+  for (int64_t k = 0; k < keep; ++k) {
+    acc += scratch[order[k]];
+    if (target < acc) return order[k];
+  }
+  // Rounding left target ≥ the last partial sum: take the last kept id with nonzero mass.
+  for (int64_t k = keep - 1; k >= 0; --k)
+    if (scratch[order[k]] > 0) return order[k];
+  return static_cast<int32_t>(best);
+}
+
+std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& prompt, const GenerateOptions& opt) {
+  check_dtype("generate: prompt", prompt, DType::i32);
+  ZAYA_CHECK(prompt.ndim() == 2 && prompt.size(1) >= 1, "generate: prompt must be [B, T] with T >= 1, found ",
+             prompt.shape().str());
+  ZAYA_CHECK(opt.max_new >= 0, "generate: max_new must be >= 0, found ", opt.max_new);
+  const int64_t B = prompt.size(0), T0 = prompt.size(1), V = model.config().vocab_size;
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
+  if (opt.max_new == 0) return out;
+  ZayaDecoder dec(model, B, T0 + opt.max_new);
+  Tensor logits = Tensor::empty(Shape{B, V}, DType::f32);
+  Tensor next = Tensor::zeros(Shape{B}, DType::i32);
+  std::vector<char> done(static_cast<size_t>(B), 0);
+  std::vector<float> scratch;
+  std::vector<int32_t> order;
+  dec.prefill(prompt, logits);
+  for (int64_t step = 0; step < opt.max_new; ++step) {
+    int64_t active = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      if (done[b]) continue;
+      const uint64_t draw = static_cast<uint64_t>(step) * static_cast<uint64_t>(B) + static_cast<uint64_t>(b);
+      const int32_t id = sample_token(logits.data<float>() + b * V, V, opt.sampling, draw, scratch, order);
+      out[b].push_back(id);
+      next.data<int32_t>()[b] = id;  // a finished row keeps feeding its last id; its logits are unused
+      if (id == opt.eos_token_id) done[b] = 1;
+      else ++active;
+    }
+    if (active == 0 || step + 1 == opt.max_new) break;
+    dec.step(next, logits);
+  }
+  return out;
+}
+
+}  // namespace zaya::model
