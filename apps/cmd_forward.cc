@@ -1,5 +1,9 @@
-// zaya forward: run a transformers-format ZAYA1 directory on one token sequence and write the fp32
-// logits as .npy; optionally the loss and every parameter's gradient (for the HF parity test).
+// zaya forward: run a ZAYA1 model on one token sequence and write the fp32 logits as .npy;
+// optionally the loss and every parameter's gradient (for the HF parity test). The model comes from
+// a transformers directory (--model) or from zaya's own init (--init-config + --seed). --save-hf
+// re-exports it as a transformers directory (the export test); --bench-steps times training steps
+// (forward + backward) on random tokens (benchmarks/model_vs_hf.py).
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -10,15 +14,20 @@
 #include "commands.h"
 #include "zaya/ckpt/hf_io.h"
 #include "zaya/ckpt/safetensors.h"
+#include "zaya/core/config.h"
 #include "zaya/core/error.h"
+#include "zaya/core/philox.h"
+#include "zaya/model/params.h"
 #include "zaya/model/zaya_model.h"
 
 namespace zaya::app {
 namespace {
 
 struct ForwardArgs {
-  std::string model, ids, ids_file, out, grads_out;
+  std::string model, init_config, ids, ids_file, out, grads_out, save_hf, save_hf_dtype = "f32";
+  uint64_t seed = 0, save_hf_shard_bytes = 5'000'000'000ull;
   bool loss = false;
+  int64_t bench_steps = 0, batch = 8, seq = 256;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {
@@ -67,12 +76,67 @@ void write_npy_f32(const std::string& path, const float* data, int64_t rows, int
   ZAYA_CHECK(out.good(), "write failed: ", path);
 }
 
+std::unique_ptr<model::ZayaModel> make_model(const ForwardArgs& a, int64_t B, int64_t T) {
+  ZAYA_CHECK(a.model.empty() != a.init_config.empty(), "forward: give exactly one of --model and --init-config");
+  if (!a.model.empty()) return ckpt::load_hf_model(a.model, B, T);
+  ConfigReader reader = ConfigReader::from_file(a.init_config);
+  auto m = std::make_unique<model::ZayaModel>(model::ModelConfig::from_toml(reader), B, T);
+  m->init(a.seed);
+  return m;
+}
+
+// Times `steps` training steps (zero_grad, forward with the loss gradient, backward) on [B, T]
+// random tokens after one untimed warm-up step; prints one line per phase and the throughput.
+void run_bench(model::ZayaModel& m, int64_t steps) {
+  using clock = std::chrono::steady_clock;
+  const int64_t B = m.batch(), T = m.seq_len(), V = m.config().vocab_size;
+  std::vector<int32_t> ids(static_cast<size_t>(B * T)), tg(static_cast<size_t>(B * T));
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = 1 + static_cast<int32_t>(philox_uniform(12345, i) * static_cast<float>(V - 1)) % static_cast<int32_t>(V - 1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) tg[b * T + t] = t + 1 < T ? ids[b * T + t + 1] : -100;
+  Tensor tid = Tensor::borrow(ids.data(), Shape{B, T}, DType::i32);
+  Tensor ttg = Tensor::borrow(tg.data(), Shape{B, T}, DType::i32);
+  double fwd = 0, bwd = 0, loss = 0;
+  for (int64_t s = -1; s < steps; ++s) {
+    m.zero_grad();
+    auto t0 = clock::now();
+    loss = m.forward(tid, ttg, true);
+    auto t1 = clock::now();
+    m.backward();
+    auto t2 = clock::now();
+    if (s >= 0) {
+      fwd += std::chrono::duration<double>(t1 - t0).count();
+      bwd += std::chrono::duration<double>(t2 - t1).count();
+    }
+  }
+  const double n = static_cast<double>(steps), step = (fwd + bwd) / n;
+  std::printf("bench: batch %lld x %lld tokens, %lld steps, loss %.4f\n", static_cast<long long>(B),
+              static_cast<long long>(T), static_cast<long long>(steps), loss);
+  std::printf("bench: forward %.2f ms, backward %.2f ms, step %.2f ms\n", 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * step);
+  std::printf("bench: tokens/s %.1f\n", static_cast<double>(B * T) / step);
+  std::printf("bench: activation arena %.1f MiB (saved per token per layer %.0f B; formula %lld B)\n",
+              static_cast<double>(m.activation_bytes()) / (1 << 20), m.saved_bytes_per_token_per_layer(),
+              static_cast<long long>(model::activation_bytes_per_token_per_layer(m.config(), 4)));
+}
+
 int run_forward(const ForwardArgs& a) {
-  ZAYA_CHECK(a.ids.empty() != a.ids_file.empty(), "forward: give exactly one of --ids and --ids-file");
-  std::vector<int32_t> ids;
+  if (a.bench_steps > 0) {
+    ZAYA_CHECK(a.ids.empty() && a.ids_file.empty() && a.out.empty() && a.grads_out.empty() && !a.loss,
+               "forward: --bench-steps runs on random tokens; it takes no --ids/--ids-file/--out/--grads-out/--loss");
+    auto m = make_model(a, a.batch, a.seq);
+    run_bench(*m, a.bench_steps);
+    return 0;
+  }
+  const bool run = !a.ids.empty() || !a.ids_file.empty();
+  ZAYA_CHECK(a.ids.empty() || a.ids_file.empty(), "forward: give at most one of --ids and --ids-file");
+  ZAYA_CHECK(run || !a.save_hf.empty(), "forward: give --ids or --ids-file (or only --save-hf to re-export)");
+  ZAYA_CHECK(run || (a.out.empty() && a.grads_out.empty() && !a.loss),
+             "forward: --out, --grads-out and --loss need --ids or --ids-file");
+  std::vector<int32_t> ids{0};
   if (!a.ids.empty()) {
     ids = parse_ids(a.ids, "--ids");
-  } else {
+  } else if (!a.ids_file.empty()) {
     std::ifstream in(a.ids_file);
     ZAYA_CHECK(in.good(), "cannot open --ids-file ", a.ids_file);
     std::ostringstream s;
@@ -80,7 +144,14 @@ int run_forward(const ForwardArgs& a) {
     ids = parse_ids(s.str(), a.ids_file);
   }
   const int64_t T = static_cast<int64_t>(ids.size());
-  auto m = ckpt::load_hf_model(a.model, 1, T);
+  auto m = make_model(a, 1, T);
+  if (!a.save_hf.empty()) {
+    ZAYA_CHECK(a.save_hf_dtype == "f32" || a.save_hf_dtype == "bf16", "--save-hf-dtype: expected f32 or bf16, found '",
+               a.save_hf_dtype, "'");
+    // Exported before the forward: the files hold exactly the weights the logits below come from.
+    ckpt::export_hf(*m, a.save_hf, a.save_hf_dtype == "bf16" ? DType::bf16 : DType::f32, a.save_hf_shard_bytes);
+  }
+  if (!run) return 0;
   Tensor tid = Tensor::borrow(ids.data(), Shape{1, T}, DType::i32);
   if (!a.out.empty()) {
     Tensor logits = Tensor::empty(Shape{T, m->config().vocab_size}, DType::f32);
@@ -112,13 +183,24 @@ int run_forward(const ForwardArgs& a) {
 void add_forward(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<ForwardArgs>();
   auto* cmd = app.add_subcommand("forward", "Run a ZAYA1 model (transformers directory) on token ids");
-  cmd->add_option("--model", args->model, "transformers save_pretrained directory")->required();
+  cmd->add_option("--model", args->model, "transformers save_pretrained directory");
+  cmd->add_option("--init-config", args->init_config, "instead of --model: a TOML run config ([model]) to init from");
+  cmd->add_option("--seed", args->seed, "init seed with --init-config")->capture_default_str();
   cmd->add_option("--ids", args->ids, "comma-separated token ids");
   cmd->add_option("--ids-file", args->ids_file, "file of token ids (comma or whitespace separated)");
   cmd->add_option("--out", args->out, "write fp32 logits [tokens, vocab] as .npy");
   cmd->add_option("--grads-out", args->grads_out,
                   "run backward of the next-token loss and write every parameter gradient (safetensors)");
   cmd->add_flag("--loss", args->loss, "print the next-token cross-entropy");
+  cmd->add_option("--save-hf", args->save_hf, "export the model as a transformers directory");
+  cmd->add_option("--save-hf-dtype", args->save_hf_dtype, "f32 or bf16 (balancing biases stay f32)")
+      ->capture_default_str();
+  cmd->add_option("--save-hf-shard-bytes", args->save_hf_shard_bytes,
+                  "shard the export (model-0000i-of-0000n + index.json) above this many bytes")
+      ->capture_default_str();
+  cmd->add_option("--bench-steps", args->bench_steps, "time N training steps on random tokens and print tokens/s");
+  cmd->add_option("--batch", args->batch, "batch rows for --bench-steps")->capture_default_str();
+  cmd->add_option("--seq", args->seq, "sequence length for --bench-steps")->capture_default_str();
   commands.push_back({cmd, [args] { return run_forward(*args); }});
 }
 

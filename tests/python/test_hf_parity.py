@@ -155,3 +155,33 @@ def test_cases_choose_skip_somewhere():
             h.remove()
         skipped += sum(int((o[1] == 0).sum()) for o in outs)
     assert skipped > 0
+
+
+# Greedy generation: zaya's cached decode against HF's model.generate (which runs transformers'
+# own cache path). Exact id equality over 32 tokens: both sides are fp32 and agree to ~1e-6
+# relative in the logits, so only a near-tie in the top two logits could legitimately differ; the
+# test reports the smallest top-2 gap along the sequence if it ever fails.
+GEN_CASES = [CASES[0], CASES[2], CASES[4]]
+
+
+@pytest.mark.parametrize("case", GEN_CASES, ids=[f"nq{c[0]}nkv{c[1]}hd{c[2]}E{c[3]}L{c[4]}" for c in GEN_CASES])
+def test_greedy_generation_matches_hf(case, tmp_path):
+    nq, nkv, hd, E, L, R, I, H, V, T, seed = case
+    model = make_model(nq, nkv, hd, E, L, R, I, H, V, seed)
+    model.save_pretrained(tmp_path / "m", safe_serialization=True)
+    prompt = torch.randint(1, V, (1, 5), generator=torch.Generator().manual_seed(seed + 11))
+    # No early stop on either side: HF gets no eos, zaya --ignore-eos; one sequence, no padding.
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=32,
+                             min_new_tokens=32, eos_token_id=None, pad_token_id=0, output_scores=True,
+                             return_dict_in_generate=True)
+    ref = [int(t) for t in out.sequences[0, prompt.shape[1]:]]
+    assert len(ref) == 32
+    res = subprocess.run([zaya_binary(), "generate", "--model", str(tmp_path / "m"), "--prompt-ids",
+                          ",".join(str(int(t)) for t in prompt[0]), "--max-new", "32", "--greedy", "--ignore-eos"],
+                         check=True, capture_output=True, text=True)
+    got = [int(t) for t in res.stdout.strip().split(",")]
+    gaps = [float(torch.topk(s[0], 2).values.diff().abs()) for s in out.scores]
+    assert got == ref, f"min top-2 logit gap {min(gaps):.3g}"
+    assert len(set(ref)) > 1, "a constant sequence would not test the cache"

@@ -1,0 +1,90 @@
+// zaya generate: cached autoregressive generation from a ZAYA1 model; prints the new token ids,
+// comma-separated on one line. The model source is a transformers directory (--model) for now; a
+// trainer checkpoint + tokenizer source (--ckpt, --prompt) plugs in at load_model / prompt_ids below.
+// Sampling lives in the library (zaya/model/generate.h); this file only parses and prints.
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "zaya/ckpt/hf_io.h"
+#include "zaya/core/error.h"
+#include "zaya/model/generate.h"
+
+namespace zaya::app {
+namespace {
+
+struct GenerateArgs {
+  std::string model, prompt_ids;
+  int64_t max_new = 32, eos = -2;  // −2: the model config's eos_token_id
+  bool greedy = false, ignore_eos = false;
+  double temperature = 0, top_p = 1.0;
+  uint64_t seed = 0;
+};
+
+std::vector<int32_t> parse_prompt_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::istringstream in(text);
+  std::string tok;
+  while (std::getline(in, tok, ',')) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < tok.size() && (tok[used] == ' ' || tok[used] == '\t')) ++used;
+    ZAYA_CHECK(used == tok.size() && v >= 0 && v <= INT32_MAX, "--prompt-ids: '", tok,
+               "' is not a token id (expected comma-separated non-negative integers)");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  ZAYA_CHECK(!ids.empty(), "--prompt-ids: no token ids");
+  return ids;
+}
+
+int run_generate(const GenerateArgs& a) {
+  const std::vector<int32_t> prompt = parse_prompt_ids(a.prompt_ids);
+  const int64_t T0 = static_cast<int64_t>(prompt.size());
+  auto m = ckpt::load_hf_model(a.model, 1, T0);
+  const int64_t V = m->config().vocab_size;
+  for (int32_t id : prompt)
+    ZAYA_CHECK(id < V, "--prompt-ids: token id ", id, " is outside the model's vocabulary [0, ", V, ")");
+  ZAYA_CHECK(!(a.greedy && a.temperature > 0), "generate: give either --greedy or --temperature, not both");
+  model::GenerateOptions opt;
+  opt.max_new = a.max_new;
+  opt.eos_token_id = a.ignore_eos ? -1 : (a.eos == -2 ? m->config().eos_token_id : a.eos);
+  opt.sampling.greedy = !(a.temperature > 0);  // greedy unless a temperature is given
+  opt.sampling.temperature = a.temperature > 0 ? a.temperature : 1.0;
+  opt.sampling.top_p = a.top_p;
+  opt.sampling.seed = a.seed;
+  ZAYA_CHECK(opt.sampling.top_p > 0 && opt.sampling.top_p <= 1, "--top-p must be in (0, 1], found ", a.top_p);
+  Tensor tp = Tensor::borrow(const_cast<int32_t*>(prompt.data()), Shape{1, T0}, DType::i32);
+  const auto out = model::generate(*m, tp, opt);
+  std::string line;
+  for (size_t i = 0; i < out[0].size(); ++i) line += (i ? "," : "") + std::to_string(out[0][i]);
+  std::printf("%s\n", line.c_str());
+  return 0;
+}
+
+void add_generate(CLI::App& app, Commands& commands) {
+  auto args = std::make_shared<GenerateArgs>();
+  auto* cmd = app.add_subcommand("generate", "Generate token ids from a ZAYA1 model (cached decode)");
+  cmd->add_option("--model", args->model, "transformers save_pretrained directory")->required();
+  cmd->add_option("--prompt-ids", args->prompt_ids, "comma-separated prompt token ids")->required();
+  cmd->add_option("--max-new", args->max_new, "maximum number of new tokens")->capture_default_str();
+  cmd->add_flag("--greedy", args->greedy, "argmax decoding (the default when no --temperature is given)");
+  cmd->add_option("--temperature", args->temperature, "sample from softmax(logits / T), T > 0");
+  cmd->add_option("--top-p", args->top_p, "nucleus sampling: keep the smallest set of ids with mass >= P")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Philox seed of the sampler")->capture_default_str();
+  cmd->add_option("--eos", args->eos, "stop after this id (default: the config's eos_token_id)");
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "never stop before --max-new tokens");
+  commands.push_back({cmd, [args] { return run_generate(*args); }});
+}
+
+}  // namespace
+}  // namespace zaya::app
+
+ZAYA_COMMAND(generate, zaya::app::add_generate);
