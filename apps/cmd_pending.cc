@@ -15,7 +15,6 @@ struct Pending {
 
 // Commands that registered for real (apps/cmd_<name>.cc) are skipped; remove their entry here.
 const std::vector<Pending> kPending = {
-    {"train", "Train a model from a TOML config", "#5"},
     {"eval", "Evaluate a checkpoint on a dataset", "#5"},
     {"generate", "Generate text or token ids from a checkpoint", "#4/#5"},
     {"ckpt", "Inspect, verify, export and import checkpoints", "#6"},

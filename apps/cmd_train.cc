@@ -1,0 +1,42 @@
+#include <atomic>
+#include <iostream>
+
+#include "commands.h"
+#include "zaya/train/trainer.h"
+
+namespace zaya::app {
+namespace {
+
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string resume;
+};
+
+void add_train(CLI::App& app, Commands& commands) {
+  auto args = std::make_shared<TrainArgs>();
+  auto* cmd = app.add_subcommand("train", "Train a ZAYA1 model from a TOML run config");
+  cmd->add_option("--config", args->config, "run config (TOML), e.g. configs/demo.toml")->required();
+  cmd->add_option("--set", args->overrides, "override a config key: --set train.steps=100 (repeatable)");
+  cmd->add_option("--resume", args->resume, "resume from 'latest' (under train.out_dir) or a checkpoint directory")
+      ->expected(0, 1)
+      ->default_str("latest");
+  commands.push_back({cmd, [args, cmd] {
+                        train::RunConfig cfg = train::load_run_config(args->config, args->overrides);
+                        static std::atomic<bool> stop{false};
+                        train::install_stop_handlers(&stop);
+                        train::TrainOptions opts;
+                        if (cmd->count("--resume")) opts.resume = args->resume.empty() ? "latest" : args->resume;
+                        opts.stop = &stop;
+                        train::Trainer trainer(std::move(cfg), opts);
+                        train::TrainResult r = trainer.run();
+                        if (r.interrupted) std::cerr << "zaya train: stopped at step " << r.last_step
+                                                     << "; resume with --resume\n";
+                        return 0;
+                      }});
+}
+
+}  // namespace
+}  // namespace zaya::app
+
+ZAYA_COMMAND(train, zaya::app::add_train);

@@ -1,0 +1,25 @@
+// Turning loader rows into model inputs, and evaluating a model on a dataset.
+#pragma once
+
+#include <cstdint>
+
+#include "zaya/core/tensor.h"
+#include "zaya/data/loader.h"
+#include "zaya/model/zaya_model.h"
+
+namespace zaya::train {
+
+// rows [b, T+1] i32 (packed samples) -> ids [b, T] = rows[:, :T], targets [b, T] = rows[:, 1:].
+void split_rows(const Tensor& rows, const Tensor& ids, const Tensor& targets);
+
+struct EvalResult {
+  double loss = 0;        // mean cross-entropy, nats per token
+  double perplexity = 0;  // exp(loss)
+  int64_t tokens = 0;
+};
+
+// Mean loss over global samples [0, samples) of `loader` (rounded up to whole model batches),
+// in order: deterministic, and the same samples every evaluation. Leaves no gradients behind.
+EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples);
+
+}  // namespace zaya::train

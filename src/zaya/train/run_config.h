@@ -1,0 +1,65 @@
+// RunConfig: the one config object of a training run (torchtitan-style), read from a TOML file
+// plus `--set section.key=value` overrides. Each component reads its own section; unknown keys
+// anywhere are an error naming the key and the file.
+//
+//   [model]  model::ModelConfig            [optim]  optim::OptimizerConfig
+//   [data]   DataConfig (below)            [train]  TrainConfig (below)
+//   [ckpt]   CkptConfig (below)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zaya/data/loader.h"
+#include "zaya/model/config.h"
+#include "zaya/optim/config.h"
+
+namespace zaya::train {
+
+struct DataConfig {
+  std::vector<data::DatasetSpec> train;  // data.train (prefixes) + data.weights
+  std::string val;                       // validation prefix (optional)
+  std::string tokenizer;                 // SentencePiece .model (for generate/eval text)
+  uint64_t seed = 1234;                  // shuffle seed
+};
+
+struct TrainConfig {
+  int64_t steps = 1000;        // optimizer steps
+  int64_t micro_batch = 8;     // sequences per forward/backward
+  int64_t seq_len = 256;       // tokens per sequence
+  int64_t grad_accum = 1;      // micro-batches per optimizer step
+  uint64_t seed = 1;           // model init seed
+  int64_t log_every = 10;      // plain log line / progress refresh every N steps
+  int64_t eval_every = 100;    // validation loss every N steps (0: never)
+  int64_t eval_samples = 64;   // validation sequences per evaluation
+  std::string out_dir = "runs/demo";  // metrics.jsonl and checkpoints
+  bool progress = true;        // progress bar when stderr is a terminal
+};
+
+struct CkptConfig {
+  int64_t every = 0;        // save every N steps (0: only at the end and on SIGINT/SIGTERM)
+  int64_t keep_last = 3;    // keep the newest K checkpoints ...
+  int64_t keep_every = 0;   // ... and every N-th step permanently (0: none)
+  bool save_final = true;   // save after the last step
+};
+
+struct RunConfig {
+  model::ModelConfig model;
+  optim::OptimizerConfig optim;
+  DataConfig data;
+  TrainConfig train;
+  CkptConfig ckpt;
+  std::string source;                   // the config file
+  std::string text;                     // its TOML text (stored in checkpoints)
+  std::vector<std::string> overrides;   // the --set arguments
+
+  int64_t tokens_per_step() const { return train.micro_batch * train.seq_len * train.grad_accum; }
+};
+
+// Reads, validates and cross-checks every section; throws zaya::Error naming file and key.
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+RunConfig parse_run_config(const std::string& text, const std::string& source,
+                           const std::vector<std::string>& overrides);
+
+}  // namespace zaya::train

@@ -1,0 +1,306 @@
+#include "zaya/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include "zaya/ckpt/reader.h"
+#include "zaya/core/log.h"
+#include "zaya/core/threads.h"
+#include "zaya/data/tokenizer.h"
+#include "zaya/model/params.h"
+#include "zaya/ops/gemm.h"
+#include "zaya/optim/schedule.h"
+#include "zaya/train/batch.h"
+
+namespace zaya::train {
+namespace fs = std::filesystem;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string human_bytes(double b) {
+  char s[32];
+  if (b >= 1024.0 * 1024 * 1024) std::snprintf(s, sizeof s, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else std::snprintf(s, sizeof s, "%.1f MiB", b / (1024.0 * 1024));
+  return s;
+}
+
+std::atomic<bool>* g_stop_flag = nullptr;
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_flag && !g_stop_flag->load()) {
+    g_stop_flag->store(true);
+    return;
+  }
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+}  // namespace
+
+void install_stop_handlers(std::atomic<bool>* flag) {
+  g_stop_flag = flag;
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+}
+
+Trainer::Trainer(RunConfig config, TrainOptions options) : cfg_(std::move(config)), opts_(std::move(options)) {
+  const auto& t = cfg_.train;
+  train_data_ = std::make_unique<data::DataLoader>(cfg_.data.train, t.seq_len, cfg_.data.seed);
+  for (int d = 0; d < train_data_->num_datasets(); ++d)
+    ZAYA_CHECK(train_data_->samples_per_epoch(d) > 0, cfg_.data.train[static_cast<size_t>(d)].prefix,
+               ": too few tokens for one sample of ", t.seq_len + 1, " tokens");
+  if (!cfg_.data.val.empty()) val_data_ = std::make_unique<data::DataLoader>(
+      std::vector<data::DatasetSpec>{{cfg_.data.val, 1.0}}, t.seq_len, cfg_.data.seed + 1);
+  if (!cfg_.data.tokenizer.empty()) {
+    // Token ids are checked again by the embedding; this catches the mismatch before training.
+    int64_t vocab = data::Tokenizer::load(cfg_.data.tokenizer).vocab_size();
+    ZAYA_CHECK(vocab <= cfg_.model.vocab_size, cfg_.source, ": data.tokenizer has ", vocab,
+               " tokens but model.vocab_size is ", cfg_.model.vocab_size);
+  }
+
+  model_ = std::make_unique<model::ZayaModel>(cfg_.model, t.micro_batch, t.seq_len);
+  model_->init(t.seed);
+  optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, *model_);
+
+  fs::create_directories(t.out_dir);
+  ckpt::WriterOptions w;
+  w.retention.keep_last = static_cast<int>(cfg_.ckpt.keep_last);
+  w.retention.keep_every = cfg_.ckpt.keep_every;
+  writer_ = std::make_unique<ckpt::CheckpointWriter>(t.out_dir, w);
+
+  if (!opts_.resume.empty())
+    restore(opts_.resume == "latest" ? (fs::path(t.out_dir) / "latest").string() : opts_.resume);
+}
+
+Trainer::~Trainer() = default;
+
+double Trainer::measure_gemm_peak() const {
+  // The MFU denominator: this machine's f32 GEMM rate on a large square problem, with the run's
+  // thread count (llm.c reports MFU against a peak; here the peak is measured, not a datasheet).
+  const int64_t n = 1024;
+  Tensor a = Tensor::empty({n, n}, DType::f32), b = Tensor::empty({n, n}, DType::f32), c = Tensor::empty({n, n}, DType::f32);
+  a.fill_(0.5);
+  b.fill_(0.25);
+  ops::gemm(a, ops::Trans::N, b, ops::Trans::N, c);
+  auto t0 = Clock::now();
+  const int reps = 3;
+  for (int i = 0; i < reps; ++i) ops::gemm(a, ops::Trans::N, b, ops::Trans::N, c);
+  return 2.0 * n * n * n * reps / seconds_since(t0);
+}
+
+void Trainer::print_summary() const {
+  const auto& c = cfg_.model;
+  model::ParamCounts n = model::count_parameters(c);
+  const double P = static_cast<double>(n.total);
+  log_info("model: H ", c.hidden_size, ", L ", c.num_hidden_layers, ", heads ", c.num_attention_heads, "/",
+           c.num_key_value_heads, "x", c.head_dim, ", experts ", c.num_experts, "x", c.moe_intermediate_size,
+           ", router ", c.router_hidden_size, ", vocab ", c.vocab_size);
+  char line[256];
+  std::snprintf(line, sizeof line, "parameters: total %.2fM, active %.2fM, embedding %.2fM, non-embedding %.2fM",
+                P / 1e6, n.active / 1e6, n.embedding / 1e6, n.non_embedding / 1e6);
+  log_info(line);
+  log_info("memory: weights ", human_bytes(4 * P), " (f32), gradients ", human_bytes(4 * P), ", optimizer state ",
+           human_bytes(static_cast<double>(optimizer_->state_bytes())), ", activations ",
+           human_bytes(static_cast<double>(model_->activation_bytes())), " (", cfg_.train.micro_batch, "x",
+           cfg_.train.seq_len, " tokens per micro-batch)");
+  log_info("optimizer: ", optimizer_->summary().str());
+  log_info("batch: ", cfg_.train.micro_batch, " x ", cfg_.train.seq_len, " x ", cfg_.train.grad_accum,
+           " accumulation = ", cfg_.tokens_per_step(), " tokens per step; ", cfg_.train.steps, " steps = ",
+           cfg_.tokens_per_step() * cfg_.train.steps, " tokens; threads ", num_threads());
+}
+
+nlohmann::json Trainer::state_json() const {
+  nlohmann::json s;
+  s["format"] = "zaya-train-1";
+  s["step"] = step_;
+  s["tokens"] = tokens_;
+  s["data_loader_next_sample"] = train_data_->state();
+  s["lr_next"] = optim::lr_at(cfg_.optim, step_ + 1);
+  s["config_file"] = cfg_.source;
+  s["config_toml"] = cfg_.text;
+  s["config_overrides"] = cfg_.overrides;
+  s["model_config"] = nlohmann::json::parse(cfg_.model.to_hf_json());
+  s["tokenizer"] = cfg_.data.tokenizer;
+  s["world"] = {{"size", 1}, {"data_parallel", 1}};
+  s["rng"] = {{"init_seed", cfg_.train.seed}, {"data_seed", cfg_.data.seed}};
+  return s;
+}
+
+std::string Trainer::save(bool wait) {
+  std::vector<ckpt::SaveItem> items;
+  const auto& specs = model_->specs();
+  for (size_t i = 0; i < specs.size(); ++i) items.push_back({specs[i].name, model_->param(static_cast<int>(i)), {}, {}});
+  const Tensor& beta = model_->balancing_biases();
+  for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l)
+    items.push_back({model::balancing_bias_name(static_cast<int>(l)), beta.select(l), {}, {}});
+  for (auto& [name, t] : optimizer_->state_tensors()) items.push_back({name, t, {}, {}});
+  double stall = writer_->save(step_, items, state_json());
+  if (wait) writer_->wait();
+  std::string dir = (fs::path(cfg_.train.out_dir) / ("step_" + [&] {
+                       char b[16];
+                       std::snprintf(b, sizeof b, "%07lld", static_cast<long long>(step_));
+                       return std::string(b);
+                     }())).string();
+  log_info("checkpoint step ", step_, " -> ", dir, " (training stalled ", static_cast<int>(stall * 1000), " ms",
+           wait ? ", written" : ", writing in the background", ")");
+  return dir;
+}
+
+void Trainer::restore(const std::string& where) {
+  fs::path dir = ckpt::Checkpoint::resolve(where);
+  ckpt::Checkpoint c(dir);
+  const nlohmann::json& s = c.manifest().state;
+  ZAYA_CHECK(s.value("format", "") == "zaya-train-1", dir.string(), ": not a zaya training checkpoint");
+  model::ModelConfig saved = model::ModelConfig::from_hf_json_text(s["model_config"].dump(), dir.string() + "/manifest.json");
+  ZAYA_CHECK(saved.to_hf_json() == cfg_.model.to_hf_json(), dir.string(),
+             ": the checkpoint's model config differs from the run config's [model] section");
+  const auto& specs = model_->specs();
+  for (size_t i = 0; i < specs.size(); ++i) c.load(specs[i].name, model_->param(static_cast<int>(i)));
+  const Tensor& beta = model_->balancing_biases();
+  for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l)
+    c.load(model::balancing_bias_name(static_cast<int>(l)), beta.select(l));
+  std::map<std::string, Tensor> state;
+  for (auto& [name, t] : optimizer_->state_tensors()) state[name] = c.load_full(name);
+  optimizer_->load_state(state);
+  step_ = s.at("step").get<int64_t>();
+  tokens_ = s.at("tokens").get<int64_t>();
+  train_data_->set_state(s.at("data_loader_next_sample").get<int64_t>());
+  log_info("resumed from ", dir.string(), ": step ", step_, ", ", tokens_, " tokens");
+}
+
+TrainResult Trainer::run() {
+  const auto& t = cfg_.train;
+  if (!opts_.quiet) print_summary();
+  const double peak = measure_gemm_peak();
+  const double flops_per_token = model::training_flops_per_token(cfg_.model, t.seq_len);
+  log_info("MFU denominator: measured f32 GEMM peak ", static_cast<int>(peak / 1e9), " GFLOP/s (1024^3, ",
+           num_threads(), " threads)");
+
+  MetricsSink metrics((fs::path(t.out_dir) / "metrics.jsonl").string(), /*append=*/step_ > 0);
+  TrainResult result;
+  result.first_step = step_;
+  Progress progress(step_, t.steps, t.progress && !opts_.quiet);
+  const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_experts;
+
+  Tensor rows = Tensor::empty({t.micro_batch, t.seq_len + 1}, DType::i32);
+  Tensor ids = Tensor::empty({t.micro_batch, t.seq_len}, DType::i32);
+  Tensor targets = Tensor::empty({t.micro_batch, t.seq_len}, DType::i32);
+  std::vector<int64_t> counts;
+  std::vector<int64_t> skipped(static_cast<size_t>(L));
+
+  auto evaluate_now = [&](const char* when) -> std::optional<double> {
+    if (!val_data_) return std::nullopt;
+    auto t0 = Clock::now();
+    EvalResult r = evaluate(*model_, *val_data_, t.eval_samples);
+    if (progress.is_bar()) std::fprintf(stderr, "\n");
+    char line[160];
+    std::snprintf(line, sizeof line, "validation (%s, step %lld): loss %.4f, perplexity %.2f over %lld tokens (%.1f s)",
+                  when, static_cast<long long>(step_), r.loss, r.perplexity, static_cast<long long>(r.tokens),
+                  seconds_since(t0));
+    log_info(line);
+    metrics.write({{"step", step_}, {"tokens", tokens_}, {"val_loss", r.loss}, {"val_perplexity", r.perplexity}});
+    return r.loss;
+  };
+
+  while (step_ < t.steps) {
+    auto step_start = Clock::now();
+    double t_data = 0, t_fwd = 0, t_bwd = 0;
+    double loss = 0;
+    counts.assign(static_cast<size_t>(L * E), 0);
+    std::fill(skipped.begin(), skipped.end(), 0);
+    for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
+      auto t0 = Clock::now();
+      train_data_->next_batch(0, 1, rows);
+      split_rows(rows, ids, targets);
+      auto t1 = Clock::now();
+      loss += model_->forward(ids, targets) / static_cast<double>(t.grad_accum);
+      auto t2 = Clock::now();
+      model_->backward();
+      auto t3 = Clock::now();
+      optim::Optimizer::accumulate_router_counts(*model_, counts);
+      auto stats = model_->router_stats();
+      for (int64_t l = 0; l < L; ++l) skipped[static_cast<size_t>(l)] += stats[static_cast<size_t>(l)].skipped;
+      t_data += std::chrono::duration<double>(t1 - t0).count();
+      t_fwd += std::chrono::duration<double>(t2 - t1).count();
+      t_bwd += std::chrono::duration<double>(t3 - t2).count();
+    }
+    // Gradients were summed over micro-batches of equal token counts: average them.
+    if (t.grad_accum > 1) {
+      float s = 1.0f / static_cast<float>(t.grad_accum);
+      float* g = model_->grads_flat().data<float>();
+      for (int64_t i = 0; i < model_->grads_flat().numel(); ++i) g[i] *= s;
+    }
+    auto t_opt0 = Clock::now();
+    const double lr = optim::lr_at(cfg_.optim, step_ + 1);
+    optim::StepStats st = optimizer_->step(*model_, lr);
+    optimizer_->balance_step(*model_, counts);
+    double t_opt = seconds_since(t_opt0);
+    ++step_;
+    tokens_ += cfg_.tokens_per_step();
+    result.losses.push_back(loss);
+
+    const double dt = seconds_since(step_start);
+    const double tok_s = static_cast<double>(cfg_.tokens_per_step()) / dt;
+    const double mfu = flops_per_token * tok_s / peak;
+    nlohmann::json rec = {{"step", step_}, {"tokens", tokens_}, {"loss", loss}, {"lr", lr},
+                          {"grad_norm", st.grad_norm}, {"clipped", st.clipped}, {"skipped_update", st.skipped},
+                          {"tokens_per_s", tok_s}, {"mfu", mfu},
+                          {"time", {{"data", t_data}, {"forward", t_fwd}, {"backward", t_bwd}, {"optimizer", t_opt}, {"step", dt}}}};
+    // Expert loads: entropy of the routed-token distribution normalized by ln E (1 = uniform),
+    // max/min load relative to uniform (1 = its fair share), and the skip fraction.
+    std::vector<double> entropy, max_load, min_load, skip_frac;
+    double min_entropy = 1;
+    for (int64_t l = 0; l < L; ++l) {
+      int64_t routed = 0;
+      for (int64_t e = 0; e < E; ++e) routed += counts[static_cast<size_t>(l * E + e)];
+      double h = 0, mx = 0, mn = 1e30;
+      for (int64_t e = 0; e < E; ++e) {
+        double f = routed ? static_cast<double>(counts[static_cast<size_t>(l * E + e)]) / static_cast<double>(routed) : 0;
+        if (f > 0) h -= f * std::log(f);
+        mx = std::max(mx, f * static_cast<double>(E));
+        mn = std::min(mn, f * static_cast<double>(E));
+      }
+      double hn = E > 1 ? h / std::log(static_cast<double>(E)) : 1.0;
+      entropy.push_back(hn);
+      max_load.push_back(mx);
+      min_load.push_back(mn);
+      skip_frac.push_back(static_cast<double>(skipped[static_cast<size_t>(l)]) /
+                          static_cast<double>(routed + skipped[static_cast<size_t>(l)]));
+      min_entropy = std::min(min_entropy, hn);
+    }
+    rec["expert_entropy"] = entropy;
+    rec["expert_max_load"] = max_load;
+    rec["expert_min_load"] = min_load;
+    rec["skip_fraction"] = skip_frac;
+    metrics.write(rec);
+    char extra[64];
+    std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f", lr, st.grad_norm, min_entropy);
+    progress.update(step_ - 1, loss, tok_s, t.log_every, extra);
+    if (!std::isfinite(loss)) log_warn("step ", step_, ": non-finite loss");
+
+    bool stop_requested = (opts_.stop && opts_.stop->load()) ||
+                          (opts_.stop_after_steps >= 0 && step_ - result.first_step >= opts_.stop_after_steps);
+    if (t.eval_every > 0 && step_ % t.eval_every == 0 && step_ < t.steps) evaluate_now("periodic");
+    if (stop_requested) {
+      if (progress.is_bar()) std::fprintf(stderr, "\n");
+      log_info("stop requested at step ", step_, ": saving a checkpoint");
+      result.last_checkpoint = save(/*wait=*/true);
+      result.interrupted = true;
+      result.last_step = step_;
+      return result;
+    }
+    if (cfg_.ckpt.every > 0 && step_ % cfg_.ckpt.every == 0 && step_ < t.steps) result.last_checkpoint = save(false);
+  }
+  progress.finish();
+  result.final_val_loss = evaluate_now("final");
+  if (cfg_.ckpt.save_final) result.last_checkpoint = save(/*wait=*/true);
+  writer_->wait();
+  result.last_step = step_;
+  return result;
+}
+
+}  // namespace zaya::train

@@ -1,0 +1,71 @@
+// The training loop (`zaya train`): data -> forward/backward (gradient accumulation) -> clip +
+// Muon/AdamW -> expert balancing -> metrics, evaluation and checkpoints, with exact resume.
+//
+// One object owns the run's components (torchtitan-style: one config, no globals); run() executes
+// it. A world of one rank for now; the data loader's state and the checkpoint format already
+// reshard to any data-parallel size.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zaya/ckpt/writer.h"
+#include "zaya/data/loader.h"
+#include "zaya/model/zaya_model.h"
+#include "zaya/optim/optimizer.h"
+#include "zaya/train/progress.h"
+#include "zaya/train/run_config.h"
+
+namespace zaya::train {
+
+struct TrainOptions {
+  std::string resume;         // "" (fresh), "latest" (newest under out_dir) or a checkpoint dir
+  bool quiet = false;         // no model summary
+  // Set by the SIGINT/SIGTERM handler (or a test): save a checkpoint and return.
+  std::atomic<bool>* stop = nullptr;
+  int64_t stop_after_steps = -1;  // test hook: stop (with a checkpoint) after this many steps
+};
+
+struct TrainResult {
+  int64_t first_step = 0;       // step the run started from (0, or the resumed checkpoint's)
+  int64_t last_step = 0;        // optimizer steps completed
+  std::vector<double> losses;   // training loss of each step this run took
+  std::optional<double> final_val_loss;
+  bool interrupted = false;
+  std::string last_checkpoint;  // directory of the newest checkpoint written
+};
+
+class Trainer {
+ public:
+  explicit Trainer(RunConfig config, TrainOptions options = {});
+  ~Trainer();
+  TrainResult run();
+
+  model::ZayaModel& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+
+ private:
+  void print_summary() const;
+  void restore(const std::string& dir);
+  std::string save(bool wait);
+  nlohmann::json state_json() const;
+  double measure_gemm_peak() const;
+
+  RunConfig cfg_;
+  TrainOptions opts_;
+  std::unique_ptr<model::ZayaModel> model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<data::DataLoader> train_data_, val_data_;
+  std::unique_ptr<ckpt::CheckpointWriter> writer_;
+  int64_t step_ = 0;            // optimizer steps done
+  int64_t tokens_ = 0;          // tokens consumed
+};
+
+// Installs SIGINT/SIGTERM handlers that set `flag` (the first signal asks for a clean stop; a
+// second one falls back to the default action).
+void install_stop_handlers(std::atomic<bool>* flag);
+
+}  // namespace zaya::train
