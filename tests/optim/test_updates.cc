@@ -143,6 +143,9 @@ TEST_P(MuonShapes, MatchesDoubleReferenceOverThreeSteps) {
     // update. The quintic's slope at small singular values is a = 3.44, so f32 rounding (~1e-7)
     // can grow over five steps, and oneDNN's GEMMs sum in their own order; measured ~1e-6
     // relative. 2e-5 leaves a 20x margin while a wrong transpose, scale or momentum gives O(1).
+    Vec step(rows * cols), step_ref(rows * cols);
+    Vec now = to_f64(p);
+    for (int64_t i = 0; i < rows * cols; ++i) step[i] = now[i] - before[i], step_ref[i] = pr[i] - before[i];
     EXPECT_LT(zaya::test::rel_error(step, step_ref), 2e-5) << "step " << t;
     pr = now;  // keep the reference on our trajectory so errors do not compound across steps
   }

@@ -10,8 +10,7 @@ namespace {
 
 [[noreturn]] void bad(const std::string& source, const std::string& key, const std::string& expected,
                       const std::string& found) {
-  throw Error(str(source, ": optim.", key, ": expected ", expected, ", found ", found),
-              ErrorContext{source, "optim." + key, expected, found});
+  throw Error("invalid value", ErrorContext{source, "optim." + key, expected, found});
 }
 
 void check_range(const std::string& source, const std::string& key, double v, double lo, double hi,

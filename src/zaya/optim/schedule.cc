@@ -94,8 +94,7 @@ void Recipe::validate(const std::string& source) const {
     const Phase& p = phases[i];
     const std::string key = str("recipe.phases[", i, "].");
     auto fail = [&](const std::string& field, const std::string& expected, const std::string& found) {
-      throw Error(str(source, ": ", key, field, ": expected ", expected, ", found ", found),
-                  ErrorContext{source, key + field, expected, found});
+      throw Error("invalid value", ErrorContext{source, key + field, expected, found});
     };
     if (p.tokens <= 0) fail("tokens", "a positive token count", str(p.tokens));
     if (p.seq_len <= 0) fail("seq_len", "a positive sequence length", str(p.seq_len));
@@ -109,16 +108,13 @@ void Recipe::validate(const std::string& source) const {
     if (!p.data_weights.empty() && !(sum > 0)) fail("data_weights", "at least one positive weight", "all zero");
   }
   if (batch_ramp_start < 0)
-    throw Error(str(source, ": recipe.batch_ramp_start: expected >= 0, found ", batch_ramp_start),
-                ErrorContext{source, "recipe.batch_ramp_start", ">= 0", str(batch_ramp_start)});
+    throw Error("invalid value", ErrorContext{source, "recipe.batch_ramp_start", ">= 0", str(batch_ramp_start)});
   if (batch_ramp_tokens < 0)
-    throw Error(str(source, ": recipe.batch_ramp_tokens: expected >= 0, found ", batch_ramp_tokens),
-                ErrorContext{source, "recipe.batch_ramp_tokens", ">= 0", str(batch_ramp_tokens)});
+    throw Error("invalid value", ErrorContext{source, "recipe.batch_ramp_tokens", ">= 0", str(batch_ramp_tokens)});
   if (!phases.empty() && batch_ramp_start > phases[0].batch_size)
-    throw Error(str(source, ": recipe.batch_ramp_start: expected <= the first phase's batch_size ",
-                    phases[0].batch_size, ", found ", batch_ramp_start),
-                ErrorContext{source, "recipe.batch_ramp_start", str("<= ", phases[0].batch_size),
-                             str(batch_ramp_start)});
+    throw Error("invalid value", ErrorContext{source, "recipe.batch_ramp_start",
+                                              str("<= the first phase's batch_size ", phases[0].batch_size),
+                                              str(batch_ramp_start)});
 }
 
 Recipe Recipe::from_toml(ConfigReader& r) {
