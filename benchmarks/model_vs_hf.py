@@ -1,0 +1,104 @@
+"""One training step (forward + backward of the next-token loss) of a ZAYA1 model in zaya and in
+transformers' ZayaForCausalLM (torch CPU, fp32, same thread count), in one run.
+
+zaya side: `zaya --threads N forward --init-config CFG --bench-steps S --batch B --seq T` (random
+tokens, one untimed warm-up step, mean over S steps). transformers side: the same shapes, the same
+kind of random tokens, model(input_ids, labels).loss.backward(), one untimed warm-up, mean over S.
+Both models start from their own random init (routing is input-dependent on both sides; HF's key
+temperature init is 0, zaya's 1 — neither changes the FLOPs).
+
+Prints tokens/s of each, the ratio, phase times and zaya's activation arena per step.
+zaya has no bf16-compute option in ZayaModel yet (the linear ops accept bf16 inputs, but the model
+keeps no bf16 weight copies), so only fp32 is timed.
+
+Run: .venv/bin/python benchmarks/model_vs_hf.py --zaya build/gen/zaya --threads 2
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The demo shapes (task spec; configs/demo.toml's [model] section is used instead when it exists).
+DEMO = dict(vocab_size=8192, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=64, num_experts=8, moe_intermediate_size=512, router_hidden_size=64)
+
+
+def model_config(path):
+    cfg = dict(DEMO)
+    if path and Path(path).exists():
+        import tomllib
+        with open(path, "rb") as f:
+            cfg.update({k: v for k, v in tomllib.load(f).get("model", {}).items() if k in DEMO})
+    return cfg
+
+
+def run_zaya(binary, cfg, threads, batch, seq, steps):
+    with tempfile.TemporaryDirectory() as d:
+        toml = Path(d) / "model.toml"
+        toml.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in cfg.items()))
+        out = subprocess.run([binary, "--threads", str(threads), "forward", "--init-config", str(toml), "--seed", "1",
+                              "--bench-steps", str(steps), "--batch", str(batch), "--seq", str(seq)],
+                             check=True, capture_output=True, text=True).stdout
+    m = re.search(r"forward ([\d.]+) ms, backward ([\d.]+) ms, step ([\d.]+) ms", out)
+    arena = re.search(r"activation arena ([\d.]+) MiB", out)
+    return dict(fwd=float(m[1]), bwd=float(m[2]), step=float(m[3]), arena_mib=float(arena[1]), raw=out)
+
+
+def run_hf(cfg, threads, batch, seq, steps, attn):
+    import torch
+    from transformers import ZayaConfig, ZayaForCausalLM
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    hc = ZayaConfig(**cfg, max_position_embeddings=max(4096, seq), layer_types=["hybrid"] * cfg["num_hidden_layers"],
+                    attn_implementation=attn)
+    model = ZayaForCausalLM(hc).float().train()
+    ids = torch.randint(1, cfg["vocab_size"], (batch, seq))
+    fwd = bwd = 0.0
+    for s in range(-1, steps):
+        model.zero_grad(set_to_none=False)
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        if s >= 0:
+            fwd += t1 - t0
+            bwd += t2 - t1
+    return dict(fwd=1e3 * fwd / steps, bwd=1e3 * bwd / steps, step=1e3 * (fwd + bwd) / steps)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--zaya", default=os.environ.get("ZAYA_BINARY", str(ROOT / "build/cpu/zaya")))
+    ap.add_argument("--config", default=str(ROOT / "configs/demo.toml"), help="TOML with a [model] section")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--attn", default="sdpa", help="transformers attention implementation (sdpa or eager)")
+    a = ap.parse_args()
+    cfg = model_config(a.config)
+    tokens = a.batch * a.seq
+    print(f"model {cfg}")
+    print(f"batch {a.batch} x {a.seq} = {tokens} tokens/step, {a.steps} timed steps, {a.threads} threads, "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    z = run_zaya(a.zaya, cfg, a.threads, a.batch, a.seq, a.steps)
+    h = run_hf(cfg, a.threads, a.batch, a.seq, a.steps, a.attn)
+    for name, r in (("zaya fp32", z), (f"transformers fp32 ({a.attn})", h)):
+        print(f"{name:28s} forward {r['fwd']:9.1f} ms  backward {r['bwd']:9.1f} ms  step {r['step']:9.1f} ms  "
+              f"{tokens / r['step'] * 1e3:9.1f} tokens/s")
+    print(f"ratio zaya / transformers (tokens/s): {h['step'] / z['step']:.2f}x")
+    print(f"zaya activation arena per step: {z['arena_mib']:.1f} MiB")
+    print("zaya bf16 GEMMs: not available (ZayaModel has no bf16 compute option yet)")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
