@@ -124,7 +124,8 @@ RunResult train(const OptimizerConfig& cfg, int from, int to, const Saved* resum
   m.init(42);
   Optimizer opt(cfg, m);
   if (resume) {
-    std::memcpy(m.params_flat().data<float>(), std::vector<float>(resume->params.begin(), resume->params.end()).data(),
+    std::memcpy(m.params_flat().data<float>(),
+                std::vector<float>(resume->params.begin(), resume->params.end()).data(),
                 resume->params.size() * 4);
     std::vector<float> b(resume->beta.begin(), resume->beta.end());
     std::memcpy(m.balancing_biases().data<float>(), b.data(), b.size() * 4);
@@ -177,7 +178,8 @@ TEST_P(Overfit, LossFallsSubstantiallyOnAFixedBatch) {
   std::printf("[ overfit  ] %s: loss %.4f -> %.4f after 30 steps\n", GetParam() ? "muon" : "adamw",
               a.losses.front(), a.losses.back());
   EXPECT_GT(a.losses.front(), 3.0);
-  EXPECT_LT(a.losses.back(), 0.2 * a.losses.front()) << "first " << a.losses.front() << " last " << a.losses.back();
+  EXPECT_LT(a.losses.back(), 0.2 * a.losses.front())
+      << "first " << a.losses.front() << " last " << a.losses.back();
   // Determinism: the same run again is bitwise identical.
   RunResult b = train(cfg, 0, 30, nullptr, nullptr);
   EXPECT_EQ(a.losses, b.losses);

@@ -41,7 +41,7 @@ TEST(Schedule, WarmupIsLinearFromAboveZero) {
 TEST(Schedule, WsdLinearAndOneMinusSqrt) {
   OptimizerConfig c = sched(ScheduleKind::wsd);
   EXPECT_NEAR(lr_at(c, 11), 1.0, kTol);
-  EXPECT_NEAR(lr_at(c, 80), 1.0, kTol);  // decay start: still the peak
+  EXPECT_NEAR(lr_at(c, 80), 1.0, kTol);               // decay start: still the peak
   EXPECT_NEAR(lr_at(c, 85), 0.1 + 0.9 * 0.75, kTol);  // x = 5/20
   EXPECT_NEAR(lr_at(c, 90), 0.1 + 0.9 * 0.5, kTol);
   EXPECT_NEAR(lr_at(c, 100), 0.1, kTol);  // end: min_lr
@@ -74,8 +74,8 @@ TEST(BatchRamp, LinearInMicroMultiples) {
   BatchRamp r{.start = 8, .full = 64, .tokens = 1000, .micro = 8};
   r.validate("test");
   EXPECT_EQ(r.batch_at(0), 8);
-  EXPECT_EQ(r.batch_at(500), 32);   // 8 + 0.5·56 = 36 → 32
-  EXPECT_EQ(r.batch_at(999), 56);   // 63.94 → 56
+  EXPECT_EQ(r.batch_at(500), 32);  // 8 + 0.5·56 = 36 → 32
+  EXPECT_EQ(r.batch_at(999), 56);  // 63.94 → 56
   EXPECT_EQ(r.batch_at(1000), 64);
   EXPECT_EQ(r.batch_at(1 << 30), 64);
   for (int64_t t = 0; t < 1200; t += 37) {
@@ -173,7 +173,8 @@ muon_min_dim = 64
 muon_exclude = ["o_proj"]
 balance_enabled = false
 balance_lr = 1e-2
-)", "run.toml");
+)",
+                                             "run.toml");
   OptimizerConfig c = OptimizerConfig::from_toml(r);
   r.finish();
   EXPECT_EQ(c.lr, 3e-4);
@@ -216,7 +217,7 @@ TEST(OptimConfig, ErrorsNameTheKey) {
   expect_error_names("[optim]\nwarmup_steps = 900\ndecay_fraction = 0.2\n", "optim.decay_fraction");
   expect_error_names("[optim]\nmuon_ns_steps = 0\n", "optim.muon_ns_steps");
   expect_error_names("[optim]\nmin_lr = 1.0\n", "optim.min_lr");  // above lr
-  expect_error_names("[optim]\nmuon = 1\n", "optim.muon");          // wrong type (ConfigReader)
+  expect_error_names("[optim]\nmuon = 1\n", "optim.muon");        // wrong type (ConfigReader)
   ConfigReader r = ConfigReader::from_string("[optim]\nlearning_rate = 1.0\n", "typo.toml");
   OptimizerConfig::from_toml(r);
   EXPECT_THROW(r.finish(), Error);  // unknown keys are the caller's finish()

@@ -77,8 +77,8 @@ TEST(AdamW, MatchesDoubleReferenceOverSeveralSteps) {
 }
 
 // Double reference of one Muon step on an r×c matrix.
-void muon_reference(Vec& p, Vec& mom, const Vec& g, int64_t rows, int64_t cols, double lr, double beta, double wd,
-                    int steps) {
+void muon_reference(Vec& p, Vec& mom, const Vec& g, int64_t rows, int64_t cols, double lr, double beta,
+                    double wd, int steps) {
   const int64_t n = rows * cols;
   Vec u(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -154,9 +154,9 @@ TEST_P(MuonShapes, MatchesDoubleReferenceOverThreeSteps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MuonShapes,
-                         ::testing::Values(std::pair<int64_t, int64_t>{20, 48},   // wide
-                                           std::pair<int64_t, int64_t>{48, 20},   // tall: transposed
-                                           std::pair<int64_t, int64_t>{32, 32})); // square
+                         ::testing::Values(std::pair<int64_t, int64_t>{20, 48},    // wide
+                                           std::pair<int64_t, int64_t>{48, 20},    // tall: transposed
+                                           std::pair<int64_t, int64_t>{32, 32}));  // square
 
 TEST(Muon, UpdateHasAdamWLikeRms) {
   // O ≈ U·Vᵀ has RMS 1/√max(r, c) when the gradient has full rank, so the scaled update has RMS

@@ -37,7 +37,8 @@ inline Batch make_batch(int64_t vocab, int64_t B, int64_t T, uint64_t seed) {
   Tensor u = Tensor::empty(Shape{B * T}, DType::f32);
   fill_uniform(u, seed, 0);
   for (int64_t i = 0; i < B * T; ++i)
-    b.ids.push_back(1 + static_cast<int32_t>(u.data<float>()[i] * static_cast<float>(vocab - 1)) % (vocab - 1));
+    b.ids.push_back(1 +
+                    static_cast<int32_t>(u.data<float>()[i] * static_cast<float>(vocab - 1)) % (vocab - 1));
   for (int64_t r = 0; r < B; ++r)
     for (int64_t t = 0; t < T; ++t) b.targets.push_back(t + 1 < T ? b.ids[r * T + t + 1] : -100);
   b.tid = Tensor::borrow(b.ids.data(), Shape{B, T}, DType::i32);

@@ -7,8 +7,8 @@ namespace zaya::optim {
 BalanceController::BalanceController(int64_t layers, int64_t experts, double lr, double beta1, double beta2,
                                      double eps)
     : L_(layers), E_(experts), lr_(lr), beta1_(beta1), beta2_(beta2), eps_(eps) {
-  ZAYA_CHECK(layers >= 1 && experts >= 1, "BalanceController: need >= 1 layer and expert, found ", layers, ", ",
-             experts);
+  ZAYA_CHECK(layers >= 1 && experts >= 1, "BalanceController: need >= 1 layer and expert, found ", layers,
+             ", ", experts);
   m_ = Tensor::zeros(Shape{L_, E_}, DType::f32);
   v_ = Tensor::zeros(Shape{L_, E_}, DType::f32);
   g_ = Tensor::zeros(Shape{L_, E_}, DType::f32);
@@ -30,8 +30,8 @@ void BalanceController::step(const Tensor& biases, std::span<const int64_t> coun
   for (int64_t l = 0; l < L_; ++l) {
     int64_t total = 0;
     for (int64_t e = 0; e < E_; ++e) {
-      ZAYA_CHECK(counts[l * E_ + e] >= 0, "BalanceController: negative count ", counts[l * E_ + e], " at layer ",
-                 l, " expert ", e);
+      ZAYA_CHECK(counts[l * E_ + e] >= 0, "BalanceController: negative count ", counts[l * E_ + e],
+                 " at layer ", l, " expert ", e);
       total += counts[l * E_ + e];
     }
     if (total == 0) continue;

@@ -16,16 +16,20 @@ namespace {
 void check_range(const std::string& source, const std::string& key, double v, double lo, double hi,
                  bool lo_open, bool hi_open) {
   bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
-  if (!ok) bad(source, key, str("a number in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]"), str(v));
+  if (!ok)
+    bad(source, key, str("a number in ", lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]"), str(v));
 }
 
 }  // namespace
 
 const char* schedule_name(ScheduleKind k) {
   switch (k) {
-    case ScheduleKind::wsd: return "wsd";
-    case ScheduleKind::cosine: return "cosine";
-    case ScheduleKind::constant: return "constant";
+    case ScheduleKind::wsd:
+      return "wsd";
+    case ScheduleKind::cosine:
+      return "cosine";
+    case ScheduleKind::constant:
+      return "constant";
   }
   return "?";
 }
@@ -54,7 +58,8 @@ void OptimizerConfig::validate(const std::string& source) const {
   check_range(source, "eps", eps, 0, 1, true, false);
   check_range(source, "grad_clip", grad_clip, 0, 1e30, false, false);
   check_range(source, "muon_momentum", muon_momentum, 0, 1, false, true);
-  if (muon_ns_steps < 1 || muon_ns_steps > 100) bad(source, "muon_ns_steps", "an integer in [1, 100]", str(muon_ns_steps));
+  if (muon_ns_steps < 1 || muon_ns_steps > 100)
+    bad(source, "muon_ns_steps", "an integer in [1, 100]", str(muon_ns_steps));
   if (muon_min_dim < 1) bad(source, "muon_min_dim", "an integer >= 1", str(muon_min_dim));
   for (const std::string& s : muon_exclude)
     if (s.empty()) bad(source, "muon_exclude", "non-empty name substrings", "an empty string");
@@ -69,16 +74,23 @@ OptimizerConfig OptimizerConfig::from_toml(ConfigReader& r) {
   r.get("optim.warmup_steps", c.warmup_steps);
   std::string schedule = schedule_name(c.schedule);
   r.get("optim.schedule", schedule);
-  if (schedule == "wsd") c.schedule = ScheduleKind::wsd;
-  else if (schedule == "cosine") c.schedule = ScheduleKind::cosine;
-  else if (schedule == "constant") c.schedule = ScheduleKind::constant;
-  else bad(src, "schedule", "\"wsd\", \"cosine\" or \"constant\"", "\"" + schedule + "\"");
+  if (schedule == "wsd")
+    c.schedule = ScheduleKind::wsd;
+  else if (schedule == "cosine")
+    c.schedule = ScheduleKind::cosine;
+  else if (schedule == "constant")
+    c.schedule = ScheduleKind::constant;
+  else
+    bad(src, "schedule", "\"wsd\", \"cosine\" or \"constant\"", "\"" + schedule + "\"");
   r.get("optim.decay_fraction", c.decay_fraction);
   std::string shape = decay_shape_name(c.decay_shape);
   r.get("optim.decay_shape", shape);
-  if (shape == "linear") c.decay_shape = DecayShape::linear;
-  else if (shape == "1-sqrt") c.decay_shape = DecayShape::one_minus_sqrt;
-  else bad(src, "decay_shape", "\"linear\" or \"1-sqrt\"", "\"" + shape + "\"");
+  if (shape == "linear")
+    c.decay_shape = DecayShape::linear;
+  else if (shape == "1-sqrt")
+    c.decay_shape = DecayShape::one_minus_sqrt;
+  else
+    bad(src, "decay_shape", "\"linear\" or \"1-sqrt\"", "\"" + shape + "\"");
   r.get("optim.total_steps", c.total_steps);
   r.get("optim.weight_decay", c.weight_decay);
   r.get("optim.beta1", c.beta1);

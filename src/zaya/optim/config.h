@@ -37,8 +37,8 @@ struct OptimizerConfig {
   bool muon = true;
   double muon_momentum = 0.95;
   int64_t muon_ns_steps = 5;
-  int64_t muon_min_dim = 32;                // matrices with a side below this go to AdamW
-  std::vector<std::string> muon_exclude;    // parameter-name substrings forced to AdamW
+  int64_t muon_min_dim = 32;              // matrices with a side below this go to AdamW
+  std::vector<std::string> muon_exclude;  // parameter-name substrings forced to AdamW
 
   // Expert-balance controller: its own AdamW on the balancing biases (no weight decay).
   bool balance_enabled = true;

@@ -48,7 +48,8 @@ size_t Optimizer::state_bytes() const {
 StepStats Optimizer::step(model::ZayaModel& model, double lr) {
   ZAYA_CHECK(model.specs().size() == specs_.size() && model.params_flat().numel() == moment1_.numel(),
              "Optimizer::step: model does not match the one the optimizer was built for");
-  ZAYA_CHECK(std::isfinite(lr) && lr >= 0, "Optimizer::step: learning rate must be finite and >= 0, found ", lr);
+  ZAYA_CHECK(std::isfinite(lr) && lr >= 0, "Optimizer::step: learning rate must be finite and >= 0, found ",
+             lr);
   StepStats s;
   s.lr = lr;
   const Tensor grads = model.grads_flat();
@@ -100,8 +101,8 @@ void Optimizer::balance_step(model::ZayaModel& model, std::span<const int64_t> c
 void Optimizer::accumulate_router_counts(const model::ZayaModel& model, std::vector<int64_t>& counts) {
   const int64_t L = model.config().num_hidden_layers, E = model.config().num_experts;
   if (counts.empty()) counts.assign(static_cast<size_t>(L * E), 0);
-  ZAYA_CHECK(static_cast<int64_t>(counts.size()) == L * E, "accumulate_router_counts: counts has ", counts.size(),
-             " entries, expected layers x experts = ", L * E);
+  ZAYA_CHECK(static_cast<int64_t>(counts.size()) == L * E, "accumulate_router_counts: counts has ",
+             counts.size(), " entries, expected layers x experts = ", L * E);
   std::vector<model::RouterStats> stats = model.router_stats();
   ZAYA_ASSERT(static_cast<int64_t>(stats.size()) == L);
   for (int64_t l = 0; l < L; ++l) {
@@ -150,8 +151,8 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
   }
   step_ = step_t_.data<int64_t>()[0];
   balancer_.set_steps(balance_step_t_.data<int64_t>()[0]);
-  ZAYA_CHECK(step_ >= 0 && balancer_.steps() >= 0, "optimizer state: negative step counter (optim.step ", step_,
-             ", optim.balance_step ", balancer_.steps(), ")");
+  ZAYA_CHECK(step_ >= 0 && balancer_.steps() >= 0, "optimizer state: negative step counter (optim.step ",
+             step_, ", optim.balance_step ", balancer_.steps(), ")");
 }
 
 }  // namespace zaya::optim

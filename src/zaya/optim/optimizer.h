@@ -28,11 +28,11 @@
 namespace zaya::optim {
 
 struct StepStats {
-  int64_t step = 0;         // optimizer steps taken so far (this one included unless skipped)
+  int64_t step = 0;  // optimizer steps taken so far (this one included unless skipped)
   double lr = 0;
-  double grad_norm = 0;     // global L2 norm of all gradients before clipping
+  double grad_norm = 0;  // global L2 norm of all gradients before clipping
   bool clipped = false;
-  bool skipped = false;     // non-finite gradient norm: no parameter was touched
+  bool skipped = false;  // non-finite gradient norm: no parameter was touched
 };
 
 class Optimizer {
@@ -74,9 +74,9 @@ class Optimizer {
   std::vector<int64_t> offset_;    // element offset of each parameter in the flat buffers
   std::vector<int64_t> v_offset_;  // offset in adam_v_ (AdamW group), −1 for Muon parameters
   GroupSummary summary_;
-  Tensor moment1_;   // [P] aligned with the parameters
-  Tensor adam_v_;    // [P_adamw]
-  Tensor scratch_;   // Muon: the largest matrix's orthogonalized update + Newton–Schulz workspace
+  Tensor moment1_;  // [P] aligned with the parameters
+  Tensor adam_v_;   // [P_adamw]
+  Tensor scratch_;  // Muon: the largest matrix's orthogonalized update + Newton–Schulz workspace
   Tensor step_t_, balance_step_t_;  // i64 [1] mirrors of the counters for checkpoints
   int64_t step_ = 0;
   BalanceController balancer_;

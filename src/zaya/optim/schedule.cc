@@ -16,7 +16,8 @@ double lr_at(const OptimizerConfig& c, int64_t step) {
   // Warmup starts above zero: step 1 already gets lr/W, step W the full rate.
   if (step <= W) return peak * static_cast<double>(step) / static_cast<double>(W);
   switch (c.schedule) {
-    case ScheduleKind::constant: return peak;
+    case ScheduleKind::constant:
+      return peak;
     case ScheduleKind::cosine: {
       if (step >= total) return lo;
       double x = static_cast<double>(step - W) / static_cast<double>(total - W);
@@ -37,10 +38,10 @@ double lr_at(const OptimizerConfig& c, int64_t step) {
 
 void BatchRamp::validate(const std::string& source) const {
   ZAYA_CHECK(micro >= 1, source, ": batch ramp: micro-batch multiple must be >= 1, found ", micro);
-  ZAYA_CHECK(full >= micro && full % micro == 0, source, ": batch ramp: full batch must be a positive multiple of ",
-             micro, ", found ", full);
-  ZAYA_CHECK(start >= micro && start <= full, source, ": recipe.batch_ramp_start: expected a batch in [", micro,
-             ", ", full, "], found ", start);
+  ZAYA_CHECK(full >= micro && full % micro == 0, source,
+             ": batch ramp: full batch must be a positive multiple of ", micro, ", found ", full);
+  ZAYA_CHECK(start >= micro && start <= full, source, ": recipe.batch_ramp_start: expected a batch in [",
+             micro, ", ", full, "], found ", start);
   ZAYA_CHECK(tokens >= 0, source, ": recipe.batch_ramp_tokens: expected >= 0, found ", tokens);
 }
 
@@ -98,19 +99,23 @@ void Recipe::validate(const std::string& source) const {
     };
     if (p.tokens <= 0) fail("tokens", "a positive token count", str(p.tokens));
     if (p.seq_len <= 0) fail("seq_len", "a positive sequence length", str(p.seq_len));
-    if (!(p.rope_theta > 0) || !std::isfinite(p.rope_theta)) fail("rope_theta", "a positive number", str(p.rope_theta));
+    if (!(p.rope_theta > 0) || !std::isfinite(p.rope_theta))
+      fail("rope_theta", "a positive number", str(p.rope_theta));
     if (p.batch_size <= 0) fail("batch_size", "a positive batch size (sequences)", str(p.batch_size));
     double sum = 0;
     for (double w : p.data_weights) {
       if (!(w >= 0) || !std::isfinite(w)) fail("data_weights", "non-negative weights", str(w));
       sum += w;
     }
-    if (!p.data_weights.empty() && !(sum > 0)) fail("data_weights", "at least one positive weight", "all zero");
+    if (!p.data_weights.empty() && !(sum > 0))
+      fail("data_weights", "at least one positive weight", "all zero");
   }
   if (batch_ramp_start < 0)
-    throw Error("invalid value", ErrorContext{source, "recipe.batch_ramp_start", ">= 0", str(batch_ramp_start)});
+    throw Error("invalid value",
+                ErrorContext{source, "recipe.batch_ramp_start", ">= 0", str(batch_ramp_start)});
   if (batch_ramp_tokens < 0)
-    throw Error("invalid value", ErrorContext{source, "recipe.batch_ramp_tokens", ">= 0", str(batch_ramp_tokens)});
+    throw Error("invalid value",
+                ErrorContext{source, "recipe.batch_ramp_tokens", ">= 0", str(batch_ramp_tokens)});
   if (!phases.empty() && batch_ramp_start > phases[0].batch_size)
     throw Error("invalid value", ErrorContext{source, "recipe.batch_ramp_start",
                                               str("<= the first phase's batch_size ", phases[0].batch_size),

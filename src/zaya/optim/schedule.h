@@ -40,11 +40,11 @@ struct BatchRamp {
 // One phase of a recipe ([[recipe.phases]] in the run config).
 struct Phase {
   std::string name;
-  int64_t tokens = 0;                 // tokens trained in this phase
+  int64_t tokens = 0;  // tokens trained in this phase
   int64_t seq_len = 4096;
   double rope_theta = 10000.0;
-  std::vector<double> data_weights;   // blend weights, one per dataset of the run's data list
-  int64_t batch_size = 0;             // global batch in sequences
+  std::vector<double> data_weights;  // blend weights, one per dataset of the run's data list
+  int64_t batch_size = 0;            // global batch in sequences
 };
 
 // ZAYA1's recipe is three phases: 4k web-heavy pretraining, 4k code/math-heavy, then context
