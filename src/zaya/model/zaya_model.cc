@@ -3,6 +3,7 @@
 #include "zaya/model/zaya_model.h"
 #include "zaya/model/model_internal.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -236,12 +237,49 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   ops::CrossEntropyResult res;
   if (need_backward) {
     // The head's gradient into the tied embedding is accumulated here, in the same pass.
-    res = ops::cross_entropy_tied_forward_backward(s.hf, param_views_[0], tg, s.dh, grad_views_[0], s.lse_ce, s.ce_ws);
+    if (cfg_.vocab_size <= ops::CrossEntropyOptions{}.chunk) {
+      res = ops::cross_entropy_tied_forward(s.hf, param_views_[0], tg, s.lse_ce, s.ce_ws);
+      head_backward_from_logits(res, tg);
+    } else {
+      res = ops::cross_entropy_tied_forward_backward(s.hf, param_views_[0], tg, s.dh, grad_views_[0], s.lse_ce,
+                                                     s.ce_ws);
+    }
     have_backward_ = true;
   } else {
     res = ops::cross_entropy_tied_forward(s.hf, param_views_[0], tg, s.lse_ce, s.ce_ws);
   }
   return res.loss;
+}
+
+// When one chunk covers the vocabulary, the fused loss's forward leaves the whole [N, V] logits
+// matrix in the workspace; the fused backward would recompute it (one of its four GEMMs). This is
+// the fused backward's math on the kept logits: G = (softmax − onehot)/count in place, dh = G·E,
+// dE += Gᵀ·h. (Better in ops::cross_entropy_tied_forward_backward itself: docs/results/model-cpu.md.)
+void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, const Tensor& targets) {
+  ScratchActs& s = *scratch_;
+  const int64_t N = B_ * T_, V = cfg_.vocab_size;
+  if (res.count == 0) {  // nothing to learn from: zero dh, leave dE alone
+    s.dh.zero_();
+    return;
+  }
+  Tensor g = s.ce_ws.window(0, Shape{N, V});
+  float* gp = g.data<float>();
+  const float* lse = s.lse_ce.data<float>();
+  const int32_t* tgt = targets.data<int32_t>();
+  const float inv_count = 1.0f / static_cast<float>(res.count);
+  const int32_t ignore = ops::CrossEntropyOptions{}.ignore_index;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    float* row = gp + i * V;
+    if (tgt[i] == ignore) {
+      std::fill_n(row, V, 0.0f);
+      continue;
+    }
+    for (int64_t j = 0; j < V; ++j) row[j] = std::exp(row[j] - lse[i]) * inv_count;
+    row[tgt[i]] -= inv_count;
+  }
+  ops::gemm(g, ops::Trans::N, param_views_[0], ops::Trans::N, s.dh, 1.0f, 0.0f);
+  ops::gemm(g, ops::Trans::T, s.hf, ops::Trans::N, grad_views_[0], 1.0f, 1.0f);
 }
 
 void ZayaModel::forward_logits(const Tensor& ids, const Tensor& logits) {

@@ -18,6 +18,7 @@
 #include "zaya/model/config.h"
 #include "zaya/model/params.h"
 #include "zaya/ops/gemm.h"
+#include "zaya/ops/loss.h"
 #include "zaya/ops/rope.h"
 
 namespace zaya::model {
@@ -99,6 +100,7 @@ class ZayaModel {
   void plan();
   void layer_forward(int l, bool need_backward);
   void layer_backward(int l);
+  void head_backward_from_logits(const ops::CrossEntropyResult& res, const Tensor& targets);
 
   ModelConfig cfg_;
   int64_t B_ = 0, T_ = 0;
