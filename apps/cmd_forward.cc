@@ -24,7 +24,7 @@ namespace zaya::app {
 namespace {
 
 struct ForwardArgs {
-  std::string model, init_config, ids, ids_file, out, grads_out, save_hf, save_hf_dtype = "f32";
+  std::string model, init_config, ids, ids_file, out, grads_out, save_hf, save_hf_dtype = "f32", gemm_dtype = "f32";
   uint64_t seed = 0, save_hf_shard_bytes = 5'000'000'000ull;
   bool loss = false;
   int64_t bench_steps = 0, batch = 8, seq = 256;
@@ -85,6 +85,12 @@ std::unique_ptr<model::ZayaModel> make_model(const ForwardArgs& a, int64_t B, in
   return m;
 }
 
+void apply_gemm_dtype(const ForwardArgs& a, model::ZayaModel& m) {
+  ZAYA_CHECK(a.gemm_dtype == "f32" || a.gemm_dtype == "bf16", "--gemm-dtype: expected f32 or bf16, found '",
+             a.gemm_dtype, "'");
+  if (a.gemm_dtype == "bf16") m.set_gemm_dtype(DType::bf16);
+}
+
 // Times `steps` training steps (zero_grad, forward with the loss gradient, backward) on [B, T]
 // random tokens after one untimed warm-up step; prints one line per phase and the throughput.
 void run_bench(model::ZayaModel& m, int64_t steps) {
@@ -111,8 +117,9 @@ void run_bench(model::ZayaModel& m, int64_t steps) {
     }
   }
   const double n = static_cast<double>(steps), step = (fwd + bwd) / n;
-  std::printf("bench: batch %lld x %lld tokens, %lld steps, loss %.4f\n", static_cast<long long>(B),
-              static_cast<long long>(T), static_cast<long long>(steps), loss);
+  std::printf("bench: batch %lld x %lld tokens, %lld steps, gemm %s, loss %.4f\n", static_cast<long long>(B),
+              static_cast<long long>(T), static_cast<long long>(steps),
+              m.gemm_dtype() == DType::bf16 ? "bf16" : "f32", loss);
   std::printf("bench: forward %.2f ms, backward %.2f ms, step %.2f ms\n", 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * step);
   std::printf("bench: tokens/s %.1f\n", static_cast<double>(B * T) / step);
   std::printf("bench: activation arena %.1f MiB (saved per token per layer %.0f B; formula %lld B)\n",
@@ -125,6 +132,7 @@ int run_forward(const ForwardArgs& a) {
     ZAYA_CHECK(a.ids.empty() && a.ids_file.empty() && a.out.empty() && a.grads_out.empty() && !a.loss,
                "forward: --bench-steps runs on random tokens; it takes no --ids/--ids-file/--out/--grads-out/--loss");
     auto m = make_model(a, a.batch, a.seq);
+    apply_gemm_dtype(a, *m);
     run_bench(*m, a.bench_steps);
     return 0;
   }
@@ -152,6 +160,7 @@ int run_forward(const ForwardArgs& a) {
     ckpt::export_hf(*m, a.save_hf, a.save_hf_dtype == "bf16" ? DType::bf16 : DType::f32, a.save_hf_shard_bytes);
   }
   if (!run) return 0;
+  apply_gemm_dtype(a, *m);
   Tensor tid = Tensor::borrow(ids.data(), Shape{1, T}, DType::i32);
   if (!a.out.empty()) {
     Tensor logits = Tensor::empty(Shape{T, m->config().vocab_size}, DType::f32);
@@ -197,6 +206,8 @@ void add_forward(CLI::App& app, Commands& commands) {
       ->capture_default_str();
   cmd->add_option("--save-hf-shard-bytes", args->save_hf_shard_bytes,
                   "shard the export (model-0000i-of-0000n + index.json) above this many bytes")
+      ->capture_default_str();
+  cmd->add_option("--gemm-dtype", args->gemm_dtype, "f32 or bf16 inputs for the expert and LM-head GEMMs")
       ->capture_default_str();
   cmd->add_option("--bench-steps", args->bench_steps, "time N training steps on random tokens and print tokens/s");
   cmd->add_option("--batch", args->batch, "batch rows for --bench-steps")->capture_default_str();

@@ -30,6 +30,7 @@ struct LayerActs {
   int64_t M = 0;                  // routed tokens
   Tensor xp, gu, act, y;          // experts: gathered input, [g; v], SiLU(g)⊙v, output (permuted)
   Tensor m;                       // MoE output (RS_mlp's h)
+  Tensor xp16, act16;             // bf16 GEMM path: bf16 copies of xp and act (the GEMM inputs)
 };
 
 // Temporaries shared by all layers: forward splits and the backward's gradient buffers.
@@ -41,7 +42,11 @@ struct ScratchActs {
   Tensor proj, qt, kt, vc, vd, conv, logits;  // forward temporaries
   Tensor dxa, dxb, dxmid, dtmp, dm, dy, dweight, dact, dgu, dxp, dw, dlogits, dg2, dg1, dzr, dr, drc;
   Tensor dout_proj, datt, dqr, dkr, dv, dqpre, dkpre, dconv, dqt, dkt, dz, dvc, dvd, dproj, du;
+  Tensor dy16, dgu16, hf16, g16;  // bf16 GEMM path: bf16 copies of GEMM inputs
 };
+
+// dst (bf16) = round-to-nearest-even(src (f32)), elementwise over src.numel() elements.
+void cast_to_bf16(const Tensor& src, const Tensor& dst);
 
 // Views of one layer's parameters (or of their gradients: same layout in the grad buffer).
 struct LayerParams {

@@ -99,20 +99,9 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
 
   // --- experts: grouped by expert, dropless ----------------------------------------------
   t.M = ops::moe_plan(t.counts, t.offsets, t.pos, t.src, t.choice, N, E);
-  const int32_t* off = t.offsets.data<int32_t>();
   if (t.M > 0) {
     ops::moe_gather(t.xp, t.w, t.src, t.M, N, H);
-    problems_.clear();
-    for (int64_t e = 0; e < E; ++e)  // gu_e = xp_e · W_gu[e]ᵀ   (gate rows first)
-      if (off[e + 1] > off[e])
-        problems_.push_back({t.xp.slice(off[e], off[e + 1]), p.w_gu.select(e), t.gu.slice(off[e], off[e + 1])});
-    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
-    ops::swiglu_forward(t.gu.slice(0, t.M), t.act.slice(0, t.M));
-    problems_.clear();
-    for (int64_t e = 0; e < E; ++e)  // y_e = act_e · W_d[e]ᵀ
-      if (off[e + 1] > off[e])
-        problems_.push_back({t.act.slice(off[e], off[e + 1]), p.w_d.select(e), t.y.slice(off[e], off[e + 1])});
-    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
+    expert_forward(l);
   }
   ops::moe_unpermute(t.m, t.y, t.weight, t.pos, t.M, N, H);  // m = p_choice · y (0 if skipped)
   ops::residual_scale_forward(t.m, t.x_mid, p.rs_mlp, s.xs[l + 1]);
@@ -136,33 +125,7 @@ void ZayaModel::layer_backward(int l) {
   ops::residual_scale_backward(s.dxa, t.m, t.x_mid, p.rs_mlp, s.dm, s.dxmid, g.rs_mlp);
   // m = weight · y[pos]
   ops::moe_unpermute_backward(s.dy, s.dweight, s.dm, t.y, t.weight, t.pos, t.M, N, H);
-  const int32_t* off = t.offsets.data<int32_t>();
-  if (t.M > 0) {
-    // y_e = act_e · W_d[e]ᵀ:  dact_e = dy_e · W_d[e],  dW_d[e] += dy_eᵀ · act_e
-    problems_.clear();
-    for (int64_t e = 0; e < E; ++e)
-      if (off[e + 1] > off[e])
-        problems_.push_back({s.dy.slice(off[e], off[e + 1]), p.w_d.select(e), s.dact.slice(off[e], off[e + 1])});
-    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::N);
-    problems_.clear();
-    for (int64_t e = 0; e < E; ++e)
-      if (off[e + 1] > off[e])
-        problems_.push_back({s.dy.slice(off[e], off[e + 1]), t.act.slice(off[e], off[e + 1]), g.w_d.select(e)});
-    ops::gemm_grouped(problems_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
-    // act = SiLU(g) ⊙ v
-    ops::swiglu_backward(s.dact.slice(0, t.M), t.gu.slice(0, t.M), s.dgu.slice(0, t.M));
-    // gu_e = xp_e · W_gu[e]ᵀ:  dxp_e = dgu_e · W_gu[e],  dW_gu[e] += dgu_eᵀ · xp_e
-    problems_.clear();
-    for (int64_t e = 0; e < E; ++e)
-      if (off[e + 1] > off[e])
-        problems_.push_back({s.dgu.slice(off[e], off[e + 1]), p.w_gu.select(e), s.dxp.slice(off[e], off[e + 1])});
-    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::N);
-    problems_.clear();
-    for (int64_t e = 0; e < E; ++e)
-      if (off[e + 1] > off[e])
-        problems_.push_back({s.dgu.slice(off[e], off[e + 1]), t.xp.slice(off[e], off[e + 1]), g.w_gu.select(e)});
-    ops::gemm_grouped(problems_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
-  }
+  if (t.M > 0) expert_backward(l);
   ops::moe_gather_backward(s.dw, s.dxp, t.pos, t.M, N, H);  // xp = w[src]
 
   // Router: weight = p_choice, p = softmax(out_proj(GELU(fc2(GELU(fc1(RMSNorm_R(r))))))).
@@ -217,6 +180,85 @@ void ZayaModel::layer_backward(int l) {
   ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dtmp, g.w_in);
   add_into(s.dxb, s.dtmp);
   std::swap(s.dxa, s.dxb);  // s.dxa = dL/dx_in
+}
+
+void cast_to_bf16(const Tensor& src, const Tensor& dst) {
+  const float* a = src.data<float>();
+  bf16* b = dst.data<bf16>();
+  const int64_t n = src.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) b[i] = to_bf16(a[i]);
+}
+
+// Experts of layer l on its M routed rows (t.xp gathered, grouped by expert via t.offsets):
+//   gu_e = xp_e · W_gu[e]ᵀ (gate rows first);  act = SiLU(g) ⊙ v;  y_e = act_e · W_d[e]ᵀ.
+// On the bf16 path the GEMM inputs are bf16 copies (xp16, act16, refreshed weight copies).
+void ZayaModel::expert_forward(int l) {
+  LayerActs& t = acts_[l];
+  const LayerParams& p = lp_[l];
+  const bool b16 = gemm_dtype_ == DType::bf16;
+  const int64_t E = cfg_.num_experts, M = t.M;
+  const int32_t* off = t.offsets.data<int32_t>();
+  if (b16) cast_to_bf16(t.xp.slice(0, M), t.xp16.slice(0, M));
+  const Tensor& xp = b16 ? t.xp16 : t.xp;
+  const Tensor& wgu = b16 ? w_gu16_[l] : p.w_gu;
+  const Tensor& wd = b16 ? w_d16_[l] : p.w_d;
+  problems_.clear();
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e])
+      problems_.push_back({xp.slice(off[e], off[e + 1]), wgu.select(e), t.gu.slice(off[e], off[e + 1])});
+  ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
+  ops::swiglu_forward(t.gu.slice(0, M), t.act.slice(0, M));
+  if (b16) cast_to_bf16(t.act.slice(0, M), t.act16.slice(0, M));
+  const Tensor& act = b16 ? t.act16 : t.act;
+  problems_.clear();
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e])
+      problems_.push_back({act.slice(off[e], off[e + 1]), wd.select(e), t.y.slice(off[e], off[e + 1])});
+  ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
+}
+
+// In: s.dy (dL/dy, permuted rows). Out: s.dxp; dW_d, dW_gu accumulated.
+void ZayaModel::expert_backward(int l) {
+  LayerActs& t = acts_[l];
+  ScratchActs& s = *scratch_;
+  const LayerParams& p = lp_[l];
+  LayerParams& g = lg_[l];
+  const bool b16 = gemm_dtype_ == DType::bf16;
+  const int64_t E = cfg_.num_experts, M = t.M;
+  const int32_t* off = t.offsets.data<int32_t>();
+  if (b16) cast_to_bf16(s.dy.slice(0, M), s.dy16.slice(0, M));
+  const Tensor& dy = b16 ? s.dy16 : s.dy;
+  const Tensor& act = b16 ? t.act16 : t.act;
+  const Tensor& xp = b16 ? t.xp16 : t.xp;
+  const Tensor& wgu = b16 ? w_gu16_[l] : p.w_gu;
+  const Tensor& wd = b16 ? w_d16_[l] : p.w_d;
+  // y_e = act_e · W_d[e]ᵀ:  dact_e = dy_e · W_d[e],  dW_d[e] += dy_eᵀ · act_e
+  problems_.clear();
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e])
+      problems_.push_back({dy.slice(off[e], off[e + 1]), wd.select(e), s.dact.slice(off[e], off[e + 1])});
+  ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::N);
+  problems_.clear();
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e])
+      problems_.push_back({dy.slice(off[e], off[e + 1]), act.slice(off[e], off[e + 1]), g.w_d.select(e)});
+  ops::gemm_grouped(problems_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
+  // act = SiLU(g) ⊙ v
+  ops::swiglu_backward(s.dact.slice(0, M), t.gu.slice(0, M), s.dgu.slice(0, M));
+  if (b16) cast_to_bf16(s.dgu.slice(0, M), s.dgu16.slice(0, M));
+  const Tensor& dgu = b16 ? s.dgu16 : s.dgu;
+  // gu_e = xp_e · W_gu[e]ᵀ:  dxp_e = dgu_e · W_gu[e],  dW_gu[e] += dgu_eᵀ · xp_e
+  problems_.clear();
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e])
+      problems_.push_back({dgu.slice(off[e], off[e + 1]), wgu.select(e), s.dxp.slice(off[e], off[e + 1])});
+  ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::N);
+  problems_.clear();
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e])
+      problems_.push_back({dgu.slice(off[e], off[e + 1]), xp.slice(off[e], off[e + 1]), g.w_gu.select(e)});
+  ops::gemm_grouped(problems_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
 }
 
 std::vector<RouterStats> ZayaModel::router_stats() const {

@@ -149,12 +149,31 @@ void ZayaModel::set_batch_shape(int64_t batch, int64_t seq_len) {
   have_backward_ = false;
 }
 
+void ZayaModel::set_gemm_dtype(DType dtype) {
+  ZAYA_CHECK(dtype == DType::f32 || dtype == DType::bf16, "ZayaModel::set_gemm_dtype: expected f32 or bf16, found ",
+             dtype_name(dtype));
+  gemm_dtype_ = dtype;
+  w_gu16_.clear();
+  w_d16_.clear();
+  emb16_ = Tensor{};
+  if (dtype == DType::bf16) {
+    for (const LayerParams& p : lp_) {
+      w_gu16_.push_back(Tensor::empty(p.w_gu.shape(), DType::bf16));
+      w_d16_.push_back(Tensor::empty(p.w_d.shape(), DType::bf16));
+    }
+    emb16_ = Tensor::empty(param_views_[0].shape(), DType::bf16);
+  }
+  plan();
+  have_backward_ = false;
+}
+
 // Lays out every activation. Run twice: once counting bytes (with the arena's 64-byte alignment),
 // once carving them out of an arena of exactly that size.
 void ZayaModel::plan() {
   const int64_t N = B_ * T_, H = cfg_.hidden_size, L = cfg_.num_hidden_layers, q = cfg_.q_dim(),
                 kv = cfg_.kv_dim(), C = cfg_.conv_channels(), R = cfg_.router_hidden_size, E = cfg_.num_experts,
                 I = cfg_.moe_intermediate_size, V = cfg_.vocab_size, nq = cfg_.num_attention_heads;
+  const bool b16 = gemm_dtype_ == DType::bf16;
   size_t counted = 0;
   bool counting = true;
   auto a = [&](Shape s, DType d = DType::f32) -> Tensor {
@@ -183,6 +202,7 @@ void ZayaModel::plan() {
       t.counts = a({E}, DType::i32); t.offsets = a({E + 1}, DType::i32);
       t.pos = a({N}, DType::i32); t.src = a({N}, DType::i32);
       t.xp = a({N, H}); t.gu = a({N, 2 * I}); t.act = a({N, I}); t.y = a({N, H}); t.m = a({N, H});
+      if (b16) { t.xp16 = a({N, H}, DType::bf16); t.act16 = a({N, I}, DType::bf16); }
       if (l == 0) layer_bytes = counted - before;
     }
     s.ids = a({B_, T_}, DType::i32);
@@ -198,6 +218,10 @@ void ZayaModel::plan() {
     s.datt = a({N, q}); s.dqr = a({N, q}); s.dkr = a({N, kv}); s.dv = a({N, kv});
     s.dqpre = a({N, q}); s.dkpre = a({N, kv}); s.dconv = a({N, C}); s.dqt = a({N, q}); s.dkt = a({N, kv});
     s.dz = a({N, C}); s.dvc = a({N, kv / 2}); s.dvd = a({N, kv / 2}); s.dproj = a({N, C + kv});
+    if (b16) {
+      s.dy16 = a({N, H}, DType::bf16); s.dgu16 = a({N, 2 * I}, DType::bf16);
+      if (V <= ops::CrossEntropyOptions{}.chunk) { s.hf16 = a({N, H}, DType::bf16); s.g16 = a({N, V}, DType::bf16); }
+    }
   };
   run();
   saved_per_layer_ = layer_bytes;
@@ -217,6 +241,13 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   const int64_t N = B_ * T_, H = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   ScratchActs& s = *scratch_;
   s.ids.copy_from(ids);
+  const bool b16 = gemm_dtype_ == DType::bf16;
+  if (b16) {  // the weights may have changed since the last step: refresh their bf16 copies
+    for (int l = 0; l < L; ++l) {
+      cast_to_bf16(lp_[l].w_gu, w_gu16_[l]);
+      cast_to_bf16(lp_[l].w_d, w_d16_[l]);
+    }
+  }
   // x⁰ = (Embed[t] + b_in) ⊙ g_in: bias first, then scale, no √H.
   ops::embedding_forward(ids, param_views_[0], s.emb);
   {
@@ -238,7 +269,7 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   if (need_backward) {
     // The head's gradient into the tied embedding is accumulated here, in the same pass.
     if (cfg_.vocab_size <= ops::CrossEntropyOptions{}.chunk) {
-      res = ops::cross_entropy_tied_forward(s.hf, param_views_[0], tg, s.lse_ce, s.ce_ws);
+      res = b16 ? head_forward_bf16(tg) : ops::cross_entropy_tied_forward(s.hf, param_views_[0], tg, s.lse_ce, s.ce_ws);
       head_backward_from_logits(res, tg);
     } else {
       res = ops::cross_entropy_tied_forward_backward(s.hf, param_views_[0], tg, s.dh, grad_views_[0], s.lse_ce,
@@ -278,8 +309,48 @@ void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, co
     for (int64_t j = 0; j < V; ++j) row[j] = std::exp(row[j] - lse[i]) * inv_count;
     row[tgt[i]] -= inv_count;
   }
+  if (gemm_dtype_ == DType::bf16) {  // hf16 and emb16_ were made by head_forward_bf16
+    cast_to_bf16(g, s.g16);
+    ops::gemm(s.g16, ops::Trans::N, emb16_, ops::Trans::N, s.dh, 1.0f, 0.0f);
+    ops::gemm(s.g16, ops::Trans::T, s.hf16, ops::Trans::N, grad_views_[0], 1.0f, 1.0f);
+    return;
+  }
   ops::gemm(g, ops::Trans::N, param_views_[0], ops::Trans::N, s.dh, 1.0f, 0.0f);
   ops::gemm(g, ops::Trans::T, s.hf, ops::Trans::N, grad_views_[0], 1.0f, 1.0f);
+}
+
+// The fused loss's single-chunk forward with bf16 GEMM inputs: logits = bf16(hf)·bf16(E)ᵀ (f32
+// accumulation) into the workspace, then per row max, logsumexp and the picked logit in fp32; the
+// mean loss summed in row order in double (bitwise reproducible, as the op).
+ops::CrossEntropyResult ZayaModel::head_forward_bf16(const Tensor& targets) {
+  ScratchActs& s = *scratch_;
+  const int64_t N = B_ * T_, V = cfg_.vocab_size;
+  cast_to_bf16(s.hf, s.hf16);
+  cast_to_bf16(param_views_[0], emb16_);
+  Tensor logits = s.ce_ws.window(0, Shape{N, V});
+  ops::gemm(s.hf16, ops::Trans::N, emb16_, ops::Trans::T, logits);
+  const float* lp = logits.data<float>();
+  float* lse = s.lse_ce.data<float>();
+  const int32_t* tgt = targets.data<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* row = lp + i * V;
+    float mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
+    lse[i] = mx + std::log(sum);
+  }
+  ops::CrossEntropyResult r;
+  double total = 0;
+  const int32_t ignore = ops::CrossEntropyOptions{}.ignore_index;
+  for (int64_t i = 0; i < N; ++i) {
+    if (tgt[i] == ignore) continue;
+    ZAYA_CHECK(tgt[i] >= 0 && tgt[i] < V, "ZayaModel::forward: target ", tgt[i], " outside the vocabulary [0, ", V, ")");
+    total += static_cast<double>(lse[i]) - static_cast<double>(lp[i * V + tgt[i]]);
+    ++r.count;
+  }
+  r.loss = r.count ? total / static_cast<double>(r.count) : 0.0;
+  return r;
 }
 
 void ZayaModel::forward_logits(const Tensor& ids, const Tensor& logits) {

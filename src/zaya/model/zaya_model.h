@@ -50,6 +50,13 @@ class ZayaModel {
   // Re-plans the activation arena for another [B, T] (allocates: not for the hot loop).
   void set_batch_shape(int64_t batch, int64_t seq_len);
 
+  // GEMM inputs of the training step: f32 (default, exact fp32 math) or bf16 (the expert GEMMs and,
+  // when one loss chunk covers the vocabulary, the LM-head GEMMs take bf16 copies of their weights
+  // and inputs, refreshed every forward; f32 accumulation and outputs; the residual stream, norms,
+  // attention, router and softmax stay fp32). Re-plans the arena (allocates).
+  void set_gemm_dtype(DType dtype);
+  DType gemm_dtype() const { return gemm_dtype_; }
+
   // Deterministic init from `seed` following each ParamSpec's init; each parameter draws from its
   // own Philox stream keyed by (seed, hash of its HF name), so adding or reordering parameters
   // does not change the others. Balancing biases are reset to 0 (skip class −1).
@@ -101,6 +108,9 @@ class ZayaModel {
   void layer_forward(int l, bool need_backward);
   void layer_backward(int l);
   void head_backward_from_logits(const ops::CrossEntropyResult& res, const Tensor& targets);
+  ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
+  void expert_forward(int l);
+  void expert_backward(int l);
 
   ModelConfig cfg_;
   int64_t B_ = 0, T_ = 0;
@@ -118,6 +128,10 @@ class ZayaModel {
   std::unique_ptr<ScratchActs> scratch_;
   size_t saved_per_layer_ = 0;
   bool have_backward_ = false;
+  DType gemm_dtype_ = DType::f32;
+  // bf16 weight copies for the bf16 GEMM path (empty in f32 mode): per-layer expert stacks, embedding.
+  std::vector<Tensor> w_gu16_, w_d16_;
+  Tensor emb16_;
 };
 
 }  // namespace zaya::model
