@@ -11,6 +11,7 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> overrides;
   std::string resume;
+  int test_pause_commit_ms = 0;
 };
 
 void add_train(CLI::App& app, Commands& commands) {
@@ -21,6 +22,8 @@ void add_train(CLI::App& app, Commands& commands) {
   cmd->add_option("--resume", args->resume, "resume from 'latest' (under train.out_dir) or a checkpoint directory")
       ->expected(0, 1)
       ->default_str("latest");
+  // Test hook (hidden): hold each checkpoint commit this long, so a test can kill mid-save.
+  cmd->add_option("--test-pause-commit-ms", args->test_pause_commit_ms)->group("");
   commands.push_back({cmd, [args, cmd] {
                         train::RunConfig cfg = train::load_run_config(args->config, args->overrides);
                         static std::atomic<bool> stop{false};
@@ -28,6 +31,7 @@ void add_train(CLI::App& app, Commands& commands) {
                         train::TrainOptions opts;
                         if (cmd->count("--resume")) opts.resume = args->resume.empty() ? "latest" : args->resume;
                         opts.stop = &stop;
+                        opts.test_pause_before_commit_ms = args->test_pause_commit_ms;
                         train::Trainer trainer(std::move(cfg), opts);
                         train::TrainResult r = trainer.run();
                         if (r.interrupted) std::cerr << "zaya train: stopped at step " << r.last_step

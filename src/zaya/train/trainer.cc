@@ -70,10 +70,11 @@ Trainer::Trainer(RunConfig config, TrainOptions options) : cfg_(std::move(config
   ckpt::WriterOptions w;
   w.retention.keep_last = static_cast<int>(cfg_.ckpt.keep_last);
   w.retention.keep_every = cfg_.ckpt.keep_every;
+  w.test_pause_before_commit_ms = opts_.test_pause_before_commit_ms;
   writer_ = std::make_unique<ckpt::CheckpointWriter>(t.out_dir, w);
 
   if (!opts_.resume.empty())
-    restore(opts_.resume == "latest" ? (fs::path(t.out_dir) / "latest").string() : opts_.resume);
+    restore(opts_.resume == "latest" ? t.out_dir : opts_.resume);
 }
 
 Trainer::~Trainer() = default;

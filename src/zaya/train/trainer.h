@@ -22,11 +22,12 @@
 namespace zaya::train {
 
 struct TrainOptions {
-  std::string resume;         // "" (fresh), "latest" (newest under out_dir) or a checkpoint dir
+  std::string resume;         // "" (fresh), "latest" (newest under out_dir), a run dir or a checkpoint dir
   bool quiet = false;         // no model summary
   // Set by the SIGINT/SIGTERM handler (or a test): save a checkpoint and return.
   std::atomic<bool>* stop = nullptr;
   int64_t stop_after_steps = -1;  // test hook: stop (with a checkpoint) after this many steps
+  int test_pause_before_commit_ms = 0;  // test hook: slow every checkpoint commit down
 };
 
 struct TrainResult {
