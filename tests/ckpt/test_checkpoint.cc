@@ -261,17 +261,19 @@ TEST(Checkpoint, KillDuringSaveLeavesPreviousCheckpointValid) {
       }
       _exit(0);
     }
+    bool started = true;
     if (delay_ms < 0) {
       const fs::path marker = run / "step_0000002.tmp" / "rank_00000.safetensors";
       for (int i = 0; i < 2000 && !fs::exists(marker); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      ASSERT_TRUE(fs::exists(marker)) << "the child never started writing";
+      started = fs::exists(marker);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     }
-    kill(pid, SIGKILL);
+    kill(pid, SIGKILL);  // before any assertion, so a failing test never leaves the child behind
     int status = 0;
     waitpid(pid, &status, 0);
+    ASSERT_TRUE(started) << "the child never started writing";
     auto latest = read_latest(run);
     ASSERT_TRUE(latest.has_value());
     Checkpoint ck(run);

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <future>
 #include <map>
 
 #include "zaya/ckpt/checksum.h"
@@ -51,7 +53,21 @@ uint64_t write_rank(const fs::path& dir, int rank, const std::vector<SaveItem>& 
     host.push_back(t);
     entries.push_back(st_entry(it.name, t));
   }
-  StWritten w = write_safetensors(dir / fname, entries, {{"format", "zaya-checkpoint"}, {"rank", std::to_string(rank)}});
+  // Checksums run on another thread while the file is written: CRC32C (~7 GB/s) would otherwise
+  // add ~20% to a write at disk speed (~1.4 GB/s measured here).
+  auto crcs = std::async(std::launch::async, [&entries] {
+    std::vector<uint32_t> out;
+    for (const auto& e : entries) out.push_back(crc32c(e.data, e.nbytes));
+    return out;
+  });
+  StWritten w;
+  try {
+    w = write_safetensors(dir / fname, entries, {{"format", "zaya-checkpoint"}, {"rank", std::to_string(rank)}});
+  } catch (...) {
+    crcs.wait();  // it reads `entries`: let it finish before they go away
+    throw;
+  }
+  const std::vector<uint32_t> checksums = crcs.get();
   uint64_t bytes = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const Resolved& r = resolved[i];
@@ -70,7 +86,7 @@ uint64_t write_rank(const fs::path& dir, int rank, const std::vector<SaveItem>& 
     c.shape = entries[i].shape;
     c.byte_begin = w.ranges[i].first;
     c.byte_end = w.ranges[i].second;
-    c.checksum = crc32c(entries[i].data, entries[i].nbytes);
+    c.checksum = checksums[i];
     te.chunks.push_back(std::move(c));
     bytes += entries[i].nbytes;
   }
@@ -112,6 +128,31 @@ fs::path save_impl(const fs::path& run_dir, int64_t step, const std::vector<std:
   write_file_atomic(run_dir / "latest", name + "\n");
   for (int64_t s : apply_retention(run_dir, retention)) log_debug("checkpoint retention: deleted ", step_dir_name(s));
   return final_dir;
+}
+
+struct CopyPiece {
+  char* dst;
+  const char* src;
+  size_t n;
+};
+constexpr size_t kCopyPiece = size_t{4} << 20;
+
+// The host-to-host part of the snapshot, which is the training stall: one thread's memcpy reaches
+// only a fraction of the memory bandwidth, so large snapshots use several. Plain std::threads,
+// not OpenMP: a process that forks after an OpenMP region (the kill test does) hangs in libgomp.
+void parallel_copy(const std::vector<CopyPiece>& pieces) {
+  const size_t threads = std::min<size_t>({pieces.size(), std::max(1u, std::thread::hardware_concurrency()), 8});
+  auto work = [&](size_t t) {
+    for (size_t i = t; i < pieces.size(); i += threads) std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
+  };
+  if (threads <= 1) {
+    if (!pieces.empty()) work(0);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
 }
 
 }  // namespace
@@ -178,12 +219,21 @@ double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, 
   const auto t1 = std::chrono::steady_clock::now();
   staged_.clear();
   size_t off = 0;
+  std::vector<CopyPiece> pieces;
   for (const auto& it : items) {
     Tensor copy = Tensor::over(staging_, off, it.tensor.shape(), it.tensor.dtype());
-    copy.copy_from(it.tensor);  // host<->device as needed
+    if (it.tensor.device() == Device::cpu) {
+      const auto* src = static_cast<const char*>(it.tensor.raw());
+      auto* dst = static_cast<char*>(copy.raw());
+      for (size_t p = 0; p < it.tensor.nbytes(); p += kCopyPiece)
+        pieces.push_back({dst + p, src + p, std::min(kCopyPiece, it.tensor.nbytes() - p)});
+    } else {
+      copy.copy_from(it.tensor);  // device to host
+    }
     staged_.push_back({it.name, copy, it.global_shape, it.offsets});
     off += (it.tensor.nbytes() + 63) / 64 * 64;
   }
+  parallel_copy(pieces);
   staged_state_ = state;
   const double snap = seconds_since(t1);
 
