@@ -7,6 +7,8 @@
 #include <string>
 
 #include "commands.h"
+#include "zaya/ckpt/hf_io.h"
+#include "zaya/train/model_io.h"
 #include "zaya/ckpt/reader.h"
 #include "zaya/ckpt/safetensors.h"
 #include "zaya/ckpt/writer.h"
@@ -154,18 +156,31 @@ void add_ckpt(CLI::App& app, Commands& commands) {
   auto* wtc = cmd->add_subcommand("write-test-checkpoint", "Write a small 3-rank checkpoint (interop tests)");
   wtc->add_option("RUN_DIR", *target, "Run directory")->required();
   wtc->group("");
-  auto* exp = cmd->add_subcommand("export-hf", "Export a checkpoint as a Hugging Face model directory (not built yet)");
-  auto* imp = cmd->add_subcommand("import-hf", "Import a Hugging Face model directory (not built yet)");
-  exp->allow_extras();
-  imp->allow_extras();
+  auto out = std::make_shared<std::string>();
+  auto dtype = std::make_shared<std::string>("fp32");
+  auto* exp = cmd->add_subcommand("export-hf", "Export a checkpoint's model as a Hugging Face directory (config.json + safetensors)");
+  exp->add_option("DIR", *target, "Step directory or run directory (uses `latest`)")->required();
+  exp->add_option("--out", *out, "Output directory (transformers' from_pretrained loads it)")->required();
+  exp->add_option("--dtype", *dtype, "Weight dtype: fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  auto* imp = cmd->add_subcommand("import-hf", "Import a Hugging Face directory as a zaya checkpoint (a training start point)");
+  imp->add_option("HFDIR", *target, "transformers save_pretrained directory")->required();
+  imp->add_option("--out", *out, "Run directory to write step_0000000/ into")->required();
   commands.push_back({cmd, [=] {
                         if (insp->parsed()) return inspect(*target);
                         if (ver->parsed()) return verify(*target);
                         if (wtf->parsed()) return write_test_file(*target);
                         if (wtc->parsed()) return write_test_checkpoint(*target);
-                        std::cerr << "zaya ckpt " << (exp->parsed() ? "export-hf" : "import-hf")
-                                  << ": not built yet (needs the model; tracked in issue #6)\n";
-                        return 2;
+                        if (exp->parsed()) {
+                          train::LoadedModel m = train::load_model_source(*target, 1, 1);
+                          ckpt::export_hf(*m.model, *out, *dtype == "bf16" ? DType::bf16 : DType::f32);
+                          std::cout << "exported " << m.source.string() << " -> " << *out << " (" << *dtype << ")\n";
+                          return 0;
+                        }
+                        auto m = ckpt::load_hf_model(*target, 1, 1);
+                        auto dir = train::save_weights_checkpoint(*m, *out, {{"imported_from", *target}});
+                        std::cout << "imported " << *target << " -> " << dir.string()
+                                  << " (start a run from it with train.init_from)\n";
+                        return 0;
                       }});
 }
 

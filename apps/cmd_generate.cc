@@ -1,6 +1,7 @@
-// zaya generate: cached autoregressive generation from a ZAYA1 model; prints the new token ids,
-// comma-separated on one line. The model source is a transformers directory (--model) for now; a
-// trainer checkpoint + tokenizer source (--ckpt, --prompt) plugs in at load_model / prompt_ids below.
+// zaya generate: cached autoregressive generation from a ZAYA1 model (a transformers directory
+// with --model, or a zaya checkpoint with --ckpt). With --prompt-ids it prints the new token ids,
+// comma-separated on one line; with --prompt TEXT it encodes with the SentencePiece tokenizer and
+// prints the decoded prompt + continuation.
 // Sampling lives in the library (zaya/model/generate.h); this file only parses and prints.
 #include <cstdio>
 #include <sstream>
@@ -11,12 +12,16 @@
 #include "zaya/ckpt/hf_io.h"
 #include "zaya/core/error.h"
 #include "zaya/model/generate.h"
+#include "zaya/data/tokenizer.h"
+#include "zaya/train/model_io.h"
+
+#include <optional>
 
 namespace zaya::app {
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt_ids;
+  std::string model, prompt_ids, ckpt, prompt, tokenizer;
   int64_t max_new = 32, eos = -2;  // −2: the model config's eos_token_id
   bool greedy = false, ignore_eos = false;
   double temperature = 0, top_p = 1.0;
@@ -45,9 +50,25 @@ std::vector<int32_t> parse_prompt_ids(const std::string& text) {
 }
 
 int run_generate(const GenerateArgs& a) {
-  const std::vector<int32_t> prompt = parse_prompt_ids(a.prompt_ids);
+  ZAYA_CHECK(a.model.empty() != a.ckpt.empty(), "generate: give exactly one of --model (transformers dir) or --ckpt");
+  ZAYA_CHECK(a.prompt_ids.empty() != a.prompt.empty(), "generate: give exactly one of --prompt-ids or --prompt");
+  // Text prompts need the tokenizer the model was trained with: --tokenizer, else the one the
+  // checkpoint recorded.
+  std::optional<data::Tokenizer> tok;
+  std::string tok_path = a.tokenizer;
+  if (!a.prompt.empty() && tok_path.empty() && !a.ckpt.empty()) {
+    train::LoadedModel probe = train::load_model_source(a.ckpt, 1, 1);
+    tok_path = probe.state.value("tokenizer", std::string());
+  }
+  if (!a.prompt.empty()) {
+    ZAYA_CHECK(!tok_path.empty(), "generate: --prompt needs a tokenizer (--tokenizer MODEL)");
+    tok = data::Tokenizer::load(tok_path);
+  }
+  const std::vector<int32_t> prompt = tok ? tok->encode(a.prompt) : parse_prompt_ids(a.prompt_ids);
+  ZAYA_CHECK(!prompt.empty(), "generate: the prompt encodes to no tokens");
   const int64_t T0 = static_cast<int64_t>(prompt.size());
-  auto m = ckpt::load_hf_model(a.model, 1, T0);
+  std::unique_ptr<model::ZayaModel> m =
+      a.ckpt.empty() ? ckpt::load_hf_model(a.model, 1, T0) : train::load_model_source(a.ckpt, 1, T0).model;
   const int64_t V = m->config().vocab_size;
   for (int32_t id : prompt)
     ZAYA_CHECK(id < V, "--prompt-ids: token id ", id, " is outside the model's vocabulary [0, ", V, ")");
@@ -62,6 +83,12 @@ int run_generate(const GenerateArgs& a) {
   ZAYA_CHECK(opt.sampling.top_p > 0 && opt.sampling.top_p <= 1, "--top-p must be in (0, 1], found ", a.top_p);
   Tensor tp = Tensor::borrow(const_cast<int32_t*>(prompt.data()), Shape{1, T0}, DType::i32);
   const auto out = model::generate(*m, tp, opt);
+  if (tok) {  // text in, text out: the prompt followed by its continuation
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), out[0].begin(), out[0].end());
+    std::printf("%s\n", tok->decode(all).c_str());
+    return 0;
+  }
   std::string line;
   for (size_t i = 0; i < out[0].size(); ++i) line += (i ? "," : "") + std::to_string(out[0][i]);
   std::printf("%s\n", line.c_str());
@@ -71,8 +98,11 @@ int run_generate(const GenerateArgs& a) {
 void add_generate(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<GenerateArgs>();
   auto* cmd = app.add_subcommand("generate", "Generate token ids from a ZAYA1 model (cached decode)");
-  cmd->add_option("--model", args->model, "transformers save_pretrained directory")->required();
-  cmd->add_option("--prompt-ids", args->prompt_ids, "comma-separated prompt token ids")->required();
+  cmd->add_option("--model", args->model, "transformers save_pretrained directory");
+  cmd->add_option("--ckpt", args->ckpt, "zaya checkpoint (step dir, or run dir using `latest`)");
+  cmd->add_option("--prompt-ids", args->prompt_ids, "comma-separated prompt token ids (prints new ids)");
+  cmd->add_option("--prompt", args->prompt, "prompt text (prints decoded text; needs the tokenizer)");
+  cmd->add_option("--tokenizer", args->tokenizer, "SentencePiece .model (default: the checkpoint's)");
   cmd->add_option("--max-new", args->max_new, "maximum number of new tokens")->capture_default_str();
   cmd->add_flag("--greedy", args->greedy, "argmax decoding (the default when no --temperature is given)");
   cmd->add_option("--temperature", args->temperature, "sample from softmax(logits / T), T > 0");

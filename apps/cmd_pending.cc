@@ -15,10 +15,6 @@ struct Pending {
 
 // Commands that registered for real (apps/cmd_<name>.cc) are skipped; remove their entry here.
 const std::vector<Pending> kPending = {
-    {"eval", "Evaluate a checkpoint on a dataset", "#5"},
-    {"generate", "Generate text or token ids from a checkpoint", "#4/#5"},
-    {"ckpt", "Inspect, verify, export and import checkpoints", "#6"},
-    {"size", "Parameters, FLOPs, memory and step time of a model on given hardware", "#7"},
     {"simulate", "Simulate collectives and data-parallel scaling on a cluster", "#7"},
     {"supervise", "Run a job under the Aegis fault-tolerance supervisor", "Aegis"},
 };

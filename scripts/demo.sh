@@ -1,7 +1,34 @@
 #!/usr/bin/env bash
-# The main job: set everything up, then run the demo. Until the trainer lands (issue #5) the
-# demo is `zaya sysinfo`.
+# The main job: set everything up, prepare the demo corpus, train the demo ZAYA1 model, evaluate it,
+# sample from it and plot its metrics. About 20 minutes on 2 CPU cores.
+#   scripts/demo.sh                 # everything
+#   scripts/demo.sh --set train.steps=100 ...   # extra `zaya train` overrides
 set -euo pipefail
-here="$(dirname "${BASH_SOURCE[0]}")"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$here/setup.sh"
-"$here/zaya" sysinfo
+source "$here/env.sh"
+cd "$ZAYA_ROOT"
+zaya="$here/zaya"
+
+# The corpus: the Python documentation sources from Debian's python3-doc (11 MB of English).
+corpus=/usr/share/doc/python3.11/html/_sources
+if [[ ! -f data/pydocs_train.idx ]]; then
+  echo "demo: preparing the corpus ($corpus)"
+  "$zaya" data prepare --input "$corpus" --vocab 8192 --out data/pydocs
+fi
+
+if [[ -e runs/demo ]]; then  # keep the previous demo run (one generation back), never overwrite it
+  rm -rf runs/demo.prev && mv runs/demo runs/demo.prev
+  echo "demo: the previous run is now runs/demo.prev"
+fi
+echo "demo: training (configs/demo.toml; metrics in runs/demo/metrics.jsonl)"
+"$zaya" train --config configs/demo.toml "$@"
+
+echo "demo: evaluating runs/demo"
+"$zaya" eval --ckpt runs/demo --data data/pydocs_val --samples 256
+
+echo "demo: sampling"
+"$zaya" generate --ckpt runs/demo --prompt "The Python interpreter" --max-new 60 --temperature 0.7 --top-p 0.9 --seed 1
+
+baseline=$(python3 -c "import json; print(json.load(open('data/pydocs.json'))['unigram_baseline_nats_per_token'])" 2>/dev/null || true)
+"$ZAYA_ROOT/.venv/bin/python" tools/plot_metrics.py runs/demo ${baseline:+--baseline "$baseline"}

@@ -50,6 +50,7 @@ TrainConfig read_train(ConfigReader& r) {
   r.get("train.eval_samples", t.eval_samples);
   r.get("train.out_dir", t.out_dir);
   r.get("train.progress", t.progress);
+  r.get("train.init_from", t.init_from);
   need(t.steps > 0, r.file(), "train.steps", "> 0", std::to_string(t.steps));
   need(t.micro_batch > 0, r.file(), "train.micro_batch", "> 0", std::to_string(t.micro_batch));
   need(t.seq_len > 0, r.file(), "train.seq_len", "> 0", std::to_string(t.seq_len));

@@ -35,6 +35,7 @@ struct TrainConfig {
   int64_t eval_samples = 64;   // validation sequences per evaluation
   std::string out_dir = "runs/demo";  // metrics.jsonl and checkpoints
   bool progress = true;        // progress bar when stderr is a terminal
+  std::string init_from;       // start from these weights (zaya checkpoint or transformers dir)
 };
 
 struct CkptConfig {

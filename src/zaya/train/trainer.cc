@@ -14,6 +14,7 @@
 #include "zaya/ops/gemm.h"
 #include "zaya/optim/schedule.h"
 #include "zaya/train/batch.h"
+#include "zaya/train/model_io.h"
 
 namespace zaya::train {
 namespace fs = std::filesystem;
@@ -66,6 +67,9 @@ Trainer::Trainer(RunConfig config, TrainOptions options) : cfg_(std::move(config
   model_->init(t.seed);
   optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, *model_);
 
+  if (opts_.resume.empty() && fs::exists(fs::path(t.out_dir) / "latest"))
+    throw Error("the output directory already holds checkpoints; resume with --resume, or choose another train.out_dir",
+                {.file = cfg_.source, .field = "train.out_dir", .found = t.out_dir});
   fs::create_directories(t.out_dir);
   ckpt::WriterOptions w;
   w.retention.keep_last = static_cast<int>(cfg_.ckpt.keep_last);
@@ -73,8 +77,19 @@ Trainer::Trainer(RunConfig config, TrainOptions options) : cfg_(std::move(config
   w.test_pause_before_commit_ms = opts_.test_pause_before_commit_ms;
   writer_ = std::make_unique<ckpt::CheckpointWriter>(t.out_dir, w);
 
-  if (!opts_.resume.empty())
+  if (!opts_.resume.empty()) {
     restore(opts_.resume == "latest" ? t.out_dir : opts_.resume);
+  } else if (!t.init_from.empty()) {
+    // A start point: weights only (an imported HF model or another run's checkpoint); the
+    // optimizer, data and schedule start fresh.
+    LoadedModel src = load_model_source(t.init_from, 1, 1);
+    ZAYA_CHECK(src.model->config().to_hf_json() == cfg_.model.to_hf_json(), "train.init_from = ", t.init_from,
+               ": its model config differs from the run config's [model] section");
+    Tensor params = model_->params_flat(), beta = model_->balancing_biases();  // handles to the live buffers
+    params.copy_from(src.model->params_flat());
+    beta.copy_from(src.model->balancing_biases());
+    log_info("initialized weights from ", src.source.string());
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -126,18 +141,14 @@ nlohmann::json Trainer::state_json() const {
   s["config_overrides"] = cfg_.overrides;
   s["model_config"] = nlohmann::json::parse(cfg_.model.to_hf_json());
   s["tokenizer"] = cfg_.data.tokenizer;
+  s["seq_len"] = cfg_.train.seq_len;
   s["world"] = {{"size", 1}, {"data_parallel", 1}};
   s["rng"] = {{"init_seed", cfg_.train.seed}, {"data_seed", cfg_.data.seed}};
   return s;
 }
 
 std::string Trainer::save(bool wait) {
-  std::vector<ckpt::SaveItem> items;
-  const auto& specs = model_->specs();
-  for (size_t i = 0; i < specs.size(); ++i) items.push_back({specs[i].name, model_->param(static_cast<int>(i)), {}, {}});
-  const Tensor& beta = model_->balancing_biases();
-  for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l)
-    items.push_back({model::balancing_bias_name(static_cast<int>(l)), beta.select(l), {}, {}});
+  std::vector<ckpt::SaveItem> items = weight_items(*model_);
   for (auto& [name, t] : optimizer_->state_tensors()) items.push_back({name, t, {}, {}});
   double stall = writer_->save(step_, items, state_json());
   if (wait) writer_->wait();
@@ -156,14 +167,10 @@ void Trainer::restore(const std::string& where) {
   ckpt::Checkpoint c(dir);
   const nlohmann::json& s = c.manifest().state;
   ZAYA_CHECK(s.value("format", "") == "zaya-train-1", dir.string(), ": not a zaya training checkpoint");
-  model::ModelConfig saved = model::ModelConfig::from_hf_json_text(s["model_config"].dump(), dir.string() + "/manifest.json");
+  model::ModelConfig saved = checkpoint_model_config(c);
   ZAYA_CHECK(saved.to_hf_json() == cfg_.model.to_hf_json(), dir.string(),
              ": the checkpoint's model config differs from the run config's [model] section");
-  const auto& specs = model_->specs();
-  for (size_t i = 0; i < specs.size(); ++i) c.load(specs[i].name, model_->param(static_cast<int>(i)));
-  const Tensor& beta = model_->balancing_biases();
-  for (int64_t l = 0; l < cfg_.model.num_hidden_layers; ++l)
-    c.load(model::balancing_bias_name(static_cast<int>(l)), beta.select(l));
+  load_weights(c, *model_);
   std::map<std::string, Tensor> state;
   for (auto& [name, t] : optimizer_->state_tensors()) state[name] = c.load_full(name);
   optimizer_->load_state(state);

@@ -1,0 +1,53 @@
+// zaya eval: validation loss and perplexity of a checkpoint (or transformers directory) on a
+// Megatron-format dataset prefix.
+#include <cstdio>
+
+#include "commands.h"
+#include "zaya/core/log.h"
+#include "zaya/data/loader.h"
+#include "zaya/train/batch.h"
+#include "zaya/train/model_io.h"
+
+namespace zaya::app {
+namespace {
+
+struct EvalArgs {
+  std::string ckpt, data;
+  int64_t samples = 64, batch = 8, seq = 0;
+  uint64_t seed = 1235;
+};
+
+int run_eval(const EvalArgs& a) {
+  // Sequence length: the one the checkpoint trained at, unless given.
+  int64_t seq = a.seq;
+  if (seq <= 0) {
+    train::LoadedModel probe = train::load_model_source(a.ckpt, 1, 1);
+    seq = probe.state.value("seq_len", int64_t{0});
+    ZAYA_CHECK(seq > 0, a.ckpt, ": the checkpoint does not record its sequence length; pass --seq");
+  }
+  train::LoadedModel m = train::load_model_source(a.ckpt, a.batch, seq);
+  data::DataLoader loader({{a.data, 1.0}}, seq, a.seed);
+  ZAYA_CHECK(loader.samples_per_epoch(0) > 0, a.data, ": too few tokens for one sample of ", seq + 1, " tokens");
+  train::EvalResult r = train::evaluate(*m.model, loader, a.samples);
+  std::printf("checkpoint  %s\ndata        %s\ntokens      %lld (%lld sequences of %lld)\nloss        %.4f nats/token\nperplexity  %.2f\n",
+              m.source.string().c_str(), a.data.c_str(), static_cast<long long>(r.tokens),
+              static_cast<long long>(r.tokens / seq), static_cast<long long>(seq), r.loss, r.perplexity);
+  return 0;
+}
+
+void add_eval(CLI::App& app, Commands& commands) {
+  auto a = std::make_shared<EvalArgs>();
+  auto* cmd = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint on a dataset");
+  cmd->add_option("--ckpt", a->ckpt, "checkpoint (step dir or run dir) or transformers directory")->required();
+  cmd->add_option("--data", a->data, "dataset prefix (PREFIX.bin/.idx), e.g. data/pydocs_val")->required();
+  cmd->add_option("--samples", a->samples, "sequences to evaluate")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--batch", a->batch, "sequences per forward")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--seq", a->seq, "sequence length (default: the checkpoint's training length)");
+  cmd->add_option("--seed", a->seed, "sample-order seed")->capture_default_str();
+  commands.push_back({cmd, [a] { return run_eval(*a); }});
+}
+
+}  // namespace
+}  // namespace zaya::app
+
+ZAYA_COMMAND(eval, zaya::app::add_eval);

@@ -1,0 +1,60 @@
+#include "zaya/train/model_io.h"
+
+#include "zaya/ckpt/hf_io.h"
+#include "zaya/model/params.h"
+
+namespace zaya::train {
+namespace fs = std::filesystem;
+
+std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m) {
+  std::vector<ckpt::SaveItem> items;
+  const auto& specs = m.specs();
+  for (size_t i = 0; i < specs.size(); ++i) items.push_back({specs[i].name, m.param(static_cast<int>(i)), {}, {}});
+  const Tensor& beta = m.balancing_biases();
+  for (int64_t l = 0; l < m.config().num_hidden_layers; ++l)
+    items.push_back({model::balancing_bias_name(static_cast<int>(l)), beta.select(l), {}, {}});
+  return items;
+}
+
+void load_weights(const ckpt::Checkpoint& c, model::ZayaModel& m) {
+  const auto& specs = m.specs();
+  for (size_t i = 0; i < specs.size(); ++i) c.load(specs[i].name, m.param(static_cast<int>(i)));
+  const Tensor& beta = m.balancing_biases();
+  for (int64_t l = 0; l < m.config().num_hidden_layers; ++l)
+    c.load(model::balancing_bias_name(static_cast<int>(l)), beta.select(l));
+}
+
+model::ModelConfig checkpoint_model_config(const ckpt::Checkpoint& c) {
+  const nlohmann::json& s = c.manifest().state;
+  if (!s.contains("model_config"))
+    throw Error("checkpoint state has no model_config (not written by zaya train or zaya ckpt import-hf)",
+                {.file = (c.dir() / "manifest.json").string()});
+  return model::ModelConfig::from_hf_json_text(s["model_config"].dump(), (c.dir() / "manifest.json").string());
+}
+
+LoadedModel load_model_source(const std::string& path, int64_t batch, int64_t seq_len) {
+  LoadedModel out;
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(path) / "config.json", ec) && !fs::exists(fs::path(path) / "manifest.json", ec)) {
+    out.model = ckpt::load_hf_model(path, batch, seq_len);
+    out.source = path;
+    out.from_hf = true;
+    return out;
+  }
+  ckpt::Checkpoint c(path);
+  out.model = std::make_unique<model::ZayaModel>(checkpoint_model_config(c), batch, seq_len);
+  load_weights(c, *out.model);
+  out.state = c.manifest().state;
+  out.source = c.dir();
+  return out;
+}
+
+fs::path save_weights_checkpoint(const model::ZayaModel& m, const fs::path& run_dir, const nlohmann::json& extra) {
+  nlohmann::json state = extra.is_object() ? extra : nlohmann::json::object();
+  state["format"] = "zaya-weights-1";
+  state["step"] = 0;
+  state["model_config"] = nlohmann::json::parse(m.config().to_hf_json());
+  return ckpt::save_checkpoint(run_dir, 0, {weight_items(m)}, state);
+}
+
+}  // namespace zaya::train
