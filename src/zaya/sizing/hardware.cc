@@ -1,6 +1,9 @@
 #include "zaya/sizing/hardware.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -56,7 +59,77 @@ HardwareProfile load_profile(const std::string& path) {
   num("gpus_per_node", g, false);
   p.gpus_per_node = static_cast<int>(g);
   p.source = j.value("source", "measured: " + path);
+  p.gemm_dtype = j.value("gemm_dtype", "");
+  if (j.contains("gemm_table")) {
+    const auto& t = j["gemm_table"];
+    if (!t.is_array()) throw Error("wrong type", {.file = path, .field = "gemm_table", .expected = "an array", .found = t.dump()});
+    for (size_t i = 0; i < t.size(); ++i) {
+      const auto& e = t[i];
+      const std::string where = "gemm_table[" + std::to_string(i) + "]";
+      GemmPoint g;
+      for (const char* key : {"m", "n", "k", "flops_per_s"}) {
+        if (!e.is_object() || !e.contains(key) || !e[key].is_number())
+          throw Error("missing or non-numeric field", {.file = path, .field = where + "." + key, .expected = "a number",
+                                                       .found = e.is_object() && e.contains(key) ? e[key].dump() : "nothing"});
+      }
+      g.m = e["m"].get<int64_t>();
+      g.n = e["n"].get<int64_t>();
+      g.k = e["k"].get<int64_t>();
+      g.flops_per_s = e["flops_per_s"].get<double>();
+      if (g.m < 1 || g.n < 1 || g.k < 1 || !(g.flops_per_s > 0))
+        throw Error("invalid GEMM entry", {.file = path, .field = where, .expected = "m, n, k >= 1 and flops_per_s > 0",
+                                           .found = e.dump()});
+      p.gemm_table.push_back(g);
+    }
+  }
   return p;
+}
+
+std::string profile_to_json(const HardwareProfile& p) {
+  nlohmann::json j;
+  j["name"] = p.name;
+  j["peak_bf16_flops"] = p.peak_bf16_flops;
+  j["achievable_flops"] = p.achievable_flops;
+  j["memory_bytes"] = p.memory_bytes;
+  j["memory_bandwidth"] = p.memory_bandwidth;
+  j["intra_node_bandwidth"] = p.intra_node_bandwidth;
+  j["inter_node_bandwidth"] = p.inter_node_bandwidth;
+  j["gpus_per_node"] = p.gpus_per_node;
+  j["source"] = p.source;
+  if (!p.gemm_table.empty()) {
+    j["gemm_dtype"] = p.gemm_dtype;
+    nlohmann::json t = nlohmann::json::array();
+    for (const auto& g : p.gemm_table) t.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"flops_per_s", g.flops_per_s}});
+    j["gemm_table"] = t;
+  }
+  return j.dump(2) + "\n";
+}
+
+void save_profile(const HardwareProfile& p, const std::string& path) {
+  std::ofstream out(path);
+  if (!out) throw Error("cannot write hardware profile", {.file = path});
+  out << profile_to_json(p);
+  if (!out) throw Error("write failed", {.file = path});
+}
+
+double gemm_rate(const HardwareProfile& p, int64_t m, int64_t n, int64_t k) {
+  if (p.gemm_table.empty()) return p.achievable_flops;
+  // Mean rate per distinct size, keyed by log(2MNK).
+  std::map<double, std::pair<double, int>> by_size;
+  for (const auto& g : p.gemm_table) {
+    auto& slot = by_size[std::log(g.flops())];
+    slot.first += g.flops_per_s;
+    slot.second += 1;
+  }
+  std::vector<std::pair<double, double>> pts;  // (log size, rate)
+  for (const auto& [x, s] : by_size) pts.push_back({x, s.first / s.second});
+  const double x = std::log(2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  if (x <= pts.front().first) return pts.front().second;
+  if (x >= pts.back().first) return pts.back().second;
+  auto hi = std::upper_bound(pts.begin(), pts.end(), x, [](double v, const auto& q) { return v < q.first; });
+  auto lo = hi - 1;
+  const double t = (x - lo->first) / (hi->first - lo->first);
+  return lo->second + t * (hi->second - lo->second);
 }
 
 HardwareProfile resolve_profile(const std::string& s) {

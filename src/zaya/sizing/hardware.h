@@ -1,12 +1,20 @@
 // Hardware profiles: the peaks a model is sized against. Built-in ones come from datasheets
 // (REFERENCES.md "Hardware peaks", docs/sizing.md lists the sources); measured ones are JSON files
-// written by `zaya bench gemm` / `zaya bench membw`.
+// written by `zaya bench gemm` (which can fold in a `zaya bench membw --json` result).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace zaya::sizing {
+
+// One measured GEMM: C[M,N] = A[M,K] B[K,N] at `flops_per_s` (2MNK / median time).
+struct GemmPoint {
+  int64_t m = 0, n = 0, k = 0;
+  double flops_per_s = 0;
+  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
+};
 
 struct HardwareProfile {
   std::string name;
@@ -18,6 +26,10 @@ struct HardwareProfile {
   double inter_node_bandwidth = 0; // bytes/s per GPU, one direction, over the NICs
   int gpus_per_node = 8;
   std::string source;
+  // Measured GEMM efficiency (`zaya bench gemm`); empty for the datasheet profiles, which then
+  // run every GEMM at achievable_flops.
+  std::string gemm_dtype;          // "bf16" or "f32": what the table was measured in
+  std::vector<GemmPoint> gemm_table;
 };
 
 // "mi300x", "h100", "h200"; throws zaya::Error listing the names for anything else.
@@ -25,7 +37,17 @@ HardwareProfile builtin_profile(const std::string& name);
 std::vector<std::string> builtin_profile_names();
 // A profile JSON (fields as in HardwareProfile); throws naming the file and the field.
 HardwareProfile load_profile(const std::string& path);
+// The same JSON text load_profile reads (round trip), and writing it to a file.
+std::string profile_to_json(const HardwareProfile& p);
+void save_profile(const HardwareProfile& p, const std::string& path);
 // A name of a built-in profile, or a path to a JSON file.
 HardwareProfile resolve_profile(const std::string& name_or_path);
+
+// The rate one GEMM of this size is predicted to run at. Without a table: achievable_flops. With
+// one: the measured rates averaged per GEMM size (2MNK), then interpolated linearly in log(size)
+// between neighbours and held constant beyond the smallest and largest measured sizes. Size is
+// the variable because small GEMMs are launch/memory bound and large ones compute bound; shape
+// (aspect ratio) is second order and the table is too sparse to resolve it.
+double gemm_rate(const HardwareProfile& p, int64_t m, int64_t n, int64_t k);
 
 }  // namespace zaya::sizing

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "zaya/model/params.h"
+#include "zaya/sizing/model_gemms.h"
 
 namespace zaya::sizing {
 namespace {
@@ -65,12 +66,14 @@ SizeReport size_model(const model::ModelConfig& c, const RunShape& run, const st
   bool big = per_expert >= 1024 && c.hidden_size >= 1024 && c.moe_intermediate_size >= 1024;
   r.rules.push_back({"expert GEMMs are large (tokens/expert " + std::to_string(per_expert) + ", H " +
                          std::to_string(c.hidden_size) + ", I " + std::to_string(c.moe_intermediate_size) + " all >= 1024)",
-                     big, big ? "" : "small GEMMs stay far below the large-GEMM rate (memory- and launch-bound)"});
+                     big, big ? "" : "small GEMMs stay far below the large-GEMM rate (memory- and launch-bound)", false});
 
   if (hw) {
-    // Compute at the profile's large-GEMM rate; ZeRO-1 traffic per step: reduce-scatter of fp32
+    // Compute at the profile's large-GEMM rate, or GEMM by GEMM from its measured efficiency
+    // table (model_gemms.h) when it has one; ZeRO-1 traffic per step: reduce-scatter of fp32
     // gradients plus all-gather of bf16 weights, each costing (n-1)/n * bytes / bw on a ring.
-    r.compute_time_s = r.flops_per_token * static_cast<double>(tokens) / hw->achievable_flops;
+    r.compute_time_s = hw->gemm_table.empty() ? r.flops_per_token * static_cast<double>(tokens) / hw->achievable_flops
+                                              : predicted_compute_seconds(c, tokens, run.seq, *hw);
     if (run.dp > 1) {
       double f = static_cast<double>(run.dp - 1) / static_cast<double>(run.dp);
       double bw = run.dp > hw->gpus_per_node ? hw->inter_node_bandwidth : hw->intra_node_bandwidth;
@@ -106,6 +109,10 @@ std::string format_size_report(const SizeReport& r) {
   if (r.hw) {
     std::snprintf(line, sizeof line, "step time      %.3f s on %s (compute %.3f s, ZeRO-1 communication %.3f s, no overlap)\n",
                   r.step_time_s, r.hw->name.c_str(), r.compute_time_s, r.comm_time_s);
+    o << line;
+    std::snprintf(line, sizeof line, "               compute priced %s\n",
+                  r.hw->gemm_table.empty() ? "at the profile's achievable rate for every GEMM"
+                                           : "GEMM by GEMM from the profile's measured efficiency table");
     o << line;
     std::snprintf(line, sizeof line, "mfu            %.1f%% of %.0f TFLOP/s\n", 100 * r.mfu, r.hw->peak_bf16_flops / 1e12);
     o << line;

@@ -27,6 +27,9 @@ struct RuleCheck {
   std::string rule;
   bool ok = false;
   std::string reason;
+  // Shape rules (multiples of 64, head dim) must hold for a --suggest candidate; advisory rules
+  // (expert GEMM size, which depends on the run) are reported and priced into the step time.
+  bool hard = true;
 };
 
 struct SizeReport {
