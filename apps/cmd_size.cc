@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "zaya/core/config.h"
 #include "zaya/sizing/size_report.h"
+#include "zaya/sizing/suggest.h"
 
 namespace zaya::app {
 namespace {
@@ -13,6 +14,9 @@ struct SizeArgs {
   std::string hw;
   sizing::RunShape run;
   std::vector<std::string> overrides;
+  bool suggest = false;
+  std::string budget = "total";
+  int suggest_count = 10;
 };
 
 void add_size(CLI::App& app, Commands& commands) {
@@ -25,6 +29,12 @@ void add_size(CLI::App& app, Commands& commands) {
   cmd->add_option("--seq", args->run.seq, "sequence length")->check(CLI::PositiveNumber);
   cmd->add_option("--zero", args->run.zero, "ZeRO stage (0 or 1)")->check(CLI::Range(0, 1));
   cmd->add_option("--set", args->overrides, "override a config key: model.hidden_size=1024");
+  cmd->add_flag("--suggest", args->suggest, "also rank nearby shapes at the same parameter budget by predicted step time");
+  cmd->add_option("--budget", args->budget, "what --suggest holds fixed (±5%): total or active parameters")
+      ->capture_default_str();
+  cmd->add_option("--suggest-count", args->suggest_count, "how many suggestions to print")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   commands.push_back({cmd, [args] {
                         model::ModelConfig c;
                         if (args->model.size() > 5 && args->model.substr(args->model.size() - 5) == ".json") {
@@ -36,7 +46,18 @@ void add_size(CLI::App& app, Commands& commands) {
                         }
                         std::optional<sizing::HardwareProfile> hw;
                         if (!args->hw.empty()) hw = sizing::resolve_profile(args->hw);
+                        sizing::SuggestOptions so;
+                        so.budget = sizing::parse_budget(args->budget, "--budget");  // checked before any output
+                        so.max_results = args->suggest_count;
                         std::cout << sizing::format_size_report(sizing::size_model(c, args->run, hw));
+                        if (args->suggest) {
+                          if (!hw) {
+                            // Ranking needs a step-time model: say which profile stands in.
+                            hw = sizing::builtin_profile("h100");
+                            std::cout << "note           --suggest without --hw ranks on the h100 profile\n";
+                          }
+                          std::cout << sizing::format_suggestions(sizing::suggest_shapes(c, args->run, *hw, so), so);
+                        }
                         return 0;
                       }});
 }

@@ -267,8 +267,11 @@ std::vector<CollectiveSample> read_collectives_csv(const std::string& path) {
       throw Error("non-numeric CSV field", {.file = path, .field = where, .expected = "numbers in ranks, size_bytes, oop_time_us",
                                             .found = line});
     }
-    if (s.ranks < 1 || s.bytes <= 0 || !(s.time_s > 0))
-      throw Error("invalid CSV row", {.file = path, .field = where, .expected = "ranks >= 1, size > 0, time > 0", .found = line});
+    // nccl-tests rounds sizes down to a multiple of the rank count: tiny ones become 0 bytes and
+    // carry no bandwidth information.
+    if (s.bytes == 0) continue;
+    if (s.ranks < 1 || s.bytes < 0 || !(s.time_s > 0))
+      throw Error("invalid CSV row", {.file = path, .field = where, .expected = "ranks >= 1, size >= 0, time > 0", .found = line});
     out.push_back(s);
   }
   if (out.empty()) throw Error("no rows", {.file = path, .expected = "at least one measurement"});
@@ -277,12 +280,21 @@ std::vector<CollectiveSample> read_collectives_csv(const std::string& path) {
 
 LinearFit fit_alpha_beta(const std::vector<double>& x, const std::vector<double>& y) {
   ZAYA_CHECK(x.size() == y.size() && x.size() >= 2, "a latency/bandwidth fit needs at least two sizes, found ", x.size());
-  // Centred normal equations: numerically stable across sizes from bytes to gigabytes.
-  const double n = static_cast<double>(x.size());
-  double mx = 0, my = 0;
-  for (size_t i = 0; i < x.size(); ++i) mx += x[i] / n, my += y[i] / n;
+  // Weighted least squares with weights 1/t²: minimises the relative error, so a sweep over
+  // several decades of sizes is fitted at every size, not just at the largest ones. Centred
+  // normal equations keep it stable from bytes to gigabytes. Exact data is recovered exactly.
+  double sw = 0, mx = 0, my = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    ZAYA_CHECK(y[i] > 0, "a latency/bandwidth fit needs positive times, found ", y[i]);
+    const double w = 1.0 / (y[i] * y[i]);
+    sw += w, mx += w * x[i], my += w * y[i];
+  }
+  mx /= sw, my /= sw;
   double sxx = 0, sxy = 0;
-  for (size_t i = 0; i < x.size(); ++i) sxx += (x[i] - mx) * (x[i] - mx), sxy += (x[i] - mx) * (y[i] - my);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double w = 1.0 / (y[i] * y[i]);
+    sxx += w * (x[i] - mx) * (x[i] - mx), sxy += w * (x[i] - mx) * (y[i] - my);
+  }
   ZAYA_CHECK(sxx > 0, "a latency/bandwidth fit needs at least two different sizes");
   LinearFit f;
   f.beta_s_per_byte = sxy / sxx;

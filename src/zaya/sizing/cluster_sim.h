@@ -91,7 +91,8 @@ struct CollectiveSample {
 // file, line and column.
 std::vector<CollectiveSample> read_collectives_csv(const std::string& path);
 
-// Least squares t = alpha + bytes * beta over the samples of one op and rank count.
+// Least squares t = alpha + bytes * beta over the samples of one op and rank count, weighted by
+// 1/t² (relative error).
 struct LinearFit {
   double alpha_s = 0, beta_s_per_byte = 0;
   int points = 0;
