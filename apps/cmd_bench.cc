@@ -1,10 +1,14 @@
-// `zaya bench collectives` and `zaya bench membw`: command-line wiring only.
+// `zaya bench collectives`, `zaya bench gemm` and `zaya bench membw`: command-line wiring only.
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
 
 #include "commands.h"
 #include "zaya/bench/collectives.h"
+#include "zaya/bench/gemm_bench.h"
+#include "zaya/bench/sysinfo.h"
+#include "zaya/core/config.h"
 #include "zaya/bench/membw.h"
 #include "zaya/core/log.h"
 #include "zaya/dist/communicator.h"
@@ -32,6 +36,65 @@ std::string describe(const CollectivesFlags& f) {
   return "zaya bench collectives -b " + f.b + " -e " + f.e + " -f " + std::to_string(f.f) + " -n " +
          std::to_string(f.n) + " -w " + std::to_string(f.w) + " -c " + std::to_string(f.c) + " --op " + f.op +
          " --dtype " + f.dtype + " --backend " + f.backend;
+}
+
+struct GemmFlags {
+  std::string shapes, dtype = "bf16", backend = "cpu", out, membw, name;
+  std::vector<std::string> overrides;
+  bool sweep = false;
+  int64_t tokens = 4096, min_dim = 64, max_dim = 2048, ref_dim = 2048;
+  int warmup = 2, repeats = 5;
+  double peak = 0;
+};
+
+int run_gemm(const GemmFlags& fl) {
+  bench::GemmBenchOptions o;
+  if (fl.dtype == "f32") o.dtype = DType::f32;
+  else if (fl.dtype == "bf16") o.dtype = DType::bf16;
+  else throw Error("unknown data type", {.field = "--dtype", .expected = "f32 or bf16", .found = fl.dtype});
+  o.backend = fl.backend;
+  o.warmup = fl.warmup;
+  o.repeats = fl.repeats;
+  if (fl.shapes.empty() == !fl.sweep)
+    throw Error("choose the shapes", {.field = "--shapes/--sweep", .expected = "exactly one of --shapes model:CONFIG or --sweep"});
+  if (!fl.shapes.empty()) {
+    if (fl.shapes.rfind("model:", 0) != 0)
+      throw Error("unknown shape source", {.field = "--shapes", .expected = "model:CONFIG (a TOML run config or config.json)",
+                                           .found = fl.shapes});
+    const std::string path = fl.shapes.substr(6);
+    model::ModelConfig c;
+    if (path.size() > 5 && path.substr(path.size() - 5) == ".json") {
+      c = model::ModelConfig::from_hf_json(path);
+    } else {
+      ConfigReader r = ConfigReader::from_file(path, fl.overrides);
+      c = model::ModelConfig::from_toml(r);
+    }
+    o.cases = bench::model_gemm_cases(c, fl.tokens, fl.ref_dim);
+  } else {
+    o.cases = bench::sweep_gemm_cases(fl.min_dim, fl.max_dim);
+  }
+  o.validate();
+  // Inputs of the profile are checked before the (long) timing runs.
+  sizing::HardwareProfile base;
+  if (!fl.out.empty() && std::filesystem::exists(fl.out)) base = sizing::load_profile(fl.out);  // extend, keep other fields
+  double membw = fl.membw.empty() ? 0 : bench::membw_from_json(fl.membw);
+
+  auto rows = bench::run_gemm_bench(o, std::cout);
+  if (fl.out.empty()) return 0;
+  sizing::HardwareProfile p = bench::profile_from_gemm(rows, o.dtype, base, fl.peak);
+  if (!fl.name.empty()) p.name = fl.name;
+  if (p.name.empty()) p.name = "measured-" + fl.backend;
+  if (membw > 0) p.memory_bandwidth = membw;
+  if (p.memory_bytes <= 0 && fl.backend == "cpu") p.memory_bytes = bench::query_sysinfo().memory_gib * 1073741824.0;
+  if (p.gpus_per_node <= 0) p.gpus_per_node = 1;
+  p.source = "zaya bench gemm (" + fl.backend + ", " + fl.dtype + (fl.sweep ? ", sweep" : ", " + fl.shapes) + ")" +
+             (fl.membw.empty() ? "" : " + zaya bench membw (" + fl.membw + ")") +
+             (fl.peak > 0 ? "; peak from --peak" : "; peak = best measured GEMM");
+  sizing::save_profile(p, fl.out);
+  std::cout << "# wrote " << fl.out << " (" << p.gemm_table.size() << " GEMM shapes";
+  if (p.memory_bandwidth <= 0) std::cout << "; memory_bandwidth unknown: pass --membw FILE from `zaya bench membw --json`";
+  std::cout << ")\n";
+  return 0;
 }
 
 int run_collectives(const CollectivesFlags& fl, const std::string& command) {
@@ -63,7 +126,7 @@ int run_collectives(const CollectivesFlags& fl, const std::string& command) {
 }
 
 void add_bench(CLI::App& app, Commands& commands) {
-  auto* bench = app.add_subcommand("bench", "Collective and memory-bandwidth benchmarks");
+  auto* bench = app.add_subcommand("bench", "Collective, GEMM and memory-bandwidth benchmarks");
   bench->require_subcommand(1);
 
   auto fl = std::make_shared<CollectivesFlags>();
@@ -84,6 +147,25 @@ void add_bench(CLI::App& app, Commands& commands) {
   coll->add_option("--csv", fl->csv, "Also write the rows as CSV (rank 0)");
   coll->add_option("--json", fl->json, "Also write the rows as JSON (rank 0)");
   commands.push_back({coll, [fl] { return run_collectives(*fl, describe(*fl)); }});
+
+  auto gf = std::make_shared<GemmFlags>();
+  auto* gemm = bench->add_subcommand("gemm", "GEMM throughput versus shape; writes the GEMM table of a hardware profile");
+  gemm->add_option("--shapes", gf->shapes, "model:CONFIG: every GEMM of one training step of that model");
+  gemm->add_option("--set", gf->overrides, "override a config key of --shapes: model.hidden_size=1024");
+  gemm->add_option("--tokens", gf->tokens, "tokens per micro-batch for --shapes")->capture_default_str();
+  gemm->add_flag("--sweep", gf->sweep, "sweep M, N, K over powers of two and a few non-powers");
+  gemm->add_option("--min-dim", gf->min_dim, "smallest dimension of --sweep")->capture_default_str();
+  gemm->add_option("--max-dim", gf->max_dim, "largest dimension of --sweep")->capture_default_str();
+  gemm->add_option("--ref-dim", gf->ref_dim, "square reference GEMM added to --shapes (0: none)")->capture_default_str();
+  gemm->add_option("--dtype", gf->dtype, "f32 or bf16 inputs (f32 accumulation and output)")->capture_default_str();
+  gemm->add_option("--backend", gf->backend, "cpu (oneDNN) or cuda (cuBLASLt)")->capture_default_str();
+  gemm->add_option("-w,--warmup", gf->warmup, "untimed runs per shape")->capture_default_str();
+  gemm->add_option("-n,--repeats", gf->repeats, "timed runs per shape; the median is reported")->capture_default_str();
+  gemm->add_option("--out", gf->out, "write (or extend) a hardware profile JSON");
+  gemm->add_option("--membw", gf->membw, "a `zaya bench membw --json` file: the profile's memory_bandwidth");
+  gemm->add_option("--peak", gf->peak, "datasheet peak FLOP/s for the profile (default: the best measured)");
+  gemm->add_option("--name", gf->name, "profile name");
+  commands.push_back({gemm, [gf] { return run_gemm(*gf); }});
 
   auto mf = std::make_shared<MembwFlags>();
   auto* mem = bench->add_subcommand("membw", "STREAM-style memory bandwidth versus array size and threads");
