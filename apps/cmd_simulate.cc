@@ -65,7 +65,7 @@ int run_calibrated(const SimulateFlags& fl, bool ranks_given) {
   const auto cals = sizing::calibrate(samples, min_bytes);
   char line[256];
   std::cout << "# calibration: least squares t = alpha + S * beta on " << fl.calibrate << " (out-of-place, sizes >= "
-            << min_bytes << " B)\n";
+            << static_cast<long long>(min_bytes) << " B, weights 1/t^2)\n";
   std::snprintf(line, sizeof line, "#%15s %5s %6s %12s %14s %12s %10s\n", "op", "ranks", "points", "alpha (us)",
                 "beta (us/MiB)", "hop alpha us", "hop GB/s");
   std::cout << line;
