@@ -1,10 +1,12 @@
 // `zaya bench collectives`, `zaya bench gemm` and `zaya bench membw`: command-line wiring only.
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
 
 #include "commands.h"
+#include "zaya/ckpt/benchmark.h"
 #include "zaya/bench/collectives.h"
 #include "zaya/bench/gemm_bench.h"
 #include "zaya/bench/sysinfo.h"
@@ -186,6 +188,33 @@ void add_bench(CLI::App& app, Commands& commands) {
                         auto rows = bench::run_membw(o, std::cout);
                         for (const auto& r : rows)
                           if (!r.valid) return 1;
+                        return 0;
+                      }});
+
+  auto ck_size = std::make_shared<std::string>("2GiB");
+  auto ck_dir = std::make_shared<std::string>("runs/bench-ckpt");
+  auto* ck = bench->add_subcommand("ckpt", "Checkpoint save: synchronous time, async stall, write GB/s vs raw disk bandwidth");
+  ck->add_option("--size", *ck_size, "checkpoint size (K/M/G suffixes, powers of 1024; e.g. 2GiB)")->capture_default_str();
+  ck->add_option("--dir", *ck_dir, "directory on the file system to measure (a scratch subdirectory is removed afterwards)")
+      ->capture_default_str();
+  commands.push_back({ck, [ck_size, ck_dir] {
+                        std::string size = *ck_size;
+                        if (size.size() > 3 && size.substr(size.size() - 2) == "iB") size.resize(size.size() - 2);  // 2GiB -> 2G
+                        uint64_t bytes = dist::parse_size(size, "--size");
+                        ZAYA_CHECK(bytes >= (1u << 20), "--size: at least 1 MiB, found ", *ck_size);
+                        std::filesystem::create_directories(*ck_dir);
+                        ckpt::CheckpointBenchResult r = ckpt::benchmark_checkpoint(bytes, *ck_dir);
+                        std::printf("# zaya bench ckpt: %.2f GiB in 8 f32 tensors, directory %s\n",
+                                    static_cast<double>(r.bytes) / (1u << 30), ck_dir->c_str());
+                        std::printf("%-34s %10s %10s\n", "#", "seconds", "GB/s");
+                        std::printf("%-34s %10.3f %10.3f\n", "raw sequential write + fsync", r.raw_write_s, r.raw_gbps());
+                        std::printf("%-34s %10.3f %10.3f\n", "synchronous save (commit incl.)", r.sync_save_s, r.sync_gbps());
+                        std::printf("%-34s %10.3f %10s\n", "async save: stall, first save", r.async_first_stall_s, "-");
+                        std::printf("%-34s %10.3f %10s\n", "async save: stall, later saves", r.async_stall_s, "-");
+                        std::printf("%-34s %10.3f %10.3f\n", "async save: background write", r.async_write_s, r.async_gbps());
+                        std::printf("stall / synchronous save   %.4f  (bar: <= 0.05)\n", r.async_stall_s / r.sync_save_s);
+                        std::printf("save write / raw bandwidth %.3f  (synchronous), %.3f (async)  (bar: >= 0.70)\n",
+                                    r.sync_gbps() / r.raw_gbps(), r.async_gbps() / r.raw_gbps());
                         return 0;
                       }});
 }

@@ -12,7 +12,8 @@ struct CheckpointBenchResult {
   uint64_t bytes = 0;          // tensor bytes per save
   double raw_write_s = 0;      // one file, large writes, then fsync (like dd conv=fsync)
   double sync_save_s = 0;      // save_checkpoint: rank file + manifest + fsyncs + commit
-  double async_stall_s = 0;    // CheckpointWriter::save: wait for the previous save + snapshot
+  double async_first_stall_s = 0;  // the writer's first save (allocates its staging memory)
+  double async_stall_s = 0;    // a later save (steady state): wait for the previous save + snapshot
   double async_write_s = 0;    // the background part of that save
   double raw_gbps() const { return raw_write_s > 0 ? bytes / raw_write_s / 1e9 : 0; }
   double sync_gbps() const { return sync_save_s > 0 ? bytes / sync_save_s / 1e9 : 0; }
