@@ -1,6 +1,7 @@
 // `zaya data ...` through the built binary: exit codes, one-line errors, no partial outputs.
 // Skips when the binary has not been built (test_data does not depend on the zaya target).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -32,11 +33,17 @@ class DataCli : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(ZAYA_BINARY)) GTEST_SKIP() << "zaya binary not built: " << ZAYA_BINARY;
-    dir_ = (fs::temp_directory_path() / "zaya_test_data" / "cli").string();
+    // Per test and process: ctest runs the tests of this file in parallel processes.
+    dir_ = (fs::temp_directory_path() / "zaya_test_data" /
+            ("cli_" + std::to_string(getpid()) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+               .string();
     fs::remove_all(dir_);
     fs::create_directories(dir_ + "/out");
     std::ofstream txt(dir_ + "/corpus.txt");
     for (const auto& p : zaya::data::testing::make_paragraphs(60, 5)) txt << p << "\n";
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
   }
   bool out_empty() const { return fs::is_empty(dir_ + "/out"); }
   std::string dir_;

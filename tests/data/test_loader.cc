@@ -1,5 +1,6 @@
 // DataLoader: packing, shuffling, determinism, resume, data-parallel coverage, blending.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -18,7 +19,8 @@ namespace fs = std::filesystem;
 // A dataset whose token stream is base, base+1, ..., base+n-1 in documents of varying length, so
 // a token's value says exactly where in the stream it came from.
 std::string make_dataset(const std::string& name, int32_t base, int32_t n) {
-  const auto dir = fs::temp_directory_path() / "zaya_test_data" / "loader";
+  // Per process: ctest runs tests in parallel processes, which must not share files.
+  const auto dir = fs::temp_directory_path() / "zaya_test_data" / ("loader_" + std::to_string(getpid()));
   fs::create_directories(dir);
   std::vector<std::vector<int32_t>> docs;
   int32_t t = 0;

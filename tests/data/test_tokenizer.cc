@@ -1,5 +1,6 @@
 // SentencePiece wrapper: train on a small corpus, special ids, lossless encode/decode, errors.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -73,7 +74,7 @@ TEST(Tokenizer, CompressesTrainingText) {
 TEST(Tokenizer, SerializedModelLoadsFromFile) {
   std::string model;
   Tokenizer a = Tokenizer::train(corpus_lines(), {.vocab_size = 350}, &model);
-  const auto path = std::filesystem::temp_directory_path() / "zaya_test_tokenizer.model";
+  const auto path = std::filesystem::temp_directory_path() / ("zaya_test_tokenizer_" + std::to_string(getpid()) + ".model");
   std::ofstream(path, std::ios::binary) << model;
   Tokenizer b = Tokenizer::load(path.string());
   const std::string text = "import os\nprint(x) with über naïve";
