@@ -2,26 +2,16 @@
 // subcommands whose issue has not landed.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <array>
 #include <cstdio>
 #include <string>
 
 namespace {
 
-struct CliRun {
-  int code;
-  std::string output;  // stdout and stderr together
-};
-
-CliRun zaya(const std::string& args) {
-  std::string cmd = std::string(ZAYA_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using zaya::test::CliRun;
+CliRun zaya(const std::string& args) { return zaya::test::run_zaya(args); }
 
 TEST(Cli, SysinfoSucceeds) {
   CliRun r = zaya("sysinfo");

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <string>
 
 #include "zaya/core/config.h"
@@ -25,14 +27,7 @@ tokens = 100
 tokens = 200
 )";
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using zaya::test::error_of;
 
 TEST(Config, ReadsTypedValuesAndArraysOfTables) {
   ConfigReader r = ConfigReader::from_string(kToml, "demo.toml");

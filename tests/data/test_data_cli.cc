@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "corpus.h"
+#include "test_util.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -18,15 +19,9 @@ struct CliRun {
   int code;
   std::string out;  // stdout and stderr together
 };
-
 CliRun zaya(const std::string& args) {
-  std::string cmd = std::string(ZAYA_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  auto r = zaya::test::run_zaya(args);
+  return {r.code, r.output};
 }
 
 class DataCli : public ::testing::Test {

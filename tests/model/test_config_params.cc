@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <set>
 
 #include "zaya/core/config.h"
@@ -55,14 +57,7 @@ TEST(ModelConfig, HfJsonRoundTrip) {
   EXPECT_EQ(back.eos_token_id, c.eos_token_id);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using zaya::test::error_of;
 
 TEST(ModelConfig, ValidationNamesTheKey) {
   auto toml_error = [](const std::string& text) {

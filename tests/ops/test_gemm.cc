@@ -2,6 +2,8 @@
 // batched, grouped (with empty groups), determinism across runs and thread counts, errors.
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -177,14 +179,7 @@ TEST(Gemm, PrimitivesAreCached) {
   EXPECT_EQ(after.size, before.size);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using zaya::test::error_of;
 
 TEST(Gemm, ShapeErrorsNameBothShapes) {
   Tensor A = random_tensor({5, 7}, 1), B = random_tensor({6, 4}, 2), C = Tensor::empty({5, 4}, DType::f32);
