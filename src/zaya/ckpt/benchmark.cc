@@ -17,9 +17,20 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Adds 1 to every element: the optimizer step that follows a save writes every parameter once.
+double touch(const std::vector<SaveItem>& items) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& it : items) {
+    float* p = it.tensor.data<float>();
+    for (int64_t k = 0, n = it.tensor.numel(); k < n; ++k) p[k] += 1.0f;
+  }
+  return since(t0);
+}
+
 }  // namespace
 
-CheckpointBenchResult benchmark_checkpoint(uint64_t size_bytes, const std::filesystem::path& dir) {
+CheckpointBenchResult benchmark_checkpoint(uint64_t size_bytes, const std::filesystem::path& dir,
+                                           const std::vector<Snapshot>& snapshots) {
   ZAYA_CHECK(size_bytes >= 32, "checkpoint benchmark: size must be at least 32 bytes, got ", size_bytes);
   const fs::path work = dir / ("zaya_ckpt_bench_" + std::to_string(::getpid()));
   std::error_code ec;
@@ -59,15 +70,25 @@ CheckpointBenchResult benchmark_checkpoint(uint64_t size_bytes, const std::files
       r.sync_save_s = since(t0);
       fs::remove_all(work / "sync", ec);
     }
-    {
+    for (Snapshot mode : snapshots) {
       // Two saves with one writer, as in training: the first also allocates and first-touches
-      // the staging memory; the second is the steady state every later save sees.
-      CheckpointWriter w(work / "async");
-      r.async_first_stall_s = w.save(1, items, {{"bench", true}});
-      w.wait();
-      r.async_stall_s = w.save(2, items, {{"bench", true}});
-      w.wait();
-      r.async_write_s = w.last_stats().write_s;
+      // the staging memory (copy); the second is the steady state every later save sees.
+      const fs::path run = work / (std::string("async_") + snapshot_name(mode));
+      AsyncBenchResult a;
+      a.snapshot = mode;
+      {
+        CheckpointWriter w(run, {.snapshot = mode});
+        a.first_stall_s = w.save(1, items, {{"bench", true}});
+        w.wait();
+        a.stall_s = w.save(2, items, {{"bench", true}});
+        a.touch_during_s = touch(items);
+        w.wait();
+        a.write_s = w.last_stats().write_s;
+        a.forked = w.last_stats().forked;
+        a.touch_idle_s = touch(items);
+      }
+      r.async.push_back(a);
+      fs::remove_all(run, ec);
     }
   } catch (...) {
     fs::remove_all(work, ec);

@@ -5,23 +5,40 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <vector>
+
+#include "zaya/ckpt/writer.h"
 
 namespace zaya::ckpt {
+
+// One CheckpointWriter snapshot mode, measured with two saves.
+struct AsyncBenchResult {
+  Snapshot snapshot = Snapshot::copy;
+  bool forked = false;         // the later save really forked (false: fork failed, copy fallback)
+  double first_stall_s = 0;    // the writer's first save (copy: allocates its staging memory)
+  double stall_s = 0;          // a later save (steady state): wait for the previous save + snapshot
+  double write_s = 0;          // the background part of that save
+  // The cost a snapshot may hide in the next training step: one pass that adds 1 to every
+  // element of every tensor right after save() returned (fork: each page written is first
+  // copied by the kernel, copy-on-write), and the same pass with no save in flight.
+  double touch_during_s = 0;
+  double touch_idle_s = 0;
+  double hidden_s() const { return touch_during_s - touch_idle_s; }
+};
 
 struct CheckpointBenchResult {
   uint64_t bytes = 0;          // tensor bytes per save
   double raw_write_s = 0;      // one file, large writes, then fsync (like dd conv=fsync)
   double sync_save_s = 0;      // save_checkpoint: rank file + manifest + fsyncs + commit
-  double async_first_stall_s = 0;  // the writer's first save (allocates its staging memory)
-  double async_stall_s = 0;    // a later save (steady state): wait for the previous save + snapshot
-  double async_write_s = 0;    // the background part of that save
+  std::vector<AsyncBenchResult> async;  // one per requested snapshot mode
   double raw_gbps() const { return raw_write_s > 0 ? bytes / raw_write_s / 1e9 : 0; }
   double sync_gbps() const { return sync_save_s > 0 ? bytes / sync_save_s / 1e9 : 0; }
-  double async_gbps() const { return async_write_s > 0 ? bytes / async_write_s / 1e9 : 0; }
+  double gbps(double s) const { return s > 0 ? bytes / s / 1e9 : 0; }
 };
 
 // Runs in a fresh subdirectory of `dir` (removed afterwards). `size_bytes` is rounded down to a
 // multiple of 4 and split over 8 f32 tensors, like a model's parameters.
-CheckpointBenchResult benchmark_checkpoint(uint64_t size_bytes, const std::filesystem::path& dir);
+CheckpointBenchResult benchmark_checkpoint(uint64_t size_bytes, const std::filesystem::path& dir,
+                                           const std::vector<Snapshot>& snapshots = {Snapshot::copy, Snapshot::fork});
 
 }  // namespace zaya::ckpt

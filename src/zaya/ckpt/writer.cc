@@ -1,6 +1,13 @@
 #include "zaya/ckpt/writer.h"
 
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <future>
@@ -41,8 +48,9 @@ Resolved resolve(const SaveItem& it) {
   return r;
 }
 
-// Writes rank `rank`'s file into `dir` and records its chunks in `m`.
-uint64_t write_rank(const fs::path& dir, int rank, const std::vector<SaveItem>& items, Manifest& m) {
+// Writes rank `rank`'s file into `dir` and records its chunks in `m`. `single_thread`: in a
+// forked child, where only the forking thread exists and no helper thread may be started.
+uint64_t write_rank(const fs::path& dir, int rank, const std::vector<SaveItem>& items, Manifest& m, bool single_thread) {
   const std::string fname = rank_file_name(rank);
   std::vector<StEntry> entries;
   std::vector<Resolved> resolved;
@@ -54,20 +62,29 @@ uint64_t write_rank(const fs::path& dir, int rank, const std::vector<SaveItem>& 
     entries.push_back(st_entry(it.name, t));
   }
   // Checksums run on another thread while the file is written: CRC32C (~7 GB/s) would otherwise
-  // add ~20% to a write at disk speed (~1.4 GB/s measured here).
-  auto crcs = std::async(std::launch::async, [&entries] {
+  // add ~20% to a write at disk speed (~1.4 GB/s measured here). The forked child computes them
+  // inline (before the write: same bytes, same result).
+  auto all_crcs = [&entries] {
     std::vector<uint32_t> out;
     for (const auto& e : entries) out.push_back(crc32c(e.data, e.nbytes));
     return out;
-  });
+  };
+  const std::map<std::string, std::string> meta{{"format", "zaya-checkpoint"}, {"rank", std::to_string(rank)}};
   StWritten w;
-  try {
-    w = write_safetensors(dir / fname, entries, {{"format", "zaya-checkpoint"}, {"rank", std::to_string(rank)}});
-  } catch (...) {
-    crcs.wait();  // it reads `entries`: let it finish before they go away
-    throw;
+  std::vector<uint32_t> checksums;
+  if (single_thread) {
+    checksums = all_crcs();
+    w = write_safetensors(dir / fname, entries, meta);
+  } else {
+    auto crcs = std::async(std::launch::async, all_crcs);
+    try {
+      w = write_safetensors(dir / fname, entries, meta);
+    } catch (...) {
+      crcs.wait();  // it reads `entries`: let it finish before they go away
+      throw;
+    }
+    checksums = crcs.get();
   }
-  const std::vector<uint32_t> checksums = crcs.get();
   uint64_t bytes = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const Resolved& r = resolved[i];
@@ -95,7 +112,8 @@ uint64_t write_rank(const fs::path& dir, int rank, const std::vector<SaveItem>& 
 }
 
 fs::path save_impl(const fs::path& run_dir, int64_t step, const std::vector<std::vector<SaveItem>>& ranks,
-                   const nlohmann::json& state, const RetentionPolicy& retention, int pause_ms, uint64_t* bytes_out) {
+                   const nlohmann::json& state, const RetentionPolicy& retention, int pause_ms, uint64_t* bytes_out,
+                   bool in_child) {
   ZAYA_CHECK(state.is_object(), "checkpoint save: state must be a JSON object");
   ZAYA_CHECK(!ranks.empty(), "checkpoint save: no ranks");
   const std::string name = step_dir_name(step);
@@ -114,7 +132,7 @@ fs::path save_impl(const fs::path& run_dir, int64_t step, const std::vector<std:
   m.world_size = static_cast<int>(ranks.size());
   m.state = state;
   uint64_t bytes = 0;
-  for (size_t r = 0; r < ranks.size(); ++r) bytes += write_rank(tmp_dir, static_cast<int>(r), ranks[r], m);
+  for (size_t r = 0; r < ranks.size(); ++r) bytes += write_rank(tmp_dir, static_cast<int>(r), ranks[r], m, in_child);
   if (bytes_out) *bytes_out = bytes;
   if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
 
@@ -126,7 +144,9 @@ fs::path save_impl(const fs::path& run_dir, int64_t step, const std::vector<std:
   fsync_path(tmp_dir);
   atomic_rename(tmp_dir, final_dir);
   write_file_atomic(run_dir / "latest", name + "\n");
-  for (int64_t s : apply_retention(run_dir, retention)) log_debug("checkpoint retention: deleted ", step_dir_name(s));
+  // No logging in a forked child: the log's mutex may have been held by another thread at fork.
+  for (int64_t s : apply_retention(run_dir, retention))
+    if (!in_child) log_debug("checkpoint retention: deleted ", step_dir_name(s));
   return final_dir;
 }
 
@@ -165,7 +185,15 @@ std::string rank_file_name(int rank) {
 
 fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const std::vector<std::vector<SaveItem>>& ranks,
                          const nlohmann::json& state, const RetentionPolicy& retention) {
-  return save_impl(run_dir, step, ranks, state, retention, 0, nullptr);
+  return save_impl(run_dir, step, ranks, state, retention, 0, nullptr, false);
+}
+
+const char* snapshot_name(Snapshot s) { return s == Snapshot::fork ? "fork" : "copy"; }
+
+Snapshot parse_snapshot(const std::string& s, const std::string& what) {
+  if (s == "copy") return Snapshot::copy;
+  if (s == "fork") return Snapshot::fork;
+  throw Error(str(what, ": expected 'copy' or 'fork', found '", s, "'"));
 }
 
 CheckpointWriter::CheckpointWriter(fs::path run_dir, WriterOptions options)
@@ -194,8 +222,104 @@ void CheckpointWriter::join_background() {
   }
 }
 
+static void log_saved(const SaveStats& s) {
+  log_info("checkpoint: saved ", step_dir_name(s.step), ": ", s.bytes / 1e6, " MB, stall ", s.stall_s * 1e3, " ms (wait ",
+           s.wait_previous_s * 1e3, " ms + ", s.forked ? "fork " : "snapshot ", s.snapshot_s * 1e3, " ms), write ",
+           s.write_s, " s = ", s.write_gbps(), " GB/s");
+}
+
+void CheckpointWriter::reap_child() {
+  if (child_ < 0) return;
+  int status = 0;
+  pid_t r;
+  do r = ::waitpid(child_, &status, 0);
+  while (r < 0 && errno == EINTR);
+  const int wait_errno = errno;
+  // The child wrote its one message (< PIPE_BUF, so never partial) before exiting; the pipe is
+  // non-blocking, so a child that died before writing gives an empty read rather than a hang.
+  std::string msg;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(child_pipe_, buf, sizeof buf)) > 0;) msg.append(buf, static_cast<size_t>(n));
+  ::close(child_pipe_);
+  child_pipe_ = -1;
+  const std::string what = str("checkpoint save of ", step_dir_name(pending_.step), " (forked writer, pid ", child_, ")");
+  child_ = -1;
+  try {
+    if (r < 0) throw Error(str(what, ": waitpid failed: ", std::strerror(wait_errno)));
+    if (WIFSIGNALED(status))
+      throw Error(str(what, ": killed by signal ", WTERMSIG(status), "; the previous checkpoint stays latest"));
+    if (msg.rfind("err ", 0) == 0) throw Error(msg.substr(4));
+    unsigned long long bytes = 0;
+    double write_s = 0;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || std::sscanf(msg.c_str(), "ok %llu %lf", &bytes, &write_s) != 2)
+      throw Error(str(what, ": exited with status ", WIFEXITED(status) ? WEXITSTATUS(status) : -1, " and message '", msg, "'"));
+    pending_.bytes = bytes;
+    pending_.write_s = write_s;
+    last_ = pending_;
+    log_saved(last_);
+  } catch (...) {
+    error_ = std::current_exception();
+  }
+}
+
+// Forks the writer; false when fork() failed (the caller falls back to a copy snapshot).
+bool CheckpointWriter::fork_writer(int64_t step, const std::vector<SaveItem>& items, const nlohmann::json& state) {
+  // Device tensors are not in the child's address space in any useful way: copy them to the host
+  // first (host tensors are shared copy-on-write and need nothing).
+  std::vector<SaveItem> snap;
+  snap.reserve(items.size());
+  for (const auto& it : items)
+    snap.push_back({it.name, it.tensor.device() == Device::cpu ? it.tensor : it.tensor.to(Device::cpu), it.global_shape,
+                    it.offsets});
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    log_warn("checkpoint: pipe() failed (", std::strerror(errno), "); using a copy snapshot");
+    return false;
+  }
+  std::fflush(nullptr);  // nothing buffered may be written twice (by the parent and the child)
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int e = errno;
+    ::close(fds[0]);
+    ::close(fds[1]);
+    log_warn("checkpoint: fork() failed (", std::strerror(e), "); using a copy snapshot");
+    return false;
+  }
+  if (pid == 0) {
+    // The child: only this thread exists. Plain single-threaded I/O, no logging, no OpenMP, no
+    // stdio, and it never returns into the caller: _exit() whatever happens.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);       // a killed trainer leaves no stray writer...
+    if (::getppid() != parent) ::_exit(111);  // ...even if it died before the prctl
+    ::signal(SIGINT, SIG_IGN);                // Ctrl-C reaches the whole process group: the parent decides
+    ::close(fds[0]);
+    std::string msg;
+    int code = 0;
+    try {
+      const auto tw = std::chrono::steady_clock::now();
+      uint64_t bytes = 0;
+      save_impl(run_dir_, step, {snap}, state, options_.retention, options_.test_pause_before_commit_ms, &bytes, true);
+      msg = str("ok ", bytes, " ", seconds_since(tw));
+    } catch (const std::exception& e) {
+      msg = std::string("err ") + e.what();
+      code = 1;
+    } catch (...) {
+      msg = "err checkpoint save: unknown exception in the forked writer";
+      code = 1;
+    }
+    if (msg.size() > 3000) msg.resize(3000);  // below PIPE_BUF: one atomic write into the empty pipe
+    [[maybe_unused]] ssize_t n = ::write(fds[1], msg.data(), msg.size());
+    ::_exit(code);
+  }
+  ::close(fds[1]);
+  child_ = pid;
+  child_pipe_ = fds[0];
+  return true;
+}
+
 void CheckpointWriter::wait() {
   join_background();
+  reap_child();
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;
@@ -208,8 +332,20 @@ double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, 
   wait();
   const double waited = seconds_since(t0);
   ZAYA_CHECK(state.is_object(), "checkpoint save: state must be a JSON object");
+  for (const auto& it : items) ZAYA_CHECK(it.tensor.defined(), "checkpoint save: tensor '", it.name, "' is undefined");
 
-  // Snapshot: one staging block, 64-byte-aligned slots, reused while it is large enough.
+  if (options_.snapshot == Snapshot::fork) {
+    const auto t1 = std::chrono::steady_clock::now();
+    pending_ = SaveStats{.step = step, .wait_previous_s = waited};
+    if (fork_writer(step, items, state)) {
+      pending_.snapshot_s = seconds_since(t1);
+      pending_.forked = true;
+      pending_.stall_s = seconds_since(t0);
+      return pending_.stall_s;
+    }
+  }
+
+  // Copy snapshot: one staging block, 64-byte-aligned slots, reused while it is large enough.
   size_t need = 0;
   for (const auto& it : items) {
     ZAYA_CHECK(it.tensor.defined(), "checkpoint save: tensor '", it.name, "' is undefined");
@@ -242,12 +378,11 @@ double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, 
     try {
       const auto tw = std::chrono::steady_clock::now();
       uint64_t bytes = 0;
-      save_impl(run_dir_, step, {staged_}, staged_state_, options_.retention, options_.test_pause_before_commit_ms, &bytes);
+      save_impl(run_dir_, step, {staged_}, staged_state_, options_.retention, options_.test_pause_before_commit_ms, &bytes,
+                false);
       pending_.write_s = seconds_since(tw);
       pending_.bytes = bytes;
-      log_info("checkpoint: saved ", step_dir_name(step), ": ", bytes / 1e6, " MB, stall ", pending_.stall_s * 1e3,
-               " ms (wait ", pending_.wait_previous_s * 1e3, " ms + snapshot ", pending_.snapshot_s * 1e3,
-               " ms), write ", pending_.write_s, " s = ", pending_.write_gbps(), " GB/s");
+      log_saved(pending_);
     } catch (...) {
       error_ = std::current_exception();
     }
