@@ -75,6 +75,7 @@ Trainer::Trainer(RunConfig config, TrainOptions options) : cfg_(std::move(config
   w.retention.keep_last = static_cast<int>(cfg_.ckpt.keep_last);
   w.retention.keep_every = cfg_.ckpt.keep_every;
   w.test_pause_before_commit_ms = opts_.test_pause_before_commit_ms;
+  w.snapshot = ckpt::parse_snapshot(cfg_.ckpt.snapshot, "ckpt.snapshot");
   writer_ = std::make_unique<ckpt::CheckpointWriter>(t.out_dir, w);
 
   if (!opts_.resume.empty()) {
