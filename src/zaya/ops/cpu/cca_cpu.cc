@@ -10,11 +10,13 @@
 // contiguous row gw[o, :, :].
 #include "zaya/ops/cpu/cca_cpu.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <vector>
 
 #include "zaya/ops/cpu/seq_vec.h"
+#include "zaya/ops/cpu/tile_mm.h"
 
 namespace zaya::ops::cpu {
 
@@ -36,87 +38,127 @@ inline void depthwise_pair(float* dd, const float* zb, int64_t s, int64_t T, int
   }
 }
 
-// Grouped conv of one head from the interleaved depthwise pair.
-inline void grouped_head(float* out, const float* dd, int64_t c0, int64_t hd, const float* gw,
-                         const float* gb) {
-  for (int64_t o = c0; o < c0 + hd; ++o) out[o] = gb[o] + dotf(gw + o * 2 * hd, dd, 2 * hd);
+// Wt[g][k][o] = gw[g·hd + o][k]: the grouped conv's product needs its B operand's rows contiguous
+// over the output channel o.
+std::vector<float> transpose_gw(const float* gw, int64_t heads, int64_t hd) {
+  const int64_t K2 = 2 * hd;
+  std::vector<float> Wt(static_cast<size_t>(heads * K2 * hd));
+  for (int64_t g = 0; g < heads; ++g)
+    for (int64_t o = 0; o < hd; ++o)
+      for (int64_t k = 0; k < K2; ++k) Wt[(g * K2 + k) * hd + o] = gw[(g * hd + o) * K2 + k];
+  return Wt;
+}
+
+// Grouped conv of one head for rows of interleaved depthwise pairs (ld ldd): out = gb + dd·W_gᵀ.
+// Forward and decode both go through here, so decode reproduces the forward bit for bit.
+inline void grouped_rows(float* out, int64_t ldo, const float* dd, int64_t ldd, int64_t rows, int64_t g,
+                         int64_t hd, const float* Wt, const float* gb) {
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(gb + g * hd, hd, out + r * ldo);
+  mm(out, ldo, dd, ldd, 1, Wt + g * 2 * hd * hd, hd, rows, hd, 2 * hd, true);
 }
 
 }  // namespace
 
+namespace {
+
+// All depthwise pairs of the sequence: dd[n][c][tap] = d_{t+tap}[c] for token n = (b, t), i.e.
+// [N, heads, 2·hd] — row n of head g is the 2·hd-long input of that head's grouped conv.
+std::vector<float> depthwise_all(const float* z, const float* dw, const float* db, int64_t B, int64_t T,
+                                 int64_t heads, int64_t hd) {
+  const int64_t C = heads * hd;
+  std::vector<float> dd(static_cast<size_t>(B * T * 2 * C));
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t g = 0; g < heads; ++g)
+      depthwise_pair(dd.data() + bt * 2 * C + g * 2 * hd, z + (bt / T) * T * C, bt % T, T, C, g * hd, hd, dw, db);
+  return dd;
+}
+
+constexpr int64_t kRows = 64;  // tokens per task of the grouped-conv products
+
+}  // namespace
+
+// The grouped conv is, per head g, the product out_g [N, hd] = dd_g [N, 2·hd] · W_gᵀ with W_g the
+// head's [hd, 2·hd] slice of gw: it runs as register-blocked tile products (tile_mm.h) per
+// (head, 64-token block), after the cheap elementwise depthwise step.
 void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, const float* gw,
                   const float* gb, int64_t B, int64_t T, int64_t heads, int64_t hd) {
-  const int64_t C = heads * hd;
-#pragma omp parallel
-  {
-    std::vector<float> dd(2 * hd);
-#pragma omp for schedule(static)
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-      int64_t b = bt / T, t = bt % T;
-      const float* zb = z + b * T * C;
-      for (int64_t g = 0; g < heads; ++g) {
-        depthwise_pair(dd.data(), zb, t, T, C, g * hd, hd, dw, db);
-        grouped_head(out + bt * C, dd.data(), g * hd, hd, gw, gb);
-      }
-    }
+  const int64_t C = heads * hd, N = B * T, K2 = 2 * hd, nblk = (N + kRows - 1) / kRows;
+  const std::vector<float> dd = depthwise_all(z, dw, db, B, T, heads, hd);
+  const std::vector<float> Wt = transpose_gw(gw, heads, hd);
+#pragma omp parallel for schedule(static)
+  for (int64_t task = 0; task < heads * nblk; ++task) {
+    const int64_t g = task / nblk, r0 = (task % nblk) * kRows, nr = std::min(kRows, N - r0);
+    grouped_rows(out + r0 * C + g * hd, C, dd.data() + r0 * 2 * C + g * K2, 2 * C, nr, g, hd, Wt.data(), gb);
   }
 }
 
-// Backward, one thread per head: every channel belongs to exactly one head, so each thread owns its
-// slices of dz and of all four weight gradients, and sums over (b, t) in a fixed order — bitwise
-// deterministic for any thread count without atomics.
-//   e_t[i,k] = Σ_o gw[o,i,k]·dout_t[o]         (gradient reaching depthwise slot t+k)
+// Backward. Per head g, with e_t[i,k] = Σ_o gw[o,i,k]·dout_t[o] (the gradient reaching depthwise
+// slot t+k):  E_g = dout_g · W_g  and  dgw_g += dout_gᵀ · dd_g  (tile products, each element one
+// ordered chain over its k), then elementwise per channel block, over (b, s) in order:
 //   G_s      = e_s[·,0] + e_{s-1}[·,1]           (total gradient of depthwise slot s, s ∈ [0, T])
 //   ddb += G_s, ddw[·,0] += G_s·z_{s-2}, ddw[·,1] += G_s·z_{s-1},
-//   dz_{s-2} += G_s·dw[·,0], dz_{s-1} += G_s·dw[·,1]
-//   dgb += dout_t, dgw[o,i,k] += dout_t[o]·d_{t+k}[i]
+//   dz_t = G_{t+1}·dw[·,1] + G_{t+2}·dw[·,0],  dgb += dout_t.
+// Every output element has one writer and a fixed order: bitwise deterministic for any thread count.
 void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, const float* dout,
                   const float* z, const float* dw, const float* db, const float* gw, int64_t B,
                   int64_t T, int64_t heads, int64_t hd) {
-  const int64_t C = heads * hd;
+  const int64_t C = heads * hd, N = B * T, K2 = 2 * hd, nblk = (N + kRows - 1) / kRows;
+  const std::vector<float> dd = depthwise_all(z, dw, db, B, T, heads, hd);
+  std::vector<float> E(static_cast<size_t>(N * 2 * C));  // E[n][c][tap], like dd
+  constexpr int64_t kOut = 16;                           // gw rows per dgw task
+  const int64_t oblk = (hd + kOut - 1) / kOut;
 #pragma omp parallel
   {
-    std::vector<float> dd(2 * hd), e(2 * hd), prev(hd), G(hd);
+#pragma omp for schedule(static) nowait
+    for (int64_t task = 0; task < heads * nblk; ++task) {
+      const int64_t g = task / nblk, r0 = (task % nblk) * kRows, nr = std::min(kRows, N - r0);
+      mm(E.data() + r0 * 2 * C + g * K2, 2 * C, dout + r0 * C + g * hd, C, 1, gw + g * hd * K2, K2, nr, K2, hd,
+         false);
+    }
 #pragma omp for schedule(static)
-    for (int64_t g = 0; g < heads; ++g) {
-      const int64_t c0 = g * hd;
-      // Applies the slot-s gradient G to the depthwise parameters and to dz.
-      auto apply_slot = [&](int64_t b, int64_t s) {
-        const float* zb = z + b * T * C;
-        float* dzb = dz + b * T * C;
-        for (int64_t i = 0; i < hd; ++i) {
-          int64_t c = c0 + i;
-          float a = s - 2 >= 0 ? zb[(s - 2) * C + c] : 0.0f;
-          float p = s - 1 >= 0 ? zb[(s - 1) * C + c] : 0.0f;
-          ddb[c] += G[i];
-          ddw[2 * c] += G[i] * a;
-          ddw[2 * c + 1] += G[i] * p;
-          if (s - 2 >= 0) dzb[(s - 2) * C + c] += G[i] * dw[2 * c];
-          if (s - 1 >= 0 && s - 1 < T) dzb[(s - 1) * C + c] += G[i] * dw[2 * c + 1];
-        }
-      };
+    for (int64_t task = 0; task < heads * oblk; ++task) {
+      const int64_t g = task / oblk, o0 = (task % oblk) * kOut, no = std::min(kOut, hd - o0);
+      const int64_t c = g * hd + o0;
+      mm(dgw + c * K2, K2, dout + c, 1, C, dd.data() + g * K2, 2 * C, no, K2, N, true);
+    }
+    // (implicit barrier: E is complete)
+    constexpr int64_t kCh = 16;  // channels per task: the inner loops vectorize over them
+#pragma omp for schedule(static)
+    for (int64_t c0 = 0; c0 < C; c0 += kCh) {
+      const int64_t nc = std::min(kCh, C - c0);
+      float G[kCh], Gp[kCh], sdb[kCh], sw0[kCh], sw1[kCh], sgb[kCh];
+      for (int64_t i = 0; i < nc; ++i) {
+        sdb[i] = ddb[c0 + i], sw0[i] = ddw[2 * (c0 + i)], sw1[i] = ddw[2 * (c0 + i) + 1], sgb[i] = dgb[c0 + i];
+      }
       for (int64_t b = 0; b < B; ++b) {
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t i = 0; i < hd; ++i) dz[(b * T + t) * C + c0 + i] = 0.0f;
-        std::fill(prev.begin(), prev.end(), 0.0f);
-        for (int64_t t = 0; t < T; ++t) {
-          const float* dot_ = dout + (b * T + t) * C;
-          depthwise_pair(dd.data(), z + b * T * C, t, T, C, c0, hd, dw, db);
-          std::fill(e.begin(), e.end(), 0.0f);
-          for (int64_t o = c0; o < c0 + hd; ++o) {
-            float go = dot_[o];
-            dgb[o] += go;
-            axpyf(dgw + o * 2 * hd, go, dd.data(), 2 * hd);
-            axpyf(e.data(), go, gw + o * 2 * hd, 2 * hd);
+        const float* zb = z + b * T * C + c0;
+        const float* eb = E.data() + b * T * 2 * C + 2 * c0;
+        float* dzb = dz + b * T * C + c0;
+        for (int64_t i = 0; i < nc; ++i) Gp[i] = 0.0f;
+        for (int64_t s = 0; s <= T + 1; ++s) {  // slot T+1 does not exist: G = 0 there, for dz_{T-1}
+          for (int64_t i = 0; i < nc; ++i) {
+            const float e0 = s < T ? eb[s * 2 * C + 2 * i] : 0.0f;
+            const float e1 = s >= 1 && s <= T ? eb[(s - 1) * 2 * C + 2 * i + 1] : 0.0f;
+            G[i] = e0 + e1;
           }
-          for (int64_t i = 0; i < hd; ++i) {
-            G[i] = e[2 * i] + prev[i];
-            prev[i] = e[2 * i + 1];
-          }
-          apply_slot(b, t);
+          if (s <= T)
+            for (int64_t i = 0; i < nc; ++i) {
+              const float a = s >= 2 ? zb[(s - 2) * C + i] : 0.0f, p = s >= 1 ? zb[(s - 1) * C + i] : 0.0f;
+              sdb[i] += G[i];
+              sw0[i] += G[i] * a;
+              sw1[i] += G[i] * p;
+            }
+          if (s >= 2)
+            for (int64_t i = 0; i < nc; ++i)
+              dzb[(s - 2) * C + i] = Gp[i] * dw[2 * (c0 + i) + 1] + G[i] * dw[2 * (c0 + i)];
+          for (int64_t i = 0; i < nc; ++i) Gp[i] = G[i];
         }
-        for (int64_t i = 0; i < hd; ++i) G[i] = prev[i];
-        apply_slot(b, T);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t i = 0; i < nc; ++i) sgb[i] += dout[(b * T + t) * C + c0 + i];
+      }
+      for (int64_t i = 0; i < nc; ++i) {
+        ddb[c0 + i] = sdb[i], ddw[2 * (c0 + i)] = sw0[i], ddw[2 * (c0 + i) + 1] = sw1[i], dgb[c0 + i] = sgb[i];
       }
     }
   }
@@ -126,6 +168,7 @@ void cca_conv_decode(float* out, float* state, const float* z, const float* dw, 
                      const float* gw, const float* gb, int64_t B, int64_t heads, int64_t hd) {
   const int64_t C = heads * hd;
   std::vector<float> win(3 * C), dd(2 * hd);
+  const std::vector<float> Wt = transpose_gw(gw, heads, hd);
   for (int64_t b = 0; b < B; ++b) {
     // The window [z_{t-2}, z_{t-1}, z_t] laid out as a 3-step sequence; slot 2 of its depthwise
     // conv is d_t and slot 3 is d_{t+1}, exactly what the full forward computes at position t.
@@ -134,7 +177,7 @@ void cca_conv_decode(float* out, float* state, const float* z, const float* dw, 
     std::copy(z + b * C, z + (b + 1) * C, win.begin() + 2 * C);
     for (int64_t g = 0; g < heads; ++g) {
       depthwise_pair(dd.data(), win.data(), 2, 3, C, g * hd, hd, dw, db);
-      grouped_head(out + b * C, dd.data(), g * hd, hd, gw, gb);
+      grouped_rows(out + b * C + g * hd, C, dd.data(), 2 * hd, 1, g, hd, Wt.data(), gb);
     }
     std::copy(win.begin() + C, win.end(), st);
   }
