@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "zaya/ops/cpu/op_checks.h"
+#include "zaya/ops/cpu/seq_vec.h"
 #include "zaya/ops/gemm.h"
 
 namespace zaya::ops {
@@ -335,7 +336,8 @@ void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x,
 // gelu(x) = ½x(1 + erf(x/√2)), gelu'(x) = ½(1 + erf(x/√2)) + x·φ(x), φ the standard normal pdf.
 
 namespace {
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// expf_fast (vectorizable; libm's expf is a scalar call) — SwiGLU runs over every expert row.
+inline float sigmoid(float x) { return 1.0f / (1.0f + cpu::expf_fast(-x)); }
 inline float silu_grad(float x) {
   float s = sigmoid(x);
   return s * (1.0f + x * (1.0f - s));
@@ -383,7 +385,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   elementwise("gelu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x, [&](int64_t i) {
     float v = xp[i];
     float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
-    float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
+    float pdf = kInvSqrt2Pi * cpu::expf_fast(-0.5f * v * v);
     dp[i] = gp[i] * (cdf + v * pdf);
   });
 }

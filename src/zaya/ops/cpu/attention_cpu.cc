@@ -24,32 +24,10 @@ namespace {
 
 constexpr int64_t kBlock = 64;  // queries and keys per tile: Kt and Vt (2·64·hd floats) stay in L1/L2
 
-// exp(x) for a whole array, branch-free so it vectorizes: x = n·ln2 + r with |r| ≤ ln2/2, a degree-7
-// polynomial for e^r (Cephes' coefficients, ~1 ulp) and 2^n put into the exponent bits. Arguments
-// here are ≤ 0 (scores minus their running max, or minus the logsumexp); they are clamped at −87
-// so 2^n stays a normal float (e^−87 ≈ 1.6e−38 is 0 for every sum it enters).
+// exp over an array (arguments here are ≤ 0: scores minus their running max or minus the lse;
+// expf_fast's floor at −87 gives ~1e-38, which is 0 for every sum it enters).
 inline void exp_inplace(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float v = std::min(std::max(x[i], -87.0f), 88.0f);
-    // Round v·log2(e) to the nearest integer by adding and subtracting 1.5·2^23.
-    float t = v * 1.44269504088896341f + 12582912.0f;
-    float nf = t - 12582912.0f;
-    int32_t ni;
-    std::memcpy(&ni, &t, 4);
-    ni -= 0x4B400000;  // bits of 12582912.0f
-    float r = v - nf * 0.693359375f - nf * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t bits = (ni + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    x[i] = p * scale;
-  }
+  for (int64_t i = 0; i < n; ++i) x[i] = expf_fast(x[i]);
 }
 
 // Copies the key (or value) block rows j0..j0+nj of kv head hk ([T, nkv, hd] for one batch row)

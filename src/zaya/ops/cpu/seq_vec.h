@@ -3,6 +3,8 @@
 // and adds them in a fixed order: the result depends only on n, never on threads or alignment.
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cstdint>
 
 namespace zaya::ops::cpu {
@@ -16,6 +18,27 @@ inline float dotf(const float* a, const float* b, int64_t n) {
   for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
   for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
   return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
+// exp(x), branch-free so loops over arrays vectorize (libm's expf is a scalar call: 1-3 GB/s):
+// x = n·ln2 + r with |r| ≤ ln2/2, a degree-7 polynomial for e^r (Cephes' coefficients, ~1 ulp) and
+// 2^n put into the exponent bits. x is clamped to [−87, 88] so 2^n stays a normal float: below
+// −87 the result is ~1.6e-38 instead of 0 or a denormal, above 88 it saturates at ~1.65e38.
+inline float expf_fast(float x) {
+  const float v = std::min(std::max(x, -87.0f), 88.0f);
+  // Round v·log2(e) to the nearest integer by adding and subtracting 1.5·2^23.
+  const float t = v * 1.44269504088896341f + 12582912.0f;
+  const float nf = t - 12582912.0f;
+  const int32_t ni = std::bit_cast<int32_t>(t) - 0x4B400000;  // bits of 12582912.0f
+  const float r = v - nf * 0.693359375f - nf * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((ni + 127) << 23);
 }
 
 // y += a·x
