@@ -194,22 +194,22 @@ void add_bench(CLI::App& app, Commands& commands) {
 
   auto ck_size = std::make_shared<std::string>("2GiB");
   auto ck_dir = std::make_shared<std::string>("runs/bench-ckpt");
-  auto ck_snap = std::make_shared<std::string>("both");
+  auto ck_snap = std::make_shared<std::string>("all");
   auto* ck = bench->add_subcommand("ckpt", "Checkpoint save: synchronous time, async stall, write GB/s vs raw disk bandwidth");
   ck->add_option("--size", *ck_size, "checkpoint size (K/M/G suffixes, powers of 1024; e.g. 2GiB)")->capture_default_str();
   ck->add_option("--dir", *ck_dir, "directory on the file system to measure (a scratch subdirectory is removed afterwards)")
       ->capture_default_str();
-  ck->add_option("--snapshot", *ck_snap, "async writer snapshot mode(s) to measure: copy, fork or both")->capture_default_str();
+  ck->add_option("--snapshot", *ck_snap, "async writer snapshot mode(s) to measure: copy, fork, deferred or all")->capture_default_str();
   commands.push_back({ck, [ck_size, ck_dir, ck_snap] {
                         std::string size = *ck_size;
                         if (size.size() > 3 && size.substr(size.size() - 2) == "iB") size.resize(size.size() - 2);  // 2GiB -> 2G
                         uint64_t bytes = dist::parse_size(size, "--size");
                         ZAYA_CHECK(bytes >= (1u << 20), "--size: at least 1 MiB, found ", *ck_size);
                         std::vector<ckpt::Snapshot> modes;
-                        if (*ck_snap == "both")
-                          modes = {ckpt::Snapshot::copy, ckpt::Snapshot::fork};
+                        if (*ck_snap == "all" || *ck_snap == "both")
+                          modes = {ckpt::Snapshot::copy, ckpt::Snapshot::fork, ckpt::Snapshot::deferred};
                         else
-                          modes = {ckpt::parse_snapshot(*ck_snap, "--snapshot (or 'both')")};
+                          modes = {ckpt::parse_snapshot(*ck_snap, "--snapshot (or 'all')")};
                         std::filesystem::create_directories(*ck_dir);
                         ckpt::CheckpointBenchResult r = ckpt::benchmark_checkpoint(bytes, *ck_dir, modes);
                         std::printf("# zaya bench ckpt: %.2f GiB in 8 f32 tensors, directory %s\n",
@@ -225,6 +225,8 @@ void add_bench(CLI::App& app, Commands& commands) {
                           std::printf("%-40s %10.3f %10.3f\n", (m + ": background write").c_str(), a.write_s, r.gbps(a.write_s));
                           std::printf("%-40s %10.3f %10s\n", (m + ": next-step write pass").c_str(), a.touch_during_s, "-");
                           std::printf("%-40s %10.3f %10s\n", (m + ": same pass, no save").c_str(), a.touch_idle_s, "-");
+                          if (a.snapshot == ckpt::Snapshot::deferred)
+                            std::printf("%-40s %10.3f %10s\n", (m + ": read pass before the fence").c_str(), a.overlap_read_s, "-");
                         }
                         for (const auto& a : r.async) {
                           std::printf("%s: stall / synchronous save %.4f  (bar: <= 0.05); with the next step's extra cost %.4f\n",

@@ -106,6 +106,27 @@ TEST(Snapshot, ForkIsCopyOnWrite) {
   EXPECT_TRUE(same_bytes(Checkpoint(dir.path()).load_full("w"), its[0].tensor));
 }
 
+TEST(Snapshot, DeferredCopiesBeforeTheFenceReturns) {
+  // Deferred: save() returns before copying; once fence() returns, the tensors may change and the
+  // checkpoint still holds the values they had at save() time.
+  TempDir dir;
+  std::vector<SaveItem> its = items(3);
+  std::vector<Tensor> orig;
+  for (const auto& it : its) orig.push_back(it.tensor.clone());
+  CheckpointWriter w(dir.path(), {.test_pause_before_commit_ms = 50, .snapshot = Snapshot::deferred});
+  w.save(1, its, {{"step", 1}});
+  EXPECT_GE(w.fence(), 0.0);
+  for (auto& it : its) it.tensor.fill_(0.0);
+  w.wait();
+  EXPECT_FALSE(w.last_stats().forked);
+  Checkpoint ck(dir.path());
+  EXPECT_TRUE(same_bytes(ck.load_full("w"), orig[0]));
+  EXPECT_TRUE(same_bytes(ck.load_full("e"), orig[1]));
+  EXPECT_TRUE(same_bytes(ck.load_full("n"), orig[2]));
+  EXPECT_TRUE(ck.verify().ok());
+  EXPECT_LT(w.fence(), 1e-3);  // the copy is long done: returns at once
+}
+
 TEST(Snapshot, ChildErrorIsReraisedOnWaitAndOnNextSave) {
   TempDir dir;
   const fs::path run = dir.path() / "run";
@@ -196,7 +217,8 @@ TEST(Snapshot, ParentDeathKillsTheWriter) {
 TEST(Snapshot, ParseSnapshot) {
   EXPECT_EQ(parse_snapshot("copy", "x"), Snapshot::copy);
   EXPECT_EQ(parse_snapshot("fork", "x"), Snapshot::fork);
-  expect_error([] { parse_snapshot("cow", "--snapshot"); }, {"--snapshot", "'copy' or 'fork'", "'cow'"});
+  EXPECT_EQ(parse_snapshot("deferred", "x"), Snapshot::deferred);
+  expect_error([] { parse_snapshot("cow", "--snapshot"); }, {"--snapshot", "'copy', 'fork' or 'deferred'", "'cow'"});
 }
 
 }  // namespace

@@ -22,6 +22,9 @@ struct AsyncBenchResult {
   // element of every tensor right after save() returned (fork: each page written is first
   // copied by the kernel, copy-on-write), and the same pass with no save in flight.
   double touch_during_s = 0;
+  // Deferred: the read-only pass over every tensor (a forward pass's worth of reading) run between
+  // save() and fence(); stall_s is save() plus whatever the fence still waited after it.
+  double overlap_read_s = 0;
   double touch_idle_s = 0;
   double hidden_s() const { return touch_during_s - touch_idle_s; }
 };

@@ -188,12 +188,15 @@ fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const std::vecto
   return save_impl(run_dir, step, ranks, state, retention, 0, nullptr, false);
 }
 
-const char* snapshot_name(Snapshot s) { return s == Snapshot::fork ? "fork" : "copy"; }
+const char* snapshot_name(Snapshot s) {
+  return s == Snapshot::fork ? "fork" : s == Snapshot::deferred ? "deferred" : "copy";
+}
 
 Snapshot parse_snapshot(const std::string& s, const std::string& what) {
   if (s == "copy") return Snapshot::copy;
   if (s == "fork") return Snapshot::fork;
-  throw Error(str(what, ": expected 'copy' or 'fork', found '", s, "'"));
+  if (s == "deferred") return Snapshot::deferred;
+  throw Error(str(what, ": expected 'copy', 'fork' or 'deferred', found '", s, "'"));
 }
 
 CheckpointWriter::CheckpointWriter(fs::path run_dir, WriterOptions options)
@@ -369,12 +372,22 @@ double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, 
     staged_.push_back({it.name, copy, it.global_shape, it.offsets});
     off += (it.tensor.nbytes() + 63) / 64 * 64;
   }
-  parallel_copy(pieces);
   staged_state_ = state;
+  const bool deferred = options_.snapshot == Snapshot::deferred;
+  std::promise<void> copied;
+  copied_ = copied.get_future().share();
+  if (!deferred) {
+    parallel_copy(pieces);
+    copied.set_value();
+  }
   const double snap = seconds_since(t1);
 
   pending_ = SaveStats{.step = step, .wait_previous_s = waited, .snapshot_s = snap, .stall_s = seconds_since(t0)};
-  thread_ = std::thread([this, step] {
+  thread_ = std::thread([this, step, deferred, pieces = std::move(pieces), copied = std::move(copied)]() mutable {
+    if (deferred) {
+      parallel_copy(pieces);  // a throw here cannot happen (plain memcpy); the promise is always set
+      copied.set_value();
+    }
     try {
       const auto tw = std::chrono::steady_clock::now();
       uint64_t bytes = 0;
@@ -388,6 +401,13 @@ double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, 
     }
   });
   return pending_.stall_s;
+}
+
+double CheckpointWriter::fence() {
+  if (!copied_.valid()) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  copied_.wait();
+  return seconds_since(t0);
 }
 
 }  // namespace zaya::ckpt

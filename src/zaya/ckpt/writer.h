@@ -16,6 +16,7 @@
 #include <string>
 #include <sys/types.h>
 
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -51,10 +52,14 @@ fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const std::vecto
 //         while the child runs are copied by the kernel on first write, a cost spread over the
 //         next training step instead of paid at once. Falls back to copy when fork() fails.
 //         Device tensors are copied to the host before the fork.
-// Both write the same bytes through the same commit code (save_impl).
-enum class Snapshot { copy, fork };
+//   deferred: like copy, but the copy itself runs in the background thread before the write;
+//         save() returns at once and the caller must call fence() before it next modifies the
+//         saved tensors (the trainer: before the optimizer step, so the copy overlaps the next
+//         forward and backward, which only read the parameters).
+// All write the same bytes through the same commit code (save_impl).
+enum class Snapshot { copy, fork, deferred };
 const char* snapshot_name(Snapshot s);
-Snapshot parse_snapshot(const std::string& s, const std::string& what);  // "copy" | "fork"
+Snapshot parse_snapshot(const std::string& s, const std::string& what);  // "copy" | "fork" | "deferred"
 
 struct WriterOptions {
   RetentionPolicy retention;
@@ -97,6 +102,10 @@ class CheckpointWriter {
   const SaveStats& last_stats() const { return last_; }  // of the last completed save
   const fs::path& run_dir() const { return run_dir_; }
 
+  // Deferred snapshots: blocks until the tensors of the save in flight have been copied (returns
+  // at once otherwise); returns the seconds it waited. The saved tensors may change afterwards.
+  double fence();
+
  private:
   void join_background();
   void reap_child();
@@ -108,6 +117,7 @@ class CheckpointWriter {
   std::vector<SaveItem> staged_;
   nlohmann::json staged_state_;
   std::thread thread_;
+  std::shared_future<void> copied_;  // deferred snapshot: ready once the staging copy is done
   pid_t child_ = -1;    // the forked writer in flight
   int child_pipe_ = -1;  // read end: the child's "ok <bytes> <seconds>" or "err <message>"
   std::exception_ptr error_;

@@ -69,7 +69,8 @@ CkptConfig read_ckpt(ConfigReader& r) {
   r.get("ckpt.keep_every", c.keep_every);
   r.get("ckpt.save_final", c.save_final);
   r.get("ckpt.snapshot", c.snapshot);
-  need(c.snapshot == "copy" || c.snapshot == "fork", r.file(), "ckpt.snapshot", "\"copy\" or \"fork\"", c.snapshot);
+  need(c.snapshot == "copy" || c.snapshot == "fork" || c.snapshot == "deferred", r.file(), "ckpt.snapshot",
+       "\"deferred\", \"copy\" or \"fork\"", c.snapshot);
   need(c.every >= 0, r.file(), "ckpt.every", ">= 0", std::to_string(c.every));
   need(c.keep_last >= 1, r.file(), "ckpt.keep_last", ">= 1", std::to_string(c.keep_last));
   need(c.keep_every >= 0, r.file(), "ckpt.keep_every", ">= 0", std::to_string(c.keep_every));

@@ -43,10 +43,11 @@ struct CkptConfig {
   int64_t keep_last = 3;    // keep the newest K checkpoints ...
   int64_t keep_every = 0;   // ... and every N-th step permanently (0: none)
   bool save_final = true;   // save after the last step
-  // How a save snapshots the state: "copy" (into staging memory; the stall is the copy) or "fork"
-  // (copy-on-write; a tiny stall, but the next step pays a page fault per 4 KiB it writes, which on
-  // the CPU costs more in total: docs/results/checkpoint.md). Copy is the default for that reason.
-  std::string snapshot = "copy";
+  // How a save snapshots the state (docs/results/checkpoint.md): "deferred" (the default: the copy
+  // into staging memory runs in the background during the next forward/backward, and the optimizer
+  // step waits for it), "copy" (the copy stalls training), or "fork" (copy-on-write: a tiny stall,
+  // but the next step pays a page fault per 4 KiB it writes, more in total on the CPU).
+  std::string snapshot = "deferred";
 };
 
 struct RunConfig {

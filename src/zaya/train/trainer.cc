@@ -243,6 +243,9 @@ TrainResult Trainer::run() {
       float* g = model_->grads_flat().data<float>();
       for (int64_t i = 0; i < model_->grads_flat().numel(); ++i) g[i] *= s;
     }
+    // A deferred checkpoint snapshot copies the parameters and optimizer state while this step's
+    // forward and backward run; the optimizer must not change them before that copy is done.
+    const double t_fence = writer_->fence();
     auto t_opt0 = Clock::now();
     const double lr = optim::lr_at(cfg_.optim, step_ + 1);
     optim::StepStats st = optimizer_->step(*model_, lr);
@@ -258,7 +261,8 @@ TrainResult Trainer::run() {
     nlohmann::json rec = {{"step", step_}, {"tokens", tokens_}, {"loss", loss}, {"lr", lr},
                           {"grad_norm", st.grad_norm}, {"clipped", st.clipped}, {"skipped_update", st.skipped},
                           {"tokens_per_s", tok_s}, {"mfu", mfu},
-                          {"time", {{"data", t_data}, {"forward", t_fwd}, {"backward", t_bwd}, {"optimizer", t_opt}, {"step", dt}}}};
+                          {"time", {{"data", t_data}, {"forward", t_fwd}, {"backward", t_bwd}, {"optimizer", t_opt},
+                                   {"checkpoint_fence", t_fence}, {"step", dt}}}};
     // Expert loads: entropy of the routed-token distribution normalized by ln E (1 = uniform),
     // max/min load relative to uniform (1 = its fair share), and the skip fraction.
     std::vector<double> entropy, max_load, min_load, skip_frac;
