@@ -9,6 +9,7 @@
 
 #include "zaya/core/random.h"
 #include "zaya/ops/attention.h"
+#include "zaya/ops/cpu/seq_vec.h"  // expf_fast for the head gradient
 #include "zaya/ops/cca.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/gemm.h"
@@ -306,7 +307,7 @@ void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, co
       std::fill_n(row, V, 0.0f);
       continue;
     }
-    for (int64_t j = 0; j < V; ++j) row[j] = std::exp(row[j] - lse[i]) * inv_count;
+    for (int64_t j = 0; j < V; ++j) row[j] = ops::cpu::expf_fast(row[j] - lse[i]) * inv_count;  // vectorizes; libm expf does not
     row[tgt[i]] -= inv_count;
   }
   if (gemm_dtype_ == DType::bf16) {  // hf16 and emb16_ were made by head_forward_bf16

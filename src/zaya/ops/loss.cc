@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "zaya/ops/cpu/op_checks.h"
+#include "zaya/ops/cpu/seq_vec.h"
 #include "zaya/ops/gemm.h"
 
 namespace zaya::ops {
@@ -69,16 +70,13 @@ CrossEntropyResult forward_impl(const Tensor& h, const Tensor& E, const Tensor& 
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < d.n; ++i) {
       const float* row = lp + i * c;
-      float cm = -INFINITY;
-      for (int64_t j = 0; j < c; ++j) cm = std::max(cm, row[j]);
+      const float cm = cpu::maxf(row, c);
       // Rescale the old sum to the new max before adding this chunk: Σexp(l − m) stays ≤ V.
       if (cm > run_max[i]) {
         sum[i] *= std::exp(run_max[i] - cm);  // exp(−inf) = 0 on the first chunk
         run_max[i] = cm;
       }
-      float s = 0;
-      for (int64_t j = 0; j < c; ++j) s += std::exp(row[j] - run_max[i]);
-      sum[i] += s;
+      sum[i] += cpu::sum_expf(row, c, run_max[i]);
       if (tgt[i] >= v0 && tgt[i] < v0 + c) picked[i] = row[tgt[i] - v0];
     }
   }
@@ -137,7 +135,7 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Te
         std::fill_n(row, c, 0.0f);
         continue;
       }
-      for (int64_t j = 0; j < c; ++j) row[j] = std::exp(row[j] - lp_lse[i]) * inv_count;
+      for (int64_t j = 0; j < c; ++j) row[j] = cpu::expf_fast(row[j] - lp_lse[i]) * inv_count;
       if (tgt[i] >= v0 && tgt[i] < v0 + c) row[tgt[i] - v0] -= inv_count;
     }
     Tensor e_chunk = E.slice(v0, v0 + c);

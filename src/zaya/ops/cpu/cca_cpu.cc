@@ -38,23 +38,10 @@ inline void depthwise_pair(float* dd, const float* zb, int64_t s, int64_t T, int
   }
 }
 
-// Wt[g][k][o] = gw[g·hd + o][k]: the grouped conv's product needs its B operand's rows contiguous
-// over the output channel o.
-std::vector<float> transpose_gw(const float* gw, int64_t heads, int64_t hd) {
-  const int64_t K2 = 2 * hd;
-  std::vector<float> Wt(static_cast<size_t>(heads * K2 * hd));
-  for (int64_t g = 0; g < heads; ++g)
-    for (int64_t o = 0; o < hd; ++o)
-      for (int64_t k = 0; k < K2; ++k) Wt[(g * K2 + k) * hd + o] = gw[(g * hd + o) * K2 + k];
-  return Wt;
-}
-
-// Grouped conv of one head for rows of interleaved depthwise pairs (ld ldd): out = gb + dd·W_gᵀ.
-// Forward and decode both go through here, so decode reproduces the forward bit for bit.
-inline void grouped_rows(float* out, int64_t ldo, const float* dd, int64_t ldd, int64_t rows, int64_t g,
-                         int64_t hd, const float* Wt, const float* gb) {
-  for (int64_t r = 0; r < rows; ++r) std::copy_n(gb + g * hd, hd, out + r * ldo);
-  mm(out, ldo, dd, ldd, 1, Wt + g * 2 * hd * hd, hd, rows, hd, 2 * hd, true);
+// Grouped conv of one head from the interleaved depthwise pair.
+inline void grouped_head(float* out, const float* dd, int64_t c0, int64_t hd, const float* gw,
+                         const float* gb) {
+  for (int64_t o = c0; o < c0 + hd; ++o) out[o] = gb[o] + dotf(gw + o * 2 * hd, dd, 2 * hd);
 }
 
 }  // namespace
@@ -78,18 +65,25 @@ constexpr int64_t kRows = 64;  // tokens per task of the grouped-conv products
 
 }  // namespace
 
-// The grouped conv is, per head g, the product out_g [N, hd] = dd_g [N, 2·hd] · W_gᵀ with W_g the
-// head's [hd, 2·hd] slice of gw: it runs as register-blocked tile products (tile_mm.h) per
-// (head, 64-token block), after the cheap elementwise depthwise step.
+// Forward: a dot of length 2·hd per output channel (dotf's 16 fixed partial sums). Not a tile
+// product like the backward: the qk_norm temperature's gradient downstream is ill-conditioned, and
+// the HF parity test's 1e-4 bound on it held only with this summation order (2e-5 here vs 1.3e-4
+// with a single FMA chain over k, both pure fp32 rounding; docs/results/model-cpu.md).
 void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, const float* gw,
                   const float* gb, int64_t B, int64_t T, int64_t heads, int64_t hd) {
-  const int64_t C = heads * hd, N = B * T, K2 = 2 * hd, nblk = (N + kRows - 1) / kRows;
-  const std::vector<float> dd = depthwise_all(z, dw, db, B, T, heads, hd);
-  const std::vector<float> Wt = transpose_gw(gw, heads, hd);
-#pragma omp parallel for schedule(static)
-  for (int64_t task = 0; task < heads * nblk; ++task) {
-    const int64_t g = task / nblk, r0 = (task % nblk) * kRows, nr = std::min(kRows, N - r0);
-    grouped_rows(out + r0 * C + g * hd, C, dd.data() + r0 * 2 * C + g * K2, 2 * C, nr, g, hd, Wt.data(), gb);
+  const int64_t C = heads * hd;
+#pragma omp parallel
+  {
+    std::vector<float> dd(2 * hd);
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      int64_t b = bt / T, t = bt % T;
+      const float* zb = z + b * T * C;
+      for (int64_t g = 0; g < heads; ++g) {
+        depthwise_pair(dd.data(), zb, t, T, C, g * hd, hd, dw, db);
+        grouped_head(out + bt * C, dd.data(), g * hd, hd, gw, gb);
+      }
+    }
   }
 }
 
@@ -168,7 +162,6 @@ void cca_conv_decode(float* out, float* state, const float* z, const float* dw, 
                      const float* gw, const float* gb, int64_t B, int64_t heads, int64_t hd) {
   const int64_t C = heads * hd;
   std::vector<float> win(3 * C), dd(2 * hd);
-  const std::vector<float> Wt = transpose_gw(gw, heads, hd);
   for (int64_t b = 0; b < B; ++b) {
     // The window [z_{t-2}, z_{t-1}, z_t] laid out as a 3-step sequence; slot 2 of its depthwise
     // conv is d_t and slot 3 is d_{t+1}, exactly what the full forward computes at position t.
@@ -177,7 +170,7 @@ void cca_conv_decode(float* out, float* state, const float* z, const float* dw, 
     std::copy(z + b * C, z + (b + 1) * C, win.begin() + 2 * C);
     for (int64_t g = 0; g < heads; ++g) {
       depthwise_pair(dd.data(), win.data(), 2, 3, C, g * hd, hd, dw, db);
-      grouped_rows(out + b * C + g * hd, C, dd.data(), 2 * hd, 1, g, hd, Wt.data(), gb);
+      grouped_head(out + b * C, dd.data(), g * hd, hd, gw, gb);
     }
     std::copy(win.begin() + C, win.end(), st);
   }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 namespace zaya::ops::cpu {
@@ -39,6 +40,32 @@ inline float expf_fast(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
   return p * std::bit_cast<float>((ni + 127) << 23);
+}
+
+// max over x[0..n) (−inf for n = 0). Max is exact, so 16 lanes give the same result as one.
+inline float maxf(const float* x, int64_t n) {
+  float acc[16];
+  std::fill_n(acc, 16, -INFINITY);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) acc[l] = std::max(acc[l], x[i + l]);
+  for (int64_t l = 0; i < n; ++i, ++l) acc[l] = std::max(acc[l], x[i]);
+  float m = acc[0];
+  for (int l = 1; l < 16; ++l) m = std::max(m, acc[l]);
+  return m;
+}
+
+// Σ exp(x[i] − shift) with 16 partial sums in a fixed order (like dotf), so it vectorizes and the
+// result depends only on n.
+inline float sum_expf(const float* x, int64_t n, float shift) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += expf_fast(x[i + l] - shift);
+  for (int64_t l = 0; i < n; ++i, ++l) acc[l] += expf_fast(x[i] - shift);
+  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
+  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
+  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
 
 // y += a·x
