@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 
 #include "zaya/ckpt/reader.h"
 #include "zaya/data/indexed_dataset.h"
+#include "zaya/train/model_io.h"
 #include "zaya/train/trainer.h"
 
 namespace zaya::train {
@@ -148,6 +150,34 @@ TEST_F(TrainerTest, KillDuringSaveKeepsThePreviousCheckpoint) {
   ASSERT_EQ(c.first_step, 5);
   for (int i = 0; i < total - 5; ++i) EXPECT_EQ(a.losses[5 + i], c.losses[i]) << "step " << 5 + i;
   EXPECT_FALSE(fs::exists(run / "step_0000010.tmp"));  // the leftover is cleaned at start
+}
+
+TEST_F(TrainerTest, ExportHfThenImportHfRoundTripsTheWeights) {
+  // zaya ckpt export-hf writes a transformers directory; import-hf turns it back into a zaya
+  // checkpoint (a training start point): every parameter and balancing bias must come back
+  // bit-identical (fp32 export), and the imported checkpoint must verify.
+  Trainer t(config("src", 6), {.quiet = true});
+  t.run();
+  const fs::path hf = root_ / "hf", imported = root_ / "imported";
+  auto sh = [&](const std::string& args) {
+    return std::system((std::string(ZAYA_BINARY) + " --log-level warn " + args + " > /dev/null 2>&1").c_str());
+  };
+  ASSERT_EQ(sh("ckpt export-hf " + (root_ / "src").string() + " --out " + hf.string()), 0);
+  EXPECT_TRUE(fs::exists(hf / "config.json"));
+  EXPECT_TRUE(fs::exists(hf / "model.safetensors"));
+  ASSERT_EQ(sh("ckpt import-hf " + hf.string() + " --out " + imported.string()), 0);
+  ASSERT_EQ(sh("ckpt verify " + imported.string()), 0);
+  ckpt::Checkpoint original(root_ / "src"), back(imported);
+  for (const auto& item : weight_items(t.model())) {
+    Tensor a = original.load_full(item.name), b = back.load_full(item.name);
+    ASSERT_EQ(a.nbytes(), b.nbytes()) << item.name;
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << item.name;
+  }
+  // A run can start from the imported weights (train.init_from).
+  RunConfig c = config("from_import", 6);
+  c.train.init_from = imported.string();
+  Trainer from(c, {.quiet = true});
+  EXPECT_EQ(flat(from.model().params_flat()), flat(t.model().params_flat()));
 }
 
 TEST_F(TrainerTest, ConfigErrorsNameTheKey) {
