@@ -114,7 +114,7 @@ std::string format_size_report(const SizeReport& r) {
                   r.hw->gemm_table.empty() ? "at the profile's achievable rate for every GEMM"
                                            : "GEMM by GEMM from the profile's measured efficiency table");
     o << line;
-    std::snprintf(line, sizeof line, "mfu            %.1f%% of %.0f TFLOP/s\n", 100 * r.mfu, r.hw->peak_bf16_flops / 1e12);
+    std::snprintf(line, sizeof line, "mfu            %.1f%% of %.3g TFLOP/s\n", 100 * r.mfu, r.hw->peak_bf16_flops / 1e12);
     o << line;
     if (r.memory.total() > r.hw->memory_bytes)
       o << "warning        memory per rank exceeds the device's " << gib(r.hw->memory_bytes) << "\n";
