@@ -1,4 +1,4 @@
-// safetensors: a strict reader and a streaming writer (format in /work/shared/REFERENCES.md).
+// safetensors: a strict reader and a streaming writer (format in shared/REFERENCES.md, "safetensors").
 //
 // File = u64 little-endian N | N bytes of JSON (an object, padded with spaces) | data buffer.
 // The reader trusts nothing: every length and offset is checked against the file's size before

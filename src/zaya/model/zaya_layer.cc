@@ -233,32 +233,27 @@ void ZayaModel::expert_backward(int l) {
   const Tensor& xp = b16 ? t.xp16 : t.xp;
   const Tensor& wgu = b16 ? w_gu16_[l] : p.w_gu;
   const Tensor& wd = b16 ? w_d16_[l] : p.w_d;
-  // y_e = act_e · W_d[e]ᵀ:  dact_e = dy_e · W_d[e],  dW_d[e] += dy_eᵀ · act_e
-  problems_.clear();
-  for (int64_t e = 0; e < E; ++e)
-    if (off[e + 1] > off[e])
-      problems_.push_back({dy.slice(off[e], off[e + 1]), wd.select(e), s.dact.slice(off[e], off[e + 1])});
-  ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::N);
-  problems_.clear();
-  for (int64_t e = 0; e < E; ++e)
-    if (off[e + 1] > off[e])
-      problems_.push_back({dy.slice(off[e], off[e + 1]), act.slice(off[e], off[e + 1]), g.w_d.select(e)});
-  ops::gemm_grouped(problems_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
+  // Backward of every expert's linear y_e = x_e · W[e]ᵀ (experts with no tokens skipped):
+  // dx_e = dy_e · W[e] (written), dW[e] += dy_eᵀ · x_e.
+  auto expert_linear_backward = [&](const Tensor& dY, const Tensor& W, const Tensor& X, const Tensor& dX,
+                                    const Tensor& dW) {
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e]) problems_.push_back({dY.slice(off[e], off[e + 1]), W.select(e), dX.slice(off[e], off[e + 1])});
+    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::N);
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e]) problems_.push_back({dY.slice(off[e], off[e + 1]), X.slice(off[e], off[e + 1]), dW.select(e)});
+    ops::gemm_grouped(problems_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
+  };
+  // y_e = act_e · W_d[e]ᵀ
+  expert_linear_backward(dy, wd, act, s.dact, g.w_d);
   // act = SiLU(g) ⊙ v
   ops::swiglu_backward(s.dact.slice(0, M), t.gu.slice(0, M), s.dgu.slice(0, M));
   if (b16) cast_to_bf16(s.dgu.slice(0, M), s.dgu16.slice(0, M));
   const Tensor& dgu = b16 ? s.dgu16 : s.dgu;
-  // gu_e = xp_e · W_gu[e]ᵀ:  dxp_e = dgu_e · W_gu[e],  dW_gu[e] += dgu_eᵀ · xp_e
-  problems_.clear();
-  for (int64_t e = 0; e < E; ++e)
-    if (off[e + 1] > off[e])
-      problems_.push_back({dgu.slice(off[e], off[e + 1]), wgu.select(e), s.dxp.slice(off[e], off[e + 1])});
-  ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::N);
-  problems_.clear();
-  for (int64_t e = 0; e < E; ++e)
-    if (off[e + 1] > off[e])
-      problems_.push_back({dgu.slice(off[e], off[e + 1]), xp.slice(off[e], off[e + 1]), g.w_gu.select(e)});
-  ops::gemm_grouped(problems_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
+  // gu_e = xp_e · W_gu[e]ᵀ
+  expert_linear_backward(dgu, wgu, xp, s.dxp, g.w_gu);
 }
 
 std::vector<RouterStats> ZayaModel::router_stats() const {
