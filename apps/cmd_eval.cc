@@ -21,8 +21,7 @@ int run_eval(const EvalArgs& a) {
   // Sequence length: the one the checkpoint trained at, unless given.
   int64_t seq = a.seq;
   if (seq <= 0) {
-    train::LoadedModel probe = train::load_model_source(a.ckpt, 1, 1);
-    seq = probe.state.value("seq_len", int64_t{0});
+    seq = train::source_state(a.ckpt).value("seq_len", int64_t{0});
     ZAYA_CHECK(seq > 0, a.ckpt, ": the checkpoint does not record its sequence length; pass --seq");
   }
   train::LoadedModel m = train::load_model_source(a.ckpt, a.batch, seq);

@@ -57,8 +57,7 @@ int run_generate(const GenerateArgs& a) {
   std::optional<data::Tokenizer> tok;
   std::string tok_path = a.tokenizer;
   if (!a.prompt.empty() && tok_path.empty() && !a.ckpt.empty()) {
-    train::LoadedModel probe = train::load_model_source(a.ckpt, 1, 1);
-    tok_path = probe.state.value("tokenizer", std::string());
+    tok_path = train::source_state(a.ckpt).value("tokenizer", std::string());
   }
   if (!a.prompt.empty()) {
     ZAYA_CHECK(!tok_path.empty(), "generate: --prompt needs a tokenizer (--tokenizer MODEL)");

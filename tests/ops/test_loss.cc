@@ -184,5 +184,32 @@ TEST(CrossEntropy, BadArgumentsAreNamed) {
   EXPECT_THROW(cross_entropy_tied_forward(h, E, make_targets({1, 2, 3}), lse, small), Error);
 }
 
+TEST(CrossEntropy, LogitsBackwardIsSoftmaxMinusOnehotOverCount) {
+  const int64_t N = 5, V = 37;
+  Tensor logits = random_tensor({N, V}, 71, 2.0f);
+  Vec ref = to_f64(logits);
+  Tensor targets = Tensor::empty({N}, DType::i32);
+  const int32_t t[N] = {3, -100, 36, 0, 11};
+  std::memcpy(targets.data<int32_t>(), t, sizeof t);
+  Tensor lse = Tensor::empty({N}, DType::f32);
+  for (int64_t i = 0; i < N; ++i) {
+    double m = -1e300, z = 0;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, ref[i * V + j]);
+    for (int64_t j = 0; j < V; ++j) z += std::exp(ref[i * V + j] - m);
+    lse.data<float>()[i] = static_cast<float>(m + std::log(z));
+  }
+  const int64_t count = 4;  // one ignored row
+  Vec want(static_cast<size_t>(N * V), 0.0);
+  for (int64_t i = 0; i < N; ++i) {
+    if (t[i] == -100) continue;
+    for (int64_t j = 0; j < V; ++j)
+      want[i * V + j] = (std::exp(ref[i * V + j] - lse.data<float>()[i]) - (j == t[i] ? 1.0 : 0.0)) / count;
+  }
+  cross_entropy_logits_backward(logits, lse, targets, count);
+  // expf_fast is within a few ulp of exp; the result is f32: 1e-5 relative covers both.
+  EXPECT_LT(test::rel_error(logits, want), 1e-5);
+  for (int64_t j = 0; j < V; ++j) EXPECT_EQ(logits.data<float>()[1 * V + j], 0.0f);  // ignored row
+}
+
 }  // namespace
 }  // namespace zaya::ops

@@ -9,7 +9,6 @@
 
 #include "zaya/core/random.h"
 #include "zaya/ops/attention.h"
-#include "zaya/ops/cpu/seq_vec.h"  // expf_fast for the head gradient
 #include "zaya/ops/cca.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/gemm.h"
@@ -295,21 +294,7 @@ void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, co
     return;
   }
   Tensor g = s.ce_ws.window(0, Shape{N, V});
-  float* gp = g.data<float>();
-  const float* lse = s.lse_ce.data<float>();
-  const int32_t* tgt = targets.data<int32_t>();
-  const float inv_count = 1.0f / static_cast<float>(res.count);
-  const int32_t ignore = ops::CrossEntropyOptions{}.ignore_index;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    float* row = gp + i * V;
-    if (tgt[i] == ignore) {
-      std::fill_n(row, V, 0.0f);
-      continue;
-    }
-    for (int64_t j = 0; j < V; ++j) row[j] = ops::cpu::expf_fast(row[j] - lse[i]) * inv_count;  // vectorizes; libm expf does not
-    row[tgt[i]] -= inv_count;
-  }
+  ops::cross_entropy_logits_backward(g, s.lse_ce, targets, res.count, ops::CrossEntropyOptions{}.ignore_index);
   if (gemm_dtype_ == DType::bf16) {  // hf16 and emb16_ were made by head_forward_bf16
     cast_to_bf16(g, s.g16);
     ops::gemm(s.g16, ops::Trans::N, emb16_, ops::Trans::N, s.dh, 1.0f, 0.0f);

@@ -145,4 +145,30 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Te
   return r;
 }
 
+void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t count,
+                                   int32_t ignore_index) {
+  ZAYA_CHECK(logits.device() == Device::cpu, "cross_entropy_logits_backward: no CUDA kernel yet");
+  check_dtype("cross_entropy_logits_backward: logits", logits, DType::f32);
+  ZAYA_CHECK(logits.ndim() == 2, "cross_entropy_logits_backward: logits must be [N, V], found ", logits.str());
+  const int64_t N = logits.size(0), V = logits.size(1);
+  check_shape("cross_entropy_logits_backward: lse", lse, Shape{N});
+  check_dtype("cross_entropy_logits_backward: targets", targets, DType::i32);
+  ZAYA_CHECK(targets.numel() == N, "cross_entropy_logits_backward: ", targets.str(), " targets for ", N, " rows");
+  ZAYA_CHECK(count > 0, "cross_entropy_logits_backward: count must be positive, found ", count);
+  float* gp = logits.data<float>();
+  const float* l = lse.data<float>();
+  const int32_t* tgt = targets.data<int32_t>();
+  const float inv_count = 1.0f / static_cast<float>(count);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    float* row = gp + i * V;
+    if (tgt[i] == ignore_index) {
+      std::fill_n(row, V, 0.0f);
+      continue;
+    }
+    for (int64_t j = 0; j < V; ++j) row[j] = cpu::expf_fast(row[j] - l[i]) * inv_count;  // vectorizes; libm expf does not
+    row[tgt[i]] -= inv_count;
+  }
+}
+
 }  // namespace zaya::ops

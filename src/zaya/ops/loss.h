@@ -38,4 +38,11 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Te
                                                        const Tensor& workspace,
                                                        const CrossEntropyOptions& opt = {});
 
+// Turns materialized logits [N, V] (the loss forward kept them) into the gradient of the mean
+// cross-entropy in place: row i becomes (softmax(logits_i) − onehot(target_i)) / count, from the
+// rows' logsumexp lse [N] and N i32 targets (any shape); rows whose target is ignore_index become 0. `count` is the number of
+// non-ignored rows (CrossEntropyResult::count).
+void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t count,
+                                   int32_t ignore_index = -100);
+
 }  // namespace zaya::ops

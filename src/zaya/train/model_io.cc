@@ -32,10 +32,21 @@ model::ModelConfig checkpoint_model_config(const ckpt::Checkpoint& c) {
   return model::ModelConfig::from_hf_json_text(s["model_config"].dump(), (c.dir() / "manifest.json").string());
 }
 
+namespace {
+bool is_hf_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(path) / "config.json", ec) && !fs::exists(fs::path(path) / "manifest.json", ec);
+}
+}  // namespace
+
+nlohmann::json source_state(const std::string& path) {
+  if (is_hf_dir(path)) return nlohmann::json::object();
+  return ckpt::Checkpoint(path).manifest().state;
+}
+
 LoadedModel load_model_source(const std::string& path, int64_t batch, int64_t seq_len) {
   LoadedModel out;
-  std::error_code ec;
-  if (fs::is_regular_file(fs::path(path) / "config.json", ec) && !fs::exists(fs::path(path) / "manifest.json", ec)) {
+  if (is_hf_dir(path)) {
     out.model = ckpt::load_hf_model(path, batch, seq_len);
     out.source = path;
     out.from_hf = true;

@@ -32,6 +32,10 @@ struct LoadedModel {
 // Loads a model for batches of [batch, seq_len] from a zaya checkpoint or a transformers directory.
 LoadedModel load_model_source(const std::string& path, int64_t batch, int64_t seq_len);
 
+// The state object of a zaya checkpoint (manifest only, no tensor is read); an empty object for a
+// transformers directory. For looking up the tokenizer or sequence length before loading a model.
+nlohmann::json source_state(const std::string& path);
+
 // Writes a weights-only zaya checkpoint (step 0, no optimizer state): `zaya ckpt import-hf`'s
 // output and a start point for training (train.init_from).
 std::filesystem::path save_weights_checkpoint(const model::ZayaModel& m, const std::filesystem::path& run_dir,

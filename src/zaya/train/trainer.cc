@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "zaya/ckpt/fs_util.h"
 #include "zaya/ckpt/reader.h"
 #include "zaya/core/log.h"
 #include "zaya/core/threads.h"
@@ -153,11 +154,7 @@ std::string Trainer::save(bool wait) {
   for (auto& [name, t] : optimizer_->state_tensors()) items.push_back({name, t, {}, {}});
   double stall = writer_->save(step_, items, state_json());
   if (wait) writer_->wait();
-  std::string dir = (fs::path(cfg_.train.out_dir) / ("step_" + [&] {
-                       char b[16];
-                       std::snprintf(b, sizeof b, "%07lld", static_cast<long long>(step_));
-                       return std::string(b);
-                     }())).string();
+  std::string dir = (fs::path(cfg_.train.out_dir) / ckpt::step_dir_name(step_)).string();
   log_info("checkpoint step ", step_, " -> ", dir, " (training stalled ", static_cast<int>(stall * 1000), " ms",
            wait ? ", written" : ", writing in the background", ")");
   return dir;
