@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "zaya/ops/optim_ops.h"
+#include "zaya/ops/newton_schulz.h"
 
 namespace zaya::optim {
 

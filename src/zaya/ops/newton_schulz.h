@@ -1,0 +1,28 @@
+// The Newton–Schulz quintic iteration that Muon uses to orthogonalize an update (replace G = U·S·Vᵀ
+// by ≈ U·Vᵀ). f32 CPU tensors.
+#pragma once
+
+#include <cstdint>
+
+#include "zaya/core/tensor.h"
+
+namespace zaya::ops {
+
+// Muon's quintic coefficients (Keller Jordan's): they push every singular value of a matrix with
+// ‖X‖₂ <= 1 into roughly [0.7, 1.2] in five steps instead of converging to exactly 1.
+constexpr float kNewtonSchulzA = 3.4445f, kNewtonSchulzB = -4.7750f, kNewtonSchulzC = 2.0315f;
+
+// One step for X [r, c] with r <= c: A = X·Xᵀ, B = b·A + c·A·A, X_next = a·X + B·X.
+// A and B are [r, r] workspaces; X_next must not overlap X.
+void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, const Tensor& B,
+                        float a = kNewtonSchulzA, float b = kNewtonSchulzB, float c = kNewtonSchulzC);
+
+// f32 elements newton_schulz_orthogonalize needs for a [rows, cols] matrix: 2·r·c + 2·r² with
+// r = min(rows, cols), c = max(rows, cols).
+int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols);
+
+// out ≈ U·Vᵀ for G = U·S·Vᵀ: X₀ = G/(‖G‖_F + 1e-7) (transposed when rows > cols so the Gram
+// matrix is the small side), `steps` quintic steps, transposed back. G and out are [rows, cols].
+void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps = 5);
+
+}  // namespace zaya::ops
