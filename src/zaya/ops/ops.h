@@ -8,5 +8,6 @@
 #include "zaya/ops/gemm.h"       // oneDNN GEMM: NN/NT/TN/TT, batched, grouped, f32 and bf16 inputs
 #include "zaya/ops/loss.h"       // cross-entropy fused with the tied LM head, vocabulary-chunked
 #include "zaya/ops/moe.h"        // router softmax + biased top-1, expert permutation and un-permutation
-#include "zaya/ops/optim_ops.h"  // global grad norm, clipping, AdamW update, Newton–Schulz
+#include "zaya/ops/optim_ops.h"  // global grad norm, clipping, AdamW update
+#include "zaya/ops/newton_schulz.h"  // Muon's orthogonalization
 #include "zaya/ops/rope.h"       // partial rotate-half RoPE with a position offset
