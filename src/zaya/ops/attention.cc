@@ -2,7 +2,7 @@
 #include "zaya/ops/attention.h"
 
 #include "zaya/ops/cpu/attention_cpu.h"
-#include "zaya/ops/cpu/seq_checks.h"
+#include "zaya/ops/cpu/op_checks.h"
 
 namespace zaya::ops {
 

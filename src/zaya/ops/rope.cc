@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "zaya/ops/cpu/rope_cpu.h"
-#include "zaya/ops/cpu/seq_checks.h"
+#include "zaya/ops/cpu/op_checks.h"
 
 namespace zaya::ops {
 
