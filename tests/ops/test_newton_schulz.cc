@@ -108,5 +108,45 @@ TEST(NewtonSchulz, FiveStepsPutSingularValuesInTheQuinticBand) {
   EXPECT_THROW(newton_schulz_orthogonalize(G, out, small), Error);
 }
 
+TEST(NewtonSchulz, BatchedMatchesSeparateAndBf16StaysInTheBand) {
+  // A stack of 3 tall matrices (the transpose path), each normalized on its own.
+  const int64_t E = 3, rows = 48, cols = 20;
+  Tensor G = random_tensor({E, rows, cols}, 11);
+  for (int64_t e = 0; e < E; ++e) {  // different norms per matrix
+    float* g = G.select(e).data<float>();
+    for (int64_t i = 0; i < rows * cols; ++i) g[i] *= static_cast<float>(e + 1) * 10.0f;
+  }
+  for (DType compute : {DType::f32, DType::bf16}) {
+    Tensor out = Tensor::empty({E, rows, cols}, DType::f32);
+    Tensor ws = Tensor::empty({newton_schulz_workspace_elems(rows, cols, E, compute)}, DType::f32);
+    newton_schulz_orthogonalize(G, out, ws, 5, compute);
+    for (int64_t e = 0; e < E; ++e) {
+      Tensor one = Tensor::empty({rows, cols}, DType::f32);
+      Tensor ws1 = Tensor::empty({newton_schulz_workspace_elems(rows, cols)}, DType::f32);
+      newton_schulz_orthogonalize(G.select(e).clone(), one, ws1);
+      if (compute == DType::f32) {
+        // Batched vs single GEMMs: blocking may differ, so f32 rounding through 5 steps (~1e-6).
+        EXPECT_LT(test::rel_error(out.select(e), to_f64(one)), 1e-5) << "matrix " << e;
+      } else {
+        // bf16 inputs (8 mantissa bits) perturb entries by ~1%; the direction stays (cosine > 0.99).
+        Vec a = to_f64(out.select(e)), b = to_f64(one);
+        EXPECT_GT(test::dot(a, b) / std::sqrt(test::dot(a, a) * test::dot(b, b)), 0.99) << "matrix " << e;
+      }
+      // Both precisions land in the quintic's band [0.68, 1.2025]; bf16 gets a wider margin
+      // (0.05: its rounding enters every step's products).
+      double margin = compute == DType::f32 ? 0.02 : 0.05;
+      Vec ev = symmetric_eigenvalues(gram(to_f64(out.select(e)), rows, cols), cols);
+      for (double v : ev) {
+        double sigma = std::sqrt(std::max(v, 0.0));
+        EXPECT_GE(sigma, 0.68 - margin) << dtype_name(compute) << " matrix " << e;
+        EXPECT_LE(sigma, 1.2025 + margin) << dtype_name(compute) << " matrix " << e;
+      }
+    }
+  }
+  Tensor out = Tensor::empty({E, rows, cols}, DType::f32);
+  Tensor small = Tensor::empty({newton_schulz_workspace_elems(rows, cols, E)}, DType::f32);
+  EXPECT_THROW(newton_schulz_orthogonalize(G, out, small, 5, DType::bf16), Error);  // no room for bf16 copies
+}
+
 }  // namespace
 }  // namespace zaya::ops

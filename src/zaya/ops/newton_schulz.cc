@@ -19,6 +19,38 @@ double frobenius_squared(const float* x, int64_t n) {
   return s;
 }
 
+void cast_bf16(const Tensor& src, const Tensor& dst) {
+  const float* s = src.data<float>();
+  bf16* d = dst.data<bf16>();
+  const int64_t n = src.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) d[i] = to_bf16(s[i]);
+}
+
+// One quintic step on a batch of matrices X [Bt, r, c] (r <= c), every GEMM batched:
+//   A = X·Xᵀ,  B = b·A + c·A·A,  X_next = a·X + B·X.
+// With bf16 copies (Xb, Ab, Bb defined) the GEMM inputs are rounded to bf16; sums stay f32.
+void quintic_step(const Tensor& X, const Tensor& Xn, const Tensor& A, const Tensor& B, const Tensor& Xb,
+                  const Tensor& Ab, const Tensor& Bb, float a = kNewtonSchulzA, float b = kNewtonSchulzB,
+                  float c = kNewtonSchulzC) {
+  const bool low = Xb.defined();
+  if (low) cast_bf16(X, Xb);
+  const Tensor& x_in = low ? Xb : X;
+  gemm(x_in, Trans::N, x_in, Trans::T, A);  // A = X·Xᵀ
+  const float* ap = A.data<float>();
+  float* bp = B.data<float>();
+  for (int64_t i = 0; i < A.numel(); ++i) bp[i] = b * ap[i];
+  if (low) cast_bf16(A, Ab);
+  gemm(low ? Ab : A, Trans::N, low ? Ab : A, Trans::N, B, c, 1.0f);  // B = b·A + c·A·A
+  const float* xp = X.data<float>();
+  float* np = Xn.data<float>();
+  const int64_t n = X.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) np[i] = a * xp[i];
+  if (low) cast_bf16(B, Bb);
+  gemm(low ? Bb : B, Trans::N, x_in, Trans::N, Xn, 1.0f, 1.0f);  // X_next = a·X + B·X
+}
+
 }  // namespace
 
 void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, const Tensor& B, float a, float b,
@@ -33,64 +65,74 @@ void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, 
   check_shape("newton_schulz_step: A", A, Shape{r, r});
   require_f32(op, "B", B);
   check_shape("newton_schulz_step: B", B, Shape{r, r});
-  gemm(X, Trans::N, X, Trans::T, A);  // A = X·Xᵀ
-  const float* ap = A.data<float>();
-  float* bp = B.data<float>();
-  for (int64_t i = 0; i < r * r; ++i) bp[i] = b * ap[i];
-  gemm(A, Trans::N, A, Trans::N, B, c, 1.0f);  // B = b·A + c·A·A
-  const float* xp = X.data<float>();
-  float* np = X_next.data<float>();
-  int64_t n = X.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) np[i] = a * xp[i];
-  gemm(B, Trans::N, X, Trans::N, X_next, 1.0f, 1.0f);  // X_next = a·X + B·X
+  quintic_step(X.reshape({1, r, X.size(1)}), X_next.reshape({1, r, X.size(1)}), A.reshape({1, r, r}),
+               B.reshape({1, r, r}), {}, {}, {}, a, b, c);
 }
 
-int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols) {
+int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch, DType compute) {
   int64_t r = std::min(rows, cols), c = std::max(rows, cols);
-  return 2 * r * c + 2 * r * r;
+  int64_t f32 = batch * (2 * r * c + 2 * r * r);
+  if (compute == DType::bf16) f32 += (batch * (r * c + 2 * r * r) + 1) / 2 + 16;  // + 16: 64-byte alignment slack
+  return f32;
 }
 
-void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps) {
+
+void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps,
+                                 DType compute) {
   const char* op = "newton_schulz_orthogonalize";
   require_f32(op, "G", G);
-  ZAYA_CHECK(G.ndim() == 2, op, ": G must be 2-D, found ", G.str());
+  ZAYA_CHECK(G.ndim() == 2 || G.ndim() == 3, op, ": G must be [rows, cols] or [batch, rows, cols], found ",
+             G.str());
   require_f32(op, "out", out);
   check_same_shape("newton_schulz_orthogonalize: out vs G", out, G);
   require_f32(op, "workspace", workspace);
   ZAYA_CHECK(steps >= 0, op, ": steps must be >= 0, found ", steps);
-  const int64_t rows = G.size(0), cols = G.size(1);
-  const int64_t need = newton_schulz_workspace_elems(rows, cols);
+  ZAYA_CHECK(compute == DType::f32 || compute == DType::bf16, op, ": compute precision must be f32 or bf16, found ",
+             dtype_name(compute));
+  const int64_t batch = G.ndim() == 3 ? G.size(0) : 1, rows = G.size(-2), cols = G.size(-1);
+  const int64_t need = newton_schulz_workspace_elems(rows, cols, batch, compute);
   ZAYA_CHECK(workspace.numel() >= need, op, ": workspace has ", workspace.numel(), " elements, needs ", need,
-             " for G ", G.shape().str());
+             " for G ", G.shape().str(), " in ", dtype_name(compute));
+  if (batch == 0) return;
   const bool transpose = rows > cols;
-  const int64_t r = std::min(rows, cols), c = std::max(rows, cols);
-  Tensor X = workspace.window(0, Shape{r, c});
-  Tensor Y = workspace.window(r * c, Shape{r, c});
-  Tensor A = workspace.window(2 * r * c, Shape{r, r});
-  Tensor B = workspace.window(2 * r * c + r * r, Shape{r, r});
+  const int64_t r = std::min(rows, cols), c = std::max(rows, cols), rc = r * c, rr = r * r;
+  Tensor X = workspace.window(0, Shape{batch, r, c});
+  Tensor Y = workspace.window(batch * rc, Shape{batch, r, c});
+  Tensor A = workspace.window(2 * batch * rc, Shape{batch, r, r});
+  Tensor B = workspace.window(2 * batch * rc + batch * rr, Shape{batch, r, r});
+  Tensor Xb, Ab, Bb;
+  if (compute == DType::bf16) {
+    // bf16 copies after the f32 part, 64-byte aligned for the AMX/AVX-512 kernels.
+    auto addr = reinterpret_cast<uintptr_t>(workspace.data<float>() + 2 * batch * (rc + rr));
+    auto* base = reinterpret_cast<bf16*>((addr + 63) & ~uintptr_t{63});
+    Xb = Tensor::borrow(base, Shape{batch, r, c}, DType::bf16);
+    Ab = Tensor::borrow(base + batch * rc, Shape{batch, r, r}, DType::bf16);
+    Bb = Tensor::borrow(base + batch * (rc + rr), Shape{batch, r, r}, DType::bf16);
+  }
 
-  // X₀ = G/(‖G‖_F + 1e-7): every singular value then lies in [0, 1], where the quintic works.
-  const float* g = G.data<float>();
-  double fro = std::sqrt(frobenius_squared(g, G.numel()));
-  const float inv = static_cast<float>(1.0 / (fro + 1e-7));
-  float* x = X.data<float>();
+  // X₀ = G/(‖G‖_F + 1e-7) per matrix: every singular value then lies in [0, 1], where the quintic works.
+  for (int64_t e = 0; e < batch; ++e) {
+    const float* g = G.data<float>() + e * rc;
+    const float inv = static_cast<float>(1.0 / (std::sqrt(frobenius_squared(g, rc)) + 1e-7));
+    float* x = X.data<float>() + e * rc;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t j = 0; j < c; ++j) x[i * c + j] = (transpose ? g[j * cols + i] : g[i * c + j]) * inv;
-
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) x[i * c + j] = (transpose ? g[j * cols + i] : g[i * c + j]) * inv;
+  }
   for (int s = 0; s < steps; ++s) {
-    newton_schulz_step(X, Y, A, B);
+    quintic_step(X, Y, A, B, Xb, Ab, Bb);
     std::swap(X, Y);
   }
-  const float* xs = X.data<float>();
-  float* o = out.data<float>();
+  for (int64_t e = 0; e < batch; ++e) {
+    const float* xs = X.data<float>() + e * rc;
+    float* o = out.data<float>() + e * rc;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t j = 0; j < c; ++j) {
-      if (transpose) o[j * cols + i] = xs[i * c + j];
-      else o[i * c + j] = xs[i * c + j];
-    }
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) {
+        if (transpose) o[j * cols + i] = xs[i * c + j];
+        else o[i * c + j] = xs[i * c + j];
+      }
+  }
 }
 
 }  // namespace zaya::ops

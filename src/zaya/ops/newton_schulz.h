@@ -17,12 +17,22 @@ constexpr float kNewtonSchulzA = 3.4445f, kNewtonSchulzB = -4.7750f, kNewtonSchu
 void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, const Tensor& B,
                         float a = kNewtonSchulzA, float b = kNewtonSchulzB, float c = kNewtonSchulzC);
 
-// f32 elements newton_schulz_orthogonalize needs for a [rows, cols] matrix: 2·r·c + 2·r² with
-// r = min(rows, cols), c = max(rows, cols).
-int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols);
+// f32 elements newton_schulz_orthogonalize needs for `batch` [rows, cols] matrices iterated in
+// `compute` precision (f32 or bf16): batch·(2·r·c + 2·r²) with r = min(rows, cols), c = max(rows,
+// cols), plus, for bf16, room for bf16 copies of X, A and B (half as many f32 elements again).
+int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch = 1, DType compute = DType::f32);
 
 // out ≈ U·Vᵀ for G = U·S·Vᵀ: X₀ = G/(‖G‖_F + 1e-7) (transposed when rows > cols so the Gram
-// matrix is the small side), `steps` quintic steps, transposed back. G and out are [rows, cols].
-void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps = 5);
+// matrix is the small side), `steps` quintic steps, transposed back. G and out are [rows, cols],
+// or [batch, rows, cols]: then every matrix is normalized and orthogonalized on its own (MoE
+// experts are separate functions), with batched GEMMs so that small matrices still fill the cores.
+//
+// compute = bf16 runs the three GEMMs of each step with bf16 inputs and f32 accumulation, as
+// Muon's reference implementation does (it iterates entirely in bfloat16); X itself is kept in
+// f32 between steps. The quintic is a contraction onto a band of singular values, not an exact
+// iteration, so bf16 rounding of its inputs changes the band by ~1e-2 (tests/ops) and not the
+// update's direction. f32 is the exact-arithmetic reference the tests compare against.
+void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps = 5,
+                                 DType compute = DType::f32);
 
 }  // namespace zaya::ops

@@ -100,6 +100,7 @@ OptimizerConfig OptimizerConfig::from_toml(ConfigReader& r) {
   r.get("optim.muon", c.muon);
   r.get("optim.muon_momentum", c.muon_momentum);
   r.get("optim.muon_ns_steps", c.muon_ns_steps);
+  r.get("optim.muon_ns_bf16", c.muon_ns_bf16);
   r.get("optim.muon_min_dim", c.muon_min_dim);
   r.get("optim.muon_exclude", c.muon_exclude);
   r.get("optim.balance_enabled", c.balance_enabled);

@@ -37,6 +37,7 @@ struct OptimizerConfig {
   bool muon = true;
   double muon_momentum = 0.95;
   int64_t muon_ns_steps = 5;
+  bool muon_ns_bf16 = true;               // Newton–Schulz GEMMs on bf16 inputs (the reference's precision)
   int64_t muon_min_dim = 32;              // matrices with a side below this go to AdamW
   std::vector<std::string> muon_exclude;  // parameter-name substrings forced to AdamW
 

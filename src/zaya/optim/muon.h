@@ -18,14 +18,15 @@ struct MuonHyper {
   float momentum = 0.95f;
   float weight_decay = 0.0f;
   int ns_steps = 5;
+  DType ns_dtype = DType::f32;  // Newton–Schulz GEMM inputs: f32 or bf16 (the reference's choice)
 };
 
 // The RMS-matching scale for an r×c matrix.
 float muon_scale(int64_t rows, int64_t cols);
 
-// f32 elements of scratch muon_update needs for an r×c matrix: the orthogonalized update plus the
-// Newton–Schulz workspace.
-int64_t muon_scratch_elems(int64_t rows, int64_t cols);
+// f32 elements of scratch muon_update needs for `count` r×c matrices (an expert stack has count = E)
+// with Newton–Schulz in `ns_dtype`: the orthogonalized updates plus the Newton–Schulz workspace.
+int64_t muon_scratch_elems(int64_t rows, int64_t cols, int64_t count = 1, DType ns_dtype = DType::f32);
 
 // One Muon step of a 2-D [r, c] matrix `param` with gradient `grad` and momentum `m` (same shape).
 // `grad` is overwritten with the Nesterov update u (the caller zeroes gradients after the step
@@ -34,7 +35,8 @@ void muon_update(const Tensor& param, const Tensor& grad, const Tensor& m, const
                  const MuonHyper& hp);
 
 // An [E, r, c] expert stack: E independent r×c Muon updates (never one E·r × c matrix: the experts
-// are different functions and must be orthogonalized separately). Also accepts a 2-D matrix.
+// are different functions and must be orthogonalized separately; one batched Newton–Schulz does
+// all E). Also accepts a 2-D matrix.
 void muon_update_stack(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
                        const MuonHyper& hp);
 

@@ -8,6 +8,11 @@
 #include "zaya/optim/muon.h"
 
 namespace zaya::optim {
+namespace {
+
+DType ns_dtype(const OptimizerConfig& c) { return c.muon_ns_bf16 ? DType::bf16 : DType::f32; }
+
+}  // namespace
 
 Optimizer::Optimizer(const OptimizerConfig& config, const model::ZayaModel& model)
     : cfg_(config), specs_(model.specs()) {
@@ -23,7 +28,7 @@ Optimizer::Optimizer(const OptimizerConfig& config, const model::ZayaModel& mode
       n_adamw += specs_[i].shape.numel();
     } else {
       v_offset_.push_back(-1);
-      scratch = std::max(scratch, muon_scratch_elems(g.rows, g.cols));
+      scratch = std::max(scratch, muon_scratch_elems(g.rows, g.cols, g.count, ns_dtype(cfg_)));
     }
   }
   summary_ = summarize_groups(specs_, cfg_);
@@ -74,6 +79,7 @@ StepStats Optimizer::step(model::ZayaModel& model, double lr) {
   mh.lr = static_cast<float>(lr);
   mh.momentum = static_cast<float>(cfg_.muon_momentum);
   mh.ns_steps = static_cast<int>(cfg_.muon_ns_steps);
+  mh.ns_dtype = ns_dtype(cfg_);
   // Parameters in their fixed order: every run applies the same float operations in the same order.
   for (size_t i = 0; i < specs_.size(); ++i) {
     const int idx = static_cast<int>(i);
