@@ -333,7 +333,8 @@ void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x,
 
 // ---------------------------------------------------------------------------------------------
 // activations. silu(x) = x·σ(x), silu'(x) = σ(x)·(1 + x·(1 − σ(x))).
-// gelu(x) = ½x(1 + erf(x/√2)), gelu'(x) = ½(1 + erf(x/√2)) + x·φ(x), φ the standard normal pdf.
+// gelu(x) = ½x(1 + erf(x/√2)), gelu'(x) = ½(1 + erf(x/√2)) + x·φ(x), φ the standard normal pdf;
+// erf is cpu::erf_fast (≤ ~1 ulp, seq_vec.h), exp is cpu::expf_fast.
 
 namespace {
 // expf_fast (vectorizable; libm's expf is a scalar call) — SwiGLU runs over every expert row.
@@ -346,6 +347,9 @@ constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
 // Applies out[i] = f(i) over all elements after checking that every tensor matches `like`.
+// Threads take fixed chunks; each chunk is a plain counted loop over an inlined f, which the
+// compiler vectorizes (f must be branch-free: expf_fast/erf_fast, no libm calls).
+constexpr int64_t kElemChunk = 8192;
 template <class F>
 void elementwise(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> tensors,
                  const Tensor& like, F f) {
@@ -354,8 +358,12 @@ void elementwise(const char* op, std::initializer_list<std::pair<const char*, co
     check_same_shape(str(op, ": ", name, " vs ", tensors.begin()->first), *t, like);
   }
   int64_t n = like.numel();
+  int64_t chunks = (n + kElemChunk - 1) / kElemChunk;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) f(i);
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t i1 = std::min(n, (c + 1) * kElemChunk);
+    for (int64_t i = c * kElemChunk; i < i1; ++i) f(i);
+  }
 }
 }  // namespace
 
@@ -376,7 +384,7 @@ void gelu_forward(const Tensor& x, const Tensor& y) {
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   elementwise("gelu_forward", {{"x", &x}, {"y", &y}}, x,
-              [&](int64_t i) { yp[i] = 0.5f * xp[i] * (1.0f + std::erf(xp[i] * kInvSqrt2)); });
+              [&](int64_t i) { yp[i] = 0.5f * xp[i] * (1.0f + cpu::erf_fast(xp[i] * kInvSqrt2)); });
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
@@ -384,7 +392,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   float* dp = dx.data<float>();
   elementwise("gelu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x, [&](int64_t i) {
     float v = xp[i];
-    float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
+    float cdf = 0.5f * (1.0f + cpu::erf_fast(v * kInvSqrt2));
     float pdf = kInvSqrt2Pi * cpu::expf_fast(-0.5f * v * v);
     dp[i] = gp[i] * (cdf + v * pdf);
   });
@@ -436,7 +444,8 @@ void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// softmax over the last dim: y = exp(x − max) / Σ exp(x − max).  dx = y ⊙ (dy − Σ dy ⊙ y).
+// softmax over the last dim: y = exp(x − max) / Σ exp(x − max), exp by cpu::expf_fast (~1 ulp).
+// dx = y ⊙ (dy − Σ dy ⊙ y).
 
 void softmax_forward(const Tensor& x, const Tensor& y) {
   const char* op = "softmax_forward";
@@ -450,15 +459,25 @@ void softmax_forward(const Tensor& x, const Tensor& y) {
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = xp + i * f;
     float* yi = yp + i * f;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < f; ++j) mx = std::max(mx, xi[j]);
-    float sum = 0;
-    for (int64_t j = 0; j < f; ++j) {
-      yi[j] = std::exp(xi[j] - mx);
-      sum += yi[j];
+    const float mx = cpu::maxf(xi, f);
+    // exp and its sum in one pass: 16 partial sums (vectorized), added in a fixed order.
+    float acc[16] = {};
+    int64_t j = 0;
+    for (; j + 16 <= f; j += 16)
+      for (int l = 0; l < 16; ++l) {
+        float e = cpu::expf_fast(xi[j + l] - mx);
+        yi[j + l] = e;
+        acc[l] += e;
+      }
+    for (int l = 0; j < f; ++j, ++l) {
+      float e = cpu::expf_fast(xi[j] - mx);
+      yi[j] = e;
+      acc[l] += e;
     }
-    float inv = 1.0f / sum;
-    for (int64_t j = 0; j < f; ++j) yi[j] *= inv;
+    for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
+    for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
+    const float inv = 1.0f / ((acc[0] + acc[2]) + (acc[1] + acc[3]));
+    for (j = 0; j < f; ++j) yi[j] *= inv;
   }
 }
 
