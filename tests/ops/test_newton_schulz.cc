@@ -61,7 +61,8 @@ Vec symmetric_eigenvalues(Vec a, int64_t n) {
 TEST(NewtonSchulz, OneStepMatchesDouble) {
   const int64_t r = 5, c = 17;
   Tensor X = random_tensor({r, c}, 1, 0.1f);
-  Tensor Xn = Tensor::empty({r, c}, DType::f32), A = Tensor::empty({r, r}, DType::f32), B = Tensor::empty({r, r}, DType::f32);
+  Tensor Xn = Tensor::empty({r, c}, DType::f32), A = Tensor::empty({r, r}, DType::f32),
+         B = Tensor::empty({r, r}, DType::f32);
   newton_schulz_step(X, Xn, A, B);
   Vec x = to_f64(X), g = gram(x, r, c), bm(r * r), ref(r * c);
   double a = kNewtonSchulzA, b = kNewtonSchulzB, cc = kNewtonSchulzC;
@@ -104,7 +105,8 @@ TEST(NewtonSchulz, FiveStepsPutSingularValuesInTheQuinticBand) {
     // The result points the same way as G: <G, out> = Σσ_i(G)·σ_i(out) > 0.
     EXPECT_GT(test::dot(to_f64(G), to_f64(out)), 0.0);
   }
-  Tensor G = random_tensor({4, 6}, 1), out = Tensor::empty({4, 6}, DType::f32), small = Tensor::empty({3}, DType::f32);
+  Tensor G = random_tensor({4, 6}, 1), out = Tensor::empty({4, 6}, DType::f32),
+         small = Tensor::empty({3}, DType::f32);
   EXPECT_THROW(newton_schulz_orthogonalize(G, out, small), Error);
 }
 

@@ -53,8 +53,8 @@ void quintic_step(const Tensor& X, const Tensor& Xn, const Tensor& A, const Tens
 
 }  // namespace
 
-void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, const Tensor& B, float a, float b,
-                        float c) {
+void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, const Tensor& B, float a,
+                        float b, float c) {
   const char* op = "newton_schulz_step";
   require_f32(op, "X", X);
   ZAYA_CHECK(X.ndim() == 2 && X.size(0) <= X.size(1), op, ": X must be [r, c] with r <= c, found ", X.str());
@@ -72,10 +72,10 @@ void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, 
 int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch, DType compute) {
   int64_t r = std::min(rows, cols), c = std::max(rows, cols);
   int64_t f32 = batch * (2 * r * c + 2 * r * r);
-  if (compute == DType::bf16) f32 += (batch * (r * c + 2 * r * r) + 1) / 2 + 16;  // + 16: 64-byte alignment slack
+  if (compute == DType::bf16)
+    f32 += (batch * (r * c + 2 * r * r) + 1) / 2 + 16;  // + 16: 64-byte alignment slack
   return f32;
 }
-
 
 void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps,
                                  DType compute) {
@@ -87,8 +87,8 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
   check_same_shape("newton_schulz_orthogonalize: out vs G", out, G);
   require_f32(op, "workspace", workspace);
   ZAYA_CHECK(steps >= 0, op, ": steps must be >= 0, found ", steps);
-  ZAYA_CHECK(compute == DType::f32 || compute == DType::bf16, op, ": compute precision must be f32 or bf16, found ",
-             dtype_name(compute));
+  ZAYA_CHECK(compute == DType::f32 || compute == DType::bf16, op,
+             ": compute precision must be f32 or bf16, found ", dtype_name(compute));
   const int64_t batch = G.ndim() == 3 ? G.size(0) : 1, rows = G.size(-2), cols = G.size(-1);
   const int64_t need = newton_schulz_workspace_elems(rows, cols, batch, compute);
   ZAYA_CHECK(workspace.numel() >= need, op, ": workspace has ", workspace.numel(), " elements, needs ", need,
@@ -129,8 +129,10 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < r; ++i)
       for (int64_t j = 0; j < c; ++j) {
-        if (transpose) o[j * cols + i] = xs[i * c + j];
-        else o[i * c + j] = xs[i * c + j];
+        if (transpose)
+          o[j * cols + i] = xs[i * c + j];
+        else
+          o[i * c + j] = xs[i * c + j];
       }
   }
 }

@@ -20,7 +20,8 @@ void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, 
 // f32 elements newton_schulz_orthogonalize needs for `batch` [rows, cols] matrices iterated in
 // `compute` precision (f32 or bf16): batch·(2·r·c + 2·r²) with r = min(rows, cols), c = max(rows,
 // cols), plus, for bf16, room for bf16 copies of X, A and B (half as many f32 elements again).
-int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch = 1, DType compute = DType::f32);
+int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch = 1,
+                                      DType compute = DType::f32);
 
 // out ≈ U·Vᵀ for G = U·S·Vᵀ: X₀ = G/(‖G‖_F + 1e-7) (transposed when rows > cols so the Gram
 // matrix is the small side), `steps` quintic steps, transposed back. G and out are [rows, cols],

@@ -64,6 +64,9 @@ void OptimizerConfig::validate(const std::string& source) const {
   for (const std::string& s : muon_exclude)
     if (s.empty()) bad(source, "muon_exclude", "non-empty name substrings", "an empty string");
   check_range(source, "balance_lr", balance_lr, 0, 1e3, true, false);
+  check_range(source, "balance_beta1", balance_beta1, 0, 1, false, true);
+  check_range(source, "balance_beta2", balance_beta2, 0, 1, false, true);
+  check_range(source, "balance_eps", balance_eps, 0, 1, true, false);
 }
 
 OptimizerConfig OptimizerConfig::from_toml(ConfigReader& r) {
@@ -105,6 +108,9 @@ OptimizerConfig OptimizerConfig::from_toml(ConfigReader& r) {
   r.get("optim.muon_exclude", c.muon_exclude);
   r.get("optim.balance_enabled", c.balance_enabled);
   r.get("optim.balance_lr", c.balance_lr);
+  r.get("optim.balance_beta1", c.balance_beta1);
+  r.get("optim.balance_beta2", c.balance_beta2);
+  r.get("optim.balance_eps", c.balance_eps);
   c.validate(src);
   return c;
 }

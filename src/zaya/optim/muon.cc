@@ -17,8 +17,8 @@ int64_t muon_scratch_elems(int64_t rows, int64_t cols, int64_t count, DType ns_d
 
 void muon_update_stack(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
                        const MuonHyper& hp) {
-  ZAYA_CHECK(param.ndim() == 2 || param.ndim() == 3, "muon_update: param must be [r, c] or an [E, r, c] stack, found ",
-             param.str());
+  ZAYA_CHECK(param.ndim() == 2 || param.ndim() == 3,
+             "muon_update: param must be [r, c] or an [E, r, c] stack, found ", param.str());
   check_dtype("muon_update: param", param, DType::f32);
   check_dtype("muon_update: grad", grad, DType::f32);
   check_dtype("muon_update: momentum", m, DType::f32);

@@ -38,8 +38,8 @@ Optimizer::Optimizer(const OptimizerConfig& config, const model::ZayaModel& mode
   step_t_ = Tensor::zeros(Shape{1}, DType::i64);
   balance_step_t_ = Tensor::zeros(Shape{1}, DType::i64);
   const model::ModelConfig& mc = model.config();
-  balancer_ = BalanceController(mc.num_hidden_layers, mc.num_experts, cfg_.balance_lr, cfg_.beta1, cfg_.beta2,
-                                cfg_.eps);
+  balancer_ = BalanceController(mc.num_hidden_layers, mc.num_experts, cfg_.balance_lr, cfg_.balance_beta1,
+                                cfg_.balance_beta2, cfg_.balance_eps);
   log_info(summary_.str());
   log_info("optimizer state: ", state_bytes(), " bytes (", cfg_.muon ? "muon + adamw" : "adamw only",
            ", muon scratch ", scratch * 4, " bytes)");
