@@ -149,6 +149,12 @@ void ZayaModel::set_batch_shape(int64_t batch, int64_t seq_len) {
   have_backward_ = false;
 }
 
+void ZayaModel::set_rope_theta(double theta) {
+  ZAYA_CHECK(theta > 0 && std::isfinite(theta), "ZayaModel: rope_theta must be positive, found ", theta);
+  cfg_.rope_theta = theta;
+  rope_ = ops::make_rope_table(cfg_.head_dim, cfg_.partial_rotary_factor, cfg_.rope_theta, T_);
+}
+
 void ZayaModel::set_gemm_dtype(DType dtype) {
   ZAYA_CHECK(dtype == DType::f32 || dtype == DType::bf16, "ZayaModel::set_gemm_dtype: expected f32 or bf16, found ",
              dtype_name(dtype));

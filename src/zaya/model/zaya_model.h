@@ -49,6 +49,9 @@ class ZayaModel {
 
   // Re-plans the activation arena for another [B, T] (allocates: not for the hot loop).
   void set_batch_shape(int64_t batch, int64_t seq_len);
+  // Switches the RoPE base θ (a training recipe's context-extension phase): config().rope_theta
+  // and the rotation table change; parameters, gradients and the arena do not.
+  void set_rope_theta(double theta);
 
   // GEMM inputs of the training step: f32 (default, exact fp32 math) or bf16 (the expert GEMMs and,
   // when one loss chunk covers the vocabulary, the LM-head GEMMs take bf16 copies of their weights
