@@ -35,10 +35,11 @@ DataLoader::DataLoader(const std::vector<DatasetSpec>& specs, int64_t seq_len, u
   ZAYA_CHECK(seq_len >= 1, "data loader: sequence length must be at least 1, found ", seq_len);
   double total = 0;
   for (const auto& s : specs) {
-    ZAYA_CHECK(std::isfinite(s.weight) && s.weight > 0, s.prefix, ": dataset weight must be positive, found ",
-               s.weight);
+    ZAYA_CHECK(std::isfinite(s.weight) && s.weight >= 0, s.prefix,
+               ": dataset weight must be non-negative, found ", s.weight);
     total += s.weight;
   }
+  ZAYA_CHECK(total > 0, "data loader: at least one dataset weight must be positive");
   for (const auto& s : specs) {
     datasets_.push_back(std::make_unique<IndexedDataset>(s.prefix));
     const int64_t tokens = datasets_.back()->num_tokens();
@@ -47,6 +48,7 @@ DataLoader::DataLoader(const std::vector<DatasetSpec>& specs, int64_t seq_len, u
     samples_.push_back((tokens - 1) / seq_len);
     weights_.push_back(s.weight / total);
   }
+  offsets_.assign(specs.size(), 0);
   perm_.resize(specs.size());
   perm_epoch_.assign(specs.size(), -1);
   blend_checkpoints_.push_back(std::vector<int64_t>(specs.size(), 0));  // counts before sample 0
@@ -56,12 +58,14 @@ DataLoader::~DataLoader() = default;
 
 int DataLoader::pick(int64_t i, const std::vector<int64_t>& counts) const {
   // The dataset furthest below its target share w_d·max(i, 1); strict > keeps the lowest d on ties.
+  // Weight-0 datasets never compete (their error of 0 would win ties against the others).
   const double at = static_cast<double>(std::max<int64_t>(i, 1));
-  int best = 0;
-  double best_err = weights_[0] * at - static_cast<double>(counts[0]);
-  for (int d = 1; d < num_datasets(); ++d) {
+  int best = -1;
+  double best_err = 0;
+  for (int d = 0; d < num_datasets(); ++d) {
+    if (weights_[d] == 0) continue;
     const double err = weights_[d] * at - static_cast<double>(counts[d]);
-    if (err > best_err) best = d, best_err = err;
+    if (best < 0 || err > best_err) best = d, best_err = err;
   }
   return best;
 }
@@ -100,6 +104,7 @@ SampleLocation DataLoader::locate(int64_t i) {
     loc.dataset = pick(i, counts);
     loc.count = counts[loc.dataset];
   }
+  loc.count += offsets_[loc.dataset];
   const int64_t n = samples_[loc.dataset];
   loc.epoch = loc.count / n;
   loc.sample = permutation(loc.dataset, loc.epoch)[static_cast<size_t>(loc.count % n)];
@@ -135,6 +140,25 @@ void DataLoader::next_batch(int rank, int world, Tensor& out) {
   int32_t* p = out.data<int32_t>();
   for (int64_t j = 0; j < b; ++j) sample(state_ + rank * b + j, p + j * (seq_len_ + 1));
   state_ += world * b;
+}
+
+void DataLoader::set_dataset_offsets(const std::vector<int64_t>& offsets) {
+  ZAYA_CHECK(offsets.size() == datasets_.size(), "data loader: expected ", datasets_.size(),
+             " dataset offsets, found ", offsets.size());
+  for (int64_t o : offsets) ZAYA_CHECK(o >= 0, "data loader: dataset offsets must be non-negative, found ", o);
+  offsets_ = offsets;
+}
+
+std::vector<int64_t> DataLoader::dataset_counts(int64_t i) {
+  ZAYA_CHECK(i >= 0, "data loader: global sample index must be non-negative, found ", i);
+  std::vector<int64_t> counts;
+  if (num_datasets() == 1) {
+    counts = {i};
+  } else {
+    blend_counts_before(i, counts);
+  }
+  for (size_t d = 0; d < counts.size(); ++d) counts[d] += offsets_[d];
+  return counts;
 }
 
 void DataLoader::set_state(int64_t next_global_index) {

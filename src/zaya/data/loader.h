@@ -8,7 +8,10 @@
 //   drawn from Philox with key mix64(seed + e) ^ mix64(d + 1); epoch e+1 reshuffles.
 // - Blending: global sample i comes from the dataset d maximizing w_d·max(i, 1) − count_d (lowest
 //   d on a tie; w normalized to sum 1), count_d the samples d has given before i; that dataset
-//   gives its count_d-th sample (epoch count_d / n_d, position count_d % n_d).
+//   gives its count_d-th sample (epoch count_d / n_d, position count_d % n_d). A weight may be 0
+//   (at least one positive): that dataset is never picked (a recipe phase that leaves it out).
+// - Dataset offsets (set_dataset_offsets): dataset d's count starts at offset_d instead of 0, so
+//   a new loader can continue where another left off (the trainer's recipe phases).
 // - Data parallel: rank r of W with micro-batch b takes global samples state + r·b + [0, b), and
 //   each step advances the state by W·b. sample(i) is a pure function of (datasets, seq, seed, i),
 //   so any world size resumes from the same state and sees the same global samples.
@@ -61,6 +64,14 @@ class DataLoader {
   int64_t state() const { return state_; }
   void set_state(int64_t next_global_index);
 
+  // Per-dataset starting counts (default 0): global sample i takes dataset d's
+  // (offset_d + count_d)-th sample. A pure part of the loader's definition, like the weights.
+  void set_dataset_offsets(const std::vector<int64_t>& offsets);
+  const std::vector<int64_t>& dataset_offsets() const { return offsets_; }
+  // offset_d + the samples dataset d gives before global sample i: where a loader that continues
+  // this one's stream from sample i should start each dataset.
+  std::vector<int64_t> dataset_counts(int64_t global_index);
+
  private:
   const std::vector<int64_t>& permutation(int d, int64_t epoch);
   void blend_counts_before(int64_t i, std::vector<int64_t>& counts);
@@ -72,6 +83,7 @@ class DataLoader {
   int64_t seq_len_;
   uint64_t seed_;
   int64_t state_ = 0;
+  std::vector<int64_t> offsets_;
   // Caches (pure functions of the above): the current epoch's permutation per dataset, and the
   // blend counts every kBlendStride samples so locate() never replays more than one stride.
   std::vector<std::vector<int64_t>> perm_;
