@@ -151,6 +151,46 @@ TEST(Recipe, RejectsBadPhasesNamingTheKey) {
   EXPECT_THROW(Recipe::from_toml(missing), Error);  // batch_size is required
 }
 
+TEST(Recipe, StepsNeverStraddlePhases) {
+  // Micro 4. Phase 0: 1000 tokens, batch 16 x 16 = 256 tokens a step, ramped from 4 over 500:
+  // consumed 0 -> batch 4 (64 tok), 64 -> 4 + 12·64/500 = 5.5 -> 4, 128 -> 7.1 -> 4, 192 -> 8.6 -> 8
+  // (128 tok), 320 -> 11.7 -> 8, 448 -> 14.8 -> 12 (192 tok), 640 (ramp done) -> 16 (256 tok),
+  // 896 -> 16: this step starts in phase 0 and runs to 1152, past its end at 1000.
+  // Phase 1 = [1000, 1500): 1152 -> 8 x 64 = 512 -> 1664, done. θ absent: 0 (the model's).
+  ConfigReader r = ConfigReader::from_string(R"(
+[recipe]
+batch_ramp_start = 4
+batch_ramp_tokens = 500
+[[recipe.phases]]
+tokens = 1000
+seq_len = 16
+batch_size = 16
+[[recipe.phases]]
+tokens = 500
+seq_len = 64
+batch_size = 8
+)", "r.toml");
+  Recipe rec = Recipe::from_toml(r);
+  r.finish();
+  EXPECT_EQ(rec.phases[0].name, "phase0");
+  EXPECT_EQ(rec.phases[1].rope_theta, 0.0);
+  const std::vector<int64_t> batches = {4, 4, 4, 8, 8, 12, 16, 16, 8};
+  int64_t consumed = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    RecipeStep st = rec.step_at(consumed, 4);
+    EXPECT_EQ(st.batch_size, batches[i]) << "step " << i + 1;
+    EXPECT_EQ(st.phase, i + 1 < batches.size() ? 0 : 1) << "step " << i + 1;
+    EXPECT_EQ(st.seq_len, i + 1 < batches.size() ? 16 : 64) << "step " << i + 1;
+    consumed += st.tokens();
+  }
+  EXPECT_EQ(consumed, 1664);
+  EXPECT_EQ(rec.num_steps(4), static_cast<int64_t>(batches.size()));
+  // An explicit θ must be positive (0 would silently mean "the model's").
+  ConfigReader zero = ConfigReader::from_string("[[recipe.phases]]\ntokens = 5\nseq_len = 8\nbatch_size = 4\nrope_theta = 0\n",
+                                                "z.toml");
+  EXPECT_THROW(Recipe::from_toml(zero), Error);
+}
+
 TEST(OptimConfig, ReadsEveryKey) {
   ConfigReader r = ConfigReader::from_string(R"(
 [optim]

@@ -90,6 +90,22 @@ BatchRamp Recipe::batch_ramp(int64_t micro) const {
   return r;
 }
 
+RecipeStep Recipe::step_at(int64_t consumed, int64_t micro) const {
+  RecipeStep s;
+  s.phase = phase_at(consumed);
+  const Phase& p = phases[static_cast<size_t>(s.phase)];
+  s.seq_len = p.seq_len;
+  s.batch_size = s.phase == 0 ? batch_ramp(micro).batch_at(consumed) : p.batch_size;
+  return s;
+}
+
+int64_t Recipe::num_steps(int64_t micro) const {
+  const int64_t total = total_tokens();
+  int64_t steps = 0;
+  for (int64_t consumed = 0; consumed < total; ++steps) consumed += step_at(consumed, micro).tokens();
+  return steps;
+}
+
 void Recipe::validate(const std::string& source) const {
   for (size_t i = 0; i < phases.size(); ++i) {
     const Phase& p = phases[i];
@@ -99,7 +115,7 @@ void Recipe::validate(const std::string& source) const {
     };
     if (p.tokens <= 0) fail("tokens", "a positive token count", str(p.tokens));
     if (p.seq_len <= 0) fail("seq_len", "a positive sequence length", str(p.seq_len));
-    if (!(p.rope_theta > 0) || !std::isfinite(p.rope_theta))
+    if (!(p.rope_theta >= 0) || !std::isfinite(p.rope_theta))  // 0: the model's rope_theta
       fail("rope_theta", "a positive number", str(p.rope_theta));
     if (p.batch_size <= 0) fail("batch_size", "a positive batch size (sequences)", str(p.batch_size));
     double sum = 0;
@@ -116,6 +132,10 @@ void Recipe::validate(const std::string& source) const {
   if (batch_ramp_tokens < 0)
     throw Error("invalid value",
                 ErrorContext{source, "recipe.batch_ramp_tokens", ">= 0", str(batch_ramp_tokens)});
+  if (!phases.empty() && batch_ramp_tokens > phases[0].tokens)
+    throw Error("invalid value", ErrorContext{source, "recipe.batch_ramp_tokens",
+                                              str("<= the first phase's tokens ", phases[0].tokens, " (the ramp lies within phase 0)"),
+                                              str(batch_ramp_tokens)});
   if (!phases.empty() && batch_ramp_start > phases[0].batch_size)
     throw Error("invalid value", ErrorContext{source, "recipe.batch_ramp_start",
                                               str("<= the first phase's batch_size ", phases[0].batch_size),
@@ -134,7 +154,12 @@ Recipe Recipe::from_toml(ConfigReader& r) {
     r.get(k + "name", p.name);
     r.require(k + "tokens", p.tokens);
     r.require(k + "seq_len", p.seq_len);
-    r.get(k + "rope_theta", p.rope_theta);
+    if (r.has(k + "rope_theta")) {
+      r.get(k + "rope_theta", p.rope_theta);
+      // An explicit 0 would read as "the model's"; say it is wrong instead.
+      if (!(p.rope_theta > 0))
+        throw Error("invalid value", ErrorContext{r.file(), k + "rope_theta", "a positive number", str(p.rope_theta)});
+    }
     r.get(k + "data_weights", p.data_weights);
     r.require(k + "batch_size", p.batch_size);
     rec.phases.push_back(std::move(p));

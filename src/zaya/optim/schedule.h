@@ -42,9 +42,18 @@ struct Phase {
   std::string name;
   int64_t tokens = 0;  // tokens trained in this phase
   int64_t seq_len = 4096;
-  double rope_theta = 10000.0;
+  double rope_theta = 0;             // RoPE base; 0 (the key absent): the model's rope_theta
   std::vector<double> data_weights;  // blend weights, one per dataset of the run's data list
+                                     // (empty: the run's [data] weights)
   int64_t batch_size = 0;            // global batch in sequences
+};
+
+// One optimizer step of a recipe: its phase and its batch of `batch_size` sequences of `seq_len`.
+struct RecipeStep {
+  int phase = 0;
+  int64_t batch_size = 0;
+  int64_t seq_len = 0;
+  int64_t tokens() const { return batch_size * seq_len; }
 };
 
 // ZAYA1's recipe is three phases: 4k web-heavy pretraining, 4k code/math-heavy, then context
@@ -63,6 +72,14 @@ struct Recipe {
   // Tokens consumed when phase i starts.
   int64_t phase_start(int i) const;
   BatchRamp batch_ramp(int64_t micro) const;
+  // The step that starts once `consumed` tokens are trained on. A step never straddles phases: it
+  // belongs wholly to phase_at(consumed), so a phase's last step may run past the phase's end (the
+  // next phase then starts that much later, its own end unchanged). The batch is the phase's
+  // batch_size, or in phase 0 the ramp's batch_at(consumed) (the ramp lies within phase 0).
+  // `micro` is the ramp granularity (micro-batch times data-parallel size).
+  RecipeStep step_at(int64_t consumed, int64_t micro) const;
+  // Optimizer steps until total_tokens() are consumed (a pure function of the recipe).
+  int64_t num_steps(int64_t micro) const;
 
   void validate(const std::string& source) const;
   // Reads [recipe] and every [[recipe.phases]] element (name, tokens, seq_len, rope_theta,
