@@ -10,48 +10,19 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
 #include "zaya/ckpt/reader.h"
-#include "zaya/data/indexed_dataset.h"
 #include "zaya/train/model_io.h"
 #include "zaya/train/trainer.h"
+#include "train/toy.h"
 
 namespace zaya::train {
 namespace {
 namespace fs = std::filesystem;
 
-// A corpus with structure to learn: documents are repeated short "sentences" over 60 token ids.
-std::string make_corpus(const fs::path& dir) {
-  fs::create_directories(dir);
-  std::string prefix = (dir / "toy").string();
-  data::IndexedDatasetWriter w(prefix + ".bin", prefix + ".idx", data::TokenDtype::u16);
-  std::mt19937 rng(7);
-  for (int d = 0; d < 40; ++d) {
-    std::vector<int32_t> doc;
-    for (int s = 0; s < 30; ++s) {
-      int start = 4 + static_cast<int>(rng() % 50);
-      for (int k = 0; k < 6; ++k) doc.push_back(start + k);
-    }
-    doc.push_back(1);  // eos
-    w.add_document(doc);
-  }
-  w.finalize();
-  return prefix;
-}
-
-std::string toy_config(const std::string& prefix, const fs::path& out, int steps) {
-  return "[model]\nvocab_size = 64\nhidden_size = 32\nnum_hidden_layers = 2\nnum_attention_heads = 2\n"
-         "num_key_value_heads = 1\nhead_dim = 16\nnum_experts = 3\nmoe_intermediate_size = 32\n"
-         "router_hidden_size = 32\nmax_position_embeddings = 64\n"
-         "[data]\ntrain = [\"" + prefix + "\"]\nval = \"" + prefix + "\"\n"
-         "[train]\nsteps = " + std::to_string(steps) + "\nmicro_batch = 2\nseq_len = 16\ngrad_accum = 2\n"
-         "eval_every = 0\neval_samples = 4\nprogress = false\nout_dir = \"" + out.string() + "\"\n"
-         "[optim]\nlr = 3e-3\nwarmup_steps = 5\nbalance_lr = 1e-3\n"
-         "[ckpt]\nevery = 5\nkeep_last = 10\n";
-}
-
-std::vector<float> flat(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
+using toy::flat;
+using toy::make_corpus;
+using toy::toy_config;
 
 class TrainerTest : public ::testing::Test {
  protected:

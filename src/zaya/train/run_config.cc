@@ -77,6 +77,58 @@ CkptConfig read_ckpt(ConfigReader& r) {
   return c;
 }
 
+// Cross-checks [recipe] against [model], [data] and [train] and derives the run length.
+void check_recipe(RunConfig& c, bool explicit_steps, bool explicit_seq, bool explicit_accum, bool explicit_total) {
+  const std::string& src = c.source;
+  optim::Recipe& rec = c.recipe;
+  const int64_t micro = c.train.micro_batch;
+  // With a recipe these come from the phases; a second source of truth would be ignored silently.
+  need(!explicit_seq, src, "train.seq_len", "no value: with [recipe] each phase sets seq_len", std::to_string(c.train.seq_len));
+  need(!explicit_accum, src, "train.grad_accum", "no value: with [recipe] the micro-batches per step are batch_size / train.micro_batch",
+       std::to_string(c.train.grad_accum));
+  const size_t n_data = c.data.train.size();
+  for (size_t i = 0; i < rec.phases.size(); ++i) {
+    optim::Phase& p = rec.phases[i];
+    const std::string k = "recipe.phases[" + std::to_string(i) + "].";
+    need(p.seq_len <= c.model.max_position_embeddings, src, k + "seq_len",
+         "at most model.max_position_embeddings (" + std::to_string(c.model.max_position_embeddings) + ")",
+         std::to_string(p.seq_len));
+    need(p.batch_size % micro == 0, src, k + "batch_size",
+         "a multiple of train.micro_batch (" + std::to_string(micro) + ")", std::to_string(p.batch_size));
+    need(p.data_weights.empty() || p.data_weights.size() == n_data, src, k + "data_weights",
+         "one weight per data.train entry (" + std::to_string(n_data) + "), in the same order",
+         std::to_string(p.data_weights.size()) + " weights");
+    if (p.rope_theta == 0) p.rope_theta = c.model.rope_theta;
+  }
+  need(rec.batch_ramp_start % micro == 0, src, "recipe.batch_ramp_start",
+       "a multiple of train.micro_batch (" + std::to_string(micro) + ")", std::to_string(rec.batch_ramp_start));
+  // Every phase must get at least one step (a step never straddles phases, so a phase shorter than
+  // the previous phase's overshoot would be skipped).
+  std::vector<int64_t> steps_in(rec.phases.size(), 0);
+  int64_t steps = 0;
+  for (int64_t consumed = 0; consumed < rec.total_tokens(); ++steps) {
+    optim::RecipeStep st = rec.step_at(consumed, micro);
+    ++steps_in[static_cast<size_t>(st.phase)];
+    consumed += st.tokens();
+  }
+  for (size_t i = 0; i < rec.phases.size(); ++i)
+    need(steps_in[i] > 0, src, "recipe.phases[" + std::to_string(i) + "].tokens",
+         "enough tokens for at least one step after the previous phase's last step",
+         std::to_string(rec.phases[i].tokens));
+  if (explicit_steps) {
+    need(c.train.steps <= steps, src, "train.steps",
+         "at most the " + std::to_string(steps) + " steps the recipe takes (or no value: the recipe decides)",
+         std::to_string(c.train.steps));
+  } else {
+    c.train.steps = steps;
+  }
+  // The schedule spans the recipe, also when train.steps stops the run earlier (a smoke run
+  // follows the real schedule's first steps).
+  if (!explicit_total) c.optim.total_steps = steps;
+  c.train.seq_len = rec.phases[0].seq_len;
+  c.train.grad_accum = rec.step_at(0, micro).batch_size / micro;
+}
+
 }  // namespace
 
 RunConfig parse_run_config(const std::string& text, const std::string& source,
@@ -88,13 +140,20 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   c.overrides = overrides;
   c.model = model::ModelConfig::from_toml(r);
   bool explicit_total = r.has("optim.total_steps");
+  const bool explicit_steps = r.has("train.steps"), explicit_seq = r.has("train.seq_len"),
+             explicit_accum = r.has("train.grad_accum");
+  const bool recipe_section = r.has("recipe");
   c.optim = optim::OptimizerConfig::from_toml(r);
   c.data = read_data(r);
   c.train = read_train(r);
   c.ckpt = read_ckpt(r);
+  c.recipe = optim::Recipe::from_toml(r);
   r.finish();
+  need(!recipe_section || c.has_recipe(), source, "recipe.phases", "at least one [[recipe.phases]] table",
+       "a [recipe] section without phases");
   // The schedule spans the run unless the config says otherwise.
   if (!explicit_total) c.optim.total_steps = c.train.steps;
+  if (c.has_recipe()) check_recipe(c, explicit_steps, explicit_seq, explicit_accum, explicit_total);
   need(c.train.seq_len <= c.model.max_position_embeddings, source, "train.seq_len",
        "at most model.max_position_embeddings (" + std::to_string(c.model.max_position_embeddings) + ")",
        std::to_string(c.train.seq_len));

@@ -4,7 +4,7 @@
 //
 //   [model]  model::ModelConfig            [optim]  optim::OptimizerConfig
 //   [data]   DataConfig (below)            [train]  TrainConfig (below)
-//   [ckpt]   CkptConfig (below)
+//   [ckpt]   CkptConfig (below)          [recipe] optim::Recipe (optional; docs/train.md)
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include "zaya/data/loader.h"
 #include "zaya/model/config.h"
 #include "zaya/optim/config.h"
+#include "zaya/optim/schedule.h"
 
 namespace zaya::train {
 
@@ -56,10 +57,18 @@ struct RunConfig {
   DataConfig data;
   TrainConfig train;
   CkptConfig ckpt;
+  // The multi-phase recipe and batch ramp; no phases: none (a fixed micro_batch x seq_len x
+  // grad_accum step). With a recipe, each phase's rope_theta is filled in (0 -> model.rope_theta),
+  // train.seq_len and train.grad_accum describe phase 0's first step, and train.steps and
+  // optim.total_steps default to the steps the recipe takes (Recipe::num_steps; train.steps may be
+  // smaller to stop early, the schedule still spans the recipe).
+  optim::Recipe recipe;
   std::string source;                   // the config file
   std::string text;                     // its TOML text (stored in checkpoints)
   std::vector<std::string> overrides;   // the --set arguments
 
+  bool has_recipe() const { return !recipe.phases.empty(); }
+  // Tokens of one step without a recipe (with one, see Recipe::step_at).
   int64_t tokens_per_step() const { return train.micro_batch * train.seq_len * train.grad_accum; }
 };
 

@@ -57,6 +57,13 @@ Trainer::Trainer(RunConfig config, TrainOptions options) : cfg_(std::move(config
                ": too few tokens for one sample of ", t.seq_len + 1, " tokens");
   if (!cfg_.data.val.empty()) val_data_ = std::make_unique<data::DataLoader>(
       std::vector<data::DatasetSpec>{{cfg_.data.val, 1.0}}, t.seq_len, cfg_.data.seed + 1);
+  // Every phase's loaders are built once here so that a dataset too short for a later phase's
+  // sequence length fails now, not at a transition hours into the run (the loader checks it).
+  for (size_t p = 0; p < cfg_.recipe.phases.size(); ++p) {
+    const int64_t seq = cfg_.recipe.phases[p].seq_len;
+    data::DataLoader probe(phase_specs(static_cast<int>(p)), seq, cfg_.data.seed);
+    if (!cfg_.data.val.empty()) data::DataLoader val_probe({{cfg_.data.val, 1.0}}, seq, cfg_.data.seed + 1);
+  }
   if (!cfg_.data.tokenizer.empty()) {
     // Token ids are checked again by the embedding; this catches the mismatch before training.
     int64_t vocab = data::Tokenizer::load(cfg_.data.tokenizer).vocab_size();
@@ -92,6 +99,47 @@ Trainer::Trainer(RunConfig config, TrainOptions options) : cfg_(std::move(config
     beta.copy_from(src.model->balancing_biases());
     log_info("initialized weights from ", src.source.string());
   }
+  if (cfg_.has_recipe() && phase_ < 0) enter_phase(0, nullptr);  // a resumed run entered its phase
+}
+
+std::vector<data::DatasetSpec> Trainer::phase_specs(int p) const {
+  std::vector<data::DatasetSpec> specs = cfg_.data.train;
+  const std::vector<double>& w = cfg_.recipe.phases.at(static_cast<size_t>(p)).data_weights;
+  if (!w.empty())
+    for (size_t d = 0; d < specs.size(); ++d) specs[d].weight = w[d];
+  return specs;
+}
+
+void Trainer::enter_phase(int p, const std::vector<int64_t>* offsets) {
+  const optim::Phase& ph = cfg_.recipe.phases.at(static_cast<size_t>(p));
+  auto loader = std::make_unique<data::DataLoader>(phase_specs(p), ph.seq_len, cfg_.data.seed);
+  std::vector<int64_t> start(static_cast<size_t>(loader->num_datasets()), 0);
+  if (offsets) {
+    start = *offsets;
+  } else if (phase_ >= 0) {
+    // Each dataset continues where the previous phase left it. At the same sequence length the
+    // sample grid is the same, so its count carries over exactly (no sample is seen twice within
+    // an epoch). A new length packs different samples, and which of them the partly read epoch
+    // covered is undefined: the dataset then starts its next epoch (a fresh shuffle).
+    const std::vector<int64_t> counts = train_data_->dataset_counts(train_data_->state());
+    for (int d = 0; d < loader->num_datasets(); ++d) {
+      const size_t i = static_cast<size_t>(d);
+      if (train_data_->seq_len() == ph.seq_len) {
+        start[i] = counts[i];
+      } else {
+        const int64_t n_old = train_data_->samples_per_epoch(d), n_new = loader->samples_per_epoch(d);
+        start[i] = (counts[i] + n_old - 1) / n_old * n_new;
+      }
+    }
+  }
+  loader->set_dataset_offsets(start);
+  train_data_ = std::move(loader);
+  if (val_data_ && val_data_->seq_len() != ph.seq_len)
+    val_data_ = std::make_unique<data::DataLoader>(std::vector<data::DatasetSpec>{{cfg_.data.val, 1.0}}, ph.seq_len,
+                                                   cfg_.data.seed + 1);
+  if (model_->seq_len() != ph.seq_len) model_->set_batch_shape(cfg_.train.micro_batch, ph.seq_len);
+  if (model_->config().rope_theta != ph.rope_theta) model_->set_rope_theta(ph.rope_theta);
+  phase_ = p;
 }
 
 Trainer::~Trainer() = default;
@@ -126,9 +174,25 @@ void Trainer::print_summary() const {
            human_bytes(static_cast<double>(model_->activation_bytes())), " (", cfg_.train.micro_batch, "x",
            cfg_.train.seq_len, " tokens per micro-batch)");
   log_info("optimizer: ", optimizer_->summary().str());
-  log_info("batch: ", cfg_.train.micro_batch, " x ", cfg_.train.seq_len, " x ", cfg_.train.grad_accum,
-           " accumulation = ", cfg_.tokens_per_step(), " tokens per step; ", cfg_.train.steps, " steps = ",
-           cfg_.tokens_per_step() * cfg_.train.steps, " tokens; threads ", num_threads());
+  if (!cfg_.has_recipe()) {
+    log_info("batch: ", cfg_.train.micro_batch, " x ", cfg_.train.seq_len, " x ", cfg_.train.grad_accum,
+             " accumulation = ", cfg_.tokens_per_step(), " tokens per step; ", cfg_.train.steps, " steps = ",
+             cfg_.tokens_per_step() * cfg_.train.steps, " tokens; threads ", num_threads());
+    return;
+  }
+  const optim::Recipe& r = cfg_.recipe;
+  log_info("recipe: ", r.phases.size(), " phases, ", r.total_tokens(), " tokens in ",
+           r.num_steps(cfg_.train.micro_batch), " steps (this run: ", cfg_.train.steps, "); micro-batch ",
+           cfg_.train.micro_batch, "; threads ", num_threads());
+  for (size_t p = 0; p < r.phases.size(); ++p) {
+    const optim::Phase& ph = r.phases[p];
+    log_info("  phase ", p, " '", ph.name, "': ", ph.tokens, " tokens, seq_len ", ph.seq_len, ", rope_theta ",
+             ph.rope_theta, ", batch ", ph.batch_size, " (", ph.batch_size / cfg_.train.micro_batch,
+             " x micro-batch ", cfg_.train.micro_batch, ")");
+  }
+  if (r.batch_ramp_start > 0 && r.batch_ramp_tokens > 0)
+    log_info("  batch ramp: ", r.batch_ramp_start, " -> ", r.phases[0].batch_size, " sequences over the first ",
+             r.batch_ramp_tokens, " tokens");
 }
 
 nlohmann::json Trainer::state_json() const {
@@ -141,9 +205,19 @@ nlohmann::json Trainer::state_json() const {
   s["config_file"] = cfg_.source;
   s["config_toml"] = cfg_.text;
   s["config_overrides"] = cfg_.overrides;
-  s["model_config"] = nlohmann::json::parse(cfg_.model.to_hf_json());
+  // The model's own config: in a recipe run its rope_theta is the current phase's, which is what
+  // evaluation, generation and an HF export of this checkpoint must use.
+  s["model_config"] = nlohmann::json::parse(model_->config().to_hf_json());
   s["tokenizer"] = cfg_.data.tokenizer;
-  s["seq_len"] = cfg_.train.seq_len;
+  s["seq_len"] = model_->seq_len();
+  if (cfg_.has_recipe()) {
+    // The loader above is this phase's; with its dataset offsets it is rebuilt exactly. The next
+    // step may belong to the next phase: the resumed run makes that transition as a straight one.
+    s["recipe"] = {{"phase", phase_},
+                   {"phase_name", cfg_.recipe.phases[static_cast<size_t>(phase_)].name},
+                   {"data_offsets", train_data_->dataset_offsets()},
+                   {"batch_size", batch_}};
+  }
   s["world"] = {{"size", 1}, {"data_parallel", 1}};
   s["rng"] = {{"init_seed", cfg_.train.seed}, {"data_seed", cfg_.data.seed}};
   return s;
@@ -165,9 +239,22 @@ void Trainer::restore(const std::string& where) {
   ckpt::Checkpoint c(dir);
   const nlohmann::json& s = c.manifest().state;
   ZAYA_CHECK(s.value("format", "") == "zaya-train-1", dir.string(), ": not a zaya training checkpoint");
+  ZAYA_CHECK(s.contains("recipe") == cfg_.has_recipe(), dir.string(), ": the checkpoint was written by a run ",
+             s.contains("recipe") ? "with" : "without", " [recipe] and the run config has ",
+             cfg_.has_recipe() ? "one" : "none");
+  if (cfg_.has_recipe()) {
+    const nlohmann::json& r = s.at("recipe");
+    const int p = r.at("phase").get<int>();
+    ZAYA_CHECK(p >= 0 && p < static_cast<int>(cfg_.recipe.phases.size()), dir.string(), ": recipe phase ", p,
+               " is not in the run config's recipe (", cfg_.recipe.phases.size(), " phases)");
+    const std::vector<int64_t> offsets = r.at("data_offsets").get<std::vector<int64_t>>();
+    enter_phase(p, &offsets);  // sets the model's rope_theta, compared just below
+    batch_ = r.at("batch_size").get<int64_t>();
+  }
   model::ModelConfig saved = checkpoint_model_config(c);
-  ZAYA_CHECK(saved.to_hf_json() == cfg_.model.to_hf_json(), dir.string(),
-             ": the checkpoint's model config differs from the run config's [model] section");
+  ZAYA_CHECK(saved.to_hf_json() == model_->config().to_hf_json(), dir.string(),
+             ": the checkpoint's model config differs from the run config's [model] section",
+             cfg_.has_recipe() ? " (with the phase's rope_theta)" : "");
   load_weights(c, *model_);
   std::map<std::string, Tensor> state;
   for (auto& [name, t] : optimizer_->state_tensors()) state[name] = c.load_full(name);
@@ -175,14 +262,16 @@ void Trainer::restore(const std::string& where) {
   step_ = s.at("step").get<int64_t>();
   tokens_ = s.at("tokens").get<int64_t>();
   train_data_->set_state(s.at("data_loader_next_sample").get<int64_t>());
-  log_info("resumed from ", dir.string(), ": step ", step_, ", ", tokens_, " tokens");
+  log_info("resumed from ", dir.string(), ": step ", step_, ", ", tokens_, " tokens",
+           cfg_.has_recipe() ? str(", recipe phase ", phase_, " '", cfg_.recipe.phases[static_cast<size_t>(phase_)].name, "'")
+                             : std::string());
 }
 
 TrainResult Trainer::run() {
   const auto& t = cfg_.train;
   if (!opts_.quiet) print_summary();
   const double peak = measure_gemm_peak();
-  const double flops_per_token = model::training_flops_per_token(cfg_.model, t.seq_len);
+  double flops_per_token = model::training_flops_per_token(cfg_.model, model_->seq_len());
   log_info("MFU denominator: measured f32 GEMM peak ", static_cast<int>(peak / 1e9), " GFLOP/s (1024^3, ",
            num_threads(), " threads)");
 
@@ -192,9 +281,15 @@ TrainResult Trainer::run() {
   Progress progress(step_, t.steps, t.progress && !opts_.quiet);
   const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_experts;
 
-  Tensor rows = Tensor::empty({t.micro_batch, t.seq_len + 1}, DType::i32);
-  Tensor ids = Tensor::empty({t.micro_batch, t.seq_len}, DType::i32);
-  Tensor targets = Tensor::empty({t.micro_batch, t.seq_len}, DType::i32);
+  Tensor rows, ids, targets;  // [micro_batch, seq_len (+1)], reshaped when a phase changes seq_len
+  auto shape_batch = [&] {
+    const int64_t T = model_->seq_len();
+    rows = Tensor::empty({t.micro_batch, T + 1}, DType::i32);
+    ids = Tensor::empty({t.micro_batch, T}, DType::i32);
+    targets = Tensor::empty({t.micro_batch, T}, DType::i32);
+    flops_per_token = model::training_flops_per_token(cfg_.model, T);
+  };
+  shape_batch();
   std::vector<int64_t> counts;
   std::vector<int64_t> skipped(static_cast<size_t>(L));
 
@@ -212,18 +307,57 @@ TrainResult Trainer::run() {
     return r.loss;
   };
 
+  // A phase starts (recipe runs): the plain log line and a metrics record. The model and loaders
+  // were set up by enter_phase.
+  auto announce_phase = [&](int64_t batch) {
+    const optim::Phase& ph = cfg_.recipe.phases[static_cast<size_t>(phase_)];
+    std::string mix;
+    std::vector<double> weights;
+    for (int d = 0; d < train_data_->num_datasets(); ++d) {
+      weights.push_back(train_data_->weight(d));
+      mix += str(d ? ", " : "", fs::path(cfg_.data.train[static_cast<size_t>(d)].prefix).filename().string(), " ",
+                 train_data_->weight(d));
+    }
+    if (progress.is_bar()) std::fprintf(stderr, "\n");
+    log_info("phase ", phase_, " '", ph.name, "' starts at step ", step_ + 1, ", token ", tokens_, ": seq_len ",
+             ph.seq_len, ", rope_theta ", ph.rope_theta, ", batch ", batch, " (", batch / t.micro_batch,
+             " x micro-batch ", t.micro_batch, "), data weights ", mix);
+    metrics.write({{"event", "phase_start"}, {"phase", phase_}, {"name", ph.name}, {"step", step_ + 1},
+                   {"tokens", tokens_}, {"seq_len", ph.seq_len}, {"rope_theta", ph.rope_theta},
+                   {"batch_size", batch}, {"data_weights", weights},
+                   {"data_offsets", train_data_->dataset_offsets()}});
+  };
+  if (cfg_.has_recipe() && step_ == 0 && step_ < t.steps)
+    announce_phase(cfg_.recipe.step_at(tokens_, t.micro_batch).batch_size);
+
   while (step_ < t.steps) {
+    int64_t n_micro = t.grad_accum;
+    if (cfg_.has_recipe()) {
+      const optim::RecipeStep rs = cfg_.recipe.step_at(tokens_, t.micro_batch);
+      if (rs.phase != phase_) {
+        enter_phase(rs.phase, nullptr);
+        if (rows.size(1) != model_->seq_len() + 1) shape_batch();
+        announce_phase(rs.batch_size);
+      } else if (batch_ != 0 && rs.batch_size != batch_) {
+        if (progress.is_bar()) std::fprintf(stderr, "\n");
+        log_info("batch ramp: ", rs.batch_size, " sequences (", rs.batch_size / t.micro_batch,
+                 " x micro-batch ", t.micro_batch, ") from step ", step_ + 1, ", token ", tokens_);
+      }
+      batch_ = rs.batch_size;
+      n_micro = rs.batch_size / t.micro_batch;
+    }
+    const int64_t step_tokens = n_micro * t.micro_batch * model_->seq_len();
     auto step_start = Clock::now();
     double t_data = 0, t_fwd = 0, t_bwd = 0;
     double loss = 0;
     counts.assign(static_cast<size_t>(L * E), 0);
     std::fill(skipped.begin(), skipped.end(), 0);
-    for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
+    for (int64_t micro = 0; micro < n_micro; ++micro) {
       auto t0 = Clock::now();
       train_data_->next_batch(0, 1, rows);
       split_rows(rows, ids, targets);
       auto t1 = Clock::now();
-      loss += model_->forward(ids, targets) / static_cast<double>(t.grad_accum);
+      loss += model_->forward(ids, targets) / static_cast<double>(n_micro);
       auto t2 = Clock::now();
       model_->backward();
       auto t3 = Clock::now();
@@ -235,8 +369,8 @@ TrainResult Trainer::run() {
       t_bwd += std::chrono::duration<double>(t3 - t2).count();
     }
     // Gradients were summed over micro-batches of equal token counts: average them.
-    if (t.grad_accum > 1) {
-      float s = 1.0f / static_cast<float>(t.grad_accum);
+    if (n_micro > 1) {
+      float s = 1.0f / static_cast<float>(n_micro);
       float* g = model_->grads_flat().data<float>();
       for (int64_t i = 0; i < model_->grads_flat().numel(); ++i) g[i] *= s;
     }
@@ -249,11 +383,13 @@ TrainResult Trainer::run() {
     optimizer_->balance_step(*model_, counts);
     double t_opt = seconds_since(t_opt0);
     ++step_;
-    tokens_ += cfg_.tokens_per_step();
+    tokens_ += step_tokens;
     result.losses.push_back(loss);
+    result.phases.push_back(std::max(phase_, 0));
+    result.batch_sizes.push_back(n_micro * t.micro_batch);
 
     const double dt = seconds_since(step_start);
-    const double tok_s = static_cast<double>(cfg_.tokens_per_step()) / dt;
+    const double tok_s = static_cast<double>(step_tokens) / dt;
     const double mfu = flops_per_token * tok_s / peak;
     nlohmann::json rec = {{"step", step_}, {"tokens", tokens_}, {"loss", loss}, {"lr", lr},
                           {"grad_norm", st.grad_norm}, {"clipped", st.clipped}, {"skipped_update", st.skipped},
@@ -282,13 +418,22 @@ TrainResult Trainer::run() {
                           static_cast<double>(routed + skipped[static_cast<size_t>(l)]));
       min_entropy = std::min(min_entropy, hn);
     }
+    if (cfg_.has_recipe()) {
+      rec["phase"] = phase_;
+      rec["batch_size"] = batch_;
+      rec["seq_len"] = model_->seq_len();
+    }
     rec["expert_entropy"] = entropy;
     rec["expert_max_load"] = max_load;
     rec["expert_min_load"] = min_load;
     rec["skip_fraction"] = skip_frac;
     metrics.write(rec);
-    char extra[64];
-    std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f", lr, st.grad_norm, min_entropy);
+    char extra[96];
+    if (cfg_.has_recipe())
+      std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f  phase %d  batch %lld", lr, st.grad_norm,
+                    min_entropy, phase_, static_cast<long long>(batch_));
+    else
+      std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f", lr, st.grad_norm, min_entropy);
     progress.update(step_ - 1, loss, tok_s, t.log_every, extra);
     if (!std::isfinite(loss)) log_warn("step ", step_, ": non-finite loss");
 

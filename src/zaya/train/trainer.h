@@ -34,6 +34,8 @@ struct TrainResult {
   int64_t first_step = 0;       // step the run started from (0, or the resumed checkpoint's)
   int64_t last_step = 0;        // optimizer steps completed
   std::vector<double> losses;   // training loss of each step this run took
+  std::vector<int> phases;      // recipe phase of each step (0 without a recipe)
+  std::vector<int64_t> batch_sizes;  // sequences in each step's batch (micro-batches x micro_batch)
   std::optional<double> final_val_loss;
   bool interrupted = false;
   std::string last_checkpoint;  // directory of the newest checkpoint written
@@ -54,6 +56,11 @@ class Trainer {
   std::string save(bool wait);
   nlohmann::json state_json() const;
   double measure_gemm_peak() const;
+  // Recipe runs: builds phase p's train (and validation) loader, reshapes the model to the phase's
+  // sequence length and switches its RoPE θ. `offsets`: the datasets' starting counts (from a
+  // checkpoint); null: continue from the current phase's loader (phase_ < 0: start at 0).
+  void enter_phase(int p, const std::vector<int64_t>* offsets);
+  std::vector<data::DatasetSpec> phase_specs(int p) const;
 
   RunConfig cfg_;
   TrainOptions opts_;
@@ -63,6 +70,8 @@ class Trainer {
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
   int64_t step_ = 0;            // optimizer steps done
   int64_t tokens_ = 0;          // tokens consumed
+  int phase_ = -1;              // recipe phase the model and loaders are set up for (-1: none)
+  int64_t batch_ = 0;           // sequences in the last step's batch (recipe runs)
 };
 
 // Installs SIGINT/SIGTERM handlers that set `flag` (the first signal asks for a clean stop; a
