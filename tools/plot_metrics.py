@@ -31,6 +31,8 @@ def load(run_dir):
                 r = json.loads(line)
             except json.JSONDecodeError as e:
                 sys.exit(f"plot_metrics: {path}:{n}: not JSON ({e})")
+            if "event" in r:  # a recipe's phase_start record (docs/train.md), not a step
+                continue
             (val if "val_loss" in r else train).append(r)
     return train, val
 
