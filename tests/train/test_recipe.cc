@@ -262,6 +262,35 @@ TEST_F(RecipeTest, ResumeRefusesAMismatchedCheckpoint) {
   EXPECT_THROW((Trainer(config("p"), {.resume = "latest", .quiet = true})), Error);
 }
 
+TEST(RecipeExample, ConfigParsesWithTheDocumentedShape) {
+  // configs/recipe-example.toml: the step counts its header comment states (worked out there from
+  // the ramp and the phase boundaries), θ inherited then raised for context extension.
+  RunConfig c = load_run_config(std::string(ZAYA_SOURCE_DIR) + "/configs/recipe-example.toml", {});
+  ASSERT_EQ(c.recipe.phases.size(), 3u);
+  EXPECT_EQ(c.train.steps, 164);
+  EXPECT_EQ(c.optim.total_steps, 164);
+  EXPECT_EQ(c.recipe.phases[0].rope_theta, c.model.rope_theta);
+  EXPECT_EQ(c.recipe.phases[2].rope_theta, 1e5);
+  EXPECT_EQ(c.recipe.phases[2].seq_len, 1024);
+  std::vector<int64_t> steps_per_batch(17, 0);
+  int64_t consumed = 0;
+  int first_of_phase1 = 0;
+  for (int step = 1; consumed < c.recipe.total_tokens(); ++step) {
+    optim::RecipeStep st = c.recipe.step_at(consumed, c.train.micro_batch);
+    if (st.phase == 0) ++steps_per_batch[static_cast<size_t>(st.batch_size)];
+    if (st.phase == 1 && !first_of_phase1) {
+      first_of_phase1 = step;
+      EXPECT_EQ(consumed, 328704);  // docs/train.md's example log line
+    }
+    consumed += st.tokens();
+  }
+  EXPECT_EQ(first_of_phase1, 105);
+  EXPECT_EQ(steps_per_batch[4], 22);
+  EXPECT_EQ(steps_per_batch[8], 11);
+  EXPECT_EQ(steps_per_batch[12], 7);
+  EXPECT_EQ(steps_per_batch[16], 64);
+}
+
 TEST(RecipeModel, RopeThetaSwitchMatchesAFreshModel) {
   // set_rope_theta must leave the model exactly as if it had been built with that θ: same loss
   // bit for bit (same parameters, same table), and a different loss from the old θ (the switch
