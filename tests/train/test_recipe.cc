@@ -8,7 +8,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "train/toy.h"
@@ -63,7 +62,8 @@ class RecipeTest : public ::testing::Test {
     return toy::model_section() + "[data]\ntrain = [\"" + web_ + "\", \"" + code_ + "\"]\nval = \"" + web_ +
            "\"\n[train]\nmicro_batch = 2\neval_every = 0\neval_samples = 4\nprogress = false\nout_dir = \"" +
            (root_ / run).string() + "\"\n" + train_extra +
-           "[optim]\nlr = 3e-3\nwarmup_steps = 5\nbalance_lr = 1e-3\n[ckpt]\nevery = 4\nkeep_last = 20\n" + recipe;
+           "[optim]\nlr = 3e-3\nwarmup_steps = 5\nbalance_lr = 1e-3\n[ckpt]\nevery = 4\nkeep_last = 20\n" +
+           recipe;
   }
   RunConfig config(const std::string& run) { return parse_run_config(text(run), "recipe.toml", {}); }
   std::string error(const std::string& toml, const std::vector<std::string>& overrides = {}) {
@@ -87,7 +87,7 @@ class RecipeTest : public ::testing::Test {
 TEST_F(RecipeTest, ConfigDerivesTheRunLengthAndFillsRopeTheta) {
   RunConfig c = config("a");
   ASSERT_TRUE(c.has_recipe());
-  EXPECT_EQ(c.train.steps, kSteps);       // the recipe decides the run length ...
+  EXPECT_EQ(c.train.steps, kSteps);        // the recipe decides the run length ...
   EXPECT_EQ(c.optim.total_steps, kSteps);  // ... and with it the LR schedule's
   EXPECT_EQ(c.train.seq_len, 16);
   EXPECT_EQ(c.recipe.phases[0].rope_theta, c.model.rope_theta);  // absent: the model's
@@ -120,16 +120,19 @@ TEST_F(RecipeTest, ConfigErrorsNameTheKeyAndFile) {
     EXPECT_NE(at, std::string::npos) << from;
     return s.replace(at, from.size(), to);
   };
-  expect_error(replaced("seq_len = 32", "seq_len = 128"), "recipe.phases[2].seq_len", "max_position_embeddings");
-  expect_error(replaced("tokens = 384\nseq_len = 16\nbatch_size = 6", "tokens = 384\nseq_len = 16\nbatch_size = 5"),
-               "recipe.phases[1].batch_size", "multiple of train.micro_batch");
+  expect_error(replaced("seq_len = 32", "seq_len = 128"), "recipe.phases[2].seq_len",
+               "max_position_embeddings");
+  expect_error(
+      replaced("tokens = 384\nseq_len = 16\nbatch_size = 6", "tokens = 384\nseq_len = 16\nbatch_size = 5"),
+      "recipe.phases[1].batch_size", "multiple of train.micro_batch");
   expect_error(replaced("data_weights = [0.2, 0.8]", "data_weights = [1.0]"), "recipe.phases[1].data_weights",
                "one weight per data.train entry");
-  expect_error(replaced("data_weights = [0.0, 1.0]", "data_weights = [0.0, 0.0]"), "recipe.phases[2].data_weights",
-               "positive");
+  expect_error(replaced("data_weights = [0.0, 1.0]", "data_weights = [0.0, 0.0]"),
+               "recipe.phases[2].data_weights", "positive");
   expect_error(replaced("tokens = 512", "tokens = 0"), "recipe.phases[2].tokens", "positive");
   expect_error(replaced("rope_theta = 1e5", "rope_theta = 0"), "recipe.phases[2].rope_theta", "positive");
-  expect_error(replaced("batch_ramp_start = 2", "batch_ramp_start = 3"), "recipe.batch_ramp_start", "multiple");
+  expect_error(replaced("batch_ramp_start = 2", "batch_ramp_start = 3"), "recipe.batch_ramp_start",
+               "multiple");
   expect_error(replaced("batch_ramp_tokens = 256", "batch_ramp_tokens = 1000"), "recipe.batch_ramp_tokens",
                "phase 0");
   // Phase 1 shorter than phase 0's last step overshoots: it would never run.
@@ -139,8 +142,8 @@ TEST_F(RecipeTest, ConfigErrorsNameTheKeyAndFile) {
     s.replace(s.find("tokens = 384"), 12, "tokens = 30 ");
     expect_error(s, "recipe.phases[1].tokens", "at least one step");
   }
-  expect_error(replaced("tokens = 384", "tokens = 384\nsequence_len = 16"), "unknown key 'recipe.phases[1].sequence_len'",
-               "recipe.toml");
+  expect_error(replaced("tokens = 384", "tokens = 384\nsequence_len = 16"),
+               "unknown key 'recipe.phases[1].sequence_len'", "recipe.toml");
   expect_error(text("x", "seq_len = 16\n"), "train.seq_len", "each phase sets seq_len");
   expect_error(text("x", "grad_accum = 2\n"), "train.grad_accum", "batch_size");
   expect_error(text("x", "steps = 19\n"), "train.steps", "18 steps the recipe takes");
@@ -189,7 +192,9 @@ TEST_F(RecipeTest, TransitionsRampAndLogs) {
 
   // Data continuation. Phase 0 read 4·2 + 2·4 + 4·6 = 40 samples; phase 1 has the same seq_len, so
   // each dataset continues at its count (the offsets add up to 40 and follow phase 0's 0.8/0.2).
-  auto offsets = [&](int p) { return phase_starts[static_cast<size_t>(p)]["data_offsets"].get<std::vector<int64_t>>(); };
+  auto offsets = [&](int p) {
+    return phase_starts[static_cast<size_t>(p)]["data_offsets"].get<std::vector<int64_t>>();
+  };
   EXPECT_EQ(offsets(0), (std::vector<int64_t>{0, 0}));
   const std::vector<int64_t> after0 =
       data::DataLoader({{web_, 0.8}, {code_, 0.2}}, 16, 1234).dataset_counts(40);  // data.seed 1234
@@ -217,7 +222,8 @@ TEST_F(RecipeTest, ResumeInsideAndAcrossPhasesIsBitExact) {
   std::vector<double> losses;
   int done = 0;
   for (int stop : stops) {
-    Trainer part(config("split"), {.resume = done ? "latest" : "", .quiet = true, .stop_after_steps = stop - done});
+    Trainer part(config("split"),
+                 {.resume = done ? "latest" : "", .quiet = true, .stop_after_steps = stop - done});
     TrainResult b = part.run();
     ASSERT_TRUE(b.interrupted);
     ASSERT_EQ(b.first_step, done);

@@ -11,10 +11,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "train/toy.h"
 #include "zaya/ckpt/reader.h"
 #include "zaya/train/model_io.h"
 #include "zaya/train/trainer.h"
-#include "train/toy.h"
 
 namespace zaya::train {
 namespace {
@@ -91,9 +91,7 @@ TEST_F(TrainerTest, KillDuringSaveKeepsThePreviousCheckpoint) {
   // The child is the zaya binary (a fork of this process would inherit OpenMP's thread pool in a
   // broken state).
   fs::path cfg = root_ / "killed.toml";
-  {
-    std::ofstream(cfg) << toy_config(prefix_, run, total);
-  }
+  { std::ofstream(cfg) << toy_config(prefix_, run, total); }
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -131,7 +129,8 @@ TEST_F(TrainerTest, ExportHfThenImportHfRoundTripsTheWeights) {
   t.run();
   const fs::path hf = root_ / "hf", imported = root_ / "imported";
   auto sh = [&](const std::string& args) {
-    return std::system((std::string(ZAYA_BINARY) + " --log-level warn " + args + " > /dev/null 2>&1").c_str());
+    return std::system(
+        (std::string(ZAYA_BINARY) + " --log-level warn " + args + " > /dev/null 2>&1").c_str());
   };
   ASSERT_EQ(sh("ckpt export-hf " + (root_ / "src").string() + " --out " + hf.string()), 0);
   EXPECT_TRUE(fs::exists(hf / "config.json"));

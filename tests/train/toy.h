@@ -42,10 +42,14 @@ inline std::string model_section() {
 }
 
 inline std::string toy_config(const std::string& prefix, const std::filesystem::path& out, int steps) {
-  return model_section() +
-         "[data]\ntrain = [\"" + prefix + "\"]\nval = \"" + prefix + "\"\n"
-         "[train]\nsteps = " + std::to_string(steps) + "\nmicro_batch = 2\nseq_len = 16\ngrad_accum = 2\n"
-         "eval_every = 0\neval_samples = 4\nprogress = false\nout_dir = \"" + out.string() + "\"\n"
+  return model_section() + "[data]\ntrain = [\"" + prefix + "\"]\nval = \"" + prefix +
+         "\"\n"
+         "[train]\nsteps = " +
+         std::to_string(steps) +
+         "\nmicro_batch = 2\nseq_len = 16\ngrad_accum = 2\n"
+         "eval_every = 0\neval_samples = 4\nprogress = false\nout_dir = \"" +
+         out.string() +
+         "\"\n"
          "[optim]\nlr = 3e-3\nwarmup_steps = 5\nbalance_lr = 1e-3\n"
          "[ckpt]\nevery = 5\nkeep_last = 10\n";
 }

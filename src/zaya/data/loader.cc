@@ -145,7 +145,8 @@ void DataLoader::next_batch(int rank, int world, Tensor& out) {
 void DataLoader::set_dataset_offsets(const std::vector<int64_t>& offsets) {
   ZAYA_CHECK(offsets.size() == datasets_.size(), "data loader: expected ", datasets_.size(),
              " dataset offsets, found ", offsets.size());
-  for (int64_t o : offsets) ZAYA_CHECK(o >= 0, "data loader: dataset offsets must be non-negative, found ", o);
+  for (int64_t o : offsets)
+    ZAYA_CHECK(o >= 0, "data loader: dataset offsets must be non-negative, found ", o);
   offsets_ = offsets;
 }
 

@@ -134,7 +134,8 @@ void Recipe::validate(const std::string& source) const {
                 ErrorContext{source, "recipe.batch_ramp_tokens", ">= 0", str(batch_ramp_tokens)});
   if (!phases.empty() && batch_ramp_tokens > phases[0].tokens)
     throw Error("invalid value", ErrorContext{source, "recipe.batch_ramp_tokens",
-                                              str("<= the first phase's tokens ", phases[0].tokens, " (the ramp lies within phase 0)"),
+                                              str("<= the first phase's tokens ", phases[0].tokens,
+                                                  " (the ramp lies within phase 0)"),
                                               str(batch_ramp_tokens)});
   if (!phases.empty() && batch_ramp_start > phases[0].batch_size)
     throw Error("invalid value", ErrorContext{source, "recipe.batch_ramp_start",
@@ -158,7 +159,8 @@ Recipe Recipe::from_toml(ConfigReader& r) {
       r.get(k + "rope_theta", p.rope_theta);
       // An explicit 0 would read as "the model's"; say it is wrong instead.
       if (!(p.rope_theta > 0))
-        throw Error("invalid value", ErrorContext{r.file(), k + "rope_theta", "a positive number", str(p.rope_theta)});
+        throw Error("invalid value",
+                    ErrorContext{r.file(), k + "rope_theta", "a positive number", str(p.rope_theta)});
     }
     r.get(k + "data_weights", p.data_weights);
     r.require(k + "batch_size", p.batch_size);

@@ -11,7 +11,8 @@ namespace {
 
 void need(bool ok, const std::string& source, const std::string& key, const std::string& expected,
           const std::string& found) {
-  if (!ok) throw Error("invalid run config", {.file = source, .field = key, .expected = expected, .found = found});
+  if (!ok)
+    throw Error("invalid run config", {.file = source, .field = key, .expected = expected, .found = found});
 }
 
 DataConfig read_data(ConfigReader& r) {
@@ -25,9 +26,11 @@ DataConfig read_data(ConfigReader& r) {
   int64_t seed = static_cast<int64_t>(d.seed);
   r.get("data.seed", seed);
   d.seed = static_cast<uint64_t>(seed);
-  need(!prefixes.empty(), r.file(), "data.train", "a list of dataset prefixes (from `zaya data prepare`)", "nothing");
+  need(!prefixes.empty(), r.file(), "data.train", "a list of dataset prefixes (from `zaya data prepare`)",
+       "nothing");
   need(weights.empty() || weights.size() == prefixes.size(), r.file(), "data.weights",
-       "one weight per data.train entry (" + std::to_string(prefixes.size()) + ")", std::to_string(weights.size()));
+       "one weight per data.train entry (" + std::to_string(prefixes.size()) + ")",
+       std::to_string(weights.size()));
   for (size_t i = 0; i < prefixes.size(); ++i) {
     double w = weights.empty() ? 1.0 : weights[i];
     need(w > 0, r.file(), "data.weights", "positive weights", std::to_string(w));
@@ -78,13 +81,16 @@ CkptConfig read_ckpt(ConfigReader& r) {
 }
 
 // Cross-checks [recipe] against [model], [data] and [train] and derives the run length.
-void check_recipe(RunConfig& c, bool explicit_steps, bool explicit_seq, bool explicit_accum, bool explicit_total) {
+void check_recipe(RunConfig& c, bool explicit_steps, bool explicit_seq, bool explicit_accum,
+                  bool explicit_total) {
   const std::string& src = c.source;
   optim::Recipe& rec = c.recipe;
   const int64_t micro = c.train.micro_batch;
   // With a recipe these come from the phases; a second source of truth would be ignored silently.
-  need(!explicit_seq, src, "train.seq_len", "no value: with [recipe] each phase sets seq_len", std::to_string(c.train.seq_len));
-  need(!explicit_accum, src, "train.grad_accum", "no value: with [recipe] the micro-batches per step are batch_size / train.micro_batch",
+  need(!explicit_seq, src, "train.seq_len", "no value: with [recipe] each phase sets seq_len",
+       std::to_string(c.train.seq_len));
+  need(!explicit_accum, src, "train.grad_accum",
+       "no value: with [recipe] the micro-batches per step are batch_size / train.micro_batch",
        std::to_string(c.train.grad_accum));
   const size_t n_data = c.data.train.size();
   for (size_t i = 0; i < rec.phases.size(); ++i) {
@@ -101,7 +107,8 @@ void check_recipe(RunConfig& c, bool explicit_steps, bool explicit_seq, bool exp
     if (p.rope_theta == 0) p.rope_theta = c.model.rope_theta;
   }
   need(rec.batch_ramp_start % micro == 0, src, "recipe.batch_ramp_start",
-       "a multiple of train.micro_batch (" + std::to_string(micro) + ")", std::to_string(rec.batch_ramp_start));
+       "a multiple of train.micro_batch (" + std::to_string(micro) + ")",
+       std::to_string(rec.batch_ramp_start));
   // Every phase must get at least one step (a step never straddles phases, so a phase shorter than
   // the previous phase's overshoot would be skipped).
   std::vector<int64_t> steps_in(rec.phases.size(), 0);

@@ -26,24 +26,24 @@ struct DataConfig {
 };
 
 struct TrainConfig {
-  int64_t steps = 1000;        // optimizer steps
-  int64_t micro_batch = 8;     // sequences per forward/backward
-  int64_t seq_len = 256;       // tokens per sequence
-  int64_t grad_accum = 1;      // micro-batches per optimizer step
-  uint64_t seed = 1;           // model init seed
-  int64_t log_every = 10;      // plain log line / progress refresh every N steps
-  int64_t eval_every = 100;    // validation loss every N steps (0: never)
-  int64_t eval_samples = 64;   // validation sequences per evaluation
+  int64_t steps = 1000;               // optimizer steps
+  int64_t micro_batch = 8;            // sequences per forward/backward
+  int64_t seq_len = 256;              // tokens per sequence
+  int64_t grad_accum = 1;             // micro-batches per optimizer step
+  uint64_t seed = 1;                  // model init seed
+  int64_t log_every = 10;             // plain log line / progress refresh every N steps
+  int64_t eval_every = 100;           // validation loss every N steps (0: never)
+  int64_t eval_samples = 64;          // validation sequences per evaluation
   std::string out_dir = "runs/demo";  // metrics.jsonl and checkpoints
-  bool progress = true;        // progress bar when stderr is a terminal
-  std::string init_from;       // start from these weights (zaya checkpoint or transformers dir)
+  bool progress = true;               // progress bar when stderr is a terminal
+  std::string init_from;              // start from these weights (zaya checkpoint or transformers dir)
 };
 
 struct CkptConfig {
-  int64_t every = 0;        // save every N steps (0: only at the end and on SIGINT/SIGTERM)
-  int64_t keep_last = 3;    // keep the newest K checkpoints ...
-  int64_t keep_every = 0;   // ... and every N-th step permanently (0: none)
-  bool save_final = true;   // save after the last step
+  int64_t every = 0;       // save every N steps (0: only at the end and on SIGINT/SIGTERM)
+  int64_t keep_last = 3;   // keep the newest K checkpoints ...
+  int64_t keep_every = 0;  // ... and every N-th step permanently (0: none)
+  bool save_final = true;  // save after the last step
   // How a save snapshots the state (docs/results/checkpoint.md): "deferred" (the default: the copy
   // into staging memory runs in the background during the next forward/backward, and the optimizer
   // step waits for it), "copy" (the copy stalls training), or "fork" (copy-on-write: a tiny stall,
@@ -63,9 +63,9 @@ struct RunConfig {
   // optim.total_steps default to the steps the recipe takes (Recipe::num_steps; train.steps may be
   // smaller to stop early, the schedule still spans the recipe).
   optim::Recipe recipe;
-  std::string source;                   // the config file
-  std::string text;                     // its TOML text (stored in checkpoints)
-  std::vector<std::string> overrides;   // the --set arguments
+  std::string source;                  // the config file
+  std::string text;                    // its TOML text (stored in checkpoints)
+  std::vector<std::string> overrides;  // the --set arguments
 
   bool has_recipe() const { return !recipe.phases.empty(); }
   // Tokens of one step without a recipe (with one, see Recipe::step_at).

@@ -26,8 +26,10 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 std::string human_bytes(double b) {
   char s[32];
-  if (b >= 1024.0 * 1024 * 1024) std::snprintf(s, sizeof s, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  else std::snprintf(s, sizeof s, "%.1f MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0 * 1024 * 1024)
+    std::snprintf(s, sizeof s, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else
+    std::snprintf(s, sizeof s, "%.1f MiB", b / (1024.0 * 1024));
   return s;
 }
 
@@ -49,14 +51,16 @@ void install_stop_handlers(std::atomic<bool>* flag) {
   std::signal(SIGTERM, on_stop_signal);
 }
 
-Trainer::Trainer(RunConfig config, TrainOptions options) : cfg_(std::move(config)), opts_(std::move(options)) {
+Trainer::Trainer(RunConfig config, TrainOptions options)
+    : cfg_(std::move(config)), opts_(std::move(options)) {
   const auto& t = cfg_.train;
   train_data_ = std::make_unique<data::DataLoader>(cfg_.data.train, t.seq_len, cfg_.data.seed);
   for (int d = 0; d < train_data_->num_datasets(); ++d)
     ZAYA_CHECK(train_data_->samples_per_epoch(d) > 0, cfg_.data.train[static_cast<size_t>(d)].prefix,
                ": too few tokens for one sample of ", t.seq_len + 1, " tokens");
-  if (!cfg_.data.val.empty()) val_data_ = std::make_unique<data::DataLoader>(
-      std::vector<data::DatasetSpec>{{cfg_.data.val, 1.0}}, t.seq_len, cfg_.data.seed + 1);
+  if (!cfg_.data.val.empty())
+    val_data_ = std::make_unique<data::DataLoader>(std::vector<data::DatasetSpec>{{cfg_.data.val, 1.0}},
+                                                   t.seq_len, cfg_.data.seed + 1);
   // Every phase's loaders are built once here so that a dataset too short for a later phase's
   // sequence length fails now, not at a transition hours into the run (the loader checks it).
   for (size_t p = 0; p < cfg_.recipe.phases.size(); ++p) {
@@ -76,8 +80,10 @@ Trainer::Trainer(RunConfig config, TrainOptions options) : cfg_(std::move(config
   optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, *model_);
 
   if (opts_.resume.empty() && fs::exists(fs::path(t.out_dir) / "latest"))
-    throw Error("the output directory already holds checkpoints; resume with --resume, or choose another train.out_dir",
-                {.file = cfg_.source, .field = "train.out_dir", .found = t.out_dir});
+    throw Error(
+        "the output directory already holds checkpoints; resume with --resume, or choose another "
+        "train.out_dir",
+        {.file = cfg_.source, .field = "train.out_dir", .found = t.out_dir});
   fs::create_directories(t.out_dir);
   ckpt::WriterOptions w;
   w.retention.keep_last = static_cast<int>(cfg_.ckpt.keep_last);
@@ -135,8 +141,8 @@ void Trainer::enter_phase(int p, const std::vector<int64_t>* offsets) {
   loader->set_dataset_offsets(start);
   train_data_ = std::move(loader);
   if (val_data_ && val_data_->seq_len() != ph.seq_len)
-    val_data_ = std::make_unique<data::DataLoader>(std::vector<data::DatasetSpec>{{cfg_.data.val, 1.0}}, ph.seq_len,
-                                                   cfg_.data.seed + 1);
+    val_data_ = std::make_unique<data::DataLoader>(std::vector<data::DatasetSpec>{{cfg_.data.val, 1.0}},
+                                                   ph.seq_len, cfg_.data.seed + 1);
   if (model_->seq_len() != ph.seq_len) model_->set_batch_shape(cfg_.train.micro_batch, ph.seq_len);
   if (model_->config().rope_theta != ph.rope_theta) model_->set_rope_theta(ph.rope_theta);
   phase_ = p;
@@ -148,7 +154,8 @@ double Trainer::measure_gemm_peak() const {
   // The MFU denominator: this machine's f32 GEMM rate on a large square problem, with the run's
   // thread count (llm.c reports MFU against a peak; here the peak is measured, not a datasheet).
   const int64_t n = 1024;
-  Tensor a = Tensor::empty({n, n}, DType::f32), b = Tensor::empty({n, n}, DType::f32), c = Tensor::empty({n, n}, DType::f32);
+  Tensor a = Tensor::empty({n, n}, DType::f32), b = Tensor::empty({n, n}, DType::f32),
+         c = Tensor::empty({n, n}, DType::f32);
   a.fill_(0.5);
   b.fill_(0.25);
   ops::gemm(a, ops::Trans::N, b, ops::Trans::N, c);
@@ -166,18 +173,19 @@ void Trainer::print_summary() const {
            c.num_key_value_heads, "x", c.head_dim, ", experts ", c.num_experts, "x", c.moe_intermediate_size,
            ", router ", c.router_hidden_size, ", vocab ", c.vocab_size);
   char line[256];
-  std::snprintf(line, sizeof line, "parameters: total %.2fM, active %.2fM, embedding %.2fM, non-embedding %.2fM",
-                P / 1e6, n.active / 1e6, n.embedding / 1e6, n.non_embedding / 1e6);
+  std::snprintf(line, sizeof line,
+                "parameters: total %.2fM, active %.2fM, embedding %.2fM, non-embedding %.2fM", P / 1e6,
+                n.active / 1e6, n.embedding / 1e6, n.non_embedding / 1e6);
   log_info(line);
-  log_info("memory: weights ", human_bytes(4 * P), " (f32), gradients ", human_bytes(4 * P), ", optimizer state ",
-           human_bytes(static_cast<double>(optimizer_->state_bytes())), ", activations ",
-           human_bytes(static_cast<double>(model_->activation_bytes())), " (", cfg_.train.micro_batch, "x",
-           cfg_.train.seq_len, " tokens per micro-batch)");
+  log_info("memory: weights ", human_bytes(4 * P), " (f32), gradients ", human_bytes(4 * P),
+           ", optimizer state ", human_bytes(static_cast<double>(optimizer_->state_bytes())),
+           ", activations ", human_bytes(static_cast<double>(model_->activation_bytes())), " (",
+           cfg_.train.micro_batch, "x", cfg_.train.seq_len, " tokens per micro-batch)");
   log_info("optimizer: ", optimizer_->summary().str());
   if (!cfg_.has_recipe()) {
     log_info("batch: ", cfg_.train.micro_batch, " x ", cfg_.train.seq_len, " x ", cfg_.train.grad_accum,
-             " accumulation = ", cfg_.tokens_per_step(), " tokens per step; ", cfg_.train.steps, " steps = ",
-             cfg_.tokens_per_step() * cfg_.train.steps, " tokens; threads ", num_threads());
+             " accumulation = ", cfg_.tokens_per_step(), " tokens per step; ", cfg_.train.steps,
+             " steps = ", cfg_.tokens_per_step() * cfg_.train.steps, " tokens; threads ", num_threads());
     return;
   }
   const optim::Recipe& r = cfg_.recipe;
@@ -191,8 +199,8 @@ void Trainer::print_summary() const {
              " x micro-batch ", cfg_.train.micro_batch, ")");
   }
   if (r.batch_ramp_start > 0 && r.batch_ramp_tokens > 0)
-    log_info("  batch ramp: ", r.batch_ramp_start, " -> ", r.phases[0].batch_size, " sequences over the first ",
-             r.batch_ramp_tokens, " tokens");
+    log_info("  batch ramp: ", r.batch_ramp_start, " -> ", r.phases[0].batch_size,
+             " sequences over the first ", r.batch_ramp_tokens, " tokens");
 }
 
 nlohmann::json Trainer::state_json() const {
@@ -229,8 +237,8 @@ std::string Trainer::save(bool wait) {
   double stall = writer_->save(step_, items, state_json());
   if (wait) writer_->wait();
   std::string dir = (fs::path(cfg_.train.out_dir) / ckpt::step_dir_name(step_)).string();
-  log_info("checkpoint step ", step_, " -> ", dir, " (training stalled ", static_cast<int>(stall * 1000), " ms",
-           wait ? ", written" : ", writing in the background", ")");
+  log_info("checkpoint step ", step_, " -> ", dir, " (training stalled ", static_cast<int>(stall * 1000),
+           " ms", wait ? ", written" : ", writing in the background", ")");
   return dir;
 }
 
@@ -239,9 +247,9 @@ void Trainer::restore(const std::string& where) {
   ckpt::Checkpoint c(dir);
   const nlohmann::json& s = c.manifest().state;
   ZAYA_CHECK(s.value("format", "") == "zaya-train-1", dir.string(), ": not a zaya training checkpoint");
-  ZAYA_CHECK(s.contains("recipe") == cfg_.has_recipe(), dir.string(), ": the checkpoint was written by a run ",
-             s.contains("recipe") ? "with" : "without", " [recipe] and the run config has ",
-             cfg_.has_recipe() ? "one" : "none");
+  ZAYA_CHECK(s.contains("recipe") == cfg_.has_recipe(), dir.string(),
+             ": the checkpoint was written by a run ", s.contains("recipe") ? "with" : "without",
+             " [recipe] and the run config has ", cfg_.has_recipe() ? "one" : "none");
   if (cfg_.has_recipe()) {
     const nlohmann::json& r = s.at("recipe");
     const int p = r.at("phase").get<int>();
@@ -263,7 +271,8 @@ void Trainer::restore(const std::string& where) {
   tokens_ = s.at("tokens").get<int64_t>();
   train_data_->set_state(s.at("data_loader_next_sample").get<int64_t>());
   log_info("resumed from ", dir.string(), ": step ", step_, ", ", tokens_, " tokens",
-           cfg_.has_recipe() ? str(", recipe phase ", phase_, " '", cfg_.recipe.phases[static_cast<size_t>(phase_)].name, "'")
+           cfg_.has_recipe() ? str(", recipe phase ", phase_, " '",
+                                   cfg_.recipe.phases[static_cast<size_t>(phase_)].name, "'")
                              : std::string());
 }
 
@@ -299,11 +308,13 @@ TrainResult Trainer::run() {
     EvalResult r = evaluate(*model_, *val_data_, t.eval_samples);
     if (progress.is_bar()) std::fprintf(stderr, "\n");
     char line[160];
-    std::snprintf(line, sizeof line, "validation (%s, step %lld): loss %.4f, perplexity %.2f over %lld tokens (%.1f s)",
-                  when, static_cast<long long>(step_), r.loss, r.perplexity, static_cast<long long>(r.tokens),
+    std::snprintf(line, sizeof line,
+                  "validation (%s, step %lld): loss %.4f, perplexity %.2f over %lld tokens (%.1f s)", when,
+                  static_cast<long long>(step_), r.loss, r.perplexity, static_cast<long long>(r.tokens),
                   seconds_since(t0));
     log_info(line);
-    metrics.write({{"step", step_}, {"tokens", tokens_}, {"val_loss", r.loss}, {"val_perplexity", r.perplexity}});
+    metrics.write(
+        {{"step", step_}, {"tokens", tokens_}, {"val_loss", r.loss}, {"val_perplexity", r.perplexity}});
     return r.loss;
   };
 
@@ -315,16 +326,22 @@ TrainResult Trainer::run() {
     std::vector<double> weights;
     for (int d = 0; d < train_data_->num_datasets(); ++d) {
       weights.push_back(train_data_->weight(d));
-      mix += str(d ? ", " : "", fs::path(cfg_.data.train[static_cast<size_t>(d)].prefix).filename().string(), " ",
-                 train_data_->weight(d));
+      mix += str(d ? ", " : "", fs::path(cfg_.data.train[static_cast<size_t>(d)].prefix).filename().string(),
+                 " ", train_data_->weight(d));
     }
     if (progress.is_bar()) std::fprintf(stderr, "\n");
-    log_info("phase ", phase_, " '", ph.name, "' starts at step ", step_ + 1, ", token ", tokens_, ": seq_len ",
-             ph.seq_len, ", rope_theta ", ph.rope_theta, ", batch ", batch, " (", batch / t.micro_batch,
-             " x micro-batch ", t.micro_batch, "), data weights ", mix);
-    metrics.write({{"event", "phase_start"}, {"phase", phase_}, {"name", ph.name}, {"step", step_ + 1},
-                   {"tokens", tokens_}, {"seq_len", ph.seq_len}, {"rope_theta", ph.rope_theta},
-                   {"batch_size", batch}, {"data_weights", weights},
+    log_info("phase ", phase_, " '", ph.name, "' starts at step ", step_ + 1, ", token ", tokens_,
+             ": seq_len ", ph.seq_len, ", rope_theta ", ph.rope_theta, ", batch ", batch, " (",
+             batch / t.micro_batch, " x micro-batch ", t.micro_batch, "), data weights ", mix);
+    metrics.write({{"event", "phase_start"},
+                   {"phase", phase_},
+                   {"name", ph.name},
+                   {"step", step_ + 1},
+                   {"tokens", tokens_},
+                   {"seq_len", ph.seq_len},
+                   {"rope_theta", ph.rope_theta},
+                   {"batch_size", batch},
+                   {"data_weights", weights},
                    {"data_offsets", train_data_->dataset_offsets()}});
   };
   if (cfg_.has_recipe() && step_ == 0 && step_ < t.steps)
@@ -363,7 +380,8 @@ TrainResult Trainer::run() {
       auto t3 = Clock::now();
       optim::Optimizer::accumulate_router_counts(*model_, counts);
       auto stats = model_->router_stats();
-      for (int64_t l = 0; l < L; ++l) skipped[static_cast<size_t>(l)] += stats[static_cast<size_t>(l)].skipped;
+      for (int64_t l = 0; l < L; ++l)
+        skipped[static_cast<size_t>(l)] += stats[static_cast<size_t>(l)].skipped;
       t_data += std::chrono::duration<double>(t1 - t0).count();
       t_fwd += std::chrono::duration<double>(t2 - t1).count();
       t_bwd += std::chrono::duration<double>(t3 - t2).count();
@@ -391,11 +409,22 @@ TrainResult Trainer::run() {
     const double dt = seconds_since(step_start);
     const double tok_s = static_cast<double>(step_tokens) / dt;
     const double mfu = flops_per_token * tok_s / peak;
-    nlohmann::json rec = {{"step", step_}, {"tokens", tokens_}, {"loss", loss}, {"lr", lr},
-                          {"grad_norm", st.grad_norm}, {"clipped", st.clipped}, {"skipped_update", st.skipped},
-                          {"tokens_per_s", tok_s}, {"mfu", mfu},
-                          {"time", {{"data", t_data}, {"forward", t_fwd}, {"backward", t_bwd}, {"optimizer", t_opt},
-                                   {"checkpoint_fence", t_fence}, {"step", dt}}}};
+    nlohmann::json rec = {{"step", step_},
+                          {"tokens", tokens_},
+                          {"loss", loss},
+                          {"lr", lr},
+                          {"grad_norm", st.grad_norm},
+                          {"clipped", st.clipped},
+                          {"skipped_update", st.skipped},
+                          {"tokens_per_s", tok_s},
+                          {"mfu", mfu},
+                          {"time",
+                           {{"data", t_data},
+                            {"forward", t_fwd},
+                            {"backward", t_bwd},
+                            {"optimizer", t_opt},
+                            {"checkpoint_fence", t_fence},
+                            {"step", dt}}}};
     // Expert loads: entropy of the routed-token distribution normalized by ln E (1 = uniform),
     // max/min load relative to uniform (1 = its fair share), and the skip fraction.
     std::vector<double> entropy, max_load, min_load, skip_frac;
@@ -405,7 +434,9 @@ TrainResult Trainer::run() {
       for (int64_t e = 0; e < E; ++e) routed += counts[static_cast<size_t>(l * E + e)];
       double h = 0, mx = 0, mn = 1e30;
       for (int64_t e = 0; e < E; ++e) {
-        double f = routed ? static_cast<double>(counts[static_cast<size_t>(l * E + e)]) / static_cast<double>(routed) : 0;
+        double f =
+            routed ? static_cast<double>(counts[static_cast<size_t>(l * E + e)]) / static_cast<double>(routed)
+                   : 0;
         if (f > 0) h -= f * std::log(f);
         mx = std::max(mx, f * static_cast<double>(E));
         mn = std::min(mn, f * static_cast<double>(E));
@@ -430,15 +461,16 @@ TrainResult Trainer::run() {
     metrics.write(rec);
     char extra[96];
     if (cfg_.has_recipe())
-      std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f  phase %d  batch %lld", lr, st.grad_norm,
-                    min_entropy, phase_, static_cast<long long>(batch_));
+      std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f  phase %d  batch %lld", lr,
+                    st.grad_norm, min_entropy, phase_, static_cast<long long>(batch_));
     else
       std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f", lr, st.grad_norm, min_entropy);
     progress.update(step_ - 1, loss, tok_s, t.log_every, extra);
     if (!std::isfinite(loss)) log_warn("step ", step_, ": non-finite loss");
 
-    bool stop_requested = (opts_.stop && opts_.stop->load()) ||
-                          (opts_.stop_after_steps >= 0 && step_ - result.first_step >= opts_.stop_after_steps);
+    bool stop_requested =
+        (opts_.stop && opts_.stop->load()) ||
+        (opts_.stop_after_steps >= 0 && step_ - result.first_step >= opts_.stop_after_steps);
     if (t.eval_every > 0 && step_ % t.eval_every == 0 && step_ < t.steps) evaluate_now("periodic");
     if (stop_requested) {
       if (progress.is_bar()) std::fprintf(stderr, "\n");
@@ -448,7 +480,8 @@ TrainResult Trainer::run() {
       result.last_step = step_;
       return result;
     }
-    if (cfg_.ckpt.every > 0 && step_ % cfg_.ckpt.every == 0 && step_ < t.steps) result.last_checkpoint = save(false);
+    if (cfg_.ckpt.every > 0 && step_ % cfg_.ckpt.every == 0 && step_ < t.steps)
+      result.last_checkpoint = save(false);
   }
   progress.finish();
   result.final_val_loss = evaluate_now("final");

@@ -22,19 +22,19 @@
 namespace zaya::train {
 
 struct TrainOptions {
-  std::string resume;         // "" (fresh), "latest" (newest under out_dir), a run dir or a checkpoint dir
-  bool quiet = false;         // no model summary
+  std::string resume;  // "" (fresh), "latest" (newest under out_dir), a run dir or a checkpoint dir
+  bool quiet = false;  // no model summary
   // Set by the SIGINT/SIGTERM handler (or a test): save a checkpoint and return.
   std::atomic<bool>* stop = nullptr;
-  int64_t stop_after_steps = -1;  // test hook: stop (with a checkpoint) after this many steps
+  int64_t stop_after_steps = -1;        // test hook: stop (with a checkpoint) after this many steps
   int test_pause_before_commit_ms = 0;  // test hook: slow every checkpoint commit down
 };
 
 struct TrainResult {
-  int64_t first_step = 0;       // step the run started from (0, or the resumed checkpoint's)
-  int64_t last_step = 0;        // optimizer steps completed
-  std::vector<double> losses;   // training loss of each step this run took
-  std::vector<int> phases;      // recipe phase of each step (0 without a recipe)
+  int64_t first_step = 0;            // step the run started from (0, or the resumed checkpoint's)
+  int64_t last_step = 0;             // optimizer steps completed
+  std::vector<double> losses;        // training loss of each step this run took
+  std::vector<int> phases;           // recipe phase of each step (0 without a recipe)
   std::vector<int64_t> batch_sizes;  // sequences in each step's batch (micro-batches x micro_batch)
   std::optional<double> final_val_loss;
   bool interrupted = false;
@@ -68,10 +68,10 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<data::DataLoader> train_data_, val_data_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
-  int64_t step_ = 0;            // optimizer steps done
-  int64_t tokens_ = 0;          // tokens consumed
-  int phase_ = -1;              // recipe phase the model and loaders are set up for (-1: none)
-  int64_t batch_ = 0;           // sequences in the last step's batch (recipe runs)
+  int64_t step_ = 0;    // optimizer steps done
+  int64_t tokens_ = 0;  // tokens consumed
+  int phase_ = -1;      // recipe phase the model and loaders are set up for (-1: none)
+  int64_t batch_ = 0;   // sequences in the last step's batch (recipe runs)
 };
 
 // Installs SIGINT/SIGTERM handlers that set `flag` (the first signal asks for a clean stop; a
