@@ -139,7 +139,8 @@ TEST(CrossEntropy, BitwiseDeterministicAcrossThreadCounts) {
   std::vector<int32_t> t(n);
   for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 31) % v);
   Tensor h = random_tensor({n, hd}, 1), E = random_tensor({v, hd}, 2), tg = make_targets(t);
-  CrossEntropyOptions opt{.chunk = 128};
+  for (int64_t chunk : {128, 1024}) {  // recomputing backward; kept exps (one chunk covers V)
+  CrossEntropyOptions opt{.chunk = chunk};
   int saved = num_threads();
   std::vector<double> losses;
   std::vector<Tensor> grads;
@@ -158,6 +159,31 @@ TEST(CrossEntropy, BitwiseDeterministicAcrossThreadCounts) {
     EXPECT_EQ(0, std::memcmp(grads[2 * i].raw(), grads[0].raw(), grads[0].nbytes()));
     EXPECT_EQ(0, std::memcmp(grads[2 * i + 1].raw(), grads[1].raw(), grads[1].nbytes()));
   }
+  }
+}
+
+TEST(CrossEntropy, KeptExpsBackwardMatchesRecomputingBackward) {
+  // One chunk covering V takes the backward from the forward's kept exponentials (the one-hot part
+  // as a separate [N, H] correction); several chunks recompute G = softmax − onehot per chunk. Both
+  // must agree, also with ignored rows and several tokens sharing a target (the dE correction).
+  const int64_t n = 40, hd = 24, v = 300;
+  std::vector<int32_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = i % 7 == 3 ? -100 : static_cast<int32_t>((i % 9) * 31);
+  Tensor h = random_tensor({n, hd}, 7), E = random_tensor({v, hd}, 8), tg = make_targets(t);
+  std::vector<Tensor> out;
+  std::vector<double> loss;
+  for (int64_t chunk : {64, 300}) {
+    CrossEntropyOptions opt{.chunk = chunk};
+    Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
+    Tensor lse = Tensor::empty({n}, DType::f32), dh = random_tensor({n, hd}, 9), dE = random_tensor({v, hd}, 10);
+    loss.push_back(cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt).loss);
+    out.push_back(dh);
+    out.push_back(dE);
+  }
+  // Same math, different f32 rounding (24-term logits, 300-term sums): ~1e-6 relative.
+  EXPECT_NEAR(loss[0], loss[1], 1e-6 * std::fabs(loss[0]));
+  EXPECT_LT(test::rel_error(out[2], to_f64(out[0])), 1e-5);
+  EXPECT_LT(test::rel_error(out[3], to_f64(out[1])), 1e-5);
 }
 
 TEST(CrossEntropy, BadArgumentsAreNamed) {

@@ -274,10 +274,10 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   ops::CrossEntropyResult res;
   if (need_backward) {
     // The head's gradient into the tied embedding is accumulated here, in the same pass.
-    if (cfg_.vocab_size <= ops::CrossEntropyOptions{}.chunk) {
-      res = b16 ? head_forward_bf16(tg) : ops::cross_entropy_tied_forward(s.hf, param_views_[0], tg, s.lse_ce, s.ce_ws);
+    if (b16 && cfg_.vocab_size <= ops::CrossEntropyOptions{}.chunk) {
+      res = head_forward_bf16(tg);
       head_backward_from_logits(res, tg);
-    } else {
+    } else {  // one chunk covers V: the op keeps exp(logits) from its forward for its backward
       res = ops::cross_entropy_tied_forward_backward(s.hf, param_views_[0], tg, s.dh, grad_views_[0], s.lse_ce,
                                                      s.ce_ws);
     }
@@ -288,10 +288,8 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   return res.loss;
 }
 
-// When one chunk covers the vocabulary, the fused loss's forward leaves the whole [N, V] logits
-// matrix in the workspace; the fused backward would recompute it (one of its four GEMMs). This is
-// the fused backward's math on the kept logits: G = (softmax − onehot)/count in place, dh = G·E,
-// dE += Gᵀ·h. (Better in ops::cross_entropy_tied_forward_backward itself: docs/results/model-cpu.md.)
+// The bf16 head when one chunk covers the vocabulary (head_forward_bf16 left the [N, V] logits in the
+// workspace): G = (softmax − onehot)/count in place, dh = G·E, dE += Gᵀ·h with bf16 GEMM inputs.
 void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, const Tensor& targets) {
   ScratchActs& s = *scratch_;
   const int64_t N = B_ * T_, V = cfg_.vocab_size;
@@ -301,14 +299,9 @@ void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, co
   }
   Tensor g = s.ce_ws.window(0, Shape{N, V});
   ops::cross_entropy_logits_backward(g, s.lse_ce, targets, res.count, ops::CrossEntropyOptions{}.ignore_index);
-  if (gemm_dtype_ == DType::bf16) {  // hf16 and emb16_ were made by head_forward_bf16
-    cast_to_bf16(g, s.g16);
-    ops::gemm(s.g16, ops::Trans::N, emb16_, ops::Trans::N, s.dh, 1.0f, 0.0f);
-    ops::gemm(s.g16, ops::Trans::T, s.hf16, ops::Trans::N, grad_views_[0], 1.0f, 1.0f);
-    return;
-  }
-  ops::gemm(g, ops::Trans::N, param_views_[0], ops::Trans::N, s.dh, 1.0f, 0.0f);
-  ops::gemm(g, ops::Trans::T, s.hf, ops::Trans::N, grad_views_[0], 1.0f, 1.0f);
+  cast_to_bf16(g, s.g16);  // hf16 and emb16_ were made by head_forward_bf16
+  ops::gemm(s.g16, ops::Trans::N, emb16_, ops::Trans::N, s.dh, 1.0f, 0.0f);
+  ops::gemm(s.g16, ops::Trans::T, s.hf16, ops::Trans::N, grad_views_[0], 1.0f, 1.0f);
 }
 
 // The fused loss's single-chunk forward with bf16 GEMM inputs: logits = bf16(hf)·bf16(E)ᵀ (f32

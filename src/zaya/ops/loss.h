@@ -5,6 +5,10 @@
 // The forward keeps a running (max, sum) per row across chunks (online logsumexp). The backward
 // recomputes each chunk's logits, turns them into (softmax − onehot)/count in place and feeds two
 // GEMMs: dh (written) and dE (accumulated, the tied embedding's gradient from the head).
+// When one chunk covers the vocabulary (V ≤ chunk: the demo's 8192) nothing is recomputed: the
+// forward leaves exp(logit − row max) and the row sums in the workspace, and the backward runs its
+// two GEMMs on them directly, with the 1/(count·Σ) row scale and the one-hot term applied as [N, H]
+// corrections (loss.cc, backward_kept): no second pass over the [N, V] matrix.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +31,8 @@ struct CrossEntropyResult {
 int64_t cross_entropy_workspace_elems(int64_t n, int64_t vocab, const CrossEntropyOptions& opt = {});
 
 // h [N, H] f32 (already final-normed), E [V, H] f32, targets i32 [N]; lse [N] receives each row's
-// logsumexp; workspace is an f32 tensor with at least cross_entropy_workspace_elems elements.
+// logsumexp; workspace is an f32 tensor with at least cross_entropy_workspace_elems elements (its
+// contents on return are the op's own, see above).
 CrossEntropyResult cross_entropy_tied_forward(const Tensor& h, const Tensor& E, const Tensor& targets,
                                               const Tensor& lse, const Tensor& workspace,
                                               const CrossEntropyOptions& opt = {});

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "zaya/ops/cpu/seq_vec.h"
@@ -22,120 +23,153 @@ namespace zaya::ops::cpu {
 
 namespace {
 
-// Depthwise slots s and s+1 of one head (channels c0..c0+hd) of batch row zb ([T, C] at b),
-// interleaved into dd[2·hd]. Padding (negative time) reads as zero.
-inline void depthwise_pair(float* dd, const float* zb, int64_t s, int64_t T, int64_t C, int64_t c0,
+// Depthwise slots s and s+1 of one head (channels c0..c0+hd) of batch row zb ([T, C] at b):
+// d_s[i] into d0[i·step] and d_{s+1}[i] into d1[i·step]. Padding (negative time) reads as zero.
+// The forward interleaves the pair (d1 = d0 + 1, step 2: the [i][tap] order of the grouped weight's
+// rows); the backward stores it planar (d1 = d0 + hd, step 1).
+inline void depthwise_pair(float* d0, float* d1, int64_t step, const float* zb, int64_t s, int64_t C, int64_t c0,
                            int64_t hd, const float* dw, const float* db) {
-  (void)T;
   const float* zm2 = s - 2 >= 0 ? zb + (s - 2) * C : nullptr;  // z_{s-2}
   const float* zm1 = s - 1 >= 0 ? zb + (s - 1) * C : nullptr;  // z_{s-1}
   const float* z0 = s >= 0 ? zb + s * C : nullptr;             // z_s (newest for slot s+1)
   for (int64_t i = 0; i < hd; ++i) {
     int64_t c = c0 + i;
     float a = zm2 ? zm2[c] : 0.0f, b = zm1 ? zm1[c] : 0.0f, n = z0 ? z0[c] : 0.0f;
-    dd[2 * i + 0] = db[c] + dw[2 * c] * a + dw[2 * c + 1] * b;
-    dd[2 * i + 1] = db[c] + dw[2 * c] * b + dw[2 * c + 1] * n;
+    d0[i * step] = db[c] + dw[2 * c] * a + dw[2 * c + 1] * b;
+    d1[i * step] = db[c] + dw[2 * c] * b + dw[2 * c + 1] * n;
   }
 }
 
-// Grouped conv of one head from the interleaved depthwise pair.
+// Grouped conv of one head from the interleaved depthwise pair (the decode step's single token).
 inline void grouped_head(float* out, const float* dd, int64_t c0, int64_t hd, const float* gw,
                          const float* gb) {
   for (int64_t o = c0; o < c0 + hd; ++o) out[o] = gb[o] + dotf(gw + o * 2 * hd, dd, 2 * hd);
 }
 
-}  // namespace
-
-namespace {
-
-// All depthwise pairs of the sequence: dd[n][c][tap] = d_{t+tap}[c] for token n = (b, t), i.e.
-// [N, heads, 2·hd] — row n of head g is the 2·hd-long input of that head's grouped conv.
-std::vector<float> depthwise_all(const float* z, const float* dw, const float* db, int64_t B, int64_t T,
-                                 int64_t heads, int64_t hd) {
-  const int64_t C = heads * hd;
-  std::vector<float> dd(static_cast<size_t>(B * T * 2 * C));
-#pragma omp parallel for schedule(static)
-  for (int64_t bt = 0; bt < B * T; ++bt)
-    for (int64_t g = 0; g < heads; ++g)
-      depthwise_pair(dd.data() + bt * 2 * C + g * 2 * hd, z + (bt / T) * T * C, bt % T, T, C, g * hd, hd, dw, db);
-  return dd;
-}
-
-constexpr int64_t kRows = 64;  // tokens per task of the grouped-conv products
+constexpr int64_t kRows = 64;   // tokens per task of the grouped-conv products
+constexpr int64_t kLanes = 16;  // dotf's partial sums
 
 }  // namespace
 
-// Forward: a dot of length 2·hd per output channel (dotf's 16 fixed partial sums). Not a tile
-// product like the backward: the qk_norm temperature's gradient downstream is ill-conditioned, and
-// the HF parity test's 1e-4 bound on it held only with this summation order (2e-5 here vs 1.3e-4
-// with a single FMA chain over k, both pure fp32 rounding; docs/results/model-cpu.md).
+// Forward: out_t[o] = gb[o] + dotf(gw[o, :, :], dd_t) per head, dd_t the interleaved depthwise pair.
+// The summation order is dotf's and must stay so: the qk_norm temperature's gradient downstream is
+// ill-conditioned, and the HF parity test's 1e-4 bound on it holds with this order (2e-5) but not
+// with a single FMA chain over the 2·hd inputs (1.3e-4; both are fp32 rounding, and HF in float64
+// is 1.3e-4 from HF in fp32 there too: docs/results/model-cpu.md). dotf keeps 16 partial sums, lane
+// l an FMA chain over the inputs k ≡ l (mod 16), then adds them in a fixed tree. Each lane is
+// itself a small matrix product over every 16th input, so per (token block, head) the conv is 16
+// tile products P_l = DD[:, l::16]·Wᵀ[l::16, :] and dotf's tree over them, elementwise: the same
+// bits as dotf per output, vectorized over the head's outputs instead of one horizontal sum each.
 void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, const float* gw,
                   const float* gb, int64_t B, int64_t T, int64_t heads, int64_t hd) {
-  const int64_t C = heads * hd;
+  const int64_t C = heads * hd, N = B * T, K2 = 2 * hd, nblk = (N + kRows - 1) / kRows;
+  // gwT[g][k][o] = gw[g·hd + o][k]: row k holds input k's weights for the head's hd outputs (mm's B).
+  std::vector<float> gwT(static_cast<size_t>(C * K2));
+  for (int64_t g = 0; g < heads; ++g)
+    for (int64_t o = 0; o < hd; ++o)
+      for (int64_t k = 0; k < K2; ++k) gwT[(g * K2 + k) * hd + o] = gw[(g * hd + o) * K2 + k];
 #pragma omp parallel
   {
-    std::vector<float> dd(2 * hd);
+    std::vector<float> dd(static_cast<size_t>(kRows * K2)), P(static_cast<size_t>(kLanes * kRows * hd));
 #pragma omp for schedule(static)
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-      int64_t b = bt / T, t = bt % T;
-      const float* zb = z + b * T * C;
-      for (int64_t g = 0; g < heads; ++g) {
-        depthwise_pair(dd.data(), zb, t, T, C, g * hd, hd, dw, db);
-        grouped_head(out + bt * C, dd.data(), g * hd, hd, gw, gb);
+    for (int64_t task = 0; task < nblk * heads; ++task) {
+      const int64_t g = task % heads, r0 = (task / heads) * kRows, nr = std::min(kRows, N - r0);
+      for (int64_t r = 0; r < nr; ++r) {
+        const int64_t bt = r0 + r;
+        float* d = dd.data() + r * K2;
+        depthwise_pair(d, d + 1, 2, z + (bt / T) * T * C, bt % T, C, g * hd, hd, dw, db);
+      }
+      // P_l [nr, hd] (ld hd) = Σ over k = l, l+16, … < K2 of DD[:, k]·gwT[k, :], one FMA chain from 0.
+      for (int64_t l = 0; l < kLanes; ++l) {
+        const int64_t len = l < K2 ? (K2 - l + kLanes - 1) / kLanes : 0;
+        mm(P.data() + l * kRows * hd, hd, dd.data() + l, K2, kLanes, gwT.data() + (g * K2 + std::min(l, K2 - 1)) * hd,
+           kLanes * hd, nr, hd, len, false);
+      }
+      // dotf's tree: lanes l += l+8, then l += l+4, then (0 + 2) + (1 + 3).
+      const int64_t m = nr * hd;
+      float* p = P.data();
+      auto lane = [&](int64_t l) { return p + l * kRows * hd; };
+      for (int64_t l = 0; l < 8; ++l)
+        for (int64_t e = 0; e < m; ++e) lane(l)[e] += lane(l + 8)[e];
+      for (int64_t l = 0; l < 4; ++l)
+        for (int64_t e = 0; e < m; ++e) lane(l)[e] += lane(l + 4)[e];
+      for (int64_t r = 0; r < nr; ++r) {
+        float* o = out + (r0 + r) * C + g * hd;
+        const float* b = gb + g * hd;
+        const int64_t e0 = r * hd;
+        for (int64_t i = 0; i < hd; ++i)
+          o[i] = b[i] + ((lane(0)[e0 + i] + lane(2)[e0 + i]) + (lane(1)[e0 + i] + lane(3)[e0 + i]));
       }
     }
   }
 }
 
-// Backward. Per head g, with e_t[i,k] = Σ_o gw[o,i,k]·dout_t[o] (the gradient reaching depthwise
-// slot t+k):  E_g = dout_g · W_g  and  dgw_g += dout_gᵀ · dd_g  (tile products, each element one
-// ordered chain over its k), then elementwise per channel block, over (b, s) in order:
-//   G_s      = e_s[·,0] + e_{s-1}[·,1]           (total gradient of depthwise slot s, s ∈ [0, T])
+// Backward, in a planar layout: per token and head, [tap][i] instead of the weight's [i][tap], so the
+// elementwise tail reads each tap contiguously (the interleaved layout made it read at stride 2).
+// gwp[o][tap][i] = gw[o][i][tap]; dd[n][g][tap][i] = d_{t+tap}[g·hd + i]. Per head g:
+//   E_g = dout_g · gwp_g  (E[n][g][tap][i]: the gradient reaching depthwise slot t+tap)
+//   dgw_g += dout_gᵀ · dd_g  (computed planar, then added in the weight's order),
+// as tile products, each element one ordered FMA chain; then elementwise per channel block, over
+// (b, s) in order:
+//   G_s      = E_s[0] + E_{s-1}[1]           (total gradient of depthwise slot s, s ∈ [0, T])
 //   ddb += G_s, ddw[·,0] += G_s·z_{s-2}, ddw[·,1] += G_s·z_{s-1},
 //   dz_t = G_{t+1}·dw[·,1] + G_{t+2}·dw[·,0],  dgb += dout_t.
 // Every output element has one writer and a fixed order: bitwise deterministic for any thread count.
 void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, const float* dout,
                   const float* z, const float* dw, const float* db, const float* gw, int64_t B,
                   int64_t T, int64_t heads, int64_t hd) {
-  const int64_t C = heads * hd, N = B * T, K2 = 2 * hd, nblk = (N + kRows - 1) / kRows;
-  const std::vector<float> dd = depthwise_all(z, dw, db, B, T, heads, hd);
-  std::vector<float> E(static_cast<size_t>(N * 2 * C));  // E[n][c][tap], like dd
-  constexpr int64_t kOut = 16;                           // gw rows per dgw task
-  const int64_t oblk = (hd + kOut - 1) / kOut;
+  const int64_t C = heads * hd, N = B * T, K2 = 2 * hd, C2 = 2 * C, nblk = (N + kRows - 1) / kRows;
+  std::vector<float> gwp(static_cast<size_t>(C * K2)), dgwp(static_cast<size_t>(C * K2));
+  for (int64_t o = 0; o < C; ++o)
+    for (int64_t i = 0; i < hd; ++i)
+      for (int64_t tap = 0; tap < 2; ++tap) gwp[o * K2 + tap * hd + i] = gw[o * K2 + 2 * i + tap];
+  // Every element of dd and E is written before it is read: no zero fill (two 6 MB passes at the demo shapes).
+  std::unique_ptr<float[]> dd(new float[N * C2]), E(new float[N * C2]);
+  constexpr int64_t kTok = 256;  // tokens per dgw step: that slice of dd stays in L2 for all of a head's rows
+  constexpr int64_t kCh = 64;  // channels per tail task: its inner loops vectorize over them
+  const int64_t cblk = (hd + kCh - 1) / kCh;
 #pragma omp parallel
   {
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < N; ++bt)
+      for (int64_t g = 0; g < heads; ++g) {
+        float* d = dd.get() + bt * C2 + g * K2;
+        depthwise_pair(d, d + hd, 1, z + (bt / T) * T * C, bt % T, C, g * hd, hd, dw, db);
+      }
+    // (implicit barrier: dd is complete)
 #pragma omp for schedule(static) nowait
     for (int64_t task = 0; task < heads * nblk; ++task) {
       const int64_t g = task / nblk, r0 = (task % nblk) * kRows, nr = std::min(kRows, N - r0);
-      mm(E.data() + r0 * 2 * C + g * K2, 2 * C, dout + r0 * C + g * hd, C, 1, gw + g * hd * K2, K2, nr, K2, hd,
+      mm(E.get() + r0 * C2 + g * K2, C2, dout + r0 * C + g * hd, C, 1, gwp.data() + g * hd * K2, K2, nr, K2, hd,
          false);
     }
 #pragma omp for schedule(static)
-    for (int64_t task = 0; task < heads * oblk; ++task) {
-      const int64_t g = task / oblk, o0 = (task % oblk) * kOut, no = std::min(kOut, hd - o0);
-      const int64_t c = g * hd + o0;
-      mm(dgw + c * K2, K2, dout + c, 1, C, dd.data() + g * K2, 2 * C, no, K2, N, true);
+    for (int64_t g = 0; g < heads; ++g) {
+      float* dgw_g = dgwp.data() + g * hd * K2;
+      for (int64_t n0 = 0; n0 < N; n0 += kTok)  // one FMA chain per element over the tokens, in order
+        mm(dgw_g, K2, dout + n0 * C + g * hd, 1, C, dd.get() + n0 * C2 + g * K2, C2, hd, K2, std::min(kTok, N - n0),
+           n0 > 0);
+      for (int64_t o = g * hd; o < (g + 1) * hd; ++o)
+        for (int64_t i = 0; i < hd; ++i)
+          for (int64_t tap = 0; tap < 2; ++tap) dgw[o * K2 + 2 * i + tap] += dgwp[o * K2 + tap * hd + i];
     }
     // (implicit barrier: E is complete)
-    constexpr int64_t kCh = 16;  // channels per task: the inner loops vectorize over them
 #pragma omp for schedule(static)
-    for (int64_t c0 = 0; c0 < C; c0 += kCh) {
-      const int64_t nc = std::min(kCh, C - c0);
-      float G[kCh], Gp[kCh], sdb[kCh], sw0[kCh], sw1[kCh], sgb[kCh];
+    for (int64_t task = 0; task < heads * cblk; ++task) {
+      const int64_t g = task / cblk, i0 = (task % cblk) * kCh, nc = std::min(kCh, hd - i0), c0 = g * hd + i0;
+      float G[kCh], Gp[kCh], sdb[kCh], sw0[kCh], sw1[kCh], sgb[kCh], w0[kCh], w1[kCh];
       for (int64_t i = 0; i < nc; ++i) {
         sdb[i] = ddb[c0 + i], sw0[i] = ddw[2 * (c0 + i)], sw1[i] = ddw[2 * (c0 + i) + 1], sgb[i] = dgb[c0 + i];
+        w0[i] = dw[2 * (c0 + i)], w1[i] = dw[2 * (c0 + i) + 1];
       }
       for (int64_t b = 0; b < B; ++b) {
         const float* zb = z + b * T * C + c0;
-        const float* eb = E.data() + b * T * 2 * C + 2 * c0;
+        const float* e0 = E.get() + b * T * C2 + g * K2 + i0;  // tap 0 of token (b, s): e0[s·C2]
+        const float* e1 = e0 + hd;                               // tap 1
         float* dzb = dz + b * T * C + c0;
         for (int64_t i = 0; i < nc; ++i) Gp[i] = 0.0f;
         for (int64_t s = 0; s <= T + 1; ++s) {  // slot T+1 does not exist: G = 0 there, for dz_{T-1}
-          for (int64_t i = 0; i < nc; ++i) {
-            const float e0 = s < T ? eb[s * 2 * C + 2 * i] : 0.0f;
-            const float e1 = s >= 1 && s <= T ? eb[(s - 1) * 2 * C + 2 * i + 1] : 0.0f;
-            G[i] = e0 + e1;
-          }
+          for (int64_t i = 0; i < nc; ++i) G[i] = (s < T ? e0[s * C2 + i] : 0.0f) + (s >= 1 && s <= T ? e1[(s - 1) * C2 + i] : 0.0f);
           if (s <= T)
             for (int64_t i = 0; i < nc; ++i) {
               const float a = s >= 2 ? zb[(s - 2) * C + i] : 0.0f, p = s >= 1 ? zb[(s - 1) * C + i] : 0.0f;
@@ -144,8 +178,7 @@ void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, con
               sw1[i] += G[i] * p;
             }
           if (s >= 2)
-            for (int64_t i = 0; i < nc; ++i)
-              dzb[(s - 2) * C + i] = Gp[i] * dw[2 * (c0 + i) + 1] + G[i] * dw[2 * (c0 + i)];
+            for (int64_t i = 0; i < nc; ++i) dzb[(s - 2) * C + i] = Gp[i] * w1[i] + G[i] * w0[i];
           for (int64_t i = 0; i < nc; ++i) Gp[i] = G[i];
         }
         for (int64_t t = 0; t < T; ++t)
@@ -169,7 +202,7 @@ void cca_conv_decode(float* out, float* state, const float* z, const float* dw, 
     std::copy(st, st + 2 * C, win.begin());
     std::copy(z + b * C, z + (b + 1) * C, win.begin() + 2 * C);
     for (int64_t g = 0; g < heads; ++g) {
-      depthwise_pair(dd.data(), win.data(), 2, 3, C, g * hd, hd, dw, db);
+      depthwise_pair(dd.data(), dd.data() + 1, 2, win.data(), 2, C, g * hd, hd, dw, db);
       grouped_head(out + b * C, dd.data(), g * hd, hd, gw, gb);
     }
     std::copy(win.begin() + C, win.end(), st);
