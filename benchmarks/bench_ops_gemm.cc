@@ -67,24 +67,81 @@ void bench_gemm(benchmark::State& state, GemmShape s, DType dt) {
   set_flops(state, 2.0 * s.m * s.n * s.k);
 }
 
-// The expert GEMMs as one grouped call with uneven routing (the load a real router produces).
-void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k, DType dt) {
-  std::vector<int64_t> ms(experts);
-  int64_t left = tokens;
-  for (int64_t e = 0; e < experts; ++e) {  // shares 2:1 from first to last expert, summing to tokens
-    ms[e] = e + 1 == experts ? left : tokens * (2 * experts - e) / (experts * (3 * experts + 1) / 2);
-    left -= ms[e];
-  }
-  Tensor w = random_of({experts, n, k}, dt, 3);
-  std::vector<ops::GemmProblem> problems;
-  double flops = 0;
+// The expert GEMMs as grouped calls with uneven routing that changes every iteration, as it does
+// every training step: iteration i splits `tokens` over the experts with shares drawn from a
+// fixed hash of i (each expert between 0.25× and 1.75× the mean), so the timings are repeatable
+// and a GEMM library that builds per token count pays for it here as it would in training. The
+// `misses/iter` counter is the primitive builds per iteration, after a warm-up of 8 routings.
+//   kind fwd:  y_e = x_e·W_eᵀ     (A [M_e, K] tokens, B = W_e [N, K])         — gate_up / down
+//   kind dx:   dx_e = dy_e·W_e    (A [M_e, N] tokens, B = W_e [N, K])         — input gradient
+//   kind dw:   dW_e += dy_eᵀ·x_e  (A [M_e, N], B [M_e, K]; tokens are the reduction dim)
+enum class GroupedKind { fwd, dx, dw };
+
+uint64_t mix64(uint64_t x) {  // splitmix64's finalizer: a fixed, well-spread hash
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Row offsets of each expert's tokens for routing number `it` (offsets[e] .. offsets[e + 1]).
+std::vector<int64_t> routing(uint64_t it, int64_t tokens, int64_t experts) {
+  std::vector<double> w(experts);
+  double total = 0;
   for (int64_t e = 0; e < experts; ++e) {
-    problems.push_back({random_of({ms[e], k}, dt, 10 + e), w.select(e), Tensor::empty({ms[e], n}, DType::f32)});
-    flops += 2.0 * ms[e] * n * k;
+    uint64_t h = mix64(it * 1000003ull + static_cast<uint64_t>(e));
+    w[e] = 0.25 + 1.5 * static_cast<double>(h >> 11) / 9007199254740992.0;  // [0.25, 1.75)
+    total += w[e];
   }
-  ops::gemm_grouped(problems, Trans::N, Trans::T);
-  for (auto _ : state) ops::gemm_grouped(problems, Trans::N, Trans::T);
-  set_flops(state, flops);
+  std::vector<int64_t> off(experts + 1, 0);
+  double acc = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    acc += w[e];
+    off[e + 1] = e + 1 == experts ? tokens : static_cast<int64_t>(tokens * acc / total);
+  }
+  return off;
+}
+
+void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k, DType dt,
+                   GroupedKind kind) {
+  // All experts' tokens in one [tokens, .] buffer (as the model keeps them), sliced per routing.
+  const int64_t in_cols = kind == GroupedKind::fwd ? k : n;  // A's columns
+  Tensor a = random_of({tokens, in_cols}, dt, 10);
+  Tensor x = random_of({tokens, k}, dt, 11);  // dw's B
+  Tensor w = random_of({experts, n, k}, dt, 3);
+  Tensor out = Tensor::zeros(kind == GroupedKind::dw ? Shape{experts, n, k} : Shape{tokens, kind == GroupedKind::fwd ? n : k},
+                             DType::f32);
+  const Trans ta = kind == GroupedKind::dw ? Trans::T : Trans::N;
+  const Trans tb = kind == GroupedKind::fwd ? Trans::T : Trans::N;
+  const float beta = kind == GroupedKind::dw ? 1.0f : 0.0f;
+  auto problems_for = [&](uint64_t it) {
+    std::vector<int64_t> off = routing(it, tokens, experts);
+    std::vector<ops::GemmProblem> ps;
+    for (int64_t e = 0; e < experts; ++e) {
+      Tensor ae = a.slice(off[e], off[e + 1]);
+      if (kind == GroupedKind::dw)
+        ps.push_back({ae, x.slice(off[e], off[e + 1]), out.select(e)});
+      else
+        ps.push_back({ae, w.select(e), out.slice(off[e], off[e + 1])});
+    }
+    return ps;
+  };
+  uint64_t it = 0;
+  for (; it < 8; ++it) {  // warm-up: the routings' first builds are not timed
+    auto ps = problems_for(it);
+    ops::gemm_grouped(ps, ta, tb, 1.0f, beta);
+  }
+  ops::GemmCacheStats before = ops::gemm_cache_stats();
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto ps = problems_for(it++);
+    state.ResumeTiming();
+    ops::gemm_grouped(ps, ta, tb, 1.0f, beta);
+  }
+  ops::GemmCacheStats after = ops::gemm_cache_stats();
+  set_flops(state, 2.0 * tokens * n * k);  // Σ_e 2·M_e·N·K, the same for every routing
+  state.counters["misses/iter"] =
+      benchmark::Counter(static_cast<double>(after.misses - before.misses), benchmark::Counter::kAvgIterations);
 }
 
 void register_all() {
@@ -98,12 +155,22 @@ void register_all() {
       benchmark::RegisterBenchmark(str("gemm/square/", n, "/", d).c_str(), bench_gemm,
                                    GemmShape{"square", n, n, n}, dt)
           ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(str("gemm_grouped/demo/expert_gate_up/", d).c_str(), bench_grouped, 2048, 8, 1024,
-                                 256, dt)
-        ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(str("gemm_grouped/zaya1/expert_gate_up/", d).c_str(), bench_grouped, 4096, 16,
-                                 4096, 2048, dt)
-        ->Unit(benchmark::kMillisecond);
+    // Grouped expert GEMMs: demo 2,048 tokens over 8 experts (H 256, I 512), ZAYA1 4,096 over 16
+    // (H 2048, I 2048); gate_up forward, and the down projection's input and weight gradients.
+    struct G {
+      const char* name;
+      int64_t tokens, experts, n, k;
+      GroupedKind kind;
+    };
+    for (G g : {G{"demo/expert_gate_up", 2048, 8, 1024, 256, GroupedKind::fwd},
+                G{"demo/expert_down_dx", 2048, 8, 256, 512, GroupedKind::dx},
+                G{"demo/expert_down_dw", 2048, 8, 256, 512, GroupedKind::dw},
+                G{"zaya1/expert_gate_up", 4096, 16, 4096, 2048, GroupedKind::fwd},
+                G{"zaya1/expert_down_dx", 4096, 16, 2048, 2048, GroupedKind::dx},
+                G{"zaya1/expert_down_dw", 4096, 16, 2048, 2048, GroupedKind::dw}})
+      benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d).c_str(), bench_grouped, g.tokens, g.experts,
+                                   g.n, g.k, dt, g.kind)
+          ->Unit(benchmark::kMillisecond);
   }
 }
 

@@ -134,17 +134,132 @@ TEST(Gemm, GroupedWithEmptyGroups) {
   }
 }
 
+// Bitwise equality of two f32 tensors.
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// The grouped expert GEMMs with token counts that change from group to group and call to call, in
+// the three forms the MoE layer uses (x·Wᵀ, dy·W, and dW += dyᵀ·x with the tokens as the
+// reduction dim), f32 and bf16. The counts cover the bf16 path's row blocks (kRowBlock = 32 in
+// gemm.cc): below one block, exact blocks, a block plus a tail, several blocks plus a tail.
+struct GroupedForm {
+  Trans ta, tb;
+  float beta;
+};
+
+TEST(Gemm, GroupedVaryingTokenCountsMatchReference) {
+  const int64_t n = 24, k = 40;  // the expert weight's dims
+  const std::vector<std::vector<int64_t>> routings = {{0, 1, 31, 32}, {33, 64, 0, 100}, {7, 97, 65, 2}};
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (GroupedForm f : {GroupedForm{Trans::N, Trans::T, 0.0f}, GroupedForm{Trans::N, Trans::N, 0.0f},
+                          GroupedForm{Trans::T, Trans::N, 1.0f}}) {
+      uint64_t seed = 100;
+      for (const auto& ms : routings) {
+        std::vector<GemmProblem> problems;
+        std::vector<std::vector<double>> refs;
+        for (int64_t m : ms) {
+          // x·Wᵀ: A [m, k], B [n, k];  dy·W: A [m, n], B [n, k];  dyᵀ·x: A [m, n], B [m, k], C [n, k].
+          Shape a_shape = f.ta == Trans::T || f.tb == Trans::N ? Shape{m, n} : Shape{m, k};
+          Shape b_shape = f.ta == Trans::T ? Shape{m, k} : Shape{n, k};
+          Shape c_shape = f.ta == Trans::T ? Shape{n, k} : (f.tb == Trans::N ? Shape{m, k} : Shape{m, n});
+          Tensor A = random_tensor(a_shape, ++seed, 1.0f, dt), B = random_tensor(b_shape, ++seed, 1.0f, dt);
+          Tensor C = random_tensor(c_shape, ++seed);
+          int64_t rm = c_shape[0], rn = c_shape[1], rk = f.ta == Trans::T ? m : a_shape[1];
+          refs.push_back(gemm_reference(to_f64(A), f.ta, to_f64(B), f.tb, to_f64(C), 1, rm, rn, rk, 1, f.beta));
+          problems.push_back({A, B, C});
+        }
+        gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
+        for (size_t g = 0; g < ms.size(); ++g) {
+          if (problems[g].C.numel() == 0) continue;
+          // Exact bf16/f32 inputs, f32 accumulation over <= 100 terms: ~sqrt(100)·2^-24 in norm;
+          // 1e-5 as in the tests above.
+          EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5)
+              << dtype_name(dt) << " ta " << int(f.ta) << " tb " << int(f.tb) << " m " << ms[g];
+        }
+      }
+    }
+  }
+}
+
+// bf16 groups with a large expert weight (N·K >= 2^20 in gemm.cc) take the runtime-M primitive
+// instead of the row blocks: check that path too, with counts on both sides of a row block.
+TEST(Gemm, GroupedBf16LargeWeightMatchesReference) {
+  const int64_t n = 1024, k = 1024;
+  const std::vector<int64_t> ms = {5, 0, 37};
+  std::vector<GemmProblem> problems;
+  std::vector<std::vector<double>> refs;
+  for (size_t g = 0; g < ms.size(); ++g) {
+    Tensor A = random_tensor({ms[g], k}, 140 + g, 1.0f, DType::bf16), B = random_tensor({n, k}, 150 + g, 1.0f, DType::bf16);
+    Tensor C = random_tensor({ms[g], n}, 160 + g);
+    refs.push_back(gemm_reference(to_f64(A), Trans::N, to_f64(B), Trans::T, to_f64(C), 1, ms[g], n, k, 1, 1));
+    problems.push_back({A, B, C});
+  }
+  gemm_grouped(problems, Trans::N, Trans::T, 1.0f, 1.0f);
+  for (size_t g = 0; g < ms.size(); ++g)
+    if (ms[g]) {
+      // Exact bf16 inputs, f32 accumulation over K = 1024: ~sqrt(1024)·2^-24 ≈ 2e-6 in norm.
+      EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5) << "group " << g;
+    }
+}
+
+// A new token count must not build a new primitive (0.4–2 ms each): f32 groups share one
+// runtime-M (or runtime-K) primitive per form, bf16 groups one per whole-32-row body plus one for
+// the padded tail. 40 calls with fresh counts in [1, 200]: f32 builds nothing after the first call,
+// bf16 at most 200/32 + 1 = 7 primitives in all.
+TEST(Gemm, GroupedTokenCountsDoNotBuildAPrimitiveEach) {
+  const int64_t n = 16, k = 24;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor W = random_tensor({n, k}, 7, 1.0f, dt);
+    int64_t first_misses = 0;
+    GemmCacheStats start = gemm_cache_stats();
+    for (int call = 0; call < 40; ++call) {
+      int64_t m = 1 + (call * 37 + 11) % 200;
+      std::vector<GemmProblem> p = {{random_tensor({m, k}, 8 + call, 1.0f, dt), W, Tensor::empty({m, n}, DType::f32)}};
+      gemm_grouped(p, Trans::N, Trans::T);
+      if (call == 0) first_misses = gemm_cache_stats().misses - start.misses;
+    }
+    int64_t misses = gemm_cache_stats().misses - start.misses;
+    if (dt == DType::f32) {
+      EXPECT_EQ(misses, first_misses) << "f32 built a primitive for a new token count";
+    } else {
+      EXPECT_LE(misses, 200 / 32 + 1) << "bf16";
+    }
+  }
+}
+
+TEST(Gemm, GroupedDeterministicAcrossThreadCounts) {
+  int saved = num_threads();
+  const int64_t n = 48, k = 96;
+  const std::vector<int64_t> ms = {45, 0, 130, 3};
+  for (DType dt : {DType::f32, DType::bf16}) {
+    std::vector<Tensor> As, Bs;
+    for (size_t g = 0; g < ms.size(); ++g) {
+      As.push_back(random_tensor({ms[g], k}, 80 + g, 1.0f, dt));
+      Bs.push_back(random_tensor({n, k}, 90 + g, 1.0f, dt));
+    }
+    std::vector<std::vector<Tensor>> outs;
+    for (int threads : {1, 2, 2, 1}) {
+      set_num_threads(threads);
+      std::vector<GemmProblem> p;
+      for (size_t g = 0; g < ms.size(); ++g) p.push_back({As[g], Bs[g], Tensor::zeros({ms[g], n}, DType::f32)});
+      gemm_grouped(p, Trans::N, Trans::T);
+      outs.emplace_back();
+      for (auto& q : p) outs.back().push_back(q.C);
+    }
+    for (size_t r = 1; r < outs.size(); ++r)
+      for (size_t g = 0; g < ms.size(); ++g)
+        EXPECT_TRUE(same_bits(outs[0][g], outs[r][g])) << dtype_name(dt) << " group " << g << " run " << r;
+  }
+  set_num_threads(saved);
+}
+
 TEST(Gemm, ZeroInnerDimScalesC) {
   Tensor A = Tensor::empty({4, 0}, DType::f32), B = Tensor::empty({0, 3}, DType::f32);
   Tensor C = random_tensor({4, 3}, 5);
   auto c0 = to_f64(C);
   gemm(A, Trans::N, B, Trans::N, C, 1.0f, 0.5f);
   for (int64_t i = 0; i < C.numel(); ++i) EXPECT_EQ(C.data<float>()[i], static_cast<float>(0.5 * c0[i]));
-}
-
-// Bitwise equality of two f32 tensors.
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 TEST(Gemm, DeterministicAcrossRunsAndThreadCounts) {

@@ -2,10 +2,13 @@
 // instead of a copy, so all four transpose combinations run without moving data.
 #include "zaya/ops/gemm.h"
 
+#include <algorithm>
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -19,6 +22,9 @@ using dnnl::memory;
 
 // Everything that changes the primitive oneDNN builds. The thread count is part of it because
 // oneDNN fixes its work partition (and so the reduction order) when the primitive is created.
+// m or k may be kRuntime: a primitive for every value of that dim, given at execution (the
+// grouped expert GEMMs, whose token counts change every step; see gemm_grouped).
+constexpr int64_t kRuntime = -1;
 struct Key {
   int64_t batch_a, batch_b, m, n, k;
   uint8_t ta, tb, dtype;
@@ -67,11 +73,31 @@ memory::desc operand_desc(int64_t batch, int64_t rows, int64_t cols, Trans t, me
   return memory::desc({batch, rows, cols}, dt, {batch_stride, 1, rows});
 }
 
+// The same for one 2-D operand whose dims may be kRuntime (then its strides are too). With real
+// dims it describes the memory handed to a runtime-dims primitive at execution.
+memory::desc operand_desc_2d(int64_t rows, int64_t cols, Trans t, memory::data_type dt) {
+  auto d = [](int64_t v) { return v == kRuntime ? DNNL_RUNTIME_DIM_VAL : v; };
+  if (t == Trans::N) return memory::desc({d(rows), d(cols)}, dt, {d(cols), 1});
+  return memory::desc({d(rows), d(cols)}, dt, {1, d(rows)});
+}
+
+bool has_runtime_dims(const Key& k) { return k.m == kRuntime || k.k == kRuntime; }
+
+memory::data_type dnnl_type(uint8_t dtype) {
+  return dtype == static_cast<uint8_t>(DType::bf16) ? memory::data_type::bf16 : memory::data_type::f32;
+}
+
+// Builds the primitive for k. For runtime dims it returns an empty handle when oneDNN would only
+// offer a reference (unoptimized) implementation; the caller then builds per shape instead.
 dnnl::matmul build(const Key& k) {
-  auto dt = k.dtype == static_cast<uint8_t>(DType::bf16) ? memory::data_type::bf16 : memory::data_type::f32;
-  memory::desc a = operand_desc(k.batch_a, k.m, k.k, static_cast<Trans>(k.ta), dt);
-  memory::desc b = operand_desc(k.batch_b, k.k, k.n, static_cast<Trans>(k.tb), dt);
-  memory::desc c = operand_desc(k.batch_a, k.m, k.n, Trans::N, memory::data_type::f32);
+  auto dt = dnnl_type(k.dtype);
+  const bool runtime = has_runtime_dims(k);
+  memory::desc a = runtime ? operand_desc_2d(k.m, k.k, static_cast<Trans>(k.ta), dt)
+                           : operand_desc(k.batch_a, k.m, k.k, static_cast<Trans>(k.ta), dt);
+  memory::desc b = runtime ? operand_desc_2d(k.k, k.n, static_cast<Trans>(k.tb), dt)
+                           : operand_desc(k.batch_b, k.k, k.n, static_cast<Trans>(k.tb), dt);
+  memory::desc c = runtime ? operand_desc_2d(k.m, k.n, Trans::N, memory::data_type::f32)
+                           : operand_desc(k.batch_a, k.m, k.n, Trans::N, memory::data_type::f32);
   float alpha, beta;
   std::memcpy(&alpha, &k.alpha_bits, 4);
   std::memcpy(&beta, &k.beta_bits, 4);
@@ -83,6 +109,7 @@ dnnl::matmul build(const Key& k) {
     attr.set_post_ops(po);
   }
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
+  if (runtime && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return {};
   return dnnl::matmul(pd);
 }
 
@@ -123,9 +150,12 @@ bool overlaps(const Tensor& x, const Tensor& y) {
   return x.nbytes() > 0 && y.nbytes() > 0 && x0 < y0 + y.nbytes() && y0 < x0 + x.nbytes();
 }
 
-}  // namespace
+// The checked dims of one C = op(A)·op(B) problem.
+struct Dims {
+  int64_t batch, batch_b, m, n, k;
+};
 
-void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha, float beta) {
+Dims check_problem(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C) {
   constexpr const char* op = "gemm";
   for (const Tensor* t : {&A, &B, &C}) {
     ZAYA_CHECK(t->defined(), op, ": undefined operand");
@@ -138,39 +168,150 @@ void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C,
   ZAYA_CHECK(C.ndim() == A.ndim(), op, ": C ", C.str(), " must have as many dims as A ", A.str());
   ZAYA_CHECK(B.ndim() == 2 || B.ndim() == A.ndim(), op, ": B ", B.str(), " must be 2-D or match A ",
              A.str());
-  int64_t batch = A.ndim() == 3 ? A.size(0) : 1;
-  int64_t batch_b = B.ndim() == 3 ? B.size(0) : 1;
-  ZAYA_CHECK(batch_b == batch || B.ndim() == 2, op, ": batch of B ", B.str(), " differs from A ", A.str());
-  int64_t m, k, kb, n;
-  op_dims(A, ta, m, k);
-  op_dims(B, tb, kb, n);
-  ZAYA_CHECK(k == kb, op, ": inner dims differ: op(A) is [", m, ", ", k, "] from A ", A.str(),
-             ", op(B) is [", kb, ", ", n, "] from B ", B.str());
-  Shape expect = A.ndim() == 3 ? Shape{batch, m, n} : Shape{m, n};
+  Dims d;
+  d.batch = A.ndim() == 3 ? A.size(0) : 1;
+  d.batch_b = B.ndim() == 3 ? B.size(0) : 1;
+  ZAYA_CHECK(d.batch_b == d.batch || B.ndim() == 2, op, ": batch of B ", B.str(), " differs from A ", A.str());
+  int64_t kb;
+  op_dims(A, ta, d.m, d.k);
+  op_dims(B, tb, kb, d.n);
+  ZAYA_CHECK(d.k == kb, op, ": inner dims differ: op(A) is [", d.m, ", ", d.k, "] from A ", A.str(),
+             ", op(B) is [", kb, ", ", d.n, "] from B ", B.str());
+  Shape expect = A.ndim() == 3 ? Shape{d.batch, d.m, d.n} : Shape{d.m, d.n};
   check_shape("gemm: C", C, expect);
   ZAYA_CHECK(!overlaps(C, A) && !overlaps(C, B), op, ": C must not overlap A or B");
-  if (m == 0 || n == 0 || batch == 0) return;
-  if (k == 0) {  // an empty sum: C = beta·C (and exactly 0 for beta = 0, even over NaN garbage)
+  return d;
+}
+
+// Handles the empty cases; returns true when there is nothing left for oneDNN to do.
+bool trivial(const Dims& d, const Tensor& C, float beta) {
+  if (d.m == 0 || d.n == 0 || d.batch == 0) return true;
+  if (d.k == 0) {  // an empty sum: C = beta·C (and exactly 0 for beta = 0, even over NaN garbage)
     float* c = C.data<float>();
     for (int64_t i = 0; i < C.numel(); ++i) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
-    return;
+    return true;
   }
-  Key key{batch, batch_b, m, n, k, static_cast<uint8_t>(ta), static_cast<uint8_t>(tb),
-          static_cast<uint8_t>(A.dtype()), bits_of(alpha), bits_of(beta), num_threads()};
-  dnnl::matmul prim = lookup(key);
-  auto dt = A.dtype() == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-  memory am(operand_desc(batch, m, k, ta, dt), engine(), A.raw());
-  memory bm(operand_desc(batch_b, k, n, tb, dt), engine(), B.raw());
-  memory cm(operand_desc(batch, m, n, Trans::N, memory::data_type::f32), engine(), C.raw());
+  return false;
+}
+
+Key make_key(const Dims& d, Trans ta, Trans tb, DType dt, float alpha, float beta) {
+  return Key{d.batch, d.batch_b, d.m, d.n, d.k, static_cast<uint8_t>(ta), static_cast<uint8_t>(tb),
+             static_cast<uint8_t>(dt), bits_of(alpha), bits_of(beta), num_threads()};
+}
+
+void execute(const dnnl::matmul& prim, const memory::desc& a, const void* ap, const memory::desc& b,
+             const void* bp, const memory::desc& c, void* cp) {
+  memory am(a, engine(), const_cast<void*>(ap));
+  memory bm(b, engine(), const_cast<void*>(bp));
+  memory cm(c, engine(), cp);
   thread_local dnnl::stream stream(engine());
   prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   stream.wait();
 }
 
+// A checked, non-trivial problem through the primitive built for exactly its shape.
+void run_fixed(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha,
+               float beta) {
+  dnnl::matmul prim = lookup(make_key(d, ta, tb, A.dtype(), alpha, beta));
+  auto dt = dnnl_type(static_cast<uint8_t>(A.dtype()));
+  execute(prim, operand_desc(d.batch, d.m, d.k, ta, dt), A.raw(), operand_desc(d.batch_b, d.k, d.n, tb, dt), B.raw(),
+          operand_desc(d.batch, d.m, d.n, Trans::N, memory::data_type::f32), C.raw());
+}
+
+// ----------------------------------------------------------------------------- grouped GEMM
+// The expert GEMMs see a new token count (M, or K for the weight gradient) almost every step, and
+// oneDNN fixes every dim when it builds a primitive (0.4–2 ms here, several times the GEMM of one
+// expert). Two ways around it, picked per case from measurements (docs/results/ops-cpu.md):
+//  * f32; bf16 with the token count in K; and bf16 with large expert weights (N·K >= 2^20, ZAYA1's
+//    4096 × 2048): one primitive with the token dim a runtime dim. oneDNN serves it with its jit
+//    GEMM, which for these shapes ran as fast as the per-shape kernels (f32: within noise of brgemm;
+//    bf16 at ZAYA1's expert shapes: 425–433 GFLOP/s against 312–420 for the row blocks below).
+//  * bf16 with the token count in M and a small weight (the demo's 1024 × 256): the runtime-dims
+//    GEMM does not use AMX there and ran at ~0.7× the row blocks, so M is cut into a body of whole
+//    kRowBlock-row blocks, through the primitive for that row count (at most tokens / kRowBlock of
+//    them over a run), and a tail of fewer than kRowBlock rows, copied into a zero-padded
+//    kRowBlock-row scratch and run through the kRowBlock-row primitive (AMX brgemm). Rows of C
+//    are independent, so the padding rows never reach a result.
+// Every choice depends only on the problem's shape, so results stay deterministic.
+constexpr int64_t kRowBlock = 32;
+constexpr int64_t kLargeWeight = int64_t{1} << 20;
+
+// Scratch for the padded tail, per thread and reused (grows to the largest tail seen).
+struct TailScratch {
+  std::vector<bf16> a;
+  std::vector<float> c;
+};
+
+void run_row_blocked(const Dims& d, const Tensor& A, const Tensor& B, Trans tb, const Tensor& C, float alpha,
+                     float beta) {
+  const int64_t body = d.m / kRowBlock * kRowBlock, tail = d.m - body;
+  auto dt = memory::data_type::bf16;
+  memory::desc b = operand_desc(1, d.k, d.n, tb, dt);
+  const bf16* a = A.data<bf16>();
+  float* c = C.data<float>();
+  if (body > 0) {
+    Dims db{1, 1, body, d.n, d.k};
+    dnnl::matmul prim = lookup(make_key(db, Trans::N, tb, DType::bf16, alpha, beta));
+    execute(prim, operand_desc(1, body, d.k, Trans::N, dt), a, b, B.raw(),
+            operand_desc(1, body, d.n, Trans::N, memory::data_type::f32), c);
+  }
+  if (tail > 0) {
+    thread_local TailScratch s;
+    const size_t a_elems = static_cast<size_t>(kRowBlock * d.k), c_elems = static_cast<size_t>(kRowBlock * d.n);
+    if (s.a.size() < a_elems) s.a.assign(a_elems, bf16{});  // zero rows below the tail
+    if (s.c.size() < c_elems) s.c.assign(c_elems, 0.0f);
+    std::copy_n(a + body * d.k, tail * d.k, s.a.data());
+    std::fill_n(s.a.data() + tail * d.k, (kRowBlock - tail) * d.k, bf16{});
+    if (beta != 0.0f) std::copy_n(c + body * d.n, tail * d.n, s.c.data());
+    Dims dp{1, 1, kRowBlock, d.n, d.k};
+    dnnl::matmul prim = lookup(make_key(dp, Trans::N, tb, DType::bf16, alpha, beta));
+    execute(prim, operand_desc(1, kRowBlock, d.k, Trans::N, dt), s.a.data(), b, B.raw(),
+            operand_desc(1, kRowBlock, d.n, Trans::N, memory::data_type::f32), s.c.data());
+    std::copy_n(s.c.data(), tail * d.n, c + body * d.n);
+  }
+}
+
+// Runs through the runtime-dims primitive; false when oneDNN has no optimized one for the case.
+bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha,
+                 float beta, bool runtime_m, bool runtime_k) {
+  Dims dk = d;
+  if (runtime_m) dk.m = kRuntime;
+  if (runtime_k) dk.k = kRuntime;
+  dnnl::matmul prim = lookup(make_key(dk, ta, tb, A.dtype(), alpha, beta));
+  if (!prim) return false;
+  auto dt = dnnl_type(static_cast<uint8_t>(A.dtype()));
+  execute(prim, operand_desc_2d(d.m, d.k, ta, dt), A.raw(), operand_desc_2d(d.k, d.n, tb, dt), B.raw(),
+          operand_desc_2d(d.m, d.n, Trans::N, memory::data_type::f32), C.raw());
+  return true;
+}
+
+}  // namespace
+
+void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha, float beta) {
+  Dims d = check_problem(A, ta, B, tb, C);
+  if (trivial(d, C, beta)) return;
+  run_fixed(d, A, ta, B, tb, C, alpha, beta);
+}
+
 void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha, float beta) {
-  // One cached primitive per distinct shape; experts with equal token counts share one. Groups run
-  // one after another so each GEMM gets every thread and the order of work is fixed.
-  for (GemmProblem& p : problems) gemm(p.A, ta, p.B, tb, p.C, alpha, beta);
+  // Groups run one after another so each GEMM gets every thread and the order of work is fixed.
+  // Which dims vary from group to group (and step to step) is read off the problems: the token
+  // count is M for ta = N (x·Wᵀ, dy·W) and K for ta = T (dyᵀ·x); N (and K for ta = N) are the
+  // expert weight's, shared by all groups.
+  for (GemmProblem& p : problems) {
+    Dims d = check_problem(p.A, ta, p.B, tb, p.C);
+    if (trivial(d, p.C, beta)) continue;
+    if (d.batch != 1 || p.A.ndim() != 2 || p.B.ndim() != 2) {  // batched groups: per shape
+      run_fixed(d, p.A, ta, p.B, tb, p.C, alpha, beta);
+      continue;
+    }
+    if (p.A.dtype() == DType::bf16 && ta == Trans::N && d.n * d.k < kLargeWeight) {
+      run_row_blocked(d, p.A, p.B, tb, p.C, alpha, beta);
+      continue;
+    }
+    if (!run_runtime(d, p.A, ta, p.B, tb, p.C, alpha, beta, ta == Trans::N, ta == Trans::T))
+      run_fixed(d, p.A, ta, p.B, tb, p.C, alpha, beta);
+  }
 }
 
 GemmCacheStats gemm_cache_stats() {
