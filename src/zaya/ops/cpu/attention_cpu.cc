@@ -128,10 +128,13 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
 // Backward. With P_ij = exp(scale·q_i·k_j − lse_i) and D_i = ⟨dO_i, O_i⟩:
 //   dV_j = Σ_i P_ij dO_i,  dP_ij = ⟨dO_i, V_j⟩,  dS_ij = P_ij (dP_ij − D_i),
 //   dQ_i = scale Σ_j dS_ij K_j,  dK_j = scale Σ_i dS_ij Q_i.
-// Pass 1 owns dQ rows (per b, q head, query block); pass 2 owns dK/dV rows (per b, kv head, key
-// block) and sums over the G q heads then the query blocks in order. P is recomputed in both
-// passes: two more small matmuls than a single pass with atomics, in exchange for determinism.
-// Every product is a 64-key tile product through mm(); dS carries the factor scale.
+// One task per (batch row, kv head) owns every gradient row it writes: dK and dV of its key blocks
+// and dQ of its G query heads. It walks key blocks in order and, for each, the G heads' query
+// blocks that see it, so each tile's P and dS are made once and feed all three products (5 tile
+// products per tile: Q·Kᵀ, dO·Vᵀ, Pᵀ·dO, dSᵀ·Q, dS·K). dQ rows accumulate over the key blocks in
+// order in place: every element is one FMA chain in a fixed order, so the result is bitwise the
+// same for any thread count. (B·nkv tasks: enough for the CPU's few threads at training shapes.)
+// dS carries the factor scale.
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nq,
                    int64_t nkv, int64_t hd) {
@@ -150,65 +153,43 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
   {
     std::vector<float> Kt(hd * kBlock), Kb(kBlock * hd), Vt(hd * kBlock), P(kBlock * kBlock),
         dS(kBlock * kBlock), acc(kBlock * hd), acc2(kBlock * hd);
-    // dS = P ⊙ (dP − D)·scale in place of dP (P is 0 on masked keys, so dS is too).
-    auto make_ds = [&](const float* Drow, int64_t i0, int64_t ni) {
-      for (int64_t ii = 0; ii < ni; ++ii) {
-        const float Di = Drow[i0 + ii];
-        float* ds = dS.data() + ii * kBlock;
-        const float* p = P.data() + ii * kBlock;
-        for (int64_t j = 0; j < kBlock; ++j) ds[j] = scale * p[j] * (ds[j] - Di);
-      }
-    };
-    // Pass 1: dQ.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < B * nq * nblk; ++task) {
-      const int64_t qb = nblk - 1 - task % nblk, h = (task / nblk) % nq, b = task / (nblk * nq);
-      const int64_t hk = h / G, i0 = qb * kBlock, ni = std::min(kBlock, T - i0);
-      const float* kb_ = k + b * T * rk;
-      const float* vb_ = v + b * T * rk;
-      const int64_t row0 = (b * T + i0) * nq + h;
-      const float* Lrow = lse + (b * nq + h) * T;
-      const float* Drow = D.data() + (b * nq + h) * T;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t kb = 0; kb <= qb; ++kb) {
+    for (int64_t task = 0; task < B * nkv; ++task) {
+      const int64_t hk = task % nkv, b = task / nkv;
+      for (int64_t i = 0; i < T; ++i)  // this task's dQ rows start at 0 and accumulate over key blocks
+        std::fill_n(dq + ((b * T + i) * nq + hk * G) * hd, G * hd, 0.0f);
+      for (int64_t kb = 0; kb < nblk; ++kb) {
         const int64_t j0 = kb * kBlock, nj = std::min(kBlock, T - j0);
-        load_block(Kt.data(), Kb.data(), kb_, j0, nj, nkv, hk, hd);
-        load_block(Vt.data(), nullptr, vb_, j0, nj, nkv, hk, hd);
-        mm(P.data(), kBlock, q + row0 * hd, rq, 1, Kt.data(), kBlock, ni, kBlock, hd, false);
-        probs(P.data(), Lrow, i0, ni, j0, nj, scale);
-        mm(dS.data(), kBlock, dout + row0 * hd, rq, 1, Vt.data(), kBlock, ni, kBlock, hd, false);  // dP
-        make_ds(Drow, i0, ni);
-        mm(acc.data(), hd, dS.data(), kBlock, 1, Kb.data(), hd, ni, hd, kBlock, true);  // dQ += dS·K
-      }
-      for (int64_t ii = 0; ii < ni; ++ii) std::copy_n(acc.data() + ii * hd, hd, dq + (row0 + ii * nq) * hd);
-    }
-    // Pass 2: dK, dV.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < B * nkv * nblk; ++task) {
-      const int64_t kb = task % nblk, hk = (task / nblk) % nkv, b = task / (nblk * nkv);
-      const int64_t j0 = kb * kBlock, nj = std::min(kBlock, T - j0);
-      load_block(Kt.data(), nullptr, k + b * T * rk, j0, nj, nkv, hk, hd);
-      load_block(Vt.data(), nullptr, v + b * T * rk, j0, nj, nkv, hk, hd);
-      std::fill(acc.begin(), acc.end(), 0.0f);   // dK rows of this block
-      std::fill(acc2.begin(), acc2.end(), 0.0f);  // dV rows
-      for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
-        const float* Lrow = lse + (b * nq + h) * T;
-        const float* Drow = D.data() + (b * nq + h) * T;
-        for (int64_t qb = kb; qb < nblk; ++qb) {  // causal: only queries i ≥ j0 see this block
-          const int64_t i0 = qb * kBlock, ni = std::min(kBlock, T - i0);
-          const int64_t row0 = (b * T + i0) * nq + h;
-          mm(P.data(), kBlock, q + row0 * hd, rq, 1, Kt.data(), kBlock, ni, kBlock, hd, false);
-          probs(P.data(), Lrow, i0, ni, j0, nj, scale);
-          mm(dS.data(), kBlock, dout + row0 * hd, rq, 1, Vt.data(), kBlock, ni, kBlock, hd, false);
-          make_ds(Drow, i0, ni);
-          // dV += Pᵀ·dO and dK += dSᵀ·Q over this block's ni query rows (Aᵀ by stride swap).
-          mm(acc2.data(), hd, P.data(), 1, kBlock, dout + row0 * hd, rq, nj, hd, ni, true);
-          mm(acc.data(), hd, dS.data(), 1, kBlock, q + row0 * hd, rq, nj, hd, ni, true);
+        load_block(Kt.data(), Kb.data(), k + b * T * rk, j0, nj, nkv, hk, hd);
+        load_block(Vt.data(), nullptr, v + b * T * rk, j0, nj, nkv, hk, hd);
+        std::fill(acc.begin(), acc.end(), 0.0f);   // dK rows of this block
+        std::fill(acc2.begin(), acc2.end(), 0.0f);  // dV rows
+        for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+          const float* Lrow = lse + (b * nq + h) * T;
+          const float* Drow = D.data() + (b * nq + h) * T;
+          for (int64_t qb = kb; qb < nblk; ++qb) {  // causal: only queries i ≥ j0 see this block
+            const int64_t i0 = qb * kBlock, ni = std::min(kBlock, T - i0);
+            const int64_t row0 = (b * T + i0) * nq + h;
+            mm(P.data(), kBlock, q + row0 * hd, rq, 1, Kt.data(), kBlock, ni, kBlock, hd, false);
+            probs(P.data(), Lrow, i0, ni, j0, nj, scale);
+            mm(dS.data(), kBlock, dout + row0 * hd, rq, 1, Vt.data(), kBlock, ni, kBlock, hd, false);  // dP
+            // dS = P ⊙ (dP − D)·scale in place of dP (P is 0 on masked keys, so dS is too).
+            for (int64_t ii = 0; ii < ni; ++ii) {
+              const float Di = Drow[i0 + ii];
+              float* ds = dS.data() + ii * kBlock;
+              const float* p = P.data() + ii * kBlock;
+              for (int64_t j = 0; j < kBlock; ++j) ds[j] = scale * p[j] * (ds[j] - Di);
+            }
+            // dV += Pᵀ·dO and dK += dSᵀ·Q over this block's ni query rows (Aᵀ by stride swap).
+            mm(acc2.data(), hd, P.data(), 1, kBlock, dout + row0 * hd, rq, nj, hd, ni, true);
+            mm(acc.data(), hd, dS.data(), 1, kBlock, q + row0 * hd, rq, nj, hd, ni, true);
+            mm(dq + row0 * hd, rq, dS.data(), kBlock, 1, Kb.data(), hd, ni, hd, kBlock, true);  // dQ += dS·K
+          }
         }
-      }
-      for (int64_t j = 0; j < nj; ++j) {
-        std::copy_n(acc.data() + j * hd, hd, dk + ((b * T + j0 + j) * nkv + hk) * hd);
-        std::copy_n(acc2.data() + j * hd, hd, dv + ((b * T + j0 + j) * nkv + hk) * hd);
+        for (int64_t j = 0; j < nj; ++j) {
+          std::copy_n(acc.data() + j * hd, hd, dk + ((b * T + j0 + j) * nkv + hk) * hd);
+          std::copy_n(acc2.data() + j * hd, hd, dv + ((b * T + j0 + j) * nkv + hk) * hd);
+        }
       }
     }
   }
