@@ -61,7 +61,8 @@ void BM_rmsnorm_backward(benchmark::State& state) {
 }
 
 void BM_residual_scale_forward(benchmark::State& state) {
-  Tensor h = randn({kRows, kCols}, 1), x = randn({kRows, kCols}, 2), y = Tensor::empty({kRows, kCols}, DType::f32);
+  Tensor h = randn({kRows, kCols}, 1), x = randn({kRows, kCols}, 2),
+         y = Tensor::empty({kRows, kCols}, DType::f32);
   ops::ResidualScaleParams p{randn({kCols}, 3), randn({kCols}, 4), randn({kCols}, 5), randn({kCols}, 6)};
   for (auto _ : state) ops::residual_scale_forward(h, x, p, y);
   set_bytes(state, 3 * kRows * kCols * 4);
@@ -96,7 +97,8 @@ void BM_swiglu_forward(benchmark::State& state) {
 }
 
 void BM_swiglu_backward(benchmark::State& state) {
-  Tensor gu = randn({kRows, kCols}, 1), g = randn({kRows, kCols / 2}, 2), dgu = Tensor::empty({kRows, kCols}, DType::f32);
+  Tensor gu = randn({kRows, kCols}, 1), g = randn({kRows, kCols / 2}, 2),
+         dgu = Tensor::empty({kRows, kCols}, DType::f32);
   for (auto _ : state) ops::swiglu_backward(g, gu, dgu);
   set_bytes(state, (2 * kRows * kCols + kRows * kCols / 2) * 4);
 }
@@ -111,7 +113,8 @@ void BM_embedding_forward(benchmark::State& state) {
   const int64_t vocab = 8192;
   Tensor E = randn({vocab, kCols}, 1), y = Tensor::empty({kRows, kCols}, DType::f32);
   Tensor ids = Tensor::empty({kRows}, DType::i32);
-  for (int64_t i = 0; i < kRows; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 2654435761u) % vocab);
+  for (int64_t i = 0; i < kRows; ++i)
+    ids.data<int32_t>()[i] = static_cast<int32_t>((i * 2654435761u) % vocab);
   for (auto _ : state) ops::embedding_forward(ids, E, y);
   set_bytes(state, 2 * kRows * kCols * 4);
 }
@@ -140,8 +143,8 @@ void BM_cross_entropy_tied(benchmark::State& state) {
   Tensor tg = Tensor::empty({n}, DType::i32);
   for (int64_t i = 0; i < n; ++i) tg.data<int32_t>()[i] = static_cast<int32_t>((i * 7919) % vocab);
   for (auto _ : state) ops::cross_entropy_tied_forward_backward(hid, E, tg, dh, dE, lse, ws, opt);
-  state.counters["FLOP/s"] = benchmark::Counter(4 * 2.0 * n * h * vocab, benchmark::Counter::kIsIterationInvariantRate,
-                                                benchmark::Counter::kIs1000);
+  state.counters["FLOP/s"] = benchmark::Counter(
+      4 * 2.0 * n * h * vocab, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 
 BENCHMARK(BM_stream_triad)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -52,8 +52,8 @@ Tensor random_of(const Shape& s, DType dt, uint64_t seed) {
 }
 
 void set_flops(benchmark::State& state, double flops_per_iter) {
-  state.counters["FLOP/s"] =
-      benchmark::Counter(flops_per_iter, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  state.counters["FLOP/s"] = benchmark::Counter(flops_per_iter, benchmark::Counter::kIsIterationInvariantRate,
+                                                benchmark::Counter::kIs1000);
 }
 
 void bench_gemm(benchmark::State& state, GemmShape s, DType dt) {
@@ -109,8 +109,9 @@ void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int
   Tensor a = random_of({tokens, in_cols}, dt, 10);
   Tensor x = random_of({tokens, k}, dt, 11);  // dw's B
   Tensor w = random_of({experts, n, k}, dt, 3);
-  Tensor out = Tensor::zeros(kind == GroupedKind::dw ? Shape{experts, n, k} : Shape{tokens, kind == GroupedKind::fwd ? n : k},
-                             DType::f32);
+  Tensor out = Tensor::zeros(
+      kind == GroupedKind::dw ? Shape{experts, n, k} : Shape{tokens, kind == GroupedKind::fwd ? n : k},
+      DType::f32);
   const Trans ta = kind == GroupedKind::dw ? Trans::T : Trans::N;
   const Trans tb = kind == GroupedKind::fwd ? Trans::T : Trans::N;
   const float beta = kind == GroupedKind::dw ? 1.0f : 0.0f;
@@ -140,8 +141,8 @@ void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int
   }
   ops::GemmCacheStats after = ops::gemm_cache_stats();
   set_flops(state, 2.0 * tokens * n * k);  // Σ_e 2·M_e·N·K, the same for every routing
-  state.counters["misses/iter"] =
-      benchmark::Counter(static_cast<double>(after.misses - before.misses), benchmark::Counter::kAvgIterations);
+  state.counters["misses/iter"] = benchmark::Counter(static_cast<double>(after.misses - before.misses),
+                                                     benchmark::Counter::kAvgIterations);
 }
 
 void register_all() {
@@ -149,7 +150,8 @@ void register_all() {
     // Names built with zaya::str: GCC 12 warns falsely (-Wrestrict) on chained std::string +.
     std::string_view d = dtype_name(dt);
     for (const GemmShape& s : model_shapes())
-      benchmark::RegisterBenchmark(str("gemm/", s.name, "/", d).c_str(), bench_gemm, s, dt)->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(str("gemm/", s.name, "/", d).c_str(), bench_gemm, s, dt)
+          ->Unit(benchmark::kMillisecond);
     // Square references of 2·n³ FLOPs spanning the model shapes' range (0.27 to 26 GFLOP).
     for (int64_t n : {512, 1024, 2048})
       benchmark::RegisterBenchmark(str("gemm/square/", n, "/", d).c_str(), bench_gemm,
@@ -168,8 +170,8 @@ void register_all() {
                 G{"zaya1/expert_gate_up", 4096, 16, 4096, 2048, GroupedKind::fwd},
                 G{"zaya1/expert_down_dx", 4096, 16, 2048, 2048, GroupedKind::dx},
                 G{"zaya1/expert_down_dw", 4096, 16, 2048, 2048, GroupedKind::dw}})
-      benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d).c_str(), bench_grouped, g.tokens, g.experts,
-                                   g.n, g.k, dt, g.kind)
+      benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d).c_str(), bench_grouped, g.tokens,
+                                   g.experts, g.n, g.k, dt, g.kind)
           ->Unit(benchmark::kMillisecond);
   }
 }

@@ -71,7 +71,8 @@ TEST(Linear, ForwardBackwardF32) {
     EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
 
     Tensor g = random_tensor({n, out}, 4);
-    Tensor dx = Tensor::empty({n, in}, DType::f32), dW = random_tensor({out, in}, 5), db = random_tensor({out}, 6);
+    Tensor dx = Tensor::empty({n, in}, DType::f32), dW = random_tensor({out, in}, 5),
+           db = random_tensor({out}, 6);
     Vec dW0 = to_f64(dW), db0 = to_f64(db);
     linear_backward(g, x, W, dx, dW, db);
     Vec gv = to_f64(g);
@@ -98,7 +99,8 @@ TEST(Linear, Bf16Path) {
   // The GEMMs see dy rounded to bf16: compare against the gradient for that rounded dy, exactly
   // representable, so again only f32 accumulation (and FD) error remains.
   Vec g_rounded = to_f64(g_bf16);
-  for (size_t i = 0; i < g_rounded.size(); ++i) ASSERT_EQ(g_rounded[i], to_float(to_bf16(g.data<float>()[i])));
+  for (size_t i = 0; i < g_rounded.size(); ++i)
+    ASSERT_EQ(g_rounded[i], to_float(to_bf16(g.data<float>()[i])));
   EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, g_rounded)), kGradTol);
   EXPECT_LT(test::rel_error(dW, fd_grad(ref, inputs, 1, g_rounded)), kGradTol);
   EXPECT_THROW(linear_backward(g, x, W, dx, dW, Tensor{}), Error);  // bf16 needs the dy workspace
@@ -125,7 +127,8 @@ TEST(Embedding, ForwardBackwardWithRepeatsAndPadding) {
   embedding_backward(g, ids, dE, pad);
   // At most three float additions per element: relative error ~3·2^-24.
   EXPECT_LT(test::rel_error(dE, expect), 1e-6);
-  for (int64_t j = 0; j < h; ++j) EXPECT_EQ(dE.data<float>()[pad * h + j], static_cast<float>(expect[pad * h + j]));
+  for (int64_t j = 0; j < h; ++j)
+    EXPECT_EQ(dE.data<float>()[pad * h + j], static_cast<float>(expect[pad * h + j]));
 }
 
 TEST(Embedding, OutOfRangeIdNamesIdAndVocab) {
@@ -165,7 +168,8 @@ TEST(RmsNorm, ForwardBackward) {
     Tensor y = Tensor::empty({s.n, s.f}, DType::f32), rstd = Tensor::empty({s.n}, DType::f32);
     rmsnorm_forward(x, w, static_cast<float>(eps), y, rstd);
     EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
-    Tensor g = random_tensor({s.n, s.f}, 3), dx = Tensor::empty({s.n, s.f}, DType::f32), dw = random_tensor({s.f}, 4);
+    Tensor g = random_tensor({s.n, s.f}, 3), dx = Tensor::empty({s.n, s.f}, DType::f32),
+           dw = random_tensor({s.f}, 4);
     Vec dw0 = to_f64(dw), gv = to_f64(g);
     rmsnorm_backward(g, x, w, rstd, dx, dw);
     EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, gv)), kGradTol) << s.n << "x" << s.f;
@@ -193,7 +197,8 @@ TEST(ResidualScale, ForwardBackward) {
   for (Rows s : kShapes) {
     int64_t n = s.n, f = s.f;
     Tensor h = random_tensor({n, f}, 1), x = random_tensor({n, f}, 2);
-    ResidualScaleParams p{random_tensor({f}, 3), random_tensor({f}, 4), random_tensor({f}, 5), random_tensor({f}, 6)};
+    ResidualScaleParams p{random_tensor({f}, 3), random_tensor({f}, 4), random_tensor({f}, 5),
+                          random_tensor({f}, 6)};
     Ref ref = [&](const std::vector<Vec>& v) {  // v: h, x, s_h, b_h, s_x, b_x
       Vec y(n * f);
       for (int64_t r = 0; r < n; ++r)
@@ -203,22 +208,30 @@ TEST(ResidualScale, ForwardBackward) {
         }
       return y;
     };
-    std::vector<Vec> inputs = {to_f64(h), to_f64(x), to_f64(p.hidden_scale), to_f64(p.hidden_bias),
-                               to_f64(p.residual_scale), to_f64(p.residual_bias)};
+    std::vector<Vec> inputs = {to_f64(h),
+                               to_f64(x),
+                               to_f64(p.hidden_scale),
+                               to_f64(p.hidden_bias),
+                               to_f64(p.residual_scale),
+                               to_f64(p.residual_bias)};
     Tensor y = Tensor::empty({n, f}, DType::f32);
     residual_scale_forward(h, x, p, y);
     EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
-    Tensor g = random_tensor({n, f}, 7), dh = Tensor::empty({n, f}, DType::f32), dx = Tensor::empty({n, f}, DType::f32);
-    ResidualScaleParams grads{random_tensor({f}, 8), random_tensor({f}, 9), random_tensor({f}, 10), random_tensor({f}, 11)};
-    std::vector<Vec> grads0 = {to_f64(grads.hidden_scale), to_f64(grads.hidden_bias), to_f64(grads.residual_scale),
-                               to_f64(grads.residual_bias)};
+    Tensor g = random_tensor({n, f}, 7), dh = Tensor::empty({n, f}, DType::f32),
+           dx = Tensor::empty({n, f}, DType::f32);
+    ResidualScaleParams grads{random_tensor({f}, 8), random_tensor({f}, 9), random_tensor({f}, 10),
+                              random_tensor({f}, 11)};
+    std::vector<Vec> grads0 = {to_f64(grads.hidden_scale), to_f64(grads.hidden_bias),
+                               to_f64(grads.residual_scale), to_f64(grads.residual_bias)};
     residual_scale_backward(g, h, x, p, dh, dx, grads);
     Vec gv = to_f64(g);
     EXPECT_LT(test::rel_error(dh, fd_grad(ref, inputs, 0, gv)), kGradTol);
     EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 1, gv)), kGradTol);
-    const Tensor* gt[] = {&grads.hidden_scale, &grads.hidden_bias, &grads.residual_scale, &grads.residual_bias};
+    const Tensor* gt[] = {&grads.hidden_scale, &grads.hidden_bias, &grads.residual_scale,
+                          &grads.residual_bias};
     for (int k = 0; k < 4; ++k)
-      EXPECT_LT(test::rel_error(*gt[k], plus(grads0[k], fd_grad(ref, inputs, 2 + k, gv))), kGradTol) << "param " << k;
+      EXPECT_LT(test::rel_error(*gt[k], plus(grads0[k], fd_grad(ref, inputs, 2 + k, gv))), kGradTol)
+          << "param " << k;
   }
 }
 
@@ -270,8 +283,9 @@ TEST(Activations, ErfFastWithinOneUlpOfDouble) {
   // Tiny arguments (erf(x) ≈ 2x/√π), the tails, and the special values.
   for (float x : {1e-30f, -3e-20f, 1e-8f, 4.5f, -9.0f, 1e30f}) {
     const double ref = std::erf(static_cast<double>(x));
-    EXPECT_NEAR(cpu::erf_fast(x), ref, 1.25 * (std::nextafter(std::fabs(static_cast<float>(ref)), 2.0f) -
-                                               std::fabs(static_cast<float>(ref))))
+    EXPECT_NEAR(cpu::erf_fast(x), ref,
+                1.25 * (std::nextafter(std::fabs(static_cast<float>(ref)), 2.0f) -
+                        std::fabs(static_cast<float>(ref))))
         << "x = " << x;
   }
   EXPECT_EQ(cpu::erf_fast(INFINITY), 1.0f);
@@ -290,7 +304,8 @@ TEST(Activations, SwiGlu) {
     Ref ref = [&](const std::vector<Vec>& v) {
       Vec y(n * inter);
       for (int64_t r = 0; r < n; ++r)
-        for (int64_t j = 0; j < inter; ++j) y[r * inter + j] = silu_d(v[0][r * 2 * inter + j]) * v[0][r * 2 * inter + inter + j];
+        for (int64_t j = 0; j < inter; ++j)
+          y[r * inter + j] = silu_d(v[0][r * 2 * inter + j]) * v[0][r * 2 * inter + inter + j];
       return y;
     };
     std::vector<Vec> inputs = {to_f64(gu)};

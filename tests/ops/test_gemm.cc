@@ -2,14 +2,13 @@
 // batched, grouped (with empty groups), determinism across runs and thread counts, errors.
 #include <gtest/gtest.h>
 
-#include "test_util.h"
-
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <vector>
 
 #include "ops/gradcheck.h"
+#include "test_util.h"
 #include "zaya/core/threads.h"
 #include "zaya/ops/gemm.h"
 
@@ -41,7 +40,9 @@ std::vector<double> gemm_reference(const std::vector<double>& a, Trans ta, const
   return c;
 }
 
-Shape operand_shape(int64_t rows, int64_t cols, Trans t) { return t == Trans::N ? Shape{rows, cols} : Shape{cols, rows}; }
+Shape operand_shape(int64_t rows, int64_t cols, Trans t) {
+  return t == Trans::N ? Shape{rows, cols} : Shape{cols, rows};
+}
 
 struct Dims {
   int64_t m, n, k;
@@ -61,11 +62,11 @@ TEST_P(GemmF32, MatchesFloat64Reference) {
   EXPECT_LT(test::rel_error(C, ref), 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GemmF32,
-                         ::testing::Combine(::testing::Values(Dims{1, 1, 1}, Dims{5, 17, 3}, Dims{64, 48, 33},
-                                                              Dims{7, 13, 64}),
-                                            ::testing::Values(Trans::N, Trans::T),
-                                            ::testing::Values(Trans::N, Trans::T), ::testing::Values(0.0f, 1.0f)));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GemmF32,
+    ::testing::Combine(::testing::Values(Dims{1, 1, 1}, Dims{5, 17, 3}, Dims{64, 48, 33}, Dims{7, 13, 64}),
+                       ::testing::Values(Trans::N, Trans::T), ::testing::Values(Trans::N, Trans::T),
+                       ::testing::Values(0.0f, 1.0f)));
 
 TEST(Gemm, Bf16InputsAccumulateInF32) {
   for (Dims d : {Dims{1, 1, 1}, Dims{5, 17, 3}, Dims{64, 48, 33}}) {
@@ -88,7 +89,8 @@ TEST(Gemm, Bf16InputsAccumulateInF32) {
         auto absA = to_f64(Af), absB = to_f64(Bf);
         for (auto& x : absA) x = std::fabs(x);
         for (auto& x : absB) x = std::fabs(x);
-        auto mag = gemm_reference(absA, ta, absB, tb, std::vector<double>(c0.size(), 0.0), 1, d.m, d.n, d.k, 1, 0);
+        auto mag =
+            gemm_reference(absA, ta, absB, tb, std::vector<double>(c0.size(), 0.0), 1, d.m, d.n, d.k, 1, 0);
         auto ref = gemm_reference(to_f64(Af), ta, to_f64(Bf), tb, c0, 1, d.m, d.n, d.k, 1, 1);
         auto got = to_f64(C);
         double u = std::ldexp(1.0, -8);
@@ -166,7 +168,8 @@ TEST(Gemm, GroupedVaryingTokenCountsMatchReference) {
           Tensor A = random_tensor(a_shape, ++seed, 1.0f, dt), B = random_tensor(b_shape, ++seed, 1.0f, dt);
           Tensor C = random_tensor(c_shape, ++seed);
           int64_t rm = c_shape[0], rn = c_shape[1], rk = f.ta == Trans::T ? m : a_shape[1];
-          refs.push_back(gemm_reference(to_f64(A), f.ta, to_f64(B), f.tb, to_f64(C), 1, rm, rn, rk, 1, f.beta));
+          refs.push_back(
+              gemm_reference(to_f64(A), f.ta, to_f64(B), f.tb, to_f64(C), 1, rm, rn, rk, 1, f.beta));
           problems.push_back({A, B, C});
         }
         gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
@@ -182,30 +185,33 @@ TEST(Gemm, GroupedVaryingTokenCountsMatchReference) {
   }
 }
 
-// bf16 groups with a large expert weight (N·K >= 2^20 in gemm.cc) take the runtime-M primitive
-// instead of the row blocks: check that path too, with counts on both sides of a row block.
-TEST(Gemm, GroupedBf16LargeWeightMatchesReference) {
+// With a large expert weight (N·K >= 2^20 in gemm.cc) the paths swap: bf16 takes the runtime-M
+// primitive and f32 the row blocks. Check both, with counts on both sides of a row block.
+TEST(Gemm, GroupedLargeWeightMatchesReference) {
   const int64_t n = 1024, k = 1024;
   const std::vector<int64_t> ms = {5, 0, 37};
-  std::vector<GemmProblem> problems;
-  std::vector<std::vector<double>> refs;
-  for (size_t g = 0; g < ms.size(); ++g) {
-    Tensor A = random_tensor({ms[g], k}, 140 + g, 1.0f, DType::bf16), B = random_tensor({n, k}, 150 + g, 1.0f, DType::bf16);
-    Tensor C = random_tensor({ms[g], n}, 160 + g);
-    refs.push_back(gemm_reference(to_f64(A), Trans::N, to_f64(B), Trans::T, to_f64(C), 1, ms[g], n, k, 1, 1));
-    problems.push_back({A, B, C});
-  }
-  gemm_grouped(problems, Trans::N, Trans::T, 1.0f, 1.0f);
-  for (size_t g = 0; g < ms.size(); ++g)
-    if (ms[g]) {
-      // Exact bf16 inputs, f32 accumulation over K = 1024: ~sqrt(1024)·2^-24 ≈ 2e-6 in norm.
-      EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5) << "group " << g;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    std::vector<GemmProblem> problems;
+    std::vector<std::vector<double>> refs;
+    for (size_t g = 0; g < ms.size(); ++g) {
+      Tensor A = random_tensor({ms[g], k}, 140 + g, 1.0f, dt), B = random_tensor({n, k}, 150 + g, 1.0f, dt);
+      Tensor C = random_tensor({ms[g], n}, 160 + g);
+      refs.push_back(
+          gemm_reference(to_f64(A), Trans::N, to_f64(B), Trans::T, to_f64(C), 1, ms[g], n, k, 1, 1));
+      problems.push_back({A, B, C});
     }
+    gemm_grouped(problems, Trans::N, Trans::T, 1.0f, 1.0f);
+    for (size_t g = 0; g < ms.size(); ++g)
+      if (ms[g]) {
+        // Exact inputs, f32 accumulation over K = 1024: ~sqrt(1024)·2^-24 ≈ 2e-6 in norm.
+        EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5) << dtype_name(dt) << " group " << g;
+      }
+  }
 }
 
-// A new token count must not build a new primitive (0.4–2 ms each): f32 groups share one
-// runtime-M (or runtime-K) primitive per form, bf16 groups one per whole-32-row body plus one for
-// the padded tail. 40 calls with fresh counts in [1, 200]: f32 builds nothing after the first call,
+// A new token count must not build a new primitive (0.4–2 ms each): with a small weight, f32
+// groups share one runtime-M primitive per form, bf16 groups one per whole-32-row body plus one
+// for the padded tail. 40 calls with fresh counts in [1, 200]: f32 builds nothing after the first call,
 // bf16 at most 200/32 + 1 = 7 primitives in all.
 TEST(Gemm, GroupedTokenCountsDoNotBuildAPrimitiveEach) {
   const int64_t n = 16, k = 24;
@@ -215,7 +221,8 @@ TEST(Gemm, GroupedTokenCountsDoNotBuildAPrimitiveEach) {
     GemmCacheStats start = gemm_cache_stats();
     for (int call = 0; call < 40; ++call) {
       int64_t m = 1 + (call * 37 + 11) % 200;
-      std::vector<GemmProblem> p = {{random_tensor({m, k}, 8 + call, 1.0f, dt), W, Tensor::empty({m, n}, DType::f32)}};
+      std::vector<GemmProblem> p = {
+          {random_tensor({m, k}, 8 + call, 1.0f, dt), W, Tensor::empty({m, n}, DType::f32)}};
       gemm_grouped(p, Trans::N, Trans::T);
       if (call == 0) first_misses = gemm_cache_stats().misses - start.misses;
     }
@@ -242,7 +249,8 @@ TEST(Gemm, GroupedDeterministicAcrossThreadCounts) {
     for (int threads : {1, 2, 2, 1}) {
       set_num_threads(threads);
       std::vector<GemmProblem> p;
-      for (size_t g = 0; g < ms.size(); ++g) p.push_back({As[g], Bs[g], Tensor::zeros({ms[g], n}, DType::f32)});
+      for (size_t g = 0; g < ms.size(); ++g)
+        p.push_back({As[g], Bs[g], Tensor::zeros({ms[g], n}, DType::f32)});
       gemm_grouped(p, Trans::N, Trans::T);
       outs.emplace_back();
       for (auto& q : p) outs.back().push_back(q.C);
@@ -284,7 +292,8 @@ TEST(Gemm, DeterministicAcrossRunsAndThreadCounts) {
 }
 
 TEST(Gemm, PrimitivesAreCached) {
-  Tensor A = random_tensor({6, 10}, 71), B = random_tensor({10, 12}, 72), C = Tensor::empty({6, 12}, DType::f32);
+  Tensor A = random_tensor({6, 10}, 71), B = random_tensor({10, 12}, 72),
+         C = Tensor::empty({6, 12}, DType::f32);
   gemm(A, Trans::N, B, Trans::N, C);
   GemmCacheStats before = gemm_cache_stats();
   for (int i = 0; i < 3; ++i) gemm(A, Trans::N, B, Trans::N, C);

@@ -203,8 +203,8 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& 
   }
 }
 
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                      const Tensor& dw) {
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw) {
   const char* op = "rmsnorm_backward";
   require_f32(op, "x", x);
   int64_t f = last_dim(x), n = rows_of(x);
@@ -240,7 +240,8 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   }
   if (dw.defined()) {
     check_vector(op, "dw", dw, f);
-    column_reduce(n, f, dw.data<float>(), [&](int64_t i, int64_t j) { return gp[i * f + j] * (xp[i * f + j] * rp[i]); });
+    column_reduce(n, f, dw.data<float>(),
+                  [&](int64_t i, int64_t j) { return gp[i * f + j] * (xp[i * f + j] * rp[i]); });
   }
 }
 
@@ -296,7 +297,8 @@ void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x,
   for (const Tensor* t : {&dh, &dx}) {
     if (!t->defined()) continue;
     require_f32(op, t == &dh ? "dh" : "dx", *t);
-    check_same_shape(t == &dh ? "residual_scale_backward: dh vs h" : "residual_scale_backward: dx vs h", *t, h);
+    check_same_shape(t == &dh ? "residual_scale_backward: dh vs h" : "residual_scale_backward: dx vs h", *t,
+                     h);
   }
   float* dhp = dh.defined() ? dh.data<float>() : nullptr;
   float* dxp = dx.defined() ? dx.data<float>() : nullptr;

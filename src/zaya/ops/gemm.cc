@@ -6,11 +6,10 @@
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include "zaya/core/threads.h"
 #include "zaya/ops/cpu/op_checks.h"
@@ -37,8 +36,14 @@ struct KeyHash {
   size_t operator()(const Key& k) const {
     uint64_t h = 1469598103934665603ull;
     auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    mix(k.batch_a); mix(k.batch_b); mix(k.m); mix(k.n); mix(k.k);
-    mix(k.ta | (k.tb << 8) | (k.dtype << 16)); mix(k.alpha_bits); mix(k.beta_bits);
+    mix(k.batch_a);
+    mix(k.batch_b);
+    mix(k.m);
+    mix(k.n);
+    mix(k.k);
+    mix(k.ta | (k.tb << 8) | (k.dtype << 16));
+    mix(k.alpha_bits);
+    mix(k.beta_bits);
     mix(static_cast<uint64_t>(k.threads));
     return h;
   }
@@ -166,12 +171,12 @@ Dims check_problem(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const T
   ZAYA_CHECK(C.dtype() == DType::f32, op, ": C must be f32, found ", C.str());
   ZAYA_CHECK(A.ndim() == 2 || A.ndim() == 3, op, ": A must be 2-D or batched 3-D, found ", A.str());
   ZAYA_CHECK(C.ndim() == A.ndim(), op, ": C ", C.str(), " must have as many dims as A ", A.str());
-  ZAYA_CHECK(B.ndim() == 2 || B.ndim() == A.ndim(), op, ": B ", B.str(), " must be 2-D or match A ",
-             A.str());
+  ZAYA_CHECK(B.ndim() == 2 || B.ndim() == A.ndim(), op, ": B ", B.str(), " must be 2-D or match A ", A.str());
   Dims d;
   d.batch = A.ndim() == 3 ? A.size(0) : 1;
   d.batch_b = B.ndim() == 3 ? B.size(0) : 1;
-  ZAYA_CHECK(d.batch_b == d.batch || B.ndim() == 2, op, ": batch of B ", B.str(), " differs from A ", A.str());
+  ZAYA_CHECK(d.batch_b == d.batch || B.ndim() == 2, op, ": batch of B ", B.str(), " differs from A ",
+             A.str());
   int64_t kb;
   op_dims(A, ta, d.m, d.k);
   op_dims(B, tb, kb, d.n);
@@ -195,8 +200,17 @@ bool trivial(const Dims& d, const Tensor& C, float beta) {
 }
 
 Key make_key(const Dims& d, Trans ta, Trans tb, DType dt, float alpha, float beta) {
-  return Key{d.batch, d.batch_b, d.m, d.n, d.k, static_cast<uint8_t>(ta), static_cast<uint8_t>(tb),
-             static_cast<uint8_t>(dt), bits_of(alpha), bits_of(beta), num_threads()};
+  return Key{d.batch,
+             d.batch_b,
+             d.m,
+             d.n,
+             d.k,
+             static_cast<uint8_t>(ta),
+             static_cast<uint8_t>(tb),
+             static_cast<uint8_t>(dt),
+             bits_of(alpha),
+             bits_of(beta),
+             num_threads()};
 }
 
 void execute(const dnnl::matmul& prim, const memory::desc& a, const void* ap, const memory::desc& b,
@@ -210,70 +224,103 @@ void execute(const dnnl::matmul& prim, const memory::desc& a, const void* ap, co
 }
 
 // A checked, non-trivial problem through the primitive built for exactly its shape.
-void run_fixed(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha,
-               float beta) {
+void run_fixed(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C,
+               float alpha, float beta) {
   dnnl::matmul prim = lookup(make_key(d, ta, tb, A.dtype(), alpha, beta));
   auto dt = dnnl_type(static_cast<uint8_t>(A.dtype()));
-  execute(prim, operand_desc(d.batch, d.m, d.k, ta, dt), A.raw(), operand_desc(d.batch_b, d.k, d.n, tb, dt), B.raw(),
-          operand_desc(d.batch, d.m, d.n, Trans::N, memory::data_type::f32), C.raw());
+  execute(prim, operand_desc(d.batch, d.m, d.k, ta, dt), A.raw(), operand_desc(d.batch_b, d.k, d.n, tb, dt),
+          B.raw(), operand_desc(d.batch, d.m, d.n, Trans::N, memory::data_type::f32), C.raw());
 }
 
 // ----------------------------------------------------------------------------- grouped GEMM
 // The expert GEMMs see a new token count (M, or K for the weight gradient) almost every step, and
 // oneDNN fixes every dim when it builds a primitive (0.4–2 ms here, several times the GEMM of one
-// expert). Two ways around it, picked per case from measurements (docs/results/ops-cpu.md):
-//  * f32; bf16 with the token count in K; and bf16 with large expert weights (N·K >= 2^20, ZAYA1's
-//    4096 × 2048): one primitive with the token dim a runtime dim. oneDNN serves it with its jit
-//    GEMM, which for these shapes ran as fast as the per-shape kernels (f32: within noise of brgemm;
-//    bf16 at ZAYA1's expert shapes: 425–433 GFLOP/s against 312–420 for the row blocks below).
-//  * bf16 with the token count in M and a small weight (the demo's 1024 × 256): the runtime-dims
-//    GEMM does not use AMX there and ran at ~0.7× the row blocks, so M is cut into a body of whole
-//    kRowBlock-row blocks, through the primitive for that row count (at most tokens / kRowBlock of
-//    them over a run), and a tail of fewer than kRowBlock rows, copied into a zero-padded
-//    kRowBlock-row scratch and run through the kRowBlock-row primitive (AMX brgemm). Rows of C
-//    are independent, so the padding rows never reach a result.
+// expert). Three ways around it, picked per case from measurements on the development VM
+// (docs/results/ops-cpu.md; differences under ~15% there are within its noise):
+//  * Row blocks (token count in M): M is cut into a body of whole kRowBlock-row blocks, through
+//    the primitive for that row count (at most tokens / kRowBlock of them over a run), and a tail
+//    of fewer than kRowBlock rows, copied into a zero-padded kRowBlock-row scratch and run through
+//    the kRowBlock-row primitive. Rows of C are independent, so the padding never reaches a
+//    result. Used for bf16 with small expert weights (N·K < 2^20, the demo's: ~1.4× the runtime-M
+//    GEMM, which does not use AMX there) and f32 with large ones (ZAYA1's 4096 × 2048: ~1.2×).
+//  * A runtime-M primitive (oneDNN's jit GEMM), one for every token count: bf16 with large
+//    weights (~1.1–1.4× the row blocks at ZAYA1's shapes) and f32 with small ones (~1.2×).
+//  * Zero-padded K (token count in K, the weight gradient dyᵀ·x) for bf16: run_k_padded. f32 uses
+//    a runtime-K primitive.
 // Every choice depends only on the problem's shape, so results stay deterministic.
 constexpr int64_t kRowBlock = 32;
 constexpr int64_t kLargeWeight = int64_t{1} << 20;
 
 // Scratch for the padded tail, per thread and reused (grows to the largest tail seen).
+template <class T>
 struct TailScratch {
-  std::vector<bf16> a;
+  std::vector<T> a;
   std::vector<float> c;
 };
 
+template <class T>
 void run_row_blocked(const Dims& d, const Tensor& A, const Tensor& B, Trans tb, const Tensor& C, float alpha,
                      float beta) {
   const int64_t body = d.m / kRowBlock * kRowBlock, tail = d.m - body;
-  auto dt = memory::data_type::bf16;
+  const DType dtype = A.dtype();
+  auto dt = dnnl_type(static_cast<uint8_t>(dtype));
   memory::desc b = operand_desc(1, d.k, d.n, tb, dt);
-  const bf16* a = A.data<bf16>();
+  const T* a = A.data<T>();
   float* c = C.data<float>();
   if (body > 0) {
     Dims db{1, 1, body, d.n, d.k};
-    dnnl::matmul prim = lookup(make_key(db, Trans::N, tb, DType::bf16, alpha, beta));
+    dnnl::matmul prim = lookup(make_key(db, Trans::N, tb, dtype, alpha, beta));
     execute(prim, operand_desc(1, body, d.k, Trans::N, dt), a, b, B.raw(),
             operand_desc(1, body, d.n, Trans::N, memory::data_type::f32), c);
   }
   if (tail > 0) {
-    thread_local TailScratch s;
-    const size_t a_elems = static_cast<size_t>(kRowBlock * d.k), c_elems = static_cast<size_t>(kRowBlock * d.n);
-    if (s.a.size() < a_elems) s.a.assign(a_elems, bf16{});  // zero rows below the tail
+    thread_local TailScratch<T> s;
+    const size_t a_elems = static_cast<size_t>(kRowBlock * d.k),
+                 c_elems = static_cast<size_t>(kRowBlock * d.n);
+    if (s.a.size() < a_elems) s.a.assign(a_elems, T{});  // zero rows below the tail
     if (s.c.size() < c_elems) s.c.assign(c_elems, 0.0f);
     std::copy_n(a + body * d.k, tail * d.k, s.a.data());
-    std::fill_n(s.a.data() + tail * d.k, (kRowBlock - tail) * d.k, bf16{});
+    std::fill_n(s.a.data() + tail * d.k, (kRowBlock - tail) * d.k, T{});
     if (beta != 0.0f) std::copy_n(c + body * d.n, tail * d.n, s.c.data());
     Dims dp{1, 1, kRowBlock, d.n, d.k};
-    dnnl::matmul prim = lookup(make_key(dp, Trans::N, tb, DType::bf16, alpha, beta));
+    dnnl::matmul prim = lookup(make_key(dp, Trans::N, tb, dtype, alpha, beta));
     execute(prim, operand_desc(1, kRowBlock, d.k, Trans::N, dt), s.a.data(), b, B.raw(),
             operand_desc(1, kRowBlock, d.n, Trans::N, memory::data_type::f32), s.c.data());
     std::copy_n(s.c.data(), tail * d.n, c + body * d.n);
   }
 }
 
+// bf16 weight gradient dW += dyᵀ·x (ta = T, tb = N), tokens in K: the runtime-K jit GEMM ran at
+// ~0.4× the AMX rate at ZAYA1's shapes, so K is rounded up to a multiple of kRowBlock by copying
+// both operands into zero-padded scratch ([Kp, M] and [Kp, N]; each 2-D and row-major, the token
+// rows contiguous) and run through the primitive for Kp (at most tokens / kRowBlock of them). The
+// padding rows add exact zeros to every dot product. When K is already a multiple, no copy.
+void run_k_padded(const Dims& d, const Tensor& A, const Tensor& B, const Tensor& C, float alpha, float beta) {
+  const int64_t kp = (d.k + kRowBlock - 1) / kRowBlock * kRowBlock;
+  const bf16* a = A.data<bf16>();
+  const bf16* b = B.data<bf16>();
+  if (kp != d.k) {
+    thread_local TailScratch<bf16> sa, sb;  // .a only
+    const size_t a_elems = static_cast<size_t>(kp * d.m), b_elems = static_cast<size_t>(kp * d.n);
+    if (sa.a.size() < a_elems) sa.a.resize(a_elems);
+    if (sb.a.size() < b_elems) sb.a.resize(b_elems);
+    std::copy_n(a, d.k * d.m, sa.a.data());
+    std::fill_n(sa.a.data() + d.k * d.m, (kp - d.k) * d.m, bf16{});
+    std::copy_n(b, d.k * d.n, sb.a.data());
+    std::fill_n(sb.a.data() + d.k * d.n, (kp - d.k) * d.n, bf16{});
+    a = sa.a.data();
+    b = sb.a.data();
+  }
+  Dims dp{1, 1, d.m, d.n, kp};
+  dnnl::matmul prim = lookup(make_key(dp, Trans::T, Trans::N, DType::bf16, alpha, beta));
+  auto dt = memory::data_type::bf16;
+  execute(prim, operand_desc(1, d.m, kp, Trans::T, dt), a, operand_desc(1, kp, d.n, Trans::N, dt), b,
+          operand_desc(1, d.m, d.n, Trans::N, memory::data_type::f32), C.raw());
+}
+
 // Runs through the runtime-dims primitive; false when oneDNN has no optimized one for the case.
-bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha,
-                 float beta, bool runtime_m, bool runtime_k) {
+bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C,
+                 float alpha, float beta, bool runtime_m, bool runtime_k) {
   Dims dk = d;
   if (runtime_m) dk.m = kRuntime;
   if (runtime_k) dk.k = kRuntime;
@@ -305,8 +352,15 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
       run_fixed(d, p.A, ta, p.B, tb, p.C, alpha, beta);
       continue;
     }
-    if (p.A.dtype() == DType::bf16 && ta == Trans::N && d.n * d.k < kLargeWeight) {
-      run_row_blocked(d, p.A, p.B, tb, p.C, alpha, beta);
+    if (ta == Trans::N && (p.A.dtype() == DType::bf16) == (d.n * d.k < kLargeWeight)) {
+      if (p.A.dtype() == DType::bf16)
+        run_row_blocked<bf16>(d, p.A, p.B, tb, p.C, alpha, beta);
+      else
+        run_row_blocked<float>(d, p.A, p.B, tb, p.C, alpha, beta);
+      continue;
+    }
+    if (p.A.dtype() == DType::bf16 && ta == Trans::T && tb == Trans::N) {
+      run_k_padded(d, p.A, p.B, p.C, alpha, beta);
       continue;
     }
     if (!run_runtime(d, p.A, ta, p.B, tb, p.C, alpha, beta, ta == Trans::N, ta == Trans::T))

@@ -71,7 +71,8 @@ void adamw_chunk(float* p, const float* g, float* mp, float* vp, int64_t n, cons
   int64_t i = 0;
 #if defined(__AVX512F__)
   const __m512 b1 = _mm512_set1_ps(k.b1), c1 = _mm512_set1_ps(k.c1), b2 = _mm512_set1_ps(k.b2);
-  const __m512 c2 = _mm512_set1_ps(k.c2), ib1 = _mm512_set1_ps(k.inv_bc1), isb2 = _mm512_set1_ps(k.inv_sqrt_bc2);
+  const __m512 c2 = _mm512_set1_ps(k.c2), ib1 = _mm512_set1_ps(k.inv_bc1),
+               isb2 = _mm512_set1_ps(k.inv_sqrt_bc2);
   const __m512 nlr = _mm512_set1_ps(-k.lr), eps = _mm512_set1_ps(k.eps), wd = _mm512_set1_ps(k.wd);
   for (; i + 16 <= n; i += 16) {
     const __m512 gi = _mm512_loadu_ps(g + i), pi = _mm512_loadu_ps(p + i);
@@ -118,8 +119,8 @@ double clip_grad_norm(std::span<const Tensor> grads, double max_norm) {
   return norm;
 }
 
-void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWHyper& hp,
-                  int64_t step) {
+void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  const AdamWHyper& hp, int64_t step) {
   const char* op = "adamw_update";
   require_f32(op, "param", param);
   for (auto [name, t] : {std::pair{"grad", &grad}, {"m", &m}, {"v", &v}}) {
@@ -132,9 +133,10 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, cons
   // division and no double arithmetic, and vectorizes.
   const double bc1 = 1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(step));
-  const float inv_bc1 = static_cast<float>(1.0 / bc1), inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const AdamWConsts k{hp.beta1, 1.0f - hp.beta1, hp.beta2, 1.0f - hp.beta2, inv_bc1, inv_sqrt_bc2,
-                      hp.lr, hp.eps, hp.weight_decay};
+  const float inv_bc1 = static_cast<float>(1.0 / bc1),
+              inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  const AdamWConsts k{hp.beta1,     1.0f - hp.beta1, hp.beta2, 1.0f - hp.beta2, inv_bc1,
+                      inv_sqrt_bc2, hp.lr,           hp.eps,   hp.weight_decay};
   float* __restrict p = param.data<float>();
   float* __restrict mp = m.data<float>();
   float* __restrict vp = v.data<float>();

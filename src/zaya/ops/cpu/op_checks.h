@@ -46,8 +46,8 @@ inline void require_exact(std::string_view op, std::string_view what, const Tens
 
 // An activation of B·T rows of F features may be passed as [B, T, F], [B·T, F] or, for per-head
 // data, [B, T, heads, hd] with heads·hd = F: all are the same contiguous bytes.
-inline void require_rows(std::string_view op, std::string_view what, const Tensor& t, int64_t B,
-                         int64_t T, int64_t F) {
+inline void require_rows(std::string_view op, std::string_view what, const Tensor& t, int64_t B, int64_t T,
+                         int64_t F) {
   require_cpu_f32(op, what, t);
   const Shape& s = t.shape();
   bool ok = (s == Shape{B, T, F}) || (s == Shape{B * T, F}) ||
@@ -57,7 +57,8 @@ inline void require_rows(std::string_view op, std::string_view what, const Tenso
 
 // N rows of F features for a per-token op: [N, F], [B, T, F] or [B, T, heads, hd] with the right
 // product (the op does not care how the rows are grouped).
-inline void require_n_rows(std::string_view op, std::string_view what, const Tensor& t, int64_t N, int64_t F) {
+inline void require_n_rows(std::string_view op, std::string_view what, const Tensor& t, int64_t N,
+                           int64_t F) {
   require_cpu_f32(op, what, t);
   const Shape& s = t.shape();
   bool ok = t.numel() == N * F && s.ndim() >= 2 &&
