@@ -186,6 +186,30 @@ TEST(CrossEntropy, KeptExpsBackwardMatchesRecomputingBackward) {
   EXPECT_LT(test::rel_error(out[3], to_f64(out[1])), 1e-5);
 }
 
+TEST(CrossEntropy, LossFromCallerLogitsMatchesTheFusedForward) {
+  const int64_t n = 30, hd = 16, v = 200;
+  std::vector<int32_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = i % 6 == 5 ? -100 : static_cast<int32_t>((i * 53) % v);
+  Tensor h = random_tensor({n, hd}, 11), E = random_tensor({v, hd}, 12), tg = make_targets(t);
+  Vec lse_ref;
+  const double loss_ref = ce_reference(to_f64(h), to_f64(E), t, n, hd, v, &lse_ref);
+  Tensor logits = Tensor::empty({n, v}, DType::f32);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < v; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < hd; ++k) acc += double(h.data<float>()[i * hd + k]) * E.data<float>()[j * hd + k];
+      logits.data<float>()[i * v + j] = static_cast<float>(acc);
+    }
+  Tensor before = logits.clone(), lse = Tensor::empty({n}, DType::f32);
+  CrossEntropyResult r = cross_entropy_logits_forward(logits, tg, lse);
+  EXPECT_EQ(r.count, 25);
+  EXPECT_NEAR(r.loss, loss_ref, 1e-6 * std::fabs(loss_ref));  // f32 exp/log sums of 200 terms
+  EXPECT_LT(test::rel_error(lse, lse_ref), 1e-6);
+  EXPECT_EQ(0, std::memcmp(logits.raw(), before.raw(), logits.nbytes()));  // left as they were
+  tg.data<int32_t>()[3] = static_cast<int32_t>(v);
+  EXPECT_THROW(cross_entropy_logits_forward(logits, tg, lse), Error);
+}
+
 TEST(CrossEntropy, BadArgumentsAreNamed) {
   const int64_t n = 3, hd = 4, v = 10;
   Tensor h = random_tensor({n, hd}, 1), E = random_tensor({v, hd}, 2);

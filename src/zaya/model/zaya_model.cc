@@ -305,8 +305,7 @@ void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, co
 }
 
 // The fused loss's single-chunk forward with bf16 GEMM inputs: logits = bf16(hf)·bf16(E)ᵀ (f32
-// accumulation) into the workspace, then per row max, logsumexp and the picked logit in fp32; the
-// mean loss summed in row order in double (bitwise reproducible, as the op).
+// accumulation) into the workspace, then the loss and each row's logsumexp from them in fp32.
 ops::CrossEntropyResult ZayaModel::head_forward_bf16(const Tensor& targets) {
   ScratchActs& s = *scratch_;
   const int64_t N = B_ * T_, V = cfg_.vocab_size;
@@ -314,28 +313,7 @@ ops::CrossEntropyResult ZayaModel::head_forward_bf16(const Tensor& targets) {
   cast_to_bf16(param_views_[0], emb16_);
   Tensor logits = s.ce_ws.window(0, Shape{N, V});
   ops::gemm(s.hf16, ops::Trans::N, emb16_, ops::Trans::T, logits);
-  const float* lp = logits.data<float>();
-  float* lse = s.lse_ce.data<float>();
-  const int32_t* tgt = targets.data<int32_t>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    const float* row = lp + i * V;
-    float mx = -INFINITY, sum = 0;
-    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
-    for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
-    lse[i] = mx + std::log(sum);
-  }
-  ops::CrossEntropyResult r;
-  double total = 0;
-  const int32_t ignore = ops::CrossEntropyOptions{}.ignore_index;
-  for (int64_t i = 0; i < N; ++i) {
-    if (tgt[i] == ignore) continue;
-    ZAYA_CHECK(tgt[i] >= 0 && tgt[i] < V, "ZayaModel::forward: target ", tgt[i], " outside the vocabulary [0, ", V, ")");
-    total += static_cast<double>(lse[i]) - static_cast<double>(lp[i * V + tgt[i]]);
-    ++r.count;
-  }
-  r.loss = r.count ? total / static_cast<double>(r.count) : 0.0;
-  return r;
+  return ops::cross_entropy_logits_forward(logits, targets, s.lse_ce, ops::CrossEntropyOptions{}.ignore_index);
 }
 
 void ZayaModel::forward_logits(const Tensor& ids, const Tensor& logits) {

@@ -220,6 +220,40 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Te
   return r;
 }
 
+CrossEntropyResult cross_entropy_logits_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                                int32_t ignore_index) {
+  const char* op = "cross_entropy_logits_forward";
+  ZAYA_CHECK(logits.device() == Device::cpu, op, ": no CUDA kernel yet");
+  check_dtype(str(op, ": logits"), logits, DType::f32);
+  ZAYA_CHECK(logits.ndim() == 2, op, ": logits must be [N, V], found ", logits.str());
+  const int64_t N = logits.size(0), V = logits.size(1);
+  check_dtype(str(op, ": lse"), lse, DType::f32);
+  check_shape(str(op, ": lse"), lse, Shape{N});
+  check_dtype(str(op, ": targets"), targets, DType::i32);
+  ZAYA_CHECK(targets.numel() == N, op, ": ", targets.str(), " targets for ", N, " rows");
+  const int32_t* tgt = targets.data<int32_t>();
+  for (int64_t i = 0; i < N; ++i)
+    ZAYA_CHECK(tgt[i] == ignore_index || (tgt[i] >= 0 && tgt[i] < V), op, ": target ", tgt[i], " at row ", i,
+               " is outside [0, ", V, ") and is not the ignore index ", ignore_index);
+  const float* lp = logits.data<float>();
+  float* l = lse.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* row = lp + i * V;
+    const float mx = cpu::maxf(row, V);
+    l[i] = mx + std::log(cpu::sum_expf(row, V, mx));
+  }
+  CrossEntropyResult r;
+  double total = 0;
+  for (int64_t i = 0; i < N; ++i) {  // in row order: bitwise reproducible
+    if (tgt[i] == ignore_index) continue;
+    total += static_cast<double>(l[i]) - static_cast<double>(lp[i * V + tgt[i]]);
+    ++r.count;
+  }
+  r.loss = r.count ? total / static_cast<double>(r.count) : 0.0;
+  return r;
+}
+
 void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t count,
                                    int32_t ignore_index) {
   ZAYA_CHECK(logits.device() == Device::cpu, "cross_entropy_logits_backward: no CUDA kernel yet");

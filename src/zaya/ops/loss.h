@@ -43,7 +43,13 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Te
                                                        const Tensor& workspace,
                                                        const CrossEntropyOptions& opt = {});
 
-// Turns materialized logits [N, V] (the loss forward kept them) into the gradient of the mean
+// The loss from logits [N, V] the caller made itself (the model's bf16 head GEMM): lse [N] receives
+// each row's logsumexp, the logits are left as they are; N i32 targets (any shape), each in [0, V)
+// or ignore_index. Same row math and order as the fused forward's single chunk.
+CrossEntropyResult cross_entropy_logits_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                                int32_t ignore_index = -100);
+
+// Turns materialized logits [N, V] (cross_entropy_logits_forward's input) into the gradient of the mean
 // cross-entropy in place: row i becomes (softmax(logits_i) − onehot(target_i)) / count, from the
 // rows' logsumexp lse [N] and N i32 targets (any shape); rows whose target is ignore_index become 0. `count` is the number of
 // non-ignored rows (CrossEntropyResult::count).
