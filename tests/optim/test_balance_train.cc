@@ -81,6 +81,26 @@ TEST(Balancer, FirstStepPushesOverloadedExpertsDown) {
   EXPECT_THROW(bc.step(beta, std::vector<int64_t>{1, 2, 3}), Error);
 }
 
+TEST(Balancer, LrScaleAndEpsShapeTheStep) {
+  const int64_t E = 4;
+  // lr_scale multiplies the step: half the rate, half the first (sign-like) step.
+  Tensor beta = Tensor::zeros(Shape{1, E + 1}, DType::f32);
+  BalanceController bc(1, E, 0.01, 0.9, 0.95, 1e-8);
+  bc.step(beta, std::vector<int64_t>{70, 10, 10, 10}, 0.5);
+  EXPECT_NEAR(beta.data<float>()[0], -0.005f, 1e-8);
+  EXPECT_THROW(bc.step(beta, std::vector<int64_t>{70, 10, 10, 10}, -1.0), Error);
+  // A large eps turns the first step proportional: lr·g/(|g| + eps), so a 4x larger imbalance
+  // moves its bias further (a sign-like step would move both by lr). g = 0.05 and 0.20 here.
+  Tensor b2 = Tensor::zeros(Shape{1, E + 1}, DType::f32);
+  BalanceController damped(1, E, 0.01, 0.9, 0.95, 0.1);
+  damped.step(b2, std::vector<int64_t>{30, 45, 10, 15});  // p = 0.30, 0.45, 0.10, 0.15
+  const float* b = b2.data<float>();
+  EXPECT_NEAR(b[0], -0.01 * 0.05 / (0.05 + 0.1), 1e-7);  // float math on ~1e-3 values: 1e-7 slack
+  EXPECT_NEAR(b[1], -0.01 * 0.20 / (0.20 + 0.1), 1e-7);
+  EXPECT_NEAR(b[2], 0.01 * 0.15 / (0.15 + 0.1), 1e-7);
+  EXPECT_NEAR(b[3], 0.01 * 0.10 / (0.10 + 0.1), 1e-7);
+}
+
 TEST(Balancer, DrivesSyntheticRouterTowardUniformLoads) {
   const int64_t N = 4000, E = 8;
   SyntheticRouter router(N, E, 5);

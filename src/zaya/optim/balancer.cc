@@ -1,5 +1,7 @@
 #include "zaya/optim/balancer.h"
 
+#include <cmath>
+
 #include "zaya/ops/optim_ops.h"
 
 namespace zaya::optim {
@@ -14,7 +16,7 @@ BalanceController::BalanceController(int64_t layers, int64_t experts, double lr,
   g_ = Tensor::zeros(Shape{L_, E_}, DType::f32);
 }
 
-void BalanceController::step(const Tensor& biases, std::span<const int64_t> counts) {
+void BalanceController::step(const Tensor& biases, std::span<const int64_t> counts, double lr_scale) {
   ZAYA_CHECK(m_.defined(), "BalanceController: not constructed for a model");
   check_shape("BalanceController: balancing biases", biases, Shape{L_, E_ + 1});
   check_dtype("BalanceController: balancing biases", biases, DType::f32);
@@ -22,7 +24,9 @@ void BalanceController::step(const Tensor& biases, std::span<const int64_t> coun
              " expert counts (layers x experts), found ", counts.size());
   ++step_;
   ops::AdamWHyper hp;
-  hp.lr = static_cast<float>(lr_);
+  ZAYA_CHECK(std::isfinite(lr_scale) && lr_scale >= 0, "BalanceController: lr_scale must be finite and >= 0, found ",
+             lr_scale);
+  hp.lr = static_cast<float>(lr_ * lr_scale);
   hp.beta1 = static_cast<float>(beta1_);
   hp.beta2 = static_cast<float>(beta2_);
   hp.eps = static_cast<float>(eps_);

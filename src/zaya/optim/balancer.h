@@ -25,8 +25,10 @@ class BalanceController {
 
   // One controller step on `biases` [L, E+1] from counts [L·E] (layer-major, real experts only;
   // summed over micro-batches and all-reduced over data-parallel ranks by the caller). A layer
-  // whose tokens all chose skip has no load to balance and is left alone.
-  void step(const Tensor& biases, std::span<const int64_t> counts);
+  // whose tokens all chose skip has no load to balance and is left alone. `lr_scale` multiplies
+  // the controller's learning rate for this step (the trainer passes the model's schedule factor
+  // when optim.balance_follow_schedule is on).
+  void step(const Tensor& biases, std::span<const int64_t> counts, double lr_scale = 1.0);
 
   int64_t steps() const { return step_; }
   // The AdamW moments [L, E] for checkpoints.

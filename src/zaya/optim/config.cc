@@ -111,6 +111,7 @@ OptimizerConfig OptimizerConfig::from_toml(ConfigReader& r) {
   r.get("optim.balance_beta1", c.balance_beta1);
   r.get("optim.balance_beta2", c.balance_beta2);
   r.get("optim.balance_eps", c.balance_eps);
+  r.get("optim.balance_follow_schedule", c.balance_follow_schedule);
   c.validate(src);
   return c;
 }

@@ -46,6 +46,7 @@ struct OptimizerConfig {
   double balance_lr = 1e-3;
   double balance_beta1 = 0.9;   // the controller's AdamW betas (its own, not the model's)
   double balance_beta2 = 0.95;
+  bool balance_follow_schedule = false;  // scale balance_lr by the model's lr / lr (warmup, decay)
   double balance_eps = 1e-8;    // its AdamW eps: above ~|p_e − 1/E| near balance, steps become proportional
 
   // Throws zaya::Error naming `source` and the offending key ("optim.<key>").

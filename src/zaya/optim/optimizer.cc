@@ -99,9 +99,14 @@ StepStats Optimizer::step(model::ZayaModel& model, double lr) {
   return s;
 }
 
-void Optimizer::balance_step(model::ZayaModel& model, std::span<const int64_t> counts) {
+void Optimizer::balance_step(model::ZayaModel& model, std::span<const int64_t> counts, double lr) {
   if (!cfg_.balance_enabled) return;
-  balancer_.step(model.balancing_biases(), counts);
+  double scale = 1.0;
+  if (cfg_.balance_follow_schedule) {
+    ZAYA_CHECK(lr >= 0, "Optimizer::balance_step: optim.balance_follow_schedule needs the step's learning rate");
+    scale = cfg_.lr > 0 ? lr / cfg_.lr : 0.0;
+  }
+  balancer_.step(model.balancing_biases(), counts, scale);
 }
 
 void Optimizer::accumulate_router_counts(const model::ZayaModel& model, std::vector<int64_t>& counts) {

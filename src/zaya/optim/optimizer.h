@@ -46,7 +46,9 @@ class Optimizer {
   StepStats step(model::ZayaModel& model, double lr);
 
   // Expert-balance controller step (no-op when balance_enabled is false).
-  void balance_step(model::ZayaModel& model, std::span<const int64_t> counts);
+  // `lr` is the model's learning rate of the step just taken; with optim.balance_follow_schedule
+  // the controller's rate is balance_lr · lr / optim.lr (it warms up and decays with the model).
+  void balance_step(model::ZayaModel& model, std::span<const int64_t> counts, double lr = -1);
 
   // Adds the last forward's per-layer routed-token counts (real experts, skip excluded) to
   // `counts` [L·E], resizing it on first use. Call after every micro-batch's forward; all-reduce

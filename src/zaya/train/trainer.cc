@@ -398,7 +398,7 @@ TrainResult Trainer::run() {
     auto t_opt0 = Clock::now();
     const double lr = optim::lr_at(cfg_.optim, step_ + 1);
     optim::StepStats st = optimizer_->step(*model_, lr);
-    optimizer_->balance_step(*model_, counts);
+    optimizer_->balance_step(*model_, counts, lr);
     double t_opt = seconds_since(t_opt0);
     ++step_;
     tokens_ += step_tokens;
