@@ -95,11 +95,8 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
         for (int64_t ii = 0; ii < ni; ++ii) {
           float* s = S.data() + ii * kBlock;
           const int64_t jn = std::min(nj, i0 + ii - j0 + 1);  // causal: keys j ≤ i
-          float mx = m[ii];
-          for (int64_t j = 0; j < jn; ++j) {
-            s[j] *= scale;
-            mx = std::max(mx, s[j]);
-          }
+          for (int64_t j = 0; j < jn; ++j) s[j] *= scale;
+          const float mx = std::max(m[ii], maxf(s, jn));  // 16 lanes: a scalar max chain does not vectorize
           // Online softmax: rescale what was accumulated under the old max.
           const float alpha = std::exp(m[ii] - mx);  // exp(−inf) = 0 on the first block
           m[ii] = mx;
