@@ -2,7 +2,9 @@
 //   u = RMSNorm_in(x);  a = o_proj(attention(CCA(u)));  x_mid = RS_attn(a, x);
 //   w = RMSNorm_post(x_mid);  (m, r_l) = MoE(w, r_{l−1});  x_out = RS_mlp(m, x_mid).
 // The backward walks the same steps in reverse; each step's comment gives the forward it undoes.
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "zaya/model/model_internal.h"
 #include "zaya/model/zaya_model.h"
@@ -17,24 +19,40 @@ namespace zaya::model {
 
 namespace {
 
-void copy_cols(const Tensor& dst, const Tensor& src, int64_t c0) {
-  const int64_t n = src.size(0), ld = src.size(1), w = dst.numel() / n;
+// A column range [c0, c0 + dst width) of a row-major matrix, copied into (or from) a contiguous dst.
+struct ColSlice {
+  const Tensor& t;
+  int64_t c0;
+};
+
+// dst_k = src[:, c0_k : c0_k + width_k] for every slice, in one pass over src's rows (and one
+// parallel region: the fork/join, not the bytes, is what costs on a loaded machine).
+void copy_col_slices(const Tensor& src, std::initializer_list<ColSlice> slices) {
+  const int64_t n = src.size(0), ld = src.size(1);
   const float* s = src.data<float>();
-  float* d = dst.data<float>();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < w; ++j) d[i * w + j] = s[i * ld + c0 + j];
+    for (const ColSlice& sl : slices) {
+      const int64_t w = sl.t.numel() / n;
+      std::copy_n(s + i * ld + sl.c0, w, sl.t.data<float>() + i * w);
+    }
 }
 
-// dst[:, c0 : c0 + w] = a[:, a0 : a0 + w] (+ b[:, :w] when b is defined).
-void put_cols(const Tensor& dst, int64_t c0, const Tensor& a, int64_t a0, int64_t w, const Tensor& b) {
-  const int64_t n = dst.size(0), ld = dst.size(1), ald = a.numel() / n;
-  const float* ap = a.data<float>();
-  const float* bp = b.defined() ? b.data<float>() : nullptr;
+// The inverse for the gradient, summing where two slices overlap the same columns: dst = 0, then
+// dst[:, c0_k : c0_k + width_k] += slice_k in the order given, row by row in one pass.
+void add_col_slices(const Tensor& dst, std::initializer_list<ColSlice> slices) {
+  const int64_t n = dst.size(0), ld = dst.size(1);
   float* d = dst.data<float>();
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < w; ++j) d[i * ld + c0 + j] = ap[i * ald + a0 + j] + (bp ? bp[i * w + j] : 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = d + i * ld;
+    std::fill_n(row, ld, 0.0f);
+    for (const ColSlice& sl : slices) {
+      const int64_t w = sl.t.numel() / n;
+      const float* x = sl.t.data<float>() + i * w;
+      for (int64_t j = 0; j < w; ++j) row[sl.c0 + j] += x[j];
+    }
+  }
 }
 
 void add_into(const Tensor& dst, const Tensor& src) {
@@ -62,11 +80,8 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   ops::rmsnorm_forward(x, p.w_in, eps, t.u, t.rstd_in);
   // proj = u·[W_q; W_k; W_vc; W_vd]ᵀ, columns [q̃ | k̃ | vc | vd].
   ops::linear_forward(t.u, p.w_qkv, Tensor{}, s.proj);
-  copy_cols(t.z, s.proj, 0);  // z = concat(q̃, k̃)
-  copy_cols(s.qt, s.proj, 0);
-  copy_cols(s.kt, s.proj, q);
-  copy_cols(s.vc, s.proj, C);
-  copy_cols(s.vd, s.proj, C + kv / 2);
+  // z = concat(q̃, k̃) (the conv input); q̃, k̃ (the mean skip's); vc, vd (the value shift's).
+  copy_col_slices(s.proj, {{t.z, 0}, {s.qt, 0}, {s.kt, q}, {s.vc, C}, {s.vd, C + kv / 2}});
   ops::cca_conv_forward(s.conv, t.z, p.conv, B_, T_, dims);
   ops::mean_skip_forward(t.qpre, t.kpre, s.conv, s.qt, s.kt, N, dims);
   ops::value_shift_forward(t.v, s.vc, s.vd, B_, T_, kv / 2);
@@ -172,10 +187,7 @@ void ZayaModel::layer_backward(int l) {
   ops::cca_conv_backward(s.dz, g.conv, s.dconv, t.z, p.conv, B_, T_, dims);
   ops::value_shift_backward(s.dvc, s.dvd, s.dv, B_, T_, kv / 2);
   // proj columns [q̃ | k̃ | vc | vd]: q̃, k̃ reach the loss through the conv and the mean skip.
-  put_cols(s.dproj, 0, s.dz, 0, q, s.dqt);
-  put_cols(s.dproj, q, s.dz, q, kv, s.dkt);
-  put_cols(s.dproj, C, s.dvc, 0, kv / 2, Tensor{});
-  put_cols(s.dproj, C + kv / 2, s.dvd, 0, kv / 2, Tensor{});
+  add_col_slices(s.dproj, {{s.dz, 0}, {s.dqt, 0}, {s.dkt, q}, {s.dvc, C}, {s.dvd, C + kv / 2}});
   ops::linear_backward(s.dproj, t.u, p.w_qkv, s.du, g.w_qkv, Tensor{});
   ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dtmp, g.w_in);
   add_into(s.dxb, s.dtmp);
