@@ -69,7 +69,9 @@ constexpr int64_t kLanes = 16;  // dotf's partial sums
 // l an FMA chain over the inputs k ≡ l (mod 16), then adds them in a fixed tree. Each lane is
 // itself a small matrix product over every 16th input, so per (token block, head) the conv is 16
 // tile products P_l = DD[:, l::16]·Wᵀ[l::16, :] and dotf's tree over them, elementwise: the same
-// bits as dotf per output, vectorized over the head's outputs instead of one horizontal sum each.
+// bits as dotf per output, vectorized over the head's outputs instead of one horizontal sum each
+// (dotf's `acc += a·b` compiles to an FMA, as mm's chain; the decode step still calls dotf, and
+// CcaConv.DecodeEqualsFullForwardAtEveryPosition checks the two bitwise).
 void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, const float* gw,
                   const float* gb, int64_t B, int64_t T, int64_t heads, int64_t hd) {
   const int64_t C = heads * hd, N = B * T, K2 = 2 * hd, nblk = (N + kRows - 1) / kRows;
@@ -98,8 +100,7 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
       }
       // dotf's tree: lanes l += l+8, then l += l+4, then (0 + 2) + (1 + 3).
       const int64_t m = nr * hd;
-      float* p = P;
-      auto lane = [&](int64_t l) { return p + l * kRows * hd; };
+      auto lane = [&](int64_t l) { return P + l * kRows * hd; };
       for (int64_t l = 0; l < 8; ++l)
         for (int64_t e = 0; e < m; ++e) lane(l)[e] += lane(l + 8)[e];
       for (int64_t l = 0; l < 4; ++l)
