@@ -4,9 +4,10 @@
 // Forward is tiled flash-attention style (blocks of 64 queries × 64 keys with a running max and
 // sum): it keeps only the output and the per-row logsumexp lse [B, nq, T] — O(T) memory, never a
 // T×T matrix. Backward recomputes the probabilities tile by tile from lse (P = exp(S − lse),
-// D_i = ⟨dO_i, O_i⟩, dS = P ⊙ (dO·Vᵀ − D)) in two passes — one over query blocks for dq, one over
-// key blocks for dk and dv (summed over the G q heads of each kv head) — so every output element
-// has one writer and a fixed summation order: bitwise deterministic for any thread count.
+// D_i = ⟨dO_i, O_i⟩, dS = P ⊙ (dO·Vᵀ − D)) once per tile, in one task per (batch row, kv head)
+// that owns dk, dv of its key blocks and dq of its G q heads (key blocks in order, then the heads'
+// query blocks) — so every output element has one writer and a fixed summation order: bitwise
+// deterministic for any thread count.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 //
 // Layout: q [B, T, nq, hd], k/v [B, T, nkv, hd]; row i of head h is at ((b·T + i)·nq + h)·hd.
 // Per tile, the key (and value) block is transposed into Kt[d][j]; every tile product (Q·Kᵀ, P·V
-// and the backward's four) then runs through one register-blocked kernel, mm(), whose B operand
+// and the backward's five) then runs through one register-blocked kernel, mm(), whose B operand
 // has contiguous rows. Plain per-row AXPY loops ran at ~20-28 GFLOP/s, bound by reloading and
 // storing the score row once per d.
 #include "zaya/ops/cpu/attention_cpu.h"
