@@ -245,8 +245,9 @@ void run_fixed(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans 
 //    GEMM, which does not use AMX there) and f32 with large ones (ZAYA1's 4096 × 2048: ~1.2×).
 //  * A runtime-M primitive (oneDNN's jit GEMM), one for every token count: bf16 with large
 //    weights (~1.1–1.4× the row blocks at ZAYA1's shapes) and f32 with small ones (~1.2×).
-//  * Zero-padded K (token count in K, the weight gradient dyᵀ·x) for bf16: run_k_padded. f32 uses
-//    a runtime-K primitive.
+//  * Zero-padded K (token count in K, the weight gradient dyᵀ·x) for bf16 with a large weight
+//    gradient (M·N >= 2^20): run_k_padded. f32, and bf16 with a small one (the demo's, where the
+//    copies cost more than AMX gains: ~1.1× for the runtime-K primitive), use a runtime-K one.
 // Every choice depends only on the problem's shape, so results stay deterministic.
 constexpr int64_t kRowBlock = 32;
 constexpr int64_t kLargeWeight = int64_t{1} << 20;
@@ -359,7 +360,7 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
         run_row_blocked<float>(d, p.A, p.B, tb, p.C, alpha, beta);
       continue;
     }
-    if (p.A.dtype() == DType::bf16 && ta == Trans::T && tb == Trans::N) {
+    if (p.A.dtype() == DType::bf16 && ta == Trans::T && tb == Trans::N && d.m * d.n >= kLargeWeight) {
       run_k_padded(d, p.A, p.B, p.C, alpha, beta);
       continue;
     }
