@@ -160,7 +160,7 @@ RunResult train(const OptimizerConfig& cfg, int from, int to, const Saved* resum
     Optimizer::accumulate_router_counts(m, counts);
     StepStats st = opt.step(m, lr_at(cfg, opt.steps() + 1));
     EXPECT_FALSE(st.skipped);
-    opt.balance_step(m, counts);
+    opt.balance_step(m, counts, st.lr);
   }
   r.params = to_f64(m.params_flat());
   r.beta = to_f64(m.balancing_biases());

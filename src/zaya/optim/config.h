@@ -44,10 +44,10 @@ struct OptimizerConfig {
   // Expert-balance controller: its own AdamW on the balancing biases (no weight decay).
   bool balance_enabled = true;
   double balance_lr = 1e-3;
-  double balance_beta1 = 0.9;   // the controller's AdamW betas (its own, not the model's)
+  double balance_beta1 = 0.9;  // the controller's AdamW betas (its own, not the model's)
   double balance_beta2 = 0.95;
-  bool balance_follow_schedule = false;  // scale balance_lr by the model's lr / lr (warmup, decay)
-  double balance_eps = 1e-8;    // its AdamW eps: above ~|p_e − 1/E| near balance, steps become proportional
+  bool balance_follow_schedule = true;  // scale balance_lr by the model's lr / lr (warmup, decay)
+  double balance_eps = 1e-2;  // its AdamW eps: above ~|p_e − 1/E| near balance, steps become proportional
 
   // Throws zaya::Error naming `source` and the offending key ("optim.<key>").
   void validate(const std::string& source) const;
