@@ -4,7 +4,8 @@
     tools/plot_metrics.py RUN_DIR [RUN_DIR ...] [--out DIR] [--labels A,B] [--baseline NATS]
 
 Writes loss.png, lr.png, grad_norm.png and expert_load.png into --out (default: the first
-RUN_DIR). With several runs, each figure overlays them (expert load: the first run only).
+RUN_DIR). With several runs, each figure overlays them (expert load: the first run only). Prints
+each run's per-layer expert-load entropy averaged over --window steps (default 50).
 """
 import argparse
 import json
@@ -53,6 +54,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--labels")
     ap.add_argument("--baseline", type=float, help="unigram baseline (nats/token) drawn on the loss plot")
+    ap.add_argument("--window", type=int, default=50, help="steps per window of the printed expert-balance table")
     a = ap.parse_args()
     out = a.out or a.runs[0]
     os.makedirs(out, exist_ok=True)
@@ -106,6 +108,21 @@ def main():
     fig.tight_layout()
     fig.savefig(os.path.join(out, "expert_load.png"), dpi=110)
     print(f"plot_metrics: wrote loss.png, lr.png, grad_norm.png, expert_load.png to {out}")
+    for (train, _), label in zip(runs, labels):
+        print_balance(train, label, a.window)
+
+
+def print_balance(train, label, window):
+    """Prints each layer's normalized expert-load entropy, averaged over windows of `window` steps."""
+    if not train or "expert_entropy" not in train[0]:
+        return
+    layers = len(train[0]["expert_entropy"])
+    print(f"expert-load entropy, {label}: mean per {window}-step window (1 = uniform)")
+    print("  steps        " + " ".join(f"layer {l:<2}" for l in range(layers)))
+    for a in range(0, len(train), window):
+        w = train[a:a + window]
+        means = [sum(r["expert_entropy"][l] for r in w) / len(w) for l in range(layers)]
+        print(f"  {w[0]['step']:>4}-{w[-1]['step']:<6} " + " ".join(f"{m:8.3f}" for m in means))
 
 
 if __name__ == "__main__":
