@@ -1,5 +1,6 @@
 #include "zaya/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -159,10 +160,16 @@ double Trainer::measure_gemm_peak() const {
   a.fill_(0.5);
   b.fill_(0.25);
   ops::gemm(a, ops::Trans::N, b, ops::Trans::N, c);
-  auto t0 = Clock::now();
-  const int reps = 3;
-  for (int i = 0; i < reps; ++i) ops::gemm(a, ops::Trans::N, b, ops::Trans::N, c);
-  return 2.0 * n * n * n * reps / seconds_since(t0);
+  // The best of several short trials: a peak is what the machine can do, and a single trial on a
+  // shared or frequency-scaling machine reads low (seen: 84 vs 225 GFLOP/s minutes apart).
+  double best = 0;
+  for (int trial = 0; trial < 5; ++trial) {
+    auto t0 = Clock::now();
+    const int reps = 3;
+    for (int i = 0; i < reps; ++i) ops::gemm(a, ops::Trans::N, b, ops::Trans::N, c);
+    best = std::max(best, 2.0 * n * n * n * reps / seconds_since(t0));
+  }
+  return best;
 }
 
 void Trainer::print_summary() const {
