@@ -392,5 +392,18 @@ TEST(Dense, CudaTensorsAreRejected) {
   }
 }
 
+TEST(CastToBf16, RoundsEveryElementToNearestEven) {
+  // Against the scalar reference conversion (core's to_bf16, itself tested on ties, subnormals,
+  // inf and NaN): exact equality, the same rounding applied element by element.
+  Tensor x = test::random_tensor({37, 29}, 5, 3.0f);
+  Tensor y = Tensor::empty({37 * 29}, DType::bf16);  // another shape, same element count
+  cast_to_bf16(x, y);
+  const float* a = x.data<float>();
+  const bf16* b = y.data<bf16>();
+  for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(b[i].bits, to_bf16(a[i]).bits) << i;
+  EXPECT_THROW(cast_to_bf16(x, Tensor::empty({10}, DType::bf16)), Error);
+  EXPECT_THROW(cast_to_bf16(x, Tensor::empty({37, 29}, DType::f32)), Error);
+}
+
 }  // namespace
 }  // namespace zaya::ops

@@ -45,9 +45,6 @@ struct ScratchActs {
   Tensor dy16, dgu16, hf16, g16;  // bf16 GEMM path: bf16 copies of GEMM inputs
 };
 
-// dst (bf16) = round-to-nearest-even(src (f32)), elementwise over src.numel() elements.
-void cast_to_bf16(const Tensor& src, const Tensor& dst);
-
 // Views of one layer's parameters (or of their gradients: same layout in the grad buffer).
 struct LayerParams {
   Tensor w_in, w_qkv, temp, w_o, w_post, w_down, b_down, s_eda, w_rn, fc1w, fc1b, fc2w, fc2b, outw, w_gu, w_d;

@@ -194,14 +194,6 @@ void ZayaModel::layer_backward(int l) {
   std::swap(s.dxa, s.dxb);  // s.dxa = dL/dx_in
 }
 
-void cast_to_bf16(const Tensor& src, const Tensor& dst) {
-  const float* a = src.data<float>();
-  bf16* b = dst.data<bf16>();
-  const int64_t n = src.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) b[i] = to_bf16(a[i]);
-}
-
 // Experts of layer l on its M routed rows (t.xp gathered, grouped by expert via t.offsets):
 //   gu_e = xp_e · W_gu[e]ᵀ (gate rows first);  act = SiLU(g) ⊙ v;  y_e = act_e · W_d[e]ᵀ.
 // On the bf16 path the GEMM inputs are bf16 copies (xp16, act16, refreshed weight copies).
@@ -211,7 +203,7 @@ void ZayaModel::expert_forward(int l) {
   const bool b16 = gemm_dtype_ == DType::bf16;
   const int64_t E = cfg_.num_experts, M = t.M;
   const int32_t* off = t.offsets.data<int32_t>();
-  if (b16) cast_to_bf16(t.xp.slice(0, M), t.xp16.slice(0, M));
+  if (b16) ops::cast_to_bf16(t.xp.slice(0, M), t.xp16.slice(0, M));
   const Tensor& xp = b16 ? t.xp16 : t.xp;
   const Tensor& wgu = b16 ? w_gu16_[l] : p.w_gu;
   const Tensor& wd = b16 ? w_d16_[l] : p.w_d;
@@ -221,7 +213,7 @@ void ZayaModel::expert_forward(int l) {
       problems_.push_back({xp.slice(off[e], off[e + 1]), wgu.select(e), t.gu.slice(off[e], off[e + 1])});
   ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
   ops::swiglu_forward(t.gu.slice(0, M), t.act.slice(0, M));
-  if (b16) cast_to_bf16(t.act.slice(0, M), t.act16.slice(0, M));
+  if (b16) ops::cast_to_bf16(t.act.slice(0, M), t.act16.slice(0, M));
   const Tensor& act = b16 ? t.act16 : t.act;
   problems_.clear();
   for (int64_t e = 0; e < E; ++e)
@@ -239,7 +231,7 @@ void ZayaModel::expert_backward(int l) {
   const bool b16 = gemm_dtype_ == DType::bf16;
   const int64_t E = cfg_.num_experts, M = t.M;
   const int32_t* off = t.offsets.data<int32_t>();
-  if (b16) cast_to_bf16(s.dy.slice(0, M), s.dy16.slice(0, M));
+  if (b16) ops::cast_to_bf16(s.dy.slice(0, M), s.dy16.slice(0, M));
   const Tensor& dy = b16 ? s.dy16 : s.dy;
   const Tensor& act = b16 ? t.act16 : t.act;
   const Tensor& xp = b16 ? t.xp16 : t.xp;
@@ -262,7 +254,7 @@ void ZayaModel::expert_backward(int l) {
   expert_linear_backward(dy, wd, act, s.dact, g.w_d);
   // act = SiLU(g) ⊙ v
   ops::swiglu_backward(s.dact.slice(0, M), t.gu.slice(0, M), s.dgu.slice(0, M));
-  if (b16) cast_to_bf16(s.dgu.slice(0, M), s.dgu16.slice(0, M));
+  if (b16) ops::cast_to_bf16(s.dgu.slice(0, M), s.dgu16.slice(0, M));
   const Tensor& dgu = b16 ? s.dgu16 : s.dgu;
   // gu_e = xp_e · W_gu[e]ᵀ
   expert_linear_backward(dgu, wgu, xp, s.dxp, g.w_gu);

@@ -250,8 +250,8 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   const bool b16 = gemm_dtype_ == DType::bf16;
   if (b16) {  // the weights may have changed since the last step: refresh their bf16 copies
     for (int l = 0; l < L; ++l) {
-      cast_to_bf16(lp_[l].w_gu, w_gu16_[l]);
-      cast_to_bf16(lp_[l].w_d, w_d16_[l]);
+      ops::cast_to_bf16(lp_[l].w_gu, w_gu16_[l]);
+      ops::cast_to_bf16(lp_[l].w_d, w_d16_[l]);
     }
   }
   // x⁰ = (Embed[t] + b_in) ⊙ g_in: bias first, then scale, no √H.
@@ -299,7 +299,7 @@ void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, co
   }
   Tensor g = s.ce_ws.window(0, Shape{N, V});
   ops::cross_entropy_logits_backward(g, s.lse_ce, targets, res.count, ops::CrossEntropyOptions{}.ignore_index);
-  cast_to_bf16(g, s.g16);  // hf16 and emb16_ were made by head_forward_bf16
+  ops::cast_to_bf16(g, s.g16);  // hf16 and emb16_ were made by head_forward_bf16
   ops::gemm(s.g16, ops::Trans::N, emb16_, ops::Trans::N, s.dh, 1.0f, 0.0f);
   ops::gemm(s.g16, ops::Trans::T, s.hf16, ops::Trans::N, grad_views_[0], 1.0f, 1.0f);
 }
@@ -309,8 +309,8 @@ void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, co
 ops::CrossEntropyResult ZayaModel::head_forward_bf16(const Tensor& targets) {
   ScratchActs& s = *scratch_;
   const int64_t N = B_ * T_, V = cfg_.vocab_size;
-  cast_to_bf16(s.hf, s.hf16);
-  cast_to_bf16(param_views_[0], emb16_);
+  ops::cast_to_bf16(s.hf, s.hf16);
+  ops::cast_to_bf16(param_views_[0], emb16_);
   Tensor logits = s.ce_ws.window(0, Shape{N, V});
   ops::gemm(s.hf16, ops::Trans::N, emb16_, ops::Trans::T, logits);
   return ops::cross_entropy_logits_forward(logits, targets, s.lse_ce, ops::CrossEntropyOptions{}.ignore_index);

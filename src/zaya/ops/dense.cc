@@ -369,6 +369,18 @@ void elementwise(const char* op, std::initializer_list<std::pair<const char*, co
 }
 }  // namespace
 
+void cast_to_bf16(const Tensor& src, const Tensor& dst) {
+  require_f32("cast_to_bf16", "src", src);
+  check_dtype("cast_to_bf16: dst", dst, DType::bf16);
+  ZAYA_CHECK(dst.numel() == src.numel(), "cast_to_bf16: dst ", dst.str(), " must have as many elements as src ",
+             src.str());
+  const float* a = src.data<float>();
+  bf16* b = dst.data<bf16>();
+  const int64_t n = src.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) b[i] = to_bf16(a[i]);
+}
+
 void silu_forward(const Tensor& x, const Tensor& y) {
   const float* xp = x.data<float>();
   float* yp = y.data<float>();

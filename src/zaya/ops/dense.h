@@ -32,8 +32,8 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dE, i
 // y = w ⊙ (x · rstd), rstd = 1/sqrt(mean(x²) + eps) per row (fp32), saved in rstd [N].
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd);
 // dx written, dw += Σ_rows dy ⊙ x·rstd.
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                      const Tensor& dw);
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw);
 
 // ZAYA1 residual scaling, four per-channel [F] vectors (HF names in comments):
 // y = (h + hidden_bias) ⊙ hidden_scale + (x + residual_bias) ⊙ residual_scale.
@@ -57,6 +57,10 @@ void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
 // SwiGLU on gu [N, 2I]: gate g = first I columns, value v = last I; y [N, I] = silu(g) ⊙ v.
 void swiglu_forward(const Tensor& gu, const Tensor& y);
 void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu);
+
+// dst = src rounded to bf16 (round to nearest even), elementwise; src f32, dst bf16 with as many
+// elements (any shapes). The operand copies of the bf16 GEMM paths (expert weights, Newton–Schulz iterates).
+void cast_to_bf16(const Tensor& src, const Tensor& dst);
 
 // Row softmax in fp32 over the last dim; backward from the saved output y.
 void softmax_forward(const Tensor& x, const Tensor& y);

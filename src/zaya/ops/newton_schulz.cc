@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "zaya/ops/cpu/op_checks.h"
+#include "zaya/ops/dense.h"
 #include "zaya/ops/gemm.h"
 
 namespace zaya::ops {
@@ -19,14 +20,6 @@ double frobenius_squared(const float* x, int64_t n) {
   return s;
 }
 
-void cast_bf16(const Tensor& src, const Tensor& dst) {
-  const float* s = src.data<float>();
-  bf16* d = dst.data<bf16>();
-  const int64_t n = src.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) d[i] = to_bf16(s[i]);
-}
-
 // One quintic step on a batch of matrices X [Bt, r, c] (r <= c), every GEMM batched:
 //   A = X·Xᵀ,  B = b·A + c·A·A,  X_next = a·X + B·X.
 // With bf16 copies (Xb, Ab, Bb defined) the GEMM inputs are rounded to bf16; sums stay f32.
@@ -34,20 +27,20 @@ void quintic_step(const Tensor& X, const Tensor& Xn, const Tensor& A, const Tens
                   const Tensor& Ab, const Tensor& Bb, float a = kNewtonSchulzA, float b = kNewtonSchulzB,
                   float c = kNewtonSchulzC) {
   const bool low = Xb.defined();
-  if (low) cast_bf16(X, Xb);
+  if (low) cast_to_bf16(X, Xb);
   const Tensor& x_in = low ? Xb : X;
   gemm(x_in, Trans::N, x_in, Trans::T, A);  // A = X·Xᵀ
   const float* ap = A.data<float>();
   float* bp = B.data<float>();
   for (int64_t i = 0; i < A.numel(); ++i) bp[i] = b * ap[i];
-  if (low) cast_bf16(A, Ab);
+  if (low) cast_to_bf16(A, Ab);
   gemm(low ? Ab : A, Trans::N, low ? Ab : A, Trans::N, B, c, 1.0f);  // B = b·A + c·A·A
   const float* xp = X.data<float>();
   float* np = Xn.data<float>();
   const int64_t n = X.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) np[i] = a * xp[i];
-  if (low) cast_bf16(B, Bb);
+  if (low) cast_to_bf16(B, Bb);
   gemm(low ? Bb : B, Trans::N, x_in, Trans::N, Xn, 1.0f, 1.0f);  // X_next = a·X + B·X
 }
 
