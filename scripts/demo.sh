@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: set everything up, prepare the demo corpus, train the demo ZAYA1 model, evaluate it,
-# sample from it and plot its metrics. About 20 minutes on 2 CPU cores.
+# sample from it and plot its metrics. About 10 minutes on 2 CPU cores after the one-time set-up.
 #   scripts/demo.sh                 # everything
 #   scripts/demo.sh --set train.steps=100 ...   # extra `zaya train` overrides
 set -euo pipefail
