@@ -177,6 +177,57 @@ TEST(RmsNorm, ForwardBackward) {
   }
 }
 
+TEST(RmsNorm, WeightGradientOverManyRowChunks) {
+  // dw = Σ_rows dy ⊙ x·rstd is summed in 64-row chunks, then chunk by chunk: against float64 over
+  // 3 full chunks and a partial one. f32 sums of 200 terms of O(1): ~1e-6 relative; bound 1e-5.
+  const int64_t n = 205, f = 37;
+  Tensor x = random_tensor({n, f}, 3), w = random_tensor({f}, 4), g = random_tensor({n, f}, 5);
+  Tensor y = Tensor::empty({n, f}, DType::f32), rstd = Tensor::empty({n}, DType::f32);
+  rmsnorm_forward(x, w, 1e-5f, y, rstd);
+  Tensor dw = Tensor::zeros({f}, DType::f32), dx = Tensor::empty({n, f}, DType::f32);
+  rmsnorm_backward(g, x, w, rstd, dx, dw);
+  Vec xv = to_f64(x), gv = to_f64(g), ref(f, 0.0);
+  for (int64_t r = 0; r < n; ++r) {
+    double ms = 0;
+    for (int64_t j = 0; j < f; ++j) ms += xv[r * f + j] * xv[r * f + j];
+    double rs = 1 / std::sqrt(ms / f + 1e-5);
+    for (int64_t j = 0; j < f; ++j) ref[j] += gv[r * f + j] * xv[r * f + j] * rs;
+  }
+  EXPECT_LT(test::rel_error(dw, ref), 1e-5);
+  // dx alone (no dw) takes the row-only path and gives the same dx.
+  Tensor dx2 = Tensor::empty({n, f}, DType::f32);
+  rmsnorm_backward(g, x, w, rstd, dx2, Tensor{});
+  EXPECT_EQ(to_f64(dx2), to_f64(dx));
+}
+
+TEST(ResidualScale, ParameterGradientsOverManyRowChunks) {
+  // The four parameter sums run in 64-row chunks added chunk by chunk: against float64 over 3
+  // full chunks and a partial one. f32 sums of ~200 O(1) terms: ~1e-6 relative; bound 1e-5.
+  const int64_t n = 205, f = 37;
+  Tensor h = random_tensor({n, f}, 6), x = random_tensor({n, f}, 7), g = random_tensor({n, f}, 8);
+  ResidualScaleParams p{random_tensor({f}, 9), random_tensor({f}, 10), random_tensor({f}, 11),
+                        random_tensor({f}, 12)};
+  ResidualScaleParams gr{Tensor::zeros({f}, DType::f32), Tensor::zeros({f}, DType::f32),
+                         Tensor::zeros({f}, DType::f32), Tensor::zeros({f}, DType::f32)};
+  Tensor dh = Tensor::empty({n, f}, DType::f32), dx = Tensor::empty({n, f}, DType::f32);
+  residual_scale_backward(g, h, x, p, dh, dx, gr);
+  Vec hv = to_f64(h), xv = to_f64(x), gv = to_f64(g), bh = to_f64(p.hidden_bias), bx = to_f64(p.residual_bias);
+  Vec sh = to_f64(p.hidden_scale), sx = to_f64(p.residual_scale);
+  Vec d_sh(f, 0.0), d_bh(f, 0.0), d_sx(f, 0.0), d_bx(f, 0.0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < f; ++j) {
+      const int64_t k = r * f + j;
+      d_sh[j] += gv[k] * (hv[k] + bh[j]);
+      d_bh[j] += gv[k] * sh[j];
+      d_sx[j] += gv[k] * (xv[k] + bx[j]);
+      d_bx[j] += gv[k] * sx[j];
+    }
+  EXPECT_LT(test::rel_error(gr.hidden_scale, d_sh), 1e-5);
+  EXPECT_LT(test::rel_error(gr.hidden_bias, d_bh), 1e-5);
+  EXPECT_LT(test::rel_error(gr.residual_scale, d_sx), 1e-5);
+  EXPECT_LT(test::rel_error(gr.residual_bias, d_bx), 1e-5);
+}
+
 TEST(RmsNorm, ShapeErrorNamesBothShapes) {
   Tensor x = random_tensor({7, 13}, 1), w = random_tensor({13}, 2);
   Tensor y = Tensor::empty({7, 12}, DType::f32), rstd = Tensor::empty({7}, DType::f32);
@@ -347,7 +398,7 @@ TEST(Softmax, ForwardBackward) {
 // Every op's outputs and gradients, bitwise, over 1, 2, 2, 1 threads.
 std::vector<Tensor> run_all(int threads) {
   set_num_threads(threads);
-  const int64_t n = 64, f = 200, out = 96, vocab = 50;
+  const int64_t n = 150, f = 200, out = 96, vocab = 50;  // n: 3 row chunks of the norms (64, 64, 22)
   Tensor x = random_tensor({n, f}, 1), w = random_tensor({f}, 2), g = random_tensor({n, f}, 3);
   Tensor W = random_tensor({out, f}, 4), b = random_tensor({out}, 5), gy = random_tensor({n, out}, 6);
   std::vector<Tensor> r;

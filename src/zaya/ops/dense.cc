@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "zaya/ops/cpu/op_checks.h"
 #include "zaya/ops/cpu/seq_vec.h"
@@ -38,6 +39,9 @@ inline float dot_fixed(const float* a, const float* b, int64_t n) {
 // out[j] += Σ_n term(n, j): each block of 64 columns belongs to one thread, which adds rows in
 // order into a zero-started local sum and adds that to out once.
 constexpr int64_t kColBlock = 64;
+// Row chunk of the fused norm / residual-scale backward passes: per-chunk partial parameter sums,
+// added in chunk order (a fixed order for any thread count).
+constexpr int64_t kNormRowChunk = 64;
 template <class Term>
 void column_reduce(int64_t rows, int64_t cols, float* out, Term term) {
   int64_t blocks = (cols + kColBlock - 1) / kColBlock;
@@ -203,6 +207,24 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& 
   }
 }
 
+namespace {
+
+// dx of one row: x̂ = x·r, ĝ = dy ⊙ w, dx = r·(ĝ − x̂·mean(ĝ ⊙ x̂)), the mean in a fixed order.
+void rmsnorm_backward_row(const float* gi, const float* xi, const float* wp, float r, int64_t f, float* dxi) {
+  // mean(ĝ ⊙ x̂) = r·mean(dy ⊙ w ⊙ x)
+  float lane[16] = {};
+  int64_t j = 0;
+  for (; j + 16 <= f; j += 16)
+    for (int l = 0; l < 16; ++l) lane[l] += gi[j + l] * wp[j + l] * xi[j + l];
+  float s = 0;
+  for (; j < f; ++j) s += gi[j] * wp[j] * xi[j];
+  for (int l = 0; l < 16; ++l) s += lane[l];
+  const float mean_gx = s * r / static_cast<float>(f);
+  for (j = 0; j < f; ++j) dxi[j] = r * (gi[j] * wp[j] - xi[j] * r * mean_gx);
+}
+
+}  // namespace
+
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                       const Tensor& dx, const Tensor& dw) {
   const char* op = "rmsnorm_backward";
@@ -220,29 +242,36 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   if (dx.defined()) {
     require_f32(op, "dx", dx);
     check_same_shape("rmsnorm_backward: dx vs x", dx, x);
-    float* dxp = dx.data<float>();
+  }
+  if (dw.defined()) check_vector(op, "dw", dw, f);
+  float* dxp = dx.defined() ? dx.data<float>() : nullptr;
+  if (!dw.defined()) {
+    if (!dxp) return;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float* xi = xp + i * f;
-      const float* gi = gp + i * f;
-      float r = rp[i];
-      // mean(ĝ ⊙ x̂) = r·mean(dy ⊙ w ⊙ x), in a fixed order.
-      float lane[16] = {};
-      int64_t j = 0;
-      for (; j + 16 <= f; j += 16)
-        for (int l = 0; l < 16; ++l) lane[l] += gi[j + l] * wp[j + l] * xi[j + l];
-      float s = 0;
-      for (; j < f; ++j) s += gi[j] * wp[j] * xi[j];
-      for (int l = 0; l < 16; ++l) s += lane[l];
-      float mean_gx = s * r / static_cast<float>(f);
-      for (j = 0; j < f; ++j) dxp[i * f + j] = r * (gi[j] * wp[j] - xi[j] * r * mean_gx);
+    for (int64_t i = 0; i < n; ++i) rmsnorm_backward_row(gp + i * f, xp + i * f, wp, rp[i], f, dxp + i * f);
+    return;
+  }
+  // One pass over x and dy for both gradients (the op is memory-bound): rows go in fixed chunks of
+  // kNormRowChunk; each chunk writes its rows' dx and its own partial dw, and the partials are then
+  // added in chunk order, column by column. The chunking depends only on n, so dw is bitwise the
+  // same for any thread count.
+  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+  thread_local std::vector<float> partial;  // kept between calls: no page faults per call
+  partial.assign(static_cast<size_t>(chunks * f), 0.0f);
+  float* const part = partial.data();  // the caller's buffer: a thread_local name would mean each worker's own
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    float* __restrict__ pw = part + c * f;
+    const int64_t i1 = std::min(n, (c + 1) * kNormRowChunk);
+    for (int64_t i = c * kNormRowChunk; i < i1; ++i) {
+      const float* __restrict__ gi = gp + i * f;
+      const float* __restrict__ xi = xp + i * f;
+      const float r = rp[i];
+      if (dxp) rmsnorm_backward_row(gi, xi, wp, r, f, dxp + i * f);
+      for (int64_t j = 0; j < f; ++j) pw[j] += gi[j] * (xi[j] * r);  // dw += dy ⊙ x̂
     }
   }
-  if (dw.defined()) {
-    check_vector(op, "dw", dw, f);
-    column_reduce(n, f, dw.data<float>(),
-                  [&](int64_t i, int64_t j) { return gp[i * f + j] * (xp[i * f + j] * rp[i]); });
-  }
+  column_reduce(chunks, f, dw.data<float>(), [&](int64_t c, int64_t j) { return part[c * f + j]; });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -302,34 +331,55 @@ void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x,
   }
   float* dhp = dh.defined() ? dh.data<float>() : nullptr;
   float* dxp = dx.defined() ? dx.data<float>() : nullptr;
+  // One pass over dy, h and x (memory-bound): fixed 64-row chunks write their rows' dh, dx and
+  // their own partial sums Σ dy ⊙ (h + b_h), Σ dy ⊙ (x + b_x), Σ dy; the partials are then added in
+  // chunk order per column, so the result does not depend on the thread count.
+  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+  thread_local std::vector<float> partial;  // kept between calls: no page faults per call
+  partial.resize(static_cast<size_t>(chunks * 3 * f));  // every entry is written below
+  float* const part = partial.data();  // the caller's buffer (workers see it through this pointer)
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < f; ++j) {
-      int64_t k = i * f + j;
-      if (dhp) dhp[k] = gp[k] * sh[j];
-      if (dxp) dxp[k] = gp[k] * sx[j];
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t i0 = c * kNormRowChunk, i1 = std::min(n, i0 + kNormRowChunk);
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t j = 0; j < f; ++j) {
+        if (dhp) dhp[i * f + j] = gp[i * f + j] * sh[j];
+        if (dxp) dxp[i * f + j] = gp[i * f + j] * sx[j];
+      }
+    // The chunk's dy rows are now in cache: its partial sums, 64 columns at a time in registers.
+    float* a = part + c * 3 * f;  // [Σ dy ⊙ (h + b_h) | Σ dy ⊙ (x + b_x) | Σ dy], f each
+    for (int64_t c0 = 0; c0 < f; c0 += kColBlock) {
+      const int64_t c1 = std::min(f, c0 + kColBlock);
+      float a_sh[kColBlock] = {}, a_sx[kColBlock] = {}, a_g[kColBlock] = {};
+      for (int64_t i = i0; i < i1; ++i)
+        for (int64_t j = c0; j < c1; ++j) {
+          const int64_t k = i * f + j;
+          a_sh[j - c0] += gp[k] * (hp[k] + bh[j]);
+          a_sx[j - c0] += gp[k] * (xp[k] + bx[j]);
+          a_g[j - c0] += gp[k];
+        }
+      for (int64_t j = c0; j < c1; ++j) {
+        a[j] = a_sh[j - c0];
+        a[f + j] = a_sx[j - c0];
+        a[2 * f + j] = a_g[j - c0];
+      }
     }
-  // The four parameter sums in one column-blocked pass over dy.
+  }
   float *dsh = grads.hidden_scale.data<float>(), *dbh = grads.hidden_bias.data<float>();
   float *dsx = grads.residual_scale.data<float>(), *dbx = grads.residual_bias.data<float>();
-  int64_t blocks = (f + kColBlock - 1) / kColBlock;
 #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    int64_t c0 = blk * kColBlock, c1 = std::min(f, c0 + kColBlock);
-    float a_sh[kColBlock] = {}, a_g[kColBlock] = {}, a_sx[kColBlock] = {};
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = c0; j < c1; ++j) {
-        int64_t k = i * f + j;
-        a_sh[j - c0] += gp[k] * (hp[k] + bh[j]);
-        a_sx[j - c0] += gp[k] * (xp[k] + bx[j]);
-        a_g[j - c0] += gp[k];
-      }
-    for (int64_t j = c0; j < c1; ++j) {
-      dsh[j] += a_sh[j - c0];
-      dsx[j] += a_sx[j - c0];
-      dbh[j] += a_g[j - c0] * sh[j];  // Σ dy ⊙ s_h = s_h · Σ dy
-      dbx[j] += a_g[j - c0] * sx[j];
+  for (int64_t j = 0; j < f; ++j) {
+    float s_h = 0, s_x = 0, s_g = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float* a = part + c * 3 * f;
+      s_h += a[j];
+      s_x += a[f + j];
+      s_g += a[2 * f + j];
     }
+    dsh[j] += s_h;
+    dsx[j] += s_x;
+    dbh[j] += s_g * sh[j];  // Σ dy ⊙ s_h = s_h · Σ dy
+    dbx[j] += s_g * sx[j];
   }
 }
 
