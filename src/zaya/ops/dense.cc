@@ -39,8 +39,8 @@ inline float dot_fixed(const float* a, const float* b, int64_t n) {
 // out[j] += Σ_n term(n, j): each block of 64 columns belongs to one thread, which adds rows in
 // order into a zero-started local sum and adds that to out once.
 constexpr int64_t kColBlock = 64;
-// Row chunk of the fused norm / residual-scale backward passes: per-chunk partial parameter sums,
-// added in chunk order (a fixed order for any thread count).
+// Row chunk of RMSNorm's one-pass backward: per-chunk partial weight-gradient sums, added in chunk
+// order (a fixed order for any thread count).
 constexpr int64_t kNormRowChunk = 64;
 template <class Term>
 void column_reduce(int64_t rows, int64_t cols, float* out, Term term) {
@@ -331,55 +331,34 @@ void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x,
   }
   float* dhp = dh.defined() ? dh.data<float>() : nullptr;
   float* dxp = dx.defined() ? dx.data<float>() : nullptr;
-  // One pass over dy, h and x (memory-bound): fixed 64-row chunks write their rows' dh, dx and
-  // their own partial sums Σ dy ⊙ (h + b_h), Σ dy ⊙ (x + b_x), Σ dy; the partials are then added in
-  // chunk order per column, so the result does not depend on the thread count.
-  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-  thread_local std::vector<float> partial;  // kept between calls: no page faults per call
-  partial.resize(static_cast<size_t>(chunks * 3 * f));  // every entry is written below
-  float* const part = partial.data();  // the caller's buffer (workers see it through this pointer)
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t i0 = c * kNormRowChunk, i1 = std::min(n, i0 + kNormRowChunk);
-    for (int64_t i = i0; i < i1; ++i)
-      for (int64_t j = 0; j < f; ++j) {
-        if (dhp) dhp[i * f + j] = gp[i * f + j] * sh[j];
-        if (dxp) dxp[i * f + j] = gp[i * f + j] * sx[j];
-      }
-    // The chunk's dy rows are now in cache: its partial sums, 64 columns at a time in registers.
-    float* a = part + c * 3 * f;  // [Σ dy ⊙ (h + b_h) | Σ dy ⊙ (x + b_x) | Σ dy], f each
-    for (int64_t c0 = 0; c0 < f; c0 += kColBlock) {
-      const int64_t c1 = std::min(f, c0 + kColBlock);
-      float a_sh[kColBlock] = {}, a_sx[kColBlock] = {}, a_g[kColBlock] = {};
-      for (int64_t i = i0; i < i1; ++i)
-        for (int64_t j = c0; j < c1; ++j) {
-          const int64_t k = i * f + j;
-          a_sh[j - c0] += gp[k] * (hp[k] + bh[j]);
-          a_sx[j - c0] += gp[k] * (xp[k] + bx[j]);
-          a_g[j - c0] += gp[k];
-        }
-      for (int64_t j = c0; j < c1; ++j) {
-        a[j] = a_sh[j - c0];
-        a[f + j] = a_sx[j - c0];
-        a[2 * f + j] = a_g[j - c0];
-      }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < f; ++j) {
+      int64_t k = i * f + j;
+      if (dhp) dhp[k] = gp[k] * sh[j];
+      if (dxp) dxp[k] = gp[k] * sx[j];
     }
-  }
+  // The four parameter sums in one column-blocked pass over dy.
   float *dsh = grads.hidden_scale.data<float>(), *dbh = grads.hidden_bias.data<float>();
   float *dsx = grads.residual_scale.data<float>(), *dbx = grads.residual_bias.data<float>();
+  int64_t blocks = (f + kColBlock - 1) / kColBlock;
 #pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < f; ++j) {
-    float s_h = 0, s_x = 0, s_g = 0;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const float* a = part + c * 3 * f;
-      s_h += a[j];
-      s_x += a[f + j];
-      s_g += a[2 * f + j];
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    int64_t c0 = blk * kColBlock, c1 = std::min(f, c0 + kColBlock);
+    float a_sh[kColBlock] = {}, a_g[kColBlock] = {}, a_sx[kColBlock] = {};
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = c0; j < c1; ++j) {
+        int64_t k = i * f + j;
+        a_sh[j - c0] += gp[k] * (hp[k] + bh[j]);
+        a_sx[j - c0] += gp[k] * (xp[k] + bx[j]);
+        a_g[j - c0] += gp[k];
+      }
+    for (int64_t j = c0; j < c1; ++j) {
+      dsh[j] += a_sh[j - c0];
+      dsx[j] += a_sx[j - c0];
+      dbh[j] += a_g[j - c0] * sh[j];  // Σ dy ⊙ s_h = s_h · Σ dy
+      dbx[j] += a_g[j - c0] * sx[j];
     }
-    dsh[j] += s_h;
-    dsx[j] += s_x;
-    dbh[j] += s_g * sh[j];  // Σ dy ⊙ s_h = s_h · Σ dy
-    dbx[j] += s_g * sx[j];
   }
 }
 
