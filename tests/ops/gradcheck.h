@@ -84,4 +84,27 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   return s;
 }
 
+// One Newton–Schulz quintic step in float64 on X [r, c] (r <= c), Muon's coefficients:
+// A = X·Xᵀ, B = b·A + c·A·A, returns a·X + B·X. The reference for the op and for Muon.
+inline std::vector<double> newton_schulz_step_f64(const std::vector<double>& X, int64_t r, int64_t c) {
+  const double a = 3.4445, b = -4.7750, cc = 2.0315;
+  std::vector<double> A(r * r, 0.0), B(r * r, 0.0), Y(r * c, 0.0);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t j = 0; j < c; ++j) A[i * r + k] += X[i * c + j] * X[k * c + j];
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t k = 0; k < r; ++k) {
+      double aa = 0;
+      for (int64_t j = 0; j < r; ++j) aa += A[i * r + j] * A[j * r + k];
+      B[i * r + k] = b * A[i * r + k] + cc * aa;
+    }
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) {
+      double bx = 0;
+      for (int64_t k = 0; k < r; ++k) bx += B[i * r + k] * X[k * c + j];
+      Y[i * c + j] = a * X[i * c + j] + bx;
+    }
+  return Y;
+}
+
 }  // namespace zaya::test

@@ -64,20 +64,7 @@ TEST(NewtonSchulz, OneStepMatchesDouble) {
   Tensor Xn = Tensor::empty({r, c}, DType::f32), A = Tensor::empty({r, r}, DType::f32),
          B = Tensor::empty({r, r}, DType::f32);
   newton_schulz_step(X, Xn, A, B);
-  Vec x = to_f64(X), g = gram(x, r, c), bm(r * r), ref(r * c);
-  double a = kNewtonSchulzA, b = kNewtonSchulzB, cc = kNewtonSchulzC;
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t j = 0; j < r; ++j) {
-      double aa = 0;
-      for (int64_t k = 0; k < r; ++k) aa += g[i * r + k] * g[k * r + j];
-      bm[i * r + j] = b * g[i * r + j] + cc * aa;
-    }
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t j = 0; j < c; ++j) {
-      double s = a * x[i * c + j];
-      for (int64_t k = 0; k < r; ++k) s += bm[i * r + k] * x[k * c + j];
-      ref[i * c + j] = s;
-    }
+  Vec ref = test::newton_schulz_step_f64(to_f64(X), r, c);
   // Three chained f32 GEMMs over <= 17 terms with coefficients ~5: ~1e-6 relative; 1e-5 margin.
   EXPECT_LT(test::rel_error(Xn, ref), 1e-5);
   EXPECT_THROW(newton_schulz_step(Xn.reshape({c, r}), X.reshape({c, r}), A, B), Error);  // r > c

@@ -93,26 +93,7 @@ void muon_reference(Vec& p, Vec& mom, const Vec& g, int64_t rows, int64_t cols, 
   Vec X(n);
   for (int64_t i = 0; i < r; ++i)
     for (int64_t j = 0; j < c; ++j) X[i * c + j] = (tr ? u[j * cols + i] : u[i * cols + j]) / (fro + 1e-7);
-  const double a = 3.4445, b = -4.7750, cc = 2.0315;
-  for (int s = 0; s < steps; ++s) {
-    Vec A(r * r, 0.0), B(r * r, 0.0), Y(n, 0.0);
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t k = 0; k < r; ++k)
-        for (int64_t j = 0; j < c; ++j) A[i * r + k] += X[i * c + j] * X[k * c + j];
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t k = 0; k < r; ++k) {
-        double aa = 0;
-        for (int64_t j = 0; j < r; ++j) aa += A[i * r + j] * A[j * r + k];
-        B[i * r + k] = b * A[i * r + k] + cc * aa;
-      }
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < c; ++j) {
-        double bx = 0;
-        for (int64_t k = 0; k < r; ++k) bx += B[i * r + k] * X[k * c + j];
-        Y[i * c + j] = a * X[i * c + j] + bx;
-      }
-    X = Y;
-  }
+  for (int s = 0; s < steps; ++s) X = zaya::test::newton_schulz_step_f64(X, r, c);
   const double scale = 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) {
@@ -199,7 +180,8 @@ TEST(Muon, ExpertStackEqualsSeparateMatrices) {
       step_single[i] -= p0[i];
       step_stack[i] -= p0[i];
     }
-    EXPECT_LT(zaya::test::max_abs_diff(step_single, step_stack), 1e-5 * zaya::test::max_abs_diff(step_single, Vec(step_single.size(), 0.0)))
+    EXPECT_LT(zaya::test::max_abs_diff(step_single, step_stack),
+              1e-5 * zaya::test::max_abs_diff(step_single, Vec(step_single.size(), 0.0)))
         << "expert " << e;
   }
   // And not what orthogonalizing the stacked [E·r, c] matrix would give.
@@ -237,7 +219,12 @@ TEST(Muon, Bf16NewtonSchulzFollowsTheF32Update) {
   }
   EXPECT_GT(dot / std::sqrt(n16 * n32), 0.99);
   EXPECT_NEAR(std::sqrt(n16 / n32), 1.0, 0.03);
-  EXPECT_THROW(muon_update_stack(p, g, mom, s32, [] { MuonHyper h; h.ns_dtype = DType::bf16; return h; }()),
+  EXPECT_THROW(muon_update_stack(p, g, mom, s32,
+                                 [] {
+                                   MuonHyper h;
+                                   h.ns_dtype = DType::bf16;
+                                   return h;
+                                 }()),
                Error);  // an f32-sized scratch is too small for the bf16 copies
 }
 
