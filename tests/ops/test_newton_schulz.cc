@@ -117,7 +117,8 @@ TEST(NewtonSchulz, BatchedMatchesSeparateAndBf16StaysInTheBand) {
         // Batched vs single GEMMs: blocking may differ, so f32 rounding through 5 steps (~1e-6).
         EXPECT_LT(test::rel_error(out.select(e), to_f64(one)), 1e-5) << "matrix " << e;
       } else {
-        // bf16 inputs (8 mantissa bits) perturb entries by ~1%; the direction stays (cosine > 0.99).
+        // bf16 inputs (8 mantissa bits) move the result by ~2.5% (relative norm, measured); the
+        // direction stays (cosine measured 0.9996-0.9997, bound 0.99).
         Vec a = to_f64(out.select(e)), b = to_f64(one);
         EXPECT_GT(test::dot(a, b) / std::sqrt(test::dot(a, a) * test::dot(b, b)), 0.99) << "matrix " << e;
       }

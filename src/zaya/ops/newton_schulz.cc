@@ -3,22 +3,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <utility>
 
 #include "zaya/ops/cpu/op_checks.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/gemm.h"
+#include "zaya/ops/optim_ops.h"
 
 namespace zaya::ops {
 namespace {
 
 using detail::require_f32;
-
-double frobenius_squared(const float* x, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
-  return s;
-}
 
 // One quintic step on a batch of matrices X [Bt, r, c] (r <= c), every GEMM batched:
 //   A = X·Xᵀ,  B = b·A + c·A·A,  X_next = a·X + B·X.
@@ -105,8 +101,10 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
 
   // X₀ = G/(‖G‖_F + 1e-7) per matrix: every singular value then lies in [0, 1], where the quintic works.
   for (int64_t e = 0; e < batch; ++e) {
-    const float* g = G.data<float>() + e * rc;
-    const float inv = static_cast<float>(1.0 / (std::sqrt(frobenius_squared(g, rc)) + 1e-7));
+    const Tensor ge = G.ndim() == 3 ? G.select(e) : G;
+    const float* g = ge.data<float>();
+    // ‖G‖_F through the optimizer's norm (double accumulation, fixed blocks, vectorized).
+    const float inv = static_cast<float>(1.0 / (global_grad_norm(std::span<const Tensor>(&ge, 1)) + 1e-7));
     float* x = X.data<float>() + e * rc;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < r; ++i)
