@@ -19,6 +19,7 @@
 #include "zaya/core/philox.h"
 #include "zaya/model/params.h"
 #include "zaya/model/zaya_model.h"
+#include "zaya/ops/gemm.h"
 
 namespace zaya::app {
 namespace {
@@ -105,6 +106,7 @@ void run_bench(model::ZayaModel& m, int64_t steps) {
   Tensor ttg = Tensor::borrow(tg.data(), Shape{B, T}, DType::i32);
   double fwd = 0, bwd = 0, loss = 0;
   for (int64_t s = -1; s < steps; ++s) {
+    if (s == 0) ops::gemm_time_reset();  // the warm-up step builds the GEMM primitives
     m.zero_grad();
     auto t0 = clock::now();
     loss = m.forward(tid, ttg, true);
@@ -122,6 +124,11 @@ void run_bench(model::ZayaModel& m, int64_t steps) {
               m.gemm_dtype() == DType::bf16 ? "bf16" : "f32", loss);
   std::printf("bench: forward %.2f ms, backward %.2f ms, step %.2f ms\n", 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * step);
   std::printf("bench: tokens/s %.1f\n", static_cast<double>(B * T) / step);
+  // The GEMM floor: what the step would take if everything but the library GEMMs took no time.
+  const ops::GemmTimeStats g = ops::gemm_time_stats();
+  std::printf("bench: GEMMs %.2f ms per step (%lld calls, %.2f GFLOP at %.1f GFLOP/s), everything else %.2f ms\n",
+              1e3 * g.seconds / n, static_cast<long long>(g.calls / steps), 1e-9 * g.flops / n,
+              g.seconds > 0 ? 1e-9 * g.flops / g.seconds : 0.0, 1e3 * (step - g.seconds / n));
   std::printf("bench: activation arena %.1f MiB (saved per token per layer %.0f B; formula %lld B)\n",
               static_cast<double>(m.activation_bytes()) / (1 << 20), m.saved_bytes_per_token_per_layer(),
               static_cast<long long>(model::activation_bytes_per_token_per_layer(m.config(), 4)));

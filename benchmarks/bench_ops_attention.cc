@@ -1,6 +1,8 @@
 // Sequence-op throughput on the CPU: causal GQA attention forward and backward (GFLOP/s, counting
 // causal FLOPs 2·2·B·nq·T²·hd/2 forward and 2.5× that backward, the usual flash-attention
-// convention; wall-clock rates), and GB/s for the CCA convolution, RoPE and the MoE gather (bytes read + written).
+// convention; wall-clock rates), and GB/s for the CCA convolution, RoPE and the MoE gather (bytes read + written)
+// at the model's sequence lengths and at a length whose tensors are beyond the caches
+// (stream_ref.h), next to a STREAM triad of that size measured in the same binary.
 //   ./bench_ops_attention --benchmark_min_time=0.05   (this libbenchmark takes a plain number)
 #include <benchmark/benchmark.h>
 
@@ -11,6 +13,7 @@
 #include "zaya/ops/cca.h"
 #include "zaya/ops/moe.h"
 #include "zaya/ops/rope.h"
+#include "stream_ref.h"
 
 namespace {
 
@@ -54,12 +57,20 @@ void attention_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_AttentionForward)->Apply(attention_args);
 BENCHMARK(BM_AttentionBackward)->Apply(attention_args);
 
-// CCA conv over [T, C] with ZAYA1 heads (nq 8, nkv 2, hd 128). Arg: T.
+// Tokens whose [T, 2048]-float activations are beyond the caches (each tensor ≥ 4× the caches),
+// for the memory-bound ops below; the triad runs on arrays of the same size.
+const int64_t kBeyondCacheT = bench::stream_elems(2048) / 2048;
+void BM_stream_triad(benchmark::State& st) { bench::stream_triad(st, kBeyondCacheT * 2048); }
+BENCHMARK(BM_stream_triad)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+Tensor zeros(const Shape& s) { return Tensor::zeros(s, DType::f32); }  // outputs, pages faulted in
+
+// CCA conv over [T, C] with ZAYA1 heads (nq 8, nkv 2, hd 128; C = 1280). Arg: T.
 void BM_CcaConvForward(benchmark::State& st) {
   const int64_t B = 1, T = st.range(0);
   ops::CcaDims d{8, 2, 128};
   const int64_t C = d.channels();
-  Tensor z = rnd({B, T, C}, 1), out = Tensor::empty({B, T, C}, DType::f32);
+  Tensor z = rnd({B, T, C}, 1), out = zeros({B, T, C});
   ops::CcaConvWeights w{rnd({C, 1, 2}, 2), rnd({C}, 3), rnd({C, d.hd, 2}, 4), rnd({C}, 5)};
   for (auto _ : st) ops::cca_conv_forward(out, z, w, B, T, d);
   st.counters["GB/s"] = benchmark::Counter(2.0 * B * T * C * 4 * st.iterations() * 1e-9, benchmark::Counter::kIsRate);
@@ -68,15 +79,15 @@ void BM_CcaConvBackward(benchmark::State& st) {
   const int64_t B = 1, T = st.range(0);
   ops::CcaDims d{8, 2, 128};
   const int64_t C = d.channels();
-  Tensor z = rnd({B, T, C}, 1), dout = rnd({B, T, C}, 6), dz = Tensor::empty({B, T, C}, DType::f32);
+  Tensor z = rnd({B, T, C}, 1), dout = rnd({B, T, C}, 6), dz = zeros({B, T, C});
   ops::CcaConvWeights w{rnd({C, 1, 2}, 2), rnd({C}, 3), rnd({C, d.hd, 2}, 4), rnd({C}, 5)};
   ops::CcaConvWeights g{Tensor::zeros({C, 1, 2}, DType::f32), Tensor::zeros({C}, DType::f32),
                         Tensor::zeros({C, d.hd, 2}, DType::f32), Tensor::zeros({C}, DType::f32)};
   for (auto _ : st) ops::cca_conv_backward(dz, g, dout, z, w, B, T, d);
   st.counters["GB/s"] = benchmark::Counter(3.0 * B * T * C * 4 * st.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_CcaConvForward)->Arg(1024)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_CcaConvBackward)->Arg(1024)->Arg(4096)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CcaConvForward)->Arg(1024)->Arg(4096)->Arg(kBeyondCacheT * 8 / 5)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CcaConvBackward)->Arg(1024)->Arg(4096)->Arg(kBeyondCacheT * 8 / 5)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // RoPE in place on q [T, 8, 128] (half the dims rotate; all bytes are read and written).
 void BM_Rope(benchmark::State& st) {
@@ -86,7 +97,7 @@ void BM_Rope(benchmark::State& st) {
   for (auto _ : st) ops::rope_forward(x, x, tab, B, T, H, hd);
   st.counters["GB/s"] = benchmark::Counter(2.0 * x.nbytes() * st.iterations() * 1e-9, benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_Rope)->Arg(1024)->Arg(4096)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_Rope)->Arg(1024)->Arg(4096)->Arg(kBeyondCacheT * 2)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // MoE gather + weighted unpermute of N tokens × H = 2048 over 16 experts (+ skip).
 void BM_MoePermute(benchmark::State& st) {
@@ -98,7 +109,7 @@ void BM_MoePermute(benchmark::State& st) {
   Tensor counts = Tensor::empty({E}, DType::i32), offsets = Tensor::empty({E + 1}, DType::i32);
   Tensor pos = Tensor::empty({N}, DType::i32), src = Tensor::empty({N}, DType::i32);
   const int64_t M = ops::moe_plan(counts, offsets, pos, src, choice, N, E);
-  Tensor x = rnd({N, H}, 2), xp = Tensor::empty({N, H}, DType::f32), out = Tensor::empty({N, H}, DType::f32);
+  Tensor x = rnd({N, H}, 2), xp = zeros({N, H}), out = zeros({N, H});
   for (auto _ : st) {
     ops::moe_gather(xp, x, src, M, N, H);
     ops::moe_unpermute(out, xp, weight, pos, M, N, H);
@@ -106,7 +117,7 @@ void BM_MoePermute(benchmark::State& st) {
   st.counters["GB/s"] = benchmark::Counter((2.0 * M + M + N) * H * 4 * st.iterations() * 1e-9,
                                            benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_MoePermute)->Arg(4096)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_MoePermute)->Arg(4096)->Arg(kBeyondCacheT)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 

@@ -1,5 +1,6 @@
-// Memory-bound ops in bytes/s (bytes each op must read + write, counted once) at sizes far beyond
-// the caches, next to a STREAM triad measured in the same binary as the machine's ceiling; and the
+// Memory-bound ops in bytes/s (bytes each op must read + write, counted once) at sizes beyond the
+// caches (STREAM's rule, read off the machine: stream_ref.h), next to a STREAM triad of the same
+// array size measured in the same binary as the machine's ceiling; and the
 // fused LM-head cross-entropy in FLOP/s (3 GEMM-equivalents: forward, recompute, two gradients = 4).
 //   ./bench_ops_dense --benchmark_min_time=0.05s
 #include <benchmark/benchmark.h>
@@ -12,13 +13,16 @@
 #include "zaya/ops/dense.h"
 #include "zaya/ops/loss.h"
 #include "zaya/ops/optim_ops.h"
+#include "stream_ref.h"
 
 namespace {
 
 using namespace zaya;
 
-// 4096 × 2048 f32 = 32 MiB per tensor: every op below touches several, well past any cache.
-constexpr int64_t kRows = 4096, kCols = 2048;
+// [kRows, 2048] f32 per tensor, kRows from the machine's caches (1.2 GiB per tensor on the
+// development VM, whose L3 is 300 MiB): every op below streams each tensor from memory.
+constexpr int64_t kCols = 2048;
+const int64_t kRows = bench::stream_elems(kCols) / kCols;
 
 Tensor randn(const Shape& s, uint64_t seed) {
   Tensor t = Tensor::empty(s, DType::f32);
@@ -30,31 +34,23 @@ void set_bytes(benchmark::State& state, int64_t bytes_per_iter) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes_per_iter);
 }
 
-// STREAM triad a = b + s·c over three arrays of kRows·kCols floats, parallel like our kernels.
-void BM_stream_triad(benchmark::State& state) {
-  const int64_t n = kRows * kCols;
-  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
-  const float s = 3.0f;
-  for (auto _ : state) {
-    float *ap = a.data(), *bp = b.data(), *cp = c.data();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) ap[i] = bp[i] + s * cp[i];
-    benchmark::ClobberMemory();
-  }
-  set_bytes(state, 3 * n * 4);
-}
+// An output tensor with its pages already faulted in (Tensor::empty's are not), so that the
+// first timed iteration does not pay the kernel's page zeroing.
+Tensor out(const Shape& s) { return Tensor::zeros(s, DType::f32); }
+
+void BM_stream_triad(benchmark::State& state) { bench::stream_triad(state, kRows * kCols); }
 
 void BM_rmsnorm_forward(benchmark::State& state) {
-  Tensor x = randn({kRows, kCols}, 1), w = randn({kCols}, 2), y = Tensor::empty({kRows, kCols}, DType::f32);
-  Tensor rstd = Tensor::empty({kRows}, DType::f32);
+  Tensor x = randn({kRows, kCols}, 1), w = randn({kCols}, 2), y = out({kRows, kCols});
+  Tensor rstd = out({kRows});
   for (auto _ : state) ops::rmsnorm_forward(x, w, 1e-5f, y, rstd);
   set_bytes(state, 2 * kRows * kCols * 4);  // x in, y out
 }
 
 void BM_rmsnorm_backward(benchmark::State& state) {
   Tensor x = randn({kRows, kCols}, 1), w = randn({kCols}, 2), g = randn({kRows, kCols}, 3);
-  Tensor y = Tensor::empty({kRows, kCols}, DType::f32), rstd = Tensor::empty({kRows}, DType::f32);
-  Tensor dx = Tensor::empty({kRows, kCols}, DType::f32), dw = Tensor::zeros({kCols}, DType::f32);
+  Tensor y = out({kRows, kCols}), rstd = out({kRows});
+  Tensor dx = out({kRows, kCols}), dw = Tensor::zeros({kCols}, DType::f32);
   ops::rmsnorm_forward(x, w, 1e-5f, y, rstd);
   for (auto _ : state) ops::rmsnorm_backward(g, x, w, rstd, dx, dw);
   set_bytes(state, 3 * kRows * kCols * 4);  // dy, x in, dx out (dw accumulates in the same pass)
@@ -62,7 +58,7 @@ void BM_rmsnorm_backward(benchmark::State& state) {
 
 void BM_residual_scale_forward(benchmark::State& state) {
   Tensor h = randn({kRows, kCols}, 1), x = randn({kRows, kCols}, 2),
-         y = Tensor::empty({kRows, kCols}, DType::f32);
+         y = out({kRows, kCols});
   ops::ResidualScaleParams p{randn({kCols}, 3), randn({kCols}, 4), randn({kCols}, 5), randn({kCols}, 6)};
   for (auto _ : state) ops::residual_scale_forward(h, x, p, y);
   set_bytes(state, 3 * kRows * kCols * 4);
@@ -70,7 +66,7 @@ void BM_residual_scale_forward(benchmark::State& state) {
 
 void BM_residual_scale_backward(benchmark::State& state) {
   Tensor h = randn({kRows, kCols}, 1), x = randn({kRows, kCols}, 2), g = randn({kRows, kCols}, 3);
-  Tensor dh = Tensor::empty({kRows, kCols}, DType::f32), dx = Tensor::empty({kRows, kCols}, DType::f32);
+  Tensor dh = out({kRows, kCols}), dx = out({kRows, kCols});
   ops::ResidualScaleParams p{randn({kCols}, 3), randn({kCols}, 4), randn({kCols}, 5), randn({kCols}, 6)};
   ops::ResidualScaleParams gr{Tensor::zeros({kCols}, DType::f32), Tensor::zeros({kCols}, DType::f32),
                               Tensor::zeros({kCols}, DType::f32), Tensor::zeros({kCols}, DType::f32)};
@@ -79,39 +75,39 @@ void BM_residual_scale_backward(benchmark::State& state) {
 }
 
 void BM_silu_forward(benchmark::State& state) {
-  Tensor x = randn({kRows, kCols}, 1), y = Tensor::empty({kRows, kCols}, DType::f32);
+  Tensor x = randn({kRows, kCols}, 1), y = out({kRows, kCols});
   for (auto _ : state) ops::silu_forward(x, y);
   set_bytes(state, 2 * kRows * kCols * 4);
 }
 
 void BM_gelu_forward(benchmark::State& state) {
-  Tensor x = randn({kRows, kCols}, 1), y = Tensor::empty({kRows, kCols}, DType::f32);
+  Tensor x = randn({kRows, kCols}, 1), y = out({kRows, kCols});
   for (auto _ : state) ops::gelu_forward(x, y);
   set_bytes(state, 2 * kRows * kCols * 4);
 }
 
 void BM_swiglu_forward(benchmark::State& state) {
-  Tensor gu = randn({kRows, kCols}, 1), y = Tensor::empty({kRows, kCols / 2}, DType::f32);
+  Tensor gu = randn({kRows, kCols}, 1), y = out({kRows, kCols / 2});
   for (auto _ : state) ops::swiglu_forward(gu, y);
   set_bytes(state, (kRows * kCols + kRows * kCols / 2) * 4);
 }
 
 void BM_swiglu_backward(benchmark::State& state) {
   Tensor gu = randn({kRows, kCols}, 1), g = randn({kRows, kCols / 2}, 2),
-         dgu = Tensor::empty({kRows, kCols}, DType::f32);
+         dgu = out({kRows, kCols});
   for (auto _ : state) ops::swiglu_backward(g, gu, dgu);
   set_bytes(state, (2 * kRows * kCols + kRows * kCols / 2) * 4);
 }
 
 void BM_softmax_forward(benchmark::State& state) {
-  Tensor x = randn({kRows, kCols}, 1), y = Tensor::empty({kRows, kCols}, DType::f32);
+  Tensor x = randn({kRows, kCols}, 1), y = out({kRows, kCols});
   for (auto _ : state) ops::softmax_forward(x, y);
   set_bytes(state, 2 * kRows * kCols * 4);
 }
 
 void BM_embedding_forward(benchmark::State& state) {
   const int64_t vocab = 8192;
-  Tensor E = randn({vocab, kCols}, 1), y = Tensor::empty({kRows, kCols}, DType::f32);
+  Tensor E = randn({vocab, kCols}, 1), y = out({kRows, kCols});
   Tensor ids = Tensor::empty({kRows}, DType::i32);
   for (int64_t i = 0; i < kRows; ++i)
     ids.data<int32_t>()[i] = static_cast<int32_t>((i * 2654435761u) % vocab);

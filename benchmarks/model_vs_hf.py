@@ -11,11 +11,19 @@ Prints tokens/s of each, the ratio, phase times and zaya's activation arena per 
 with --gemm-dtype bf16 (expert and LM-head GEMMs on bf16 copies, f32 accumulation; the attention
 projections, attention, conv and router stay fp32).
 
+The three measurements run interleaved for --rounds rounds (zaya fp32, zaya bf16, transformers in
+each) and the ratios are taken per round and as the median: on a shared VM whose speed drifts
+within minutes, only measurements taken side by side compare. Each line also shows the CPU time
+the hypervisor stole during it (/proc/stat), which is what that drift is. zaya reports the wall
+time of its library GEMMs; transformers' step divided by that time is the ratio zaya would reach
+if everything besides the GEMMs (which both sides run at the same FLOP count) took no time.
+
 Run: .venv/bin/python benchmarks/model_vs_hf.py --zaya build/gen/zaya --threads 2
 """
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,7 +56,28 @@ def run_zaya(binary, cfg, threads, batch, seq, steps, gemm_dtype="f32"):
                              check=True, capture_output=True, text=True).stdout
     m = re.search(r"forward ([\d.]+) ms, backward ([\d.]+) ms, step ([\d.]+) ms", out)
     arena = re.search(r"activation arena ([\d.]+) MiB", out)
-    return dict(fwd=float(m[1]), bwd=float(m[2]), step=float(m[3]), arena_mib=float(arena[1]), raw=out)
+    g = re.search(r"GEMMs ([\d.]+) ms per step \(\d+ calls, ([\d.]+) GFLOP at ([\d.]+) GFLOP/s\)", out)
+    return dict(fwd=float(m[1]), bwd=float(m[2]), step=float(m[3]), arena_mib=float(arena[1]),
+                gemm_ms=float(g[1]), gemm_gflop=float(g[2]), gemm_rate=float(g[3]), raw=out)
+
+
+def cpu_times():
+    """(busy + idle, steal) jiffies from /proc/stat, or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    return sum(v), (v[7] if len(v) > 7 else 0)
+
+
+def timed(fn, *args):
+    """fn(*args) with the share of CPU time the hypervisor stole meanwhile (percent, or nan)."""
+    a = cpu_times()
+    r = fn(*args)
+    b = cpu_times()
+    r["steal"] = 100.0 * (b[1] - a[1]) / max(1, b[0] - a[0]) if a and b else float("nan")
+    return r
 
 
 def run_hf(cfg, threads, batch, seq, steps, attn):
@@ -83,20 +112,31 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--attn", default="sdpa", help="transformers attention implementation (sdpa or eager)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three measurements")
     a = ap.parse_args()
     cfg = model_config(a.config)
     tokens = a.batch * a.seq
     print(f"model {cfg}")
     print(f"batch {a.batch} x {a.seq} = {tokens} tokens/step, {a.steps} timed steps, {a.threads} threads, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    z = run_zaya(a.zaya, cfg, a.threads, a.batch, a.seq, a.steps)
-    zb = run_zaya(a.zaya, cfg, a.threads, a.batch, a.seq, a.steps, "bf16")
-    h = run_hf(cfg, a.threads, a.batch, a.seq, a.steps, a.attn)
-    for name, r in (("zaya fp32", z), ("zaya bf16 GEMMs", zb), (f"transformers fp32 ({a.attn})", h)):
-        print(f"{name:28s} forward {r['fwd']:9.1f} ms  backward {r['bwd']:9.1f} ms  step {r['step']:9.1f} ms  "
-              f"{tokens / r['step'] * 1e3:9.1f} tokens/s")
-    print(f"ratio zaya fp32 / transformers fp32 (tokens/s): {h['step'] / z['step']:.2f}x")
-    print(f"ratio zaya bf16 GEMMs / transformers fp32 (tokens/s): {h['step'] / zb['step']:.2f}x")
+    rounds = []
+    for r in range(a.rounds):
+        z = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps)
+        zb = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps, "bf16")
+        h = timed(run_hf, cfg, a.threads, a.batch, a.seq, a.steps, a.attn)
+        print(f"round {r + 1}")
+        for name, m in (("zaya fp32", z), ("zaya bf16 GEMMs", zb), (f"transformers fp32 ({a.attn})", h)):
+            print(f"  {name:28s} forward {m['fwd']:8.1f} ms  backward {m['bwd']:8.1f} ms  step {m['step']:8.1f} ms  "
+                  f"{tokens / m['step'] * 1e3:8.1f} tokens/s  steal {m['steal']:4.1f}%")
+        print(f"  zaya fp32 GEMMs: {z['gemm_ms']:.1f} ms of the step ({z['gemm_gflop']:.1f} GFLOP at "
+              f"{z['gemm_rate']:.1f} GFLOP/s), everything else {z['step'] - z['gemm_ms']:.1f} ms")
+        ratios = dict(fp32=h["step"] / z["step"], bf16=h["step"] / zb["step"], floor=h["step"] / z["gemm_ms"])
+        print(f"  ratio zaya fp32 / transformers fp32 (tokens/s): {ratios['fp32']:.2f}x; bf16 GEMMs: "
+              f"{ratios['bf16']:.2f}x; GEMM floor (transformers step / zaya GEMM time): {ratios['floor']:.2f}x")
+        rounds.append(ratios)
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    print(f"median over {a.rounds} rounds: zaya fp32 / transformers fp32 {med['fp32']:.2f}x, "
+          f"zaya bf16 GEMMs / transformers fp32 {med['bf16']:.2f}x, GEMM floor {med['floor']:.2f}x")
     print(f"zaya activation arena per step: fp32 {z['arena_mib']:.1f} MiB, bf16 GEMMs {zb['arena_mib']:.1f} MiB")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0

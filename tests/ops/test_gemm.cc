@@ -325,6 +325,27 @@ TEST(Gemm, PrimitivesAreCached) {
   EXPECT_EQ(after.size, before.size);
 }
 
+// The GEMM time counters (the benchmarks' "GEMM floor") count each call once and 2·M·N·K FLOPs per
+// problem, batched and grouped alike; empty problems count nothing. Exact integers: no tolerance.
+TEST(Gemm, TimeStatsCountCallsAndFlops) {
+  Tensor A = random_tensor({2, 6, 10}, 81), B = random_tensor({10, 12}, 82),
+         C = Tensor::empty({2, 6, 12}, DType::f32);
+  Tensor W = random_tensor({8, 10}, 83);
+  std::vector<GemmProblem> groups = {{random_tensor({5, 10}, 84), W, Tensor::empty({5, 8}, DType::f32)},
+                                     {random_tensor({0, 10}, 85), W, Tensor::empty({0, 8}, DType::f32)},
+                                     {random_tensor({3, 10}, 86), W, Tensor::empty({3, 8}, DType::f32)}};
+  gemm_time_reset();
+  gemm(A, Trans::N, B, Trans::N, C);
+  gemm_grouped(groups, Trans::N, Trans::T);
+  GemmTimeStats s = gemm_time_stats();
+  EXPECT_EQ(s.calls, 2);
+  EXPECT_EQ(s.flops, 2.0 * 2 * 6 * 12 * 10 + 2.0 * (5 + 3) * 8 * 10);
+  EXPECT_GT(s.seconds, 0.0);
+  gemm_time_reset();
+  EXPECT_EQ(gemm_time_stats().calls, 0);
+  EXPECT_EQ(gemm_time_stats().flops, 0.0);
+}
+
 using zaya::test::error_of;
 
 TEST(Gemm, ShapeErrorsNameBothShapes) {

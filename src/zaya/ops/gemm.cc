@@ -3,6 +3,8 @@
 #include "zaya/ops/gemm.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <list>
 #include <mutex>
@@ -52,6 +54,43 @@ struct KeyHash {
 // A bounded LRU: expert GEMMs see a new M almost every step, and an unbounded cache would grow
 // with every token count ever seen. 512 entries hold a whole model's fixed shapes with room.
 constexpr size_t kCacheCapacity = 512;
+
+// Time spent inside gemm()/gemm_grouped() and the FLOPs they ran: the GEMM share of a step, so
+// a benchmark can print how far the rest of the step is from the GEMM floor. Two clock reads per
+// call (~700 calls per demo step) cost nothing measurable. Relaxed atomics: totals only.
+struct TimeCounters {
+  std::atomic<int64_t> calls{0}, nanoseconds{0};
+  std::atomic<double> flops{0.0};
+};
+TimeCounters& time_counters() {
+  static TimeCounters t;
+  return t;
+}
+
+// Adds one call's wall time and FLOPs on scope exit.
+class TimedCall {
+ public:
+  TimedCall() : t0_(std::chrono::steady_clock::now()) {}
+  void add_flops(double f) { flops_ += f; }
+  ~TimedCall() {
+    TimeCounters& t = time_counters();
+    t.calls.fetch_add(1, std::memory_order_relaxed);
+    t.nanoseconds.fetch_add(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count(),
+        std::memory_order_relaxed);
+    double cur = t.flops.load(std::memory_order_relaxed);
+    while (!t.flops.compare_exchange_weak(cur, cur + flops_, std::memory_order_relaxed)) {
+    }
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+  double flops_ = 0.0;
+};
+
+double flops_of(int64_t batch, int64_t m, int64_t n, int64_t k) {
+  return 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+}
 
 struct Cache {
   std::mutex mu;
@@ -338,6 +377,8 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
 void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha, float beta) {
   Dims d = check_problem(A, ta, B, tb, C);
   if (trivial(d, C, beta)) return;
+  TimedCall timed;
+  timed.add_flops(flops_of(d.batch, d.m, d.n, d.k));
   run_fixed(d, A, ta, B, tb, C, alpha, beta);
 }
 
@@ -346,9 +387,11 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   // Which dims vary from group to group (and step to step) is read off the problems: the token
   // count is M for ta = N (x·Wᵀ, dy·W) and K for ta = T (dyᵀ·x); N (and K for ta = N) are the
   // expert weight's, shared by all groups.
+  TimedCall timed;
   for (GemmProblem& p : problems) {
     Dims d = check_problem(p.A, ta, p.B, tb, p.C);
     if (trivial(d, p.C, beta)) continue;
+    timed.add_flops(flops_of(d.batch, d.m, d.n, d.k));
     if (d.batch != 1 || p.A.ndim() != 2 || p.B.ndim() != 2) {  // batched groups: per shape
       run_fixed(d, p.A, ta, p.B, tb, p.C, alpha, beta);
       continue;
@@ -373,6 +416,18 @@ GemmCacheStats gemm_cache_stats() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   return {c.hits, c.misses, static_cast<int64_t>(c.lru.size())};
+}
+
+GemmTimeStats gemm_time_stats() {
+  TimeCounters& t = time_counters();
+  return {t.calls.load(), static_cast<double>(t.nanoseconds.load()) * 1e-9, t.flops.load()};
+}
+
+void gemm_time_reset() {
+  TimeCounters& t = time_counters();
+  t.calls = 0;
+  t.nanoseconds = 0;
+  t.flops = 0.0;
 }
 
 void gemm_cache_clear() {

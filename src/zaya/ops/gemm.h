@@ -42,4 +42,14 @@ struct GemmCacheStats {
 GemmCacheStats gemm_cache_stats();
 void gemm_cache_clear();
 
+// Wall time spent in gemm() and gemm_grouped() since the last reset, and the FLOPs they ran
+// (2·M·N·K per problem): the GEMM part of a training step, for benchmarks and profiles.
+struct GemmTimeStats {
+  int64_t calls = 0;
+  double seconds = 0.0;
+  double flops = 0.0;
+};
+GemmTimeStats gemm_time_stats();
+void gemm_time_reset();
+
 }  // namespace zaya::ops
