@@ -1,5 +1,6 @@
-// GEMM throughput (FLOP/s) for the model's own shapes, f32 and bf16, next to square GEMMs of similar
-// FLOPs as the library's reference point. Shapes: y = x·Wᵀ, x [M, K] tokens, W [N, K] (HF layout).
+// GEMM throughput (FLOP/s of wall-clock time: with several threads the main thread's CPU time
+// understates what the call takes) for the model's own shapes, f32 and bf16, next to square GEMMs
+// of similar FLOPs as the library's reference point. Shapes: y = x·Wᵀ, x [M, K] tokens, W [N, K] (HF layout).
 //   ./bench_ops_gemm --benchmark_min_time=0.05s       (quick check)
 //   ./bench_ops_gemm --benchmark_filter=zaya1          (one model's shapes)
 #include <benchmark/benchmark.h>
@@ -151,12 +152,14 @@ void register_all() {
     std::string_view d = dtype_name(dt);
     for (const GemmShape& s : model_shapes())
       benchmark::RegisterBenchmark(str("gemm/", s.name, "/", d).c_str(), bench_gemm, s, dt)
-          ->Unit(benchmark::kMillisecond);
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
     // Square references of 2·n³ FLOPs spanning the model shapes' range (0.27 to 26 GFLOP).
     for (int64_t n : {512, 1024, 2048})
       benchmark::RegisterBenchmark(str("gemm/square/", n, "/", d).c_str(), bench_gemm,
                                    GemmShape{"square", n, n, n}, dt)
-          ->Unit(benchmark::kMillisecond);
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
     // Grouped expert GEMMs: demo 2,048 tokens over 8 experts (H 256, I 512), ZAYA1 4,096 over 16
     // (H 2048, I 2048); gate_up forward, and the down projection's input and weight gradients.
     struct G {
@@ -172,7 +175,8 @@ void register_all() {
                 G{"zaya1/expert_down_dw", 4096, 16, 2048, 2048, GroupedKind::dw}})
       benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d).c_str(), bench_grouped, g.tokens,
                                    g.experts, g.n, g.k, dt, g.kind)
-          ->Unit(benchmark::kMillisecond);
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
   }
 }
 

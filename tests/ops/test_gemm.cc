@@ -187,6 +187,46 @@ TEST(Gemm, GroupedVaryingTokenCountsMatchReference) {
 
 // With a large expert weight (N·K >= 2^20 in gemm.cc) the paths swap: bf16 takes the runtime-M
 // primitive and f32 the row blocks. Check both, with counts on both sides of a row block.
+// The model's layout: every expert's tokens are consecutive rows of one A buffer and one C buffer.
+// With beta = 0 a problem then runs as M rounded up to whole row blocks in place (gemm.cc,
+// may_run_past_end): its extra rows read the next expert's tokens and write rows that the next
+// problem overwrites. Every problem must still equal its own reference, and C's rows after the
+// last problem (spare capacity, as in the model's buffers) must be left alone. Both row-blocked
+// cases: bf16 with a small weight and f32 with a large one.
+TEST(Gemm, GroupedConsecutiveRowsRunPastEndsSafely) {
+  struct Case {
+    DType dt;
+    int64_t n, k;
+  };
+  for (Case c : {Case{DType::bf16, 48, 40}, Case{DType::f32, 1024, 1024}}) {
+    const std::vector<int64_t> ms = {45, 30, 0, 70, 33, 40, 29};  // 45, 70, 33 and 40 run past their ends
+    int64_t total = 0;
+    for (int64_t m : ms) total += m;
+    const int64_t spare = 40;  // rows past the last problem, which must stay as they were
+    Tensor A = random_tensor({total + spare, c.k}, 300, 1.0f, c.dt);
+    Tensor W = random_tensor({static_cast<int64_t>(ms.size()), c.n, c.k}, 301, 1.0f, c.dt);
+    Tensor C = random_tensor({total + spare, c.n}, 302);
+    std::vector<float> spare_before(C.data<float>() + total * c.n, C.data<float>() + (total + spare) * c.n);
+    std::vector<GemmProblem> problems;
+    std::vector<std::vector<double>> refs;
+    int64_t off = 0;
+    for (size_t e = 0; e < ms.size(); ++e) {
+      Tensor Ae = A.slice(off, off + ms[e]), We = W.select(static_cast<int64_t>(e)), Ce = C.slice(off, off + ms[e]);
+      refs.push_back(gemm_reference(to_f64(Ae), Trans::N, to_f64(We), Trans::T, to_f64(Ce), 1, ms[e], c.n, c.k, 1, 0));
+      problems.push_back({Ae, We, Ce});
+      off += ms[e];
+    }
+    gemm_grouped(problems, Trans::N, Trans::T);
+    for (size_t e = 0; e < ms.size(); ++e)
+      if (ms[e]) {
+        // Exact inputs, f32 accumulation over K ≤ 1024 terms: ≤ ~2e-6 in norm (as above).
+        EXPECT_LT(test::rel_error(problems[e].C, refs[e]), 1e-5) << dtype_name(c.dt) << " expert " << e;
+      }
+    for (int64_t i = 0; i < spare * c.n; ++i)
+      ASSERT_EQ(C.data<float>()[total * c.n + i], spare_before[static_cast<size_t>(i)])
+          << dtype_name(c.dt) << ": spare row " << i / c.n << " was written";
+  }
+}
 TEST(Gemm, GroupedLargeWeightMatchesReference) {
   const int64_t n = 1024, k = 1024;
   const std::vector<int64_t> ms = {5, 0, 37};
