@@ -65,6 +65,13 @@ BENCHMARK(BM_stream_triad)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 Tensor zeros(const Shape& s) { return Tensor::zeros(s, DType::f32); }  // outputs, pages faulted in
 
+// The CCA conv is not a streaming op: each output channel is a 2-tap conv over all hd channels of
+// its head (the grouped conv, 4·hd FLOPs) after a 2-tap depthwise one (4 FLOPs): ~64 FLOPs per byte
+// moved at hd 128, so it is compute-bound and its rate is given in GFLOP/s as well as GB/s.
+double cca_conv_flops(int64_t tokens, const ops::CcaDims& d) {
+  return static_cast<double>(tokens) * static_cast<double>(d.channels()) * 4.0 * static_cast<double>(d.hd + 1);
+}
+
 // CCA conv over [T, C] with ZAYA1 heads (nq 8, nkv 2, hd 128; C = 1280). Arg: T.
 void BM_CcaConvForward(benchmark::State& st) {
   const int64_t B = 1, T = st.range(0);
@@ -74,6 +81,7 @@ void BM_CcaConvForward(benchmark::State& st) {
   ops::CcaConvWeights w{rnd({C, 1, 2}, 2), rnd({C}, 3), rnd({C, d.hd, 2}, 4), rnd({C}, 5)};
   for (auto _ : st) ops::cca_conv_forward(out, z, w, B, T, d);
   st.counters["GB/s"] = benchmark::Counter(2.0 * B * T * C * 4 * st.iterations() * 1e-9, benchmark::Counter::kIsRate);
+  st.counters["GFLOP/s"] = benchmark::Counter(cca_conv_flops(B * T, d) * 1e-9 * st.iterations(), benchmark::Counter::kIsRate);
 }
 void BM_CcaConvBackward(benchmark::State& st) {
   const int64_t B = 1, T = st.range(0);
@@ -85,6 +93,8 @@ void BM_CcaConvBackward(benchmark::State& st) {
                         Tensor::zeros({C, d.hd, 2}, DType::f32), Tensor::zeros({C}, DType::f32)};
   for (auto _ : st) ops::cca_conv_backward(dz, g, dout, z, w, B, T, d);
   st.counters["GB/s"] = benchmark::Counter(3.0 * B * T * C * 4 * st.iterations() * 1e-9, benchmark::Counter::kIsRate);
+  // dz and the grouped weight's gradient each cost what the forward does.
+  st.counters["GFLOP/s"] = benchmark::Counter(2 * cca_conv_flops(B * T, d) * 1e-9 * st.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_CcaConvForward)->Arg(1024)->Arg(4096)->Arg(kBeyondCacheT * 8 / 5)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CcaConvBackward)->Arg(1024)->Arg(4096)->Arg(kBeyondCacheT * 8 / 5)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -394,6 +394,20 @@ TEST(Softmax, ForwardBackward) {
   }
 }
 
+// Outputs larger than the caches are written with streaming stores from a row buffer; the values
+// must be the very same floats as the plain path's (bitwise), for rows that start at any alignment
+// (f = 1000 and 37 are not multiples of 16 floats, so most rows start mid-cache-line).
+TEST(Activations, SoftmaxStreamingStoresGiveTheSameBits) {
+  for (Rows s : {Rows{37, 1000}, Rows{5, 37}, Rows{3, 2048}}) {
+    Tensor x = random_tensor({s.n, s.f}, 11, 3.0f);
+    Tensor a = Tensor::empty({s.n, s.f}, DType::f32), b = Tensor::empty({s.n, s.f}, DType::f32);
+    softmax_forward(x, a, StoreMode::cached);
+    softmax_forward(x, b, StoreMode::streaming);
+    for (int64_t i = 0; i < a.numel(); ++i)
+      ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << s.n << "x" << s.f << " at " << i;
+  }
+}
+
 // ------------------------------------------------------------------------------------ determinism
 // Every op's outputs and gradients, bitwise, over 1, 2, 2, 1 threads.
 std::vector<Tensor> run_all(int threads) {

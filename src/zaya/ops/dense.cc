@@ -3,9 +3,15 @@
 // across threads and results do not depend on the thread count.
 #include "zaya/ops/dense.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "zaya/ops/cpu/op_checks.h"
 #include "zaya/ops/cpu/seq_vec.h"
@@ -490,7 +496,61 @@ void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu) {
 // softmax over the last dim: y = exp(x − max) / Σ exp(x − max), exp by cpu::expf_fast (~1 ulp).
 // dx = y ⊙ (dy − Σ dy ⊙ y).
 
-void softmax_forward(const Tensor& x, const Tensor& y) {
+namespace {
+
+// Bytes of L2 (all cores) + L3: an output larger than this is gone from the caches before anyone
+// reads it, so it is better written with streaming stores (see scaled_copy_streaming).
+int64_t cache_bytes() {
+  static const int64_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE), l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int64_t sum = int64_t{std::max(0L, l2)} * std::max(1L, cores) + std::max(0L, l3);
+    return sum > 0 ? sum : int64_t{64} << 20;
+  }();
+  return bytes;
+}
+
+// dst[j] = s·src[j] with non-temporal stores where the ISA has them: a plain store first reads each
+// line it writes (the write-allocate), a third of the traffic of a streaming op. The values are the
+// same products either way. The caller fences (_mm_sfence) before other threads read dst.
+void scaled_copy_streaming(float* dst, const float* src, float s, int64_t n) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  for (; j < n && (reinterpret_cast<uintptr_t>(dst + j) & 63) != 0; ++j) dst[j] = src[j] * s;
+  const __m512 vs = _mm512_set1_ps(s);
+  for (; j + 16 <= n; j += 16) _mm512_stream_ps(dst + j, _mm512_mul_ps(_mm512_loadu_ps(src + j), vs));
+#endif
+  for (; j < n; ++j) dst[j] = src[j] * s;
+}
+
+// exp(x[j] − shift) into e[j] and their sum: 16 partial sums (vectorized) added in a fixed order.
+// `next` (may be null): the next row of x, whose cache lines are prefetched one per 16 elements, so
+// its reads from memory overlap this row's arithmetic instead of following it.
+float exp_and_sum(float* e, const float* x, int64_t f, float shift, const float* next = nullptr) {
+  float acc[16] = {};
+  int64_t j = 0;
+  for (; j + 16 <= f; j += 16) {
+    if (next) __builtin_prefetch(next + j);
+    for (int l = 0; l < 16; ++l) {
+      float v = cpu::expf_fast(x[j + l] - shift);
+      e[j + l] = v;
+      acc[l] += v;
+    }
+  }
+  for (int l = 0; j < f; ++j, ++l) {
+    float v = cpu::expf_fast(x[j] - shift);
+    e[j] = v;
+    acc[l] += v;
+  }
+  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
+  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
+  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+}  // namespace
+
+void softmax_forward(const Tensor& x, const Tensor& y) { softmax_forward(x, y, StoreMode::automatic); }
+
+void softmax_forward(const Tensor& x, const Tensor& y, StoreMode mode) {
   const char* op = "softmax_forward";
   require_f32(op, "x", x);
   require_f32(op, "y", y);
@@ -498,29 +558,32 @@ void softmax_forward(const Tensor& x, const Tensor& y) {
   int64_t f = last_dim(x), n = rows_of(x);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
+  if (mode == StoreMode::automatic)
+    mode = static_cast<int64_t>(y.nbytes()) > cache_bytes() ? StoreMode::streaming : StoreMode::cached;
+  if (mode == StoreMode::cached) {  // y stays in cache for its reader
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float* xi = xp + i * f;
-    float* yi = yp + i * f;
-    const float mx = cpu::maxf(xi, f);
-    // exp and its sum in one pass: 16 partial sums (vectorized), added in a fixed order.
-    float acc[16] = {};
-    int64_t j = 0;
-    for (; j + 16 <= f; j += 16)
-      for (int l = 0; l < 16; ++l) {
-        float e = cpu::expf_fast(xi[j + l] - mx);
-        yi[j + l] = e;
-        acc[l] += e;
-      }
-    for (int l = 0; j < f; ++j, ++l) {
-      float e = cpu::expf_fast(xi[j] - mx);
-      yi[j] = e;
-      acc[l] += e;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* xi = xp + i * f;
+      float* yi = yp + i * f;
+      const float inv = 1.0f / exp_and_sum(yi, xi, f, cpu::maxf(xi, f), i + 1 < n ? xi + f : nullptr);
+      for (int64_t j = 0; j < f; ++j) yi[j] *= inv;
     }
-    for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
-    for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
-    const float inv = 1.0f / ((acc[0] + acc[2]) + (acc[1] + acc[3]));
-    for (j = 0; j < f; ++j) yi[j] *= inv;
+    return;
+  }
+  // Larger than the caches: the exps go to a per-thread row buffer (L1/L2) and y is written once,
+  // with streaming stores. Same values as above.
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(f));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* xi = xp + i * f;
+      const float inv = 1.0f / exp_and_sum(row.data(), xi, f, cpu::maxf(xi, f), i + 1 < n ? xi + f : nullptr);
+      scaled_copy_streaming(yp + i * f, row.data(), inv, f);
+    }
+#if defined(__AVX512F__)
+    _mm_sfence();  // the streaming stores are visible before the loop's closing barrier
+#endif
   }
 }
 

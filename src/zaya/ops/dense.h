@@ -64,6 +64,11 @@ void cast_to_bf16(const Tensor& src, const Tensor& dst);
 
 // Row softmax in fp32 over the last dim; backward from the saved output y.
 void softmax_forward(const Tensor& x, const Tensor& y);
+// How softmax_forward writes y: plain stores, or streaming (non-temporal) stores that skip the
+// write-allocate read. `automatic` (the form above) streams only an output larger than the caches.
+// The values are the same in every mode.
+enum class StoreMode { automatic, cached, streaming };
+void softmax_forward(const Tensor& x, const Tensor& y, StoreMode mode);
 void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx);
 
 }  // namespace zaya::ops
