@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "zaya/core/tensor.h"
+
 namespace zaya::bench {
 
 inline int64_t sysconf_or(int name, int64_t fallback) {
@@ -45,6 +47,18 @@ inline const bool kContextRecorded = [] {
   benchmark::AddCustomContext("stream_array_bytes", std::to_string(stream_elems(2048) * 4));
   return true;
 }();
+
+// Fills t's first min(numel, 2^20) elements with `fill` and repeats them over the rest, in
+// parallel; every page of t is then touched too.
+template <class Fill>
+void fill_tiled(Tensor& t, Fill fill) {
+  const int64_t n = t.numel(), head = std::min<int64_t>(n, int64_t{1} << 20);
+  Tensor h = t.window(0, Shape{head});
+  fill(h);
+  float* p = t.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = head; i < n; i += head) std::copy_n(p, std::min(head, n - i), p + i);
+}
 
 // a = b + s·c over three arrays of n floats, split over the threads like our kernels; 12 bytes per
 // element counted (STREAM's convention: the write-allocate read of a is not counted).

@@ -2,6 +2,7 @@
 // the reference (gradcheck.h), accumulation of parameter gradients, determinism, errors.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -343,6 +344,28 @@ TEST(Activations, ErfFastWithinOneUlpOfDouble) {
   EXPECT_EQ(cpu::erf_fast(-INFINITY), -1.0f);
   EXPECT_EQ(cpu::erf_fast(0.0f), 0.0f);
   EXPECT_TRUE(std::isnan(cpu::erf_fast(NAN)));
+}
+
+// erf_fast_n (16 AVX-512 lanes where the CPU has them) must give erf_fast's bits for every input:
+// a grid over [−6, 6] plus the specials, at a length that leaves a scalar tail.
+TEST(Activations, ErfFastVectorEqualsScalar) {
+  std::vector<float> x;
+  for (int64_t i = -(int64_t{6} << 14); i <= (int64_t{6} << 14); ++i) x.push_back(std::ldexp(static_cast<float>(i), -14));
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 3.999999f, 4.0f, -4.0f, 0.5f, -0.5f, 1e30f, INFINITY, -INFINITY})
+    x.push_back(v);
+  x.push_back(0.25f);  // odd length
+  std::vector<float> y(x.size());
+  cpu::erf_fast_n(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float s = cpu::erf_fast(x[i]);
+    ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(s)) << "x = " << x[i];
+  }
+  float nan_in = NAN, nan_out = 0.0f;
+  std::vector<float> nans(17, NAN), out(17);
+  cpu::erf_fast_n(nans.data(), out.data(), 17);
+  for (float v : out) EXPECT_TRUE(std::isnan(v));
+  cpu::erf_fast_n(&nan_in, &nan_out, 1);
+  EXPECT_TRUE(std::isnan(nan_out));
 }
 
 TEST(Activations, Silu) { check_elementwise(silu_forward, silu_backward, silu_d); }

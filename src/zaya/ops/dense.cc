@@ -429,22 +429,62 @@ void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
               [&](int64_t i) { dp[i] = gp[i] * silu_grad(xp[i]); });
 }
 
+// GELU runs erf over kGeluBlock elements at a time through cpu::erf_fast_n (its table lookups are
+// AVX-512 permutes, which the compiler would not produce from a per-element call), in a buffer
+// between two vectorized loops. The block is small (512 B) so that reading x from memory stays
+// interleaved with the arithmetic (the hardware prefetcher runs ahead of it). Beyond the caches on
+// the development VM, GELU forward ran at 63-69% of the STREAM triad with 128-element blocks, 55-63%
+// with 512, 48% with 2048 and below the old per-element loop's 48% with 8192.
+constexpr int64_t kGeluBlock = 128;
 void gelu_forward(const Tensor& x, const Tensor& y) {
+  const char* op = "gelu_forward";
+  require_f32(op, "x", x);
+  require_f32(op, "y", y);
+  check_same_shape("gelu_forward: y vs x", y, x);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
-  elementwise("gelu_forward", {{"x", &x}, {"y", &y}}, x,
-              [&](int64_t i) { yp[i] = 0.5f * xp[i] * (1.0f + cpu::erf_fast(xp[i] * kInvSqrt2)); });
+  const int64_t n = x.numel(), chunks = (n + kElemChunk - 1) / kElemChunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    float e[kGeluBlock];
+    const int64_t c1 = std::min(n, (c + 1) * kElemChunk);
+    for (int64_t i0 = c * kElemChunk; i0 < c1; i0 += kGeluBlock) {
+      const int64_t len = std::min(c1 - i0, kGeluBlock);
+      const float* xb = xp + i0;
+      for (int64_t i = 0; i < len; ++i) e[i] = xb[i] * kInvSqrt2;
+      cpu::erf_fast_n(e, e, len);
+      for (int64_t i = 0; i < len; ++i) yp[i0 + i] = 0.5f * xb[i] * (1.0f + e[i]);
+    }
+  }
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  const char* op = "gelu_backward";
+  require_f32(op, "x", x);
+  require_f32(op, "dy", dy);
+  require_f32(op, "dx", dx);
+  check_same_shape("gelu_backward: dy vs x", dy, x);
+  check_same_shape("gelu_backward: dx vs x", dx, x);
   const float *xp = x.data<float>(), *gp = dy.data<float>();
   float* dp = dx.data<float>();
-  elementwise("gelu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x, [&](int64_t i) {
-    float v = xp[i];
-    float cdf = 0.5f * (1.0f + cpu::erf_fast(v * kInvSqrt2));
-    float pdf = kInvSqrt2Pi * cpu::expf_fast(-0.5f * v * v);
-    dp[i] = gp[i] * (cdf + v * pdf);
-  });
+  const int64_t n = x.numel(), chunks = (n + kElemChunk - 1) / kElemChunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    float e[kGeluBlock];
+    const int64_t c1 = std::min(n, (c + 1) * kElemChunk);
+    for (int64_t i0 = c * kElemChunk; i0 < c1; i0 += kGeluBlock) {
+      const int64_t len = std::min(c1 - i0, kGeluBlock);
+      const float* xb = xp + i0;
+      for (int64_t i = 0; i < len; ++i) e[i] = xb[i] * kInvSqrt2;
+      cpu::erf_fast_n(e, e, len);
+      for (int64_t i = 0; i < len; ++i) {
+        const float v = xb[i];
+        const float cdf = 0.5f * (1.0f + e[i]);
+        const float pdf = kInvSqrt2Pi * cpu::expf_fast(-0.5f * v * v);
+        dp[i0 + i] = gp[i0 + i] * (cdf + v * pdf);
+      }
+    }
+  }
 }
 
 // swiglu: y = silu(g) ⊙ v.  dg = dy ⊙ v ⊙ silu'(g),  dv = dy ⊙ silu(g).
