@@ -120,6 +120,46 @@ TEST(CrossEntropy, LargerShapeAgainstAnalyticGradient) {
   EXPECT_LT(test::rel_error(dE, de_ref), 5e-5);
 }
 
+// Logits spread over hundreds of nats: most probabilities are below 2^-100 (and below float's normal
+// range), which the op stores as 0 before the head GEMMs (loss.cc, flush_tiny). The gradients must
+// still equal the closed form in double (which keeps every tiny term), for the kept-exps path
+// (chunk = V) and the recomputing one; the loss too.
+TEST(CrossEntropy, SpreadLogitsWithTinyProbabilitiesMatchReference) {
+  const int64_t n = 16, hd = 64, v = 300;
+  std::vector<int32_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 37) % v);
+  Tensor h = random_tensor({n, hd}, 7, 3.0f), E = random_tensor({v, hd}, 8, 3.0f), tg = make_targets(t);
+  Vec hv = to_f64(h), ev = to_f64(E), lse_ref;
+  double loss_ref = ce_reference(hv, ev, t, n, hd, v, &lse_ref);
+  Vec dh_ref(n * hd, 0.0), de_ref(v * hd, 0.0);
+  int64_t tiny = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < v; ++j) {
+      double l = 0;
+      for (int64_t k = 0; k < hd; ++k) l += hv[i * hd + k] * ev[j * hd + k];
+      const double p = std::exp(l - lse_ref[i]);
+      tiny += p < 0x1p-100;
+      const double g = (p - (j == t[i] ? 1.0 : 0.0)) / n;
+      for (int64_t k = 0; k < hd; ++k) {
+        dh_ref[i * hd + k] += g * ev[j * hd + k];
+        de_ref[j * hd + k] += g * hv[i * hd + k];
+      }
+    }
+  ASSERT_GT(tiny, n * v / 2) << "the test needs most probabilities below 2^-100";
+  for (int64_t chunk : {v, int64_t{128}}) {
+    CrossEntropyOptions opt{.chunk = chunk};
+    Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
+    Tensor lse = Tensor::empty({n}, DType::f32), dh = Tensor::empty({n, hd}, DType::f32);
+    Tensor dE = Tensor::zeros({v, hd}, DType::f32);
+    CrossEntropyResult r = cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt);
+    // Logits of magnitude ~100 carry ~1e-5 absolute rounding (64 f32 products), so the loss and
+    // the probabilities that matter are good to ~1e-5 relative; 1e-4 bounds.
+    EXPECT_NEAR(r.loss, loss_ref, 1e-4 * std::fabs(loss_ref)) << "chunk " << chunk;
+    EXPECT_LT(test::rel_error(dh, dh_ref), 1e-4) << "chunk " << chunk;
+    EXPECT_LT(test::rel_error(dE, de_ref), 1e-4) << "chunk " << chunk;
+  }
+}
+
 TEST(CrossEntropy, AllTargetsIgnoredGivesZeroLossAndGrads) {
   const int64_t n = 4, hd = 5, v = 9;
   Tensor h = random_tensor({n, hd}, 1), E = random_tensor({v, hd}, 2), tg = make_targets({-100, -100, -100, -100});

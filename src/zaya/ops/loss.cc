@@ -52,13 +52,23 @@ Tensor chunk_logits(const Tensor& h, const Tensor& E, const Tensor& workspace, c
   return logits;
 }
 
-// x[j] ← exp(x[j] − shift) for j < n; returns Σ exp in sum_expf's order (16 partial sums, fixed tree).
+// Probabilities (exp(logit − max), ≤ 1) below 2^-100 are stored as 0 wherever they feed the head's
+// GEMMs. Kept, they make those GEMMs multiply numbers whose products fall below float's normal range
+// (2^-126), which x86 cores run through microcode assists: the demo head's backward GEMMs ran at
+// 7 instead of ~150 GFLOP/s with logits spread over ~90 nats (bench_ops_dense's random head).
+// Dropped, each changes a gradient sum whose largest term is ≥ 1/V of the row's by < 2^-100: far
+// below float resolution. It is a per-op, deterministic flush-to-zero; no FP mode is changed.
+constexpr float kTinyProbability = 0x1p-100f;
+inline float flush_tiny(float p) { return p < kTinyProbability ? 0.0f : p; }
+
+// x[j] ← exp(x[j] − shift) (tiny ones flushed) for j < n; returns their Σ in sum_expf's order (16
+// partial sums, fixed tree).
 float exp_shift_sum(float* x, int64_t n, float shift) {
   float acc[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += (x[i + l] = cpu::expf_fast(x[i + l] - shift));
-  for (int64_t l = 0; i < n; ++i, ++l) acc[l] += (x[i] = cpu::expf_fast(x[i] - shift));
+    for (int l = 0; l < 16; ++l) acc[l] += (x[i + l] = flush_tiny(cpu::expf_fast(x[i + l] - shift)));
+  for (int64_t l = 0; i < n; ++i, ++l) acc[l] += (x[i] = flush_tiny(cpu::expf_fast(x[i] - shift)));
   for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
   for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
   return (acc[0] + acc[2]) + (acc[1] + acc[3]);
@@ -202,7 +212,7 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Te
         std::fill_n(row, c, 0.0f);
         continue;
       }
-      for (int64_t j = 0; j < c; ++j) row[j] = cpu::expf_fast(row[j] - lp_lse[i]) * inv_count;
+      for (int64_t j = 0; j < c; ++j) row[j] = flush_tiny(cpu::expf_fast(row[j] - lp_lse[i])) * inv_count;
       if (tgt[i] >= v0 && tgt[i] < v0 + c) row[tgt[i] - v0] -= inv_count;
     }
     Tensor e_chunk = E.slice(v0, v0 + c);
@@ -267,7 +277,7 @@ void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, cons
       std::fill_n(row, V, 0.0f);
       continue;
     }
-    for (int64_t j = 0; j < V; ++j) row[j] = cpu::expf_fast(row[j] - l[i]) * inv_count;  // vectorizes; libm expf does not
+    for (int64_t j = 0; j < V; ++j) row[j] = flush_tiny(cpu::expf_fast(row[j] - l[i])) * inv_count;  // vectorizes; libm expf does not
     row[tgt[i]] -= inv_count;
   }
 }
