@@ -436,14 +436,12 @@ void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
 // the development VM, GELU forward ran at 63-69% of the STREAM triad with 128-element blocks, 55-63%
 // with 512, 48% with 2048 and below the old per-element loop's 48% with 8192.
 constexpr int64_t kGeluBlock = 128;
-void gelu_forward(const Tensor& x, const Tensor& y) {
-  const char* op = "gelu_forward";
-  require_f32(op, "x", x);
-  require_f32(op, "y", y);
-  check_same_shape("gelu_forward: y vs x", y, x);
-  const float* xp = x.data<float>();
-  float* yp = y.data<float>();
-  const int64_t n = x.numel(), chunks = (n + kElemChunk - 1) / kElemChunk;
+
+// Calls f(i0, len, x + i0, e) for consecutive blocks of x's n elements, e[i] = erf(x[i0 + i]/√2);
+// threads take fixed kElemChunk chunks.
+template <class F>
+void for_gelu_blocks(const float* xp, int64_t n, F f) {
+  const int64_t chunks = (n + kElemChunk - 1) / kElemChunk;
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     float e[kGeluBlock];
@@ -453,9 +451,20 @@ void gelu_forward(const Tensor& x, const Tensor& y) {
       const float* xb = xp + i0;
       for (int64_t i = 0; i < len; ++i) e[i] = xb[i] * kInvSqrt2;
       cpu::erf_fast_n(e, e, len);
-      for (int64_t i = 0; i < len; ++i) yp[i0 + i] = 0.5f * xb[i] * (1.0f + e[i]);
+      f(i0, len, xb, static_cast<const float*>(e));
     }
   }
+}
+
+void gelu_forward(const Tensor& x, const Tensor& y) {
+  const char* op = "gelu_forward";
+  require_f32(op, "x", x);
+  require_f32(op, "y", y);
+  check_same_shape("gelu_forward: y vs x", y, x);
+  float* yp = y.data<float>();
+  for_gelu_blocks(x.data<float>(), x.numel(), [&](int64_t i0, int64_t len, const float* xb, const float* e) {
+    for (int64_t i = 0; i < len; ++i) yp[i0 + i] = 0.5f * xb[i] * (1.0f + e[i]);
+  });
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
@@ -465,26 +474,16 @@ void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   require_f32(op, "dx", dx);
   check_same_shape("gelu_backward: dy vs x", dy, x);
   check_same_shape("gelu_backward: dx vs x", dx, x);
-  const float *xp = x.data<float>(), *gp = dy.data<float>();
+  const float* gp = dy.data<float>();
   float* dp = dx.data<float>();
-  const int64_t n = x.numel(), chunks = (n + kElemChunk - 1) / kElemChunk;
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    float e[kGeluBlock];
-    const int64_t c1 = std::min(n, (c + 1) * kElemChunk);
-    for (int64_t i0 = c * kElemChunk; i0 < c1; i0 += kGeluBlock) {
-      const int64_t len = std::min(c1 - i0, kGeluBlock);
-      const float* xb = xp + i0;
-      for (int64_t i = 0; i < len; ++i) e[i] = xb[i] * kInvSqrt2;
-      cpu::erf_fast_n(e, e, len);
-      for (int64_t i = 0; i < len; ++i) {
-        const float v = xb[i];
-        const float cdf = 0.5f * (1.0f + e[i]);
-        const float pdf = kInvSqrt2Pi * cpu::expf_fast(-0.5f * v * v);
-        dp[i0 + i] = gp[i0 + i] * (cdf + v * pdf);
-      }
+  for_gelu_blocks(x.data<float>(), x.numel(), [&](int64_t i0, int64_t len, const float* xb, const float* e) {
+    for (int64_t i = 0; i < len; ++i) {
+      const float v = xb[i];
+      const float cdf = 0.5f * (1.0f + e[i]);
+      const float pdf = kInvSqrt2Pi * cpu::expf_fast(-0.5f * v * v);
+      dp[i0 + i] = gp[i0 + i] * (cdf + v * pdf);
     }
-  }
+  });
 }
 
 // swiglu: y = silu(g) ⊙ v.  dg = dy ⊙ v ⊙ silu'(g),  dv = dy ⊙ silu(g).
