@@ -387,13 +387,19 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 // Threads take fixed chunks; each chunk is a plain counted loop over an inlined f, which the
 // compiler vectorizes (f must be branch-free: expf_fast/erf_fast, no libm calls).
 constexpr int64_t kElemChunk = 8192;
-template <class F>
-void elementwise(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> tensors,
-                 const Tensor& like, F f) {
+// Every tensor f32 and shaped like `like`; errors name the op and the tensor.
+void check_f32_like(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> tensors,
+                    const Tensor& like) {
   for (auto [name, t] : tensors) {
     require_f32(op, name, *t);
     check_same_shape(str(op, ": ", name, " vs ", tensors.begin()->first), *t, like);
   }
+}
+
+template <class F>
+void elementwise(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> tensors,
+                 const Tensor& like, F f) {
+  check_f32_like(op, tensors, like);
   int64_t n = like.numel();
   int64_t chunks = (n + kElemChunk - 1) / kElemChunk;
 #pragma omp parallel for schedule(static)
@@ -457,10 +463,7 @@ void for_gelu_blocks(const float* xp, int64_t n, F f) {
 }
 
 void gelu_forward(const Tensor& x, const Tensor& y) {
-  const char* op = "gelu_forward";
-  require_f32(op, "x", x);
-  require_f32(op, "y", y);
-  check_same_shape("gelu_forward: y vs x", y, x);
+  check_f32_like("gelu_forward", {{"x", &x}, {"y", &y}}, x);
   float* yp = y.data<float>();
   for_gelu_blocks(x.data<float>(), x.numel(), [&](int64_t i0, int64_t len, const float* xb, const float* e) {
     for (int64_t i = 0; i < len; ++i) yp[i0 + i] = 0.5f * xb[i] * (1.0f + e[i]);
@@ -468,12 +471,7 @@ void gelu_forward(const Tensor& x, const Tensor& y) {
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  const char* op = "gelu_backward";
-  require_f32(op, "x", x);
-  require_f32(op, "dy", dy);
-  require_f32(op, "dx", dx);
-  check_same_shape("gelu_backward: dy vs x", dy, x);
-  check_same_shape("gelu_backward: dx vs x", dx, x);
+  check_f32_like("gelu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x);
   const float* gp = dy.data<float>();
   float* dp = dx.data<float>();
   for_gelu_blocks(x.data<float>(), x.numel(), [&](int64_t i0, int64_t len, const float* xb, const float* e) {
@@ -562,29 +560,6 @@ void scaled_copy_streaming(float* dst, const float* src, float s, int64_t n) {
   for (; j < n; ++j) dst[j] = src[j] * s;
 }
 
-// exp(x[j] − shift) into e[j] and their sum: 16 partial sums (vectorized) added in a fixed order.
-// `next` (may be null): the next row of x, whose cache lines are prefetched one per 16 elements, so
-// its reads from memory overlap this row's arithmetic instead of following it.
-float exp_and_sum(float* e, const float* x, int64_t f, float shift, const float* next = nullptr) {
-  float acc[16] = {};
-  int64_t j = 0;
-  for (; j + 16 <= f; j += 16) {
-    if (next) __builtin_prefetch(next + j);
-    for (int l = 0; l < 16; ++l) {
-      float v = cpu::expf_fast(x[j + l] - shift);
-      e[j + l] = v;
-      acc[l] += v;
-    }
-  }
-  for (int l = 0; j < f; ++j, ++l) {
-    float v = cpu::expf_fast(x[j] - shift);
-    e[j] = v;
-    acc[l] += v;
-  }
-  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
-  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
-  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
-}
 }  // namespace
 
 void softmax_forward(const Tensor& x, const Tensor& y) { softmax_forward(x, y, StoreMode::automatic); }
@@ -604,7 +579,7 @@ void softmax_forward(const Tensor& x, const Tensor& y, StoreMode mode) {
     for (int64_t i = 0; i < n; ++i) {
       const float* xi = xp + i * f;
       float* yi = yp + i * f;
-      const float inv = 1.0f / exp_and_sum(yi, xi, f, cpu::maxf(xi, f), i + 1 < n ? xi + f : nullptr);
+      const float inv = 1.0f / cpu::exp_store_sum(yi, xi, f, cpu::maxf(xi, f), i + 1 < n ? xi + f : nullptr);
       for (int64_t j = 0; j < f; ++j) yi[j] *= inv;
     }
     return;
@@ -617,7 +592,7 @@ void softmax_forward(const Tensor& x, const Tensor& y, StoreMode mode) {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const float* xi = xp + i * f;
-      const float inv = 1.0f / exp_and_sum(row.data(), xi, f, cpu::maxf(xi, f), i + 1 < n ? xi + f : nullptr);
+      const float inv = 1.0f / cpu::exp_store_sum(row.data(), xi, f, cpu::maxf(xi, f), i + 1 < n ? xi + f : nullptr);
       scaled_copy_streaming(yp + i * f, row.data(), inv, f);
     }
 #if defined(__AVX512F__)

@@ -61,19 +61,6 @@ Tensor chunk_logits(const Tensor& h, const Tensor& E, const Tensor& workspace, c
 constexpr float kTinyProbability = 0x1p-100f;
 inline float flush_tiny(float p) { return p < kTinyProbability ? 0.0f : p; }
 
-// x[j] ← exp(x[j] − shift) (tiny ones flushed) for j < n; returns their Σ in sum_expf's order (16
-// partial sums, fixed tree).
-float exp_shift_sum(float* x, int64_t n, float shift) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += (x[i + l] = flush_tiny(cpu::expf_fast(x[i + l] - shift)));
-  for (int64_t l = 0; i < n; ++i, ++l) acc[l] += (x[i] = flush_tiny(cpu::expf_fast(x[i] - shift)));
-  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
-  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
-  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
-}
-
 // When one chunk covers the vocabulary, the forward keeps what the backward needs instead of making
 // it again: the workspace's logits become e = exp(logit − row max) in place and `sum` holds Σ_j e.
 bool keeps_exps(const Dims& d) { return d.chunk == d.vocab; }
@@ -105,7 +92,7 @@ CrossEntropyResult forward_impl(const Tensor& h, const Tensor& E, const Tensor& 
         sum[i] *= std::exp(run_max[i] - cm);  // exp(−inf) = 0 on the first chunk
         run_max[i] = cm;
       }
-      sum[i] += keep ? exp_shift_sum(row, c, run_max[i]) : cpu::sum_expf(row, c, run_max[i]);
+      sum[i] += keep ? cpu::exp_store_sum(row, row, c, run_max[i], nullptr, [](float p) { return flush_tiny(p); }) : cpu::sum_expf(row, c, run_max[i]);
     }
   }
   CrossEntropyResult r;

@@ -142,6 +142,28 @@ inline float sum_expf(const float* x, int64_t n, float shift) {
   return (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
 
+// e[i] = post(exp(x[i] − shift)) for i < n, returning Σ e[i] in sum_expf's order (16 partial sums,
+// fixed tree). e may be x (in place). `next` (may be null): memory to prefetch, one cache line per
+// 16 elements (softmax passes the next row, so its reads overlap this row's arithmetic). `post`: a
+// per-value map applied before storing and summing (the loss flushes tiny probabilities with it).
+struct Identity {
+  float operator()(float v) const { return v; }
+};
+template <class Post = Identity>
+inline float exp_store_sum(float* e, const float* x, int64_t n, float shift, const float* next = nullptr,
+                           Post post = {}) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    if (next) __builtin_prefetch(next + i);
+    for (int l = 0; l < 16; ++l) acc[l] += (e[i + l] = post(expf_fast(x[i + l] - shift)));
+  }
+  for (int64_t l = 0; i < n; ++i, ++l) acc[l] += (e[i] = post(expf_fast(x[i] - shift)));
+  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
+  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
+  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
 // y += a·x
 inline void axpyf(float* __restrict y, float a, const float* __restrict x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
