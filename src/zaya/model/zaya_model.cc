@@ -332,7 +332,8 @@ void ZayaModel::backward() {
   s.drc.zero_();  // the last layer's router state feeds nothing
   for (int l = static_cast<int>(L) - 1; l >= 0; --l) layer_backward(l);
   // x⁰ = (e + b) ⊙ g:  de = dx ⊙ g,  db += Σ_rows de,  dg += Σ_rows dx ⊙ (e + b). Column sums in
-  // row order, one thread per column block: deterministic for any thread count.
+  // row order, one thread per block of 16 columns (the rows are walked once, 16 contiguous floats
+  // at a time, instead of once per column at stride H): deterministic for any thread count.
   const float* dx = s.dxa.data<float>();
   const float* e = s.emb.data<float>();
   const float* g = param("model.input_hidden_states_scale").data<float>();
@@ -340,17 +341,26 @@ void ZayaModel::backward() {
   float* dg = grad("model.input_hidden_states_scale").data<float>();
   float* db = grad("model.input_hidden_states_bias").data<float>();
   float* de = s.dtmp.data<float>();
+  constexpr int64_t kColBlock = 16;
 #pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < H; ++j) {
-    float sg = 0, sb = 0;
+  for (int64_t j0 = 0; j0 < H; j0 += kColBlock) {
+    const int64_t nc = std::min(kColBlock, H - j0);
+    float sg[kColBlock] = {}, sb[kColBlock] = {};
     for (int64_t i = 0; i < N; ++i) {
-      float d = dx[i * H + j];
-      de[i * H + j] = d * g[j];
-      sb += d * g[j];
-      sg += d * (e[i * H + j] + b[j]);
+      const float* dxr = dx + i * H + j0;
+      const float* er = e + i * H + j0;
+      float* der = de + i * H + j0;
+      for (int64_t c = 0; c < nc; ++c) {
+        const float d = dxr[c];
+        der[c] = d * g[j0 + c];
+        sb[c] += d * g[j0 + c];
+        sg[c] += d * (er[c] + b[j0 + c]);
+      }
     }
-    dg[j] += sg;
-    db[j] += sb;
+    for (int64_t c = 0; c < nc; ++c) {
+      dg[j0 + c] += sg[c];
+      db[j0 + c] += sb[c];
+    }
   }
   ops::embedding_backward(s.dtmp, s.ids, grad_views_[0], cfg_.pad_token_id);
 }
