@@ -19,11 +19,7 @@ namespace {
 
 using namespace zaya;
 
-Tensor rnd(const Shape& s, uint64_t seed) {  // normals, tiled beyond 2^20 (stream_ref.h)
-  Tensor t = Tensor::empty(s, DType::f32);
-  bench::fill_tiled(t, [&](Tensor& head) { fill_normal(head, seed, 0); });
-  return t;
-}
+Tensor rnd(const Shape& s, uint64_t seed) { return bench::random_normal(s, seed); }
 
 // Args: T, hd, nq, nkv.
 void BM_AttentionForward(benchmark::State& st) {
@@ -63,7 +59,7 @@ const int64_t kBeyondCacheT = bench::stream_elems(2048) / 2048;
 void BM_stream_triad(benchmark::State& st) { bench::stream_triad(st, kBeyondCacheT * 2048); }
 BENCHMARK(BM_stream_triad)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-Tensor zeros(const Shape& s) { return Tensor::zeros(s, DType::f32); }  // outputs, pages faulted in
+Tensor zeros(const Shape& s) { return bench::faulted_zeros(s); }
 
 // The CCA conv is not a streaming op: each output channel is a 2-tap conv over all hd channels of
 // its head (the grouped conv, 4·hd FLOPs) after a 2-tap depthwise one (4 FLOPs): ~64 FLOPs per byte

@@ -24,21 +24,13 @@ using namespace zaya;
 constexpr int64_t kCols = 2048;
 const int64_t kRows = bench::stream_elems(kCols) / kCols;
 
-// Normal values; a tensor beyond the caches repeats its first 2^20 (bench::fill_tiled): drawing
-// a gigabyte of normals takes seconds per tensor, and memory-bound ops do not care.
-Tensor randn(const Shape& s, uint64_t seed) {
-  Tensor t = Tensor::empty(s, DType::f32);
-  bench::fill_tiled(t, [&](Tensor& head) { fill_normal(head, seed, 0, 0.0f, 1.0f); });
-  return t;
-}
+Tensor randn(const Shape& s, uint64_t seed) { return bench::random_normal(s, seed); }
 
 void set_bytes(benchmark::State& state, int64_t bytes_per_iter) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes_per_iter);
 }
 
-// An output tensor with its pages already faulted in (Tensor::empty's are not), so that the
-// first timed iteration does not pay the kernel's page zeroing.
-Tensor out(const Shape& s) { return Tensor::zeros(s, DType::f32); }
+Tensor out(const Shape& s) { return bench::faulted_zeros(s); }
 
 void BM_stream_triad(benchmark::State& state) { bench::stream_triad(state, kRows * kCols); }
 
@@ -82,10 +74,14 @@ void BM_silu_forward(benchmark::State& state) {
   set_bytes(state, 2 * kRows * kCols * 4);
 }
 
+// Arg: rows of kCols. kRows streams from memory (the bar); 8 rows (64 KiB each way) stay in L2 and
+// show the arithmetic alone (items/s = elements per second).
 void BM_gelu_forward(benchmark::State& state) {
-  Tensor x = randn({kRows, kCols}, 1), y = out({kRows, kCols});
+  const int64_t rows = state.range(0);
+  Tensor x = randn({rows, kCols}, 1), y = out({rows, kCols});
   for (auto _ : state) ops::gelu_forward(x, y);
-  set_bytes(state, 2 * kRows * kCols * 4);
+  set_bytes(state, 2 * rows * kCols * 4);
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * rows * kCols);
 }
 
 void BM_swiglu_forward(benchmark::State& state) {
@@ -153,7 +149,7 @@ BENCHMARK(BM_rmsnorm_backward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_residual_scale_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_residual_scale_backward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_silu_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_gelu_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_gelu_forward)->Arg(kRows)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_swiglu_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_swiglu_backward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_softmax_forward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();

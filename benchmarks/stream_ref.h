@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "zaya/core/cpu_caches.h"
+#include "zaya/core/random.h"
 #include "zaya/core/tensor.h"
 
 namespace zaya::bench {
@@ -25,25 +27,17 @@ inline int64_t sysconf_or(int name, int64_t fallback) {
   return v > 0 ? static_cast<int64_t>(v) : fallback;
 }
 
-// Sum of the caches a streaming kernel could hide in (bytes).
-inline int64_t cache_bytes() {
-  const int64_t cores = sysconf_or(_SC_NPROCESSORS_ONLN, 1);
-  const int64_t l2 = sysconf_or(_SC_LEVEL2_CACHE_SIZE, 2 << 20);
-  const int64_t l3 = sysconf_or(_SC_LEVEL3_CACHE_SIZE, 0);
-  return l2 * cores + l3;
-}
-
 // Elements of f32 per array, a multiple of `row` (the benchmark's row length).
 inline int64_t stream_elems(int64_t row) {
   const int64_t mem = sysconf_or(_SC_PHYS_PAGES, 1 << 20) * sysconf_or(_SC_PAGESIZE, 4096);
-  const int64_t bytes = std::min(4 * cache_bytes(), mem / 12);
+  const int64_t bytes = std::min(4 * cpu_cache_bytes(), mem / 12);
   const int64_t rows = std::max<int64_t>(1, (bytes / 4 + row - 1) / row);
   return rows * row;
 }
 
 // Records the sizing in the benchmark's JSON/console context, once per binary.
 inline const bool kContextRecorded = [] {
-  benchmark::AddCustomContext("cache_bytes_l2_total_plus_l3", std::to_string(cache_bytes()));
+  benchmark::AddCustomContext("cache_bytes_l2_total_plus_l3", std::to_string(cpu_cache_bytes()));
   benchmark::AddCustomContext("stream_array_bytes", std::to_string(stream_elems(2048) * 4));
   return true;
 }();
@@ -59,6 +53,18 @@ void fill_tiled(Tensor& t, Fill fill) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = head; i < n; i += head) std::copy_n(p, std::min(head, n - i), p + i);
 }
+
+// Normal draws (mean 0, std 1) whose first 2^20 repeat over the rest: drawing gigabytes of normals
+// takes seconds per tensor, and neither memory-bound ops nor attention care about the repeat.
+inline Tensor random_normal(const Shape& s, uint64_t seed) {
+  Tensor t = Tensor::empty(s, DType::f32);
+  fill_tiled(t, [&](Tensor& head) { fill_normal(head, seed, 0, 0.0f, 1.0f); });
+  return t;
+}
+
+// An output tensor with its pages already faulted in (Tensor::empty's are not), so that the first
+// timed iteration does not pay the kernel's page zeroing.
+inline Tensor faulted_zeros(const Shape& s) { return Tensor::zeros(s, DType::f32); }
 
 // a = b + s·c over three arrays of n floats, split over the threads like our kernels; 12 bytes per
 // element counted (STREAM's convention: the write-allocate read of a is not counted).

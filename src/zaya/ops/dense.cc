@@ -3,8 +3,6 @@
 // across threads and results do not depend on the thread count.
 #include "zaya/ops/dense.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -13,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "zaya/core/cpu_caches.h"
 #include "zaya/ops/cpu/op_checks.h"
 #include "zaya/ops/cpu/seq_vec.h"
 #include "zaya/ops/gemm.h"
@@ -535,18 +534,6 @@ void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu) {
 
 namespace {
 
-// Bytes of L2 (all cores) + L3: an output larger than this is gone from the caches before anyone
-// reads it, so it is better written with streaming stores (see scaled_copy_streaming).
-int64_t cache_bytes() {
-  static const int64_t bytes = [] {
-    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE), l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const int64_t sum = int64_t{std::max(0L, l2)} * std::max(1L, cores) + std::max(0L, l3);
-    return sum > 0 ? sum : int64_t{64} << 20;
-  }();
-  return bytes;
-}
-
 // dst[j] = s·src[j] with non-temporal stores where the ISA has them: a plain store first reads each
 // line it writes (the write-allocate), a third of the traffic of a streaming op. The values are the
 // same products either way. The caller fences (_mm_sfence) before other threads read dst.
@@ -573,7 +560,7 @@ void softmax_forward(const Tensor& x, const Tensor& y, StoreMode mode) {
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   if (mode == StoreMode::automatic)
-    mode = static_cast<int64_t>(y.nbytes()) > cache_bytes() ? StoreMode::streaming : StoreMode::cached;
+    mode = static_cast<int64_t>(y.nbytes()) > cpu_cache_bytes() ? StoreMode::streaming : StoreMode::cached;
   if (mode == StoreMode::cached) {  // y stays in cache for its reader
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
