@@ -29,6 +29,7 @@ struct ForwardArgs {
   uint64_t seed = 0, save_hf_shard_bytes = 5'000'000'000ull;
   bool loss = false;
   int64_t bench_steps = 0, batch = 8, seq = 256;
+  bool gemm_shapes = false;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {
@@ -94,7 +95,7 @@ void apply_gemm_dtype(const ForwardArgs& a, model::ZayaModel& m) {
 
 // Times `steps` training steps (zero_grad, forward with the loss gradient, backward) on [B, T]
 // random tokens after one untimed warm-up step; prints one line per phase and the throughput.
-void run_bench(model::ZayaModel& m, int64_t steps) {
+void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes) {
   using clock = std::chrono::steady_clock;
   const int64_t B = m.batch(), T = m.seq_len(), V = m.config().vocab_size;
   std::vector<int32_t> ids(static_cast<size_t>(B * T)), tg(static_cast<size_t>(B * T));
@@ -105,6 +106,7 @@ void run_bench(model::ZayaModel& m, int64_t steps) {
   Tensor tid = Tensor::borrow(ids.data(), Shape{B, T}, DType::i32);
   Tensor ttg = Tensor::borrow(tg.data(), Shape{B, T}, DType::i32);
   double fwd = 0, bwd = 0, loss = 0;
+  ops::gemm_profile_shapes(gemm_shapes);
   for (int64_t s = -1; s < steps; ++s) {
     if (s == 0) ops::gemm_time_reset();  // the warm-up step builds the GEMM primitives
     m.zero_grad();
@@ -129,6 +131,14 @@ void run_bench(model::ZayaModel& m, int64_t steps) {
   std::printf("bench: GEMMs %.2f ms per step (%lld calls, %.2f GFLOP at %.1f GFLOP/s), everything else %.2f ms\n",
               1e3 * g.seconds / n, static_cast<long long>(g.calls / steps), 1e-9 * g.flops / n,
               g.seconds > 0 ? 1e-9 * g.flops / g.seconds : 0.0, 1e3 * (step - g.seconds / n));
+  if (gemm_shapes) {
+    ops::gemm_profile_shapes(false);
+    std::printf("bench: GEMM shapes (per step; op letters, M x N x K, ? = tokens per expert)\n");
+    for (const ops::GemmShapeTime& r : ops::gemm_shape_times())
+      std::printf("bench:   %-34s %4.1f calls %8.2f ms %7.3f GFLOP %6.1f GFLOP/s\n", r.shape.c_str(),
+                  static_cast<double>(r.calls) / n, 1e3 * r.seconds / n, 1e-9 * r.flops / n,
+                  r.seconds > 0 ? 1e-9 * r.flops / r.seconds : 0.0);
+  }
   std::printf("bench: activation arena %.1f MiB (saved per token per layer %.0f B; formula %lld B)\n",
               static_cast<double>(m.activation_bytes()) / (1 << 20), m.saved_bytes_per_token_per_layer(),
               static_cast<long long>(model::activation_bytes_per_token_per_layer(m.config(), 4)));
@@ -140,7 +150,7 @@ int run_forward(const ForwardArgs& a) {
                "forward: --bench-steps runs on random tokens; it takes no --ids/--ids-file/--out/--grads-out/--loss");
     auto m = make_model(a, a.batch, a.seq);
     apply_gemm_dtype(a, *m);
-    run_bench(*m, a.bench_steps);
+    run_bench(*m, a.bench_steps, a.gemm_shapes);
     return 0;
   }
   const bool run = !a.ids.empty() || !a.ids_file.empty();
@@ -217,6 +227,7 @@ void add_forward(CLI::App& app, Commands& commands) {
   cmd->add_option("--gemm-dtype", args->gemm_dtype, "f32 or bf16 inputs for the expert and LM-head GEMMs")
       ->capture_default_str();
   cmd->add_option("--bench-steps", args->bench_steps, "time N training steps on random tokens and print tokens/s");
+  cmd->add_flag("--gemm-shapes", args->gemm_shapes, "with --bench-steps: time every GEMM shape of the step");
   cmd->add_option("--batch", args->batch, "batch rows for --bench-steps")->capture_default_str();
   cmd->add_option("--seq", args->seq, "sequence length for --bench-steps")->capture_default_str();
   commands.push_back({cmd, [args] { return run_forward(*args); }});

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "ops/gradcheck.h"
@@ -384,6 +385,36 @@ TEST(Gemm, TimeStatsCountCallsAndFlops) {
   gemm_time_reset();
   EXPECT_EQ(gemm_time_stats().calls, 0);
   EXPECT_EQ(gemm_time_stats().flops, 0.0);
+}
+
+// With shape profiling on, each call lands in its shape's row (a grouped call in one row whatever
+// its token counts); the rows add up to the totals. Exact integers again.
+TEST(Gemm, ShapeTimesAddUpToTheTotals) {
+  Tensor A = random_tensor({2, 6, 10}, 91), B = random_tensor({10, 12}, 92),
+         C = Tensor::empty({2, 6, 12}, DType::f32);
+  Tensor W = random_tensor({8, 10}, 93);
+  std::vector<GemmProblem> groups = {{random_tensor({5, 10}, 94), W, Tensor::empty({5, 8}, DType::f32)},
+                                     {random_tensor({3, 10}, 95), W, Tensor::empty({3, 8}, DType::f32)}};
+  gemm_time_reset();
+  gemm_profile_shapes(true);
+  gemm(A, Trans::N, B, Trans::N, C);
+  gemm(A, Trans::N, B, Trans::N, C);
+  gemm_grouped(groups, Trans::N, Trans::T);
+  gemm_profile_shapes(false);
+  gemm(A, Trans::N, B, Trans::N, C);  // not profiled: in the totals only
+  std::vector<GemmShapeTime> rows = gemm_shape_times();
+  ASSERT_EQ(rows.size(), 2u);
+  std::map<std::string, GemmShapeTime> by;
+  for (const auto& r : rows) by[r.shape] = r;
+  ASSERT_TRUE(by.count("NN [2] 6x12x10 f32")) << rows[0].shape << ", " << rows[1].shape;
+  ASSERT_TRUE(by.count("grouped NT ?x8x10 f32")) << rows[0].shape << ", " << rows[1].shape;
+  EXPECT_EQ(by["NN [2] 6x12x10 f32"].calls, 2);
+  EXPECT_EQ(by["NN [2] 6x12x10 f32"].flops, 2 * 2.0 * 2 * 6 * 12 * 10);
+  EXPECT_EQ(by["grouped NT ?x8x10 f32"].calls, 1);
+  EXPECT_EQ(by["grouped NT ?x8x10 f32"].flops, 2.0 * (5 + 3) * 8 * 10);
+  EXPECT_EQ(gemm_time_stats().calls, 4);
+  gemm_time_reset();
+  EXPECT_TRUE(gemm_shape_times().empty());
 }
 
 using zaya::test::error_of;

@@ -61,31 +61,56 @@ constexpr size_t kCacheCapacity = 512;
 struct TimeCounters {
   std::atomic<int64_t> calls{0}, nanoseconds{0};
   std::atomic<double> flops{0.0};
+  std::atomic<bool> per_shape{false};
+  std::mutex mu;  // guards shapes
+  std::unordered_map<std::string, GemmShapeTime> shapes;
 };
 TimeCounters& time_counters() {
   static TimeCounters t;
   return t;
 }
 
-// Adds one call's wall time and FLOPs on scope exit.
+std::string shape_label(bool grouped, Trans ta, Trans tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+                        DType dt) {
+  std::string s = grouped ? "grouped " : "";
+  s += ta == Trans::N ? 'N' : 'T';
+  s += tb == Trans::N ? 'N' : 'T';
+  s += batch > 1 ? " [" + std::to_string(batch) + "]" : "";
+  auto dim = [](int64_t v) { return v < 0 ? std::string("?") : std::to_string(v); };
+  return s + " " + dim(m) + "x" + dim(n) + "x" + dim(k) + (dt == DType::bf16 ? " bf16" : " f32");
+}
+
+// Adds one call's wall time and FLOPs on scope exit (and to its shape's row when profiling;
+// the label is only built then).
 class TimedCall {
  public:
   TimedCall() : t0_(std::chrono::steady_clock::now()) {}
   void add_flops(double f) { flops_ += f; }
+  bool wants_label() const { return time_counters().per_shape.load(std::memory_order_relaxed); }
+  void set_label(std::string s) { label_ = std::move(s); }
   ~TimedCall() {
     TimeCounters& t = time_counters();
+    const int64_t ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
     t.calls.fetch_add(1, std::memory_order_relaxed);
-    t.nanoseconds.fetch_add(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count(),
-        std::memory_order_relaxed);
+    t.nanoseconds.fetch_add(ns, std::memory_order_relaxed);
     double cur = t.flops.load(std::memory_order_relaxed);
     while (!t.flops.compare_exchange_weak(cur, cur + flops_, std::memory_order_relaxed)) {
+    }
+    if (!label_.empty()) {
+      std::lock_guard<std::mutex> lock(t.mu);
+      GemmShapeTime& row = t.shapes[label_];
+      row.shape = label_;
+      row.calls += 1;
+      row.seconds += static_cast<double>(ns) * 1e-9;
+      row.flops += flops_;
     }
   }
 
  private:
   std::chrono::steady_clock::time_point t0_;
   double flops_ = 0.0;
+  std::string label_;
 };
 
 double flops_of(int64_t batch, int64_t m, int64_t n, int64_t k) {
@@ -407,6 +432,7 @@ void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C,
   if (trivial(d, C, beta)) return;
   TimedCall timed;
   timed.add_flops(flops_of(d.batch, d.m, d.n, d.k));
+  if (timed.wants_label()) timed.set_label(shape_label(false, ta, tb, d.batch, d.m, d.n, d.k, A.dtype()));
   run_fixed(d, A, ta, B, tb, C, alpha, beta);
 }
 
@@ -421,6 +447,9 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
     Dims d = check_problem(p.A, ta, p.B, tb, p.C);
     if (trivial(d, p.C, beta)) continue;
     timed.add_flops(flops_of(d.batch, d.m, d.n, d.k));
+    if (timed.wants_label())  // the token dim is M for ta = N and K for ta = T
+      timed.set_label(shape_label(true, ta, tb, 1, ta == Trans::N ? -1 : d.m, d.n, ta == Trans::T ? -1 : d.k,
+                                  p.A.dtype()));
     if (d.batch != 1 || p.A.ndim() != 2 || p.B.ndim() != 2) {  // batched groups: per shape
       run_fixed(d, p.A, ta, p.B, tb, p.C, alpha, beta);
       continue;
@@ -460,6 +489,23 @@ void gemm_time_reset() {
   t.calls = 0;
   t.nanoseconds = 0;
   t.flops = 0.0;
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.shapes.clear();
+}
+
+void gemm_profile_shapes(bool on) { time_counters().per_shape = on; }
+
+std::vector<GemmShapeTime> gemm_shape_times() {
+  TimeCounters& t = time_counters();
+  std::vector<GemmShapeTime> rows;
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    for (const auto& [label, row] : t.shapes) rows.push_back(row);
+  }
+  std::sort(rows.begin(), rows.end(), [](const GemmShapeTime& a, const GemmShapeTime& b) {
+    return a.seconds != b.seconds ? a.seconds > b.seconds : a.shape < b.shape;
+  });
+  return rows;
 }
 
 void gemm_cache_clear() {

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "zaya/core/tensor.h"
 
@@ -51,5 +53,18 @@ struct GemmTimeStats {
 };
 GemmTimeStats gemm_time_stats();
 void gemm_time_reset();
+
+// The same per shape, when enabled (off by default: a map lookup under a lock per call). A plain
+// GEMM's shape is "NT 2048x768x256 f32" (op letters, M x N x K, A's dtype); a grouped call's is
+// "grouped NT ?x1024x256 bf16" with ? for the token dim, which changes per problem. Sorted by
+// seconds, largest first; gemm_time_reset() clears it too.
+struct GemmShapeTime {
+  std::string shape;
+  int64_t calls = 0;
+  double seconds = 0.0;
+  double flops = 0.0;
+};
+void gemm_profile_shapes(bool on);
+std::vector<GemmShapeTime> gemm_shape_times();
 
 }  // namespace zaya::ops
