@@ -104,7 +104,8 @@ std::vector<int64_t> routing(uint64_t it, int64_t tokens, int64_t experts) {
 }
 
 void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k, DType dt,
-                   GroupedKind kind) {
+                   GroupedKind kind, bool amx) {
+  ops::gemm_use_amx(amx);
   // All experts' tokens in one [tokens, .] buffer (as the model keeps them), sliced per routing.
   const int64_t in_cols = kind == GroupedKind::fwd ? k : n;  // A's columns
   Tensor a = random_of({tokens, in_cols}, dt, 10);
@@ -144,6 +145,7 @@ void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int
   set_flops(state, 2.0 * tokens * n * k);  // Σ_e 2·M_e·N·K, the same for every routing
   state.counters["misses/iter"] = benchmark::Counter(static_cast<double>(after.misses - before.misses),
                                                      benchmark::Counter::kAvgIterations);
+  ops::gemm_use_amx(true);
 }
 
 void register_all() {
@@ -173,10 +175,13 @@ void register_all() {
                 G{"zaya1/expert_gate_up", 4096, 16, 4096, 2048, GroupedKind::fwd},
                 G{"zaya1/expert_down_dx", 4096, 16, 2048, 2048, GroupedKind::dx},
                 G{"zaya1/expert_down_dw", 4096, 16, 2048, 2048, GroupedKind::dw}})
-      benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d).c_str(), bench_grouped, g.tokens,
-                                   g.experts, g.n, g.k, dt, g.kind)
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
+      // bf16 runs zaya's AMX kernel where the CPU has one (ops::gemm_use_amx); "/onednn" is the
+      // same call through oneDNN, for comparison.
+      for (bool amx : dt == DType::bf16 ? std::vector<bool>{true, false} : std::vector<bool>{true})
+        benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d, amx ? "" : "/onednn").c_str(),
+                                     bench_grouped, g.tokens, g.experts, g.n, g.k, dt, g.kind, amx)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
   }
 }
 

@@ -11,6 +11,7 @@
 #include "ops/gradcheck.h"
 #include "test_util.h"
 #include "zaya/core/threads.h"
+#include "zaya/ops/cpu/amx_gemm.h"
 #include "zaya/ops/gemm.h"
 
 namespace zaya::ops {
@@ -323,6 +324,47 @@ TEST(Gemm, GroupedDeterministicAcrossThreadCounts) {
         EXPECT_TRUE(same_bits(outs[0][g], outs[r][g])) << dtype_name(dt) << " group " << g << " run " << r;
   }
   set_num_threads(saved);
+}
+
+// The bf16 grouped calls that fit zaya's AMX kernel (ops/cpu/amx_gemm.h: small weights, N a
+// multiple of 16, K of 32 for x·Wᵀ and dy·W) in the three MoE forms, with token counts that hit
+// the kernel's 32-row blocks and their tails, against float64 and with the AMX switch off
+// (oneDNN). On an AMX CPU the AMX calls must build no oneDNN primitive (so the path really ran).
+TEST(Gemm, GroupedAmxPathMatchesReferenceInAllForms) {
+  const int64_t n = 64, k = 96;
+  const std::vector<int64_t> ms = {0, 1, 31, 32, 33, 100, 7};
+  for (GroupedForm f : {GroupedForm{Trans::N, Trans::T, 0.0f}, GroupedForm{Trans::N, Trans::N, 0.0f},
+                        GroupedForm{Trans::T, Trans::N, 1.0f}}) {
+    for (bool amx : {true, false}) {
+      uint64_t seed = 700;
+      std::vector<GemmProblem> problems;
+      std::vector<std::vector<double>> refs;
+      for (int64_t m : ms) {
+        Shape a_shape = f.ta == Trans::T || f.tb == Trans::N ? Shape{m, n} : Shape{m, k};
+        Shape b_shape = f.ta == Trans::T ? Shape{m, k} : Shape{n, k};
+        Shape c_shape = f.ta == Trans::T ? Shape{n, k} : (f.tb == Trans::N ? Shape{m, k} : Shape{m, n});
+        Tensor A = random_tensor(a_shape, ++seed, 1.0f, DType::bf16), B = random_tensor(b_shape, ++seed, 1.0f, DType::bf16);
+        Tensor C = random_tensor(c_shape, ++seed);
+        int64_t rm = c_shape[0], rn = c_shape[1], rk = f.ta == Trans::T ? m : a_shape[1];
+        refs.push_back(gemm_reference(to_f64(A), f.ta, to_f64(B), f.tb, to_f64(C), 1, rm, rn, rk, 1, f.beta));
+        problems.push_back({A, B, C});
+      }
+      gemm_use_amx(amx);
+      gemm_cache_clear();
+      gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
+      const int64_t builds = gemm_cache_stats().misses;
+      gemm_use_amx(true);
+      if (amx && cpu::amx_usable()) {
+        EXPECT_EQ(builds, 0) << "ta " << int(f.ta) << " tb " << int(f.tb);
+      }
+      for (size_t g = 0; g < ms.size(); ++g) {
+        if (problems[g].C.numel() == 0) continue;
+        // Exact bf16 inputs, f32 sums of <= 100 terms (plus C for the weight gradient): 1e-5 as above.
+        EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5)
+            << (amx ? "amx" : "onednn") << " ta " << int(f.ta) << " tb " << int(f.tb) << " m " << ms[g];
+      }
+    }
+  }
 }
 
 TEST(Gemm, ZeroInnerDimScalesC) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "zaya/core/threads.h"
+#include "zaya/ops/cpu/amx_gemm.h"
 #include "zaya/ops/cpu/op_checks.h"
 
 namespace zaya::ops {
@@ -425,6 +426,97 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
   return true;
 }
 
+// ----------------------------------------------------------------------------- AMX grouped path
+// bf16 grouped GEMMs with small expert weights (N·K, or M·N for the weight gradient, < 2^20: the
+// demo's) run on the hand-written AMX kernel (cpu/amx_gemm.h) when the CPU has it and the call
+// fits: alpha = 1, beta 0 or 1, 2-D problems, N a multiple of 16 and, for ta = N, K a multiple of
+// 32 (A's rows are read as tiles in place). There the token count is just a loop bound, where
+// oneDNN 2.6 needs a primitive per count or a runtime-M path without AMX: 1.3–1.4× oneDNN's rate
+// on the demo's grouped GEMMs. Large weights (ZAYA1's 4096 × 2048) stay on oneDNN: without
+// K-blocking the kernel's operands no longer fit L2 and it measured between 0.8× and 1.4× of
+// oneDNN there (docs/results/ops-cpu.md). The path depends only on shapes and the CPU, so
+// results stay deterministic.
+std::atomic<bool> g_amx_enabled{true};
+
+bool amx_fits(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha, float beta) {
+  if (!g_amx_enabled.load(std::memory_order_relaxed) || alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return false;
+  if (ta == Trans::T && tb == Trans::T) return false;
+  for (const GemmProblem& p : problems) {
+    if (p.A.dtype() != DType::bf16 || p.A.ndim() != 2 || p.B.ndim() != 2) return false;
+    int64_t m, k, kb, n;
+    op_dims(p.A, ta, m, k);
+    op_dims(p.B, tb, kb, n);
+    if (n % 16 != 0 || (ta == Trans::N && k % 32 != 0)) return false;
+    if ((ta == Trans::N ? n * k : m * n) >= kLargeWeight) return false;
+  }
+  return cpu::amx_usable();
+}
+
+// Scratch of the calling thread for the packed operands (kept: the expert GEMMs call every layer).
+struct AmxScratch {
+  std::vector<bf16> buf;
+};
+
+// Problems are packed and multiplied in chunks: all packing of a chunk, one barrier, all products
+// of the chunk (problems write disjoint C), one barrier. Fewer barriers matter (idle threads sleep
+// under OMP_WAIT_POLICY=PASSIVE and take microseconds to wake), but a chunk's packed B must still
+// be in L2 when its products read it: with all 8 demo experts in one chunk (4 MiB packed) the
+// products ran 2.4× slower than with 1 MiB chunks (each thread's half, 512 KiB, stays in its own
+// L2 next to A and C). Measured in bench_ops_gemm's grouped demo benchmarks
+// (docs/results/ops-cpu.md). A problem larger than the cap is a chunk of its own.
+constexpr size_t kAmxChunkBytes = size_t{1} << 20;
+
+void run_grouped_amx(std::span<GemmProblem> problems, const std::vector<Dims>& dims, Trans ta, Trans tb,
+                     bool accumulate) {
+  // Per problem: offset of its packed B, and (ta = T) of its transposed A, in elements.
+  const size_t n = problems.size();
+  std::vector<size_t> b_off(n), a_off(n), chunk_end;
+  size_t used = 0, peak = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Dims& d = dims[i];
+    const size_t b = d.m == 0 ? 0 : static_cast<size_t>(cpu::amx_packed_b_elems(d.k, d.n));
+    const size_t a = d.m == 0 || ta == Trans::N ? 0 : static_cast<size_t>(d.m * ((d.k + 31) / 32 * 32));
+    if (used > 0 && (used + a + b) * sizeof(bf16) > kAmxChunkBytes) {
+      chunk_end.push_back(i);
+      used = 0;
+    }
+    b_off[i] = used;
+    a_off[i] = used + b;
+    used += a + b;
+    peak = std::max(peak, used);
+  }
+  chunk_end.push_back(n);
+  thread_local AmxScratch s;
+  if (s.buf.size() < peak) s.buf.resize(peak);
+  bf16* buf = s.buf.data();
+#pragma omp parallel num_threads(num_threads())
+  {
+    cpu::amx_tile_begin();
+    size_t begin = 0;
+    for (size_t end : chunk_end) {
+      for (size_t i = begin; i < end; ++i) {  // pack (no barriers between problems)
+        const Dims& d = dims[i];
+        if (d.m == 0) continue;  // empty, or done by trivial()
+        cpu::amx_pack_b(buf + b_off[i], problems[i].B.data<bf16>(), problems[i].B.size(1), d.k, d.n, tb == Trans::T);
+        if (ta == Trans::T)  // A is [K, M] (tokens × outputs): transpose into [M, Kp]
+          cpu::amx_transpose_a(buf + a_off[i], problems[i].A.data<bf16>(), d.m, d.k, d.m);
+      }
+#pragma omp barrier
+      for (size_t i = begin; i < end; ++i) {  // multiply (problems write disjoint C)
+        const Dims& d = dims[i];
+        if (d.m == 0) continue;
+        const bool packed_a = ta == Trans::T;
+        const int64_t lda = packed_a ? (d.k + 31) / 32 * 32 : d.k;
+        cpu::amx_gemm(problems[i].C.data<float>(), d.n, packed_a ? buf + a_off[i] : problems[i].A.data<bf16>(), lda,
+                      buf + b_off[i], d.m, d.n, lda, accumulate);
+      }
+#pragma omp barrier  // the next chunk reuses the buffer
+      begin = end;
+    }
+    cpu::amx_tile_end();
+  }
+}
+
 }  // namespace
 
 void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha, float beta) {
@@ -442,6 +534,21 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   // count is M for ta = N (x·Wᵀ, dy·W) and K for ta = T (dyᵀ·x); N (and K for ta = N) are the
   // expert weight's, shared by all groups.
   TimedCall timed;
+  if (amx_fits(problems, ta, tb, alpha, beta)) {
+    std::vector<Dims> dims;
+    dims.reserve(problems.size());
+    for (GemmProblem& p : problems) {
+      Dims d = check_problem(p.A, ta, p.B, tb, p.C);
+      if (trivial(d, p.C, beta)) d.m = 0;  // nothing left for the kernel
+      timed.add_flops(flops_of(d.batch, d.m, d.n, d.k));
+      if (timed.wants_label())
+        timed.set_label(shape_label(true, ta, tb, 1, ta == Trans::N ? -1 : d.m, d.n, ta == Trans::T ? -1 : d.k,
+                                    p.A.dtype()));
+      dims.push_back(d);
+    }
+    run_grouped_amx(problems, dims, ta, tb, beta != 0.0f);
+    return;
+  }
   for (size_t i = 0; i < problems.size(); ++i) {
     GemmProblem& p = problems[i];
     Dims d = check_problem(p.A, ta, p.B, tb, p.C);
@@ -472,6 +579,8 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
       run_fixed(d, p.A, ta, p.B, tb, p.C, alpha, beta);
   }
 }
+
+void gemm_use_amx(bool on) { g_amx_enabled = on; }
 
 GemmCacheStats gemm_cache_stats() {
   Cache& c = cache();

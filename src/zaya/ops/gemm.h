@@ -35,6 +35,12 @@ struct GemmProblem {
 void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha = 1.0f,
                   float beta = 0.0f);
 
+// bf16 grouped calls run on zaya's own AMX kernel where the CPU has AMX-BF16 and the call fits it
+// (alpha 1, beta 0 or 1, the weight's N a multiple of 16, K a multiple of 32 for x·Wᵀ and dy·W);
+// otherwise, and with this set off, through oneDNN as above. On by default; the switch is for
+// benchmarks and tests that compare the two.
+void gemm_use_amx(bool on);
+
 // Primitive cache statistics, for tests and benchmarks.
 struct GemmCacheStats {
   int64_t hits = 0;
