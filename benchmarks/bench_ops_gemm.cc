@@ -5,6 +5,8 @@
 //   ./bench_ops_gemm --benchmark_filter=zaya1          (one model's shapes)
 #include <benchmark/benchmark.h>
 
+#include <chrono>
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -104,8 +106,7 @@ std::vector<int64_t> routing(uint64_t it, int64_t tokens, int64_t experts) {
 }
 
 void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k, DType dt,
-                   GroupedKind kind, bool amx) {
-  ops::gemm_use_amx(amx);
+                   GroupedKind kind) {
   // All experts' tokens in one [tokens, .] buffer (as the model keeps them), sliced per routing.
   const int64_t in_cols = kind == GroupedKind::fwd ? k : n;  // A's columns
   Tensor a = random_of({tokens, in_cols}, dt, 10);
@@ -145,7 +146,59 @@ void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int
   set_flops(state, 2.0 * tokens * n * k);  // Σ_e 2·M_e·N·K, the same for every routing
   state.counters["misses/iter"] = benchmark::Counter(static_cast<double>(after.misses - before.misses),
                                                      benchmark::Counter::kAvgIterations);
+}
+
+// The same grouped call through zaya's AMX kernel and through oneDNN, alternating call by call on
+// the same routings, so both see the same minute of this VM (whose speed drifts by up to 2×
+// between benchmarks run minutes apart). Counters: each path's GFLOP/s and amx/onednn speedup.
+void bench_grouped_ab(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k,
+                      GroupedKind kind) {
+  const int64_t in_cols = kind == GroupedKind::fwd ? k : n;
+  Tensor a = random_of({tokens, in_cols}, DType::bf16, 10);
+  Tensor x = random_of({tokens, k}, DType::bf16, 11);
+  Tensor w = random_of({experts, n, k}, DType::bf16, 3);
+  Tensor out = Tensor::zeros(
+      kind == GroupedKind::dw ? Shape{experts, n, k} : Shape{tokens, kind == GroupedKind::fwd ? n : k},
+      DType::f32);
+  const Trans ta = kind == GroupedKind::dw ? Trans::T : Trans::N;
+  const Trans tb = kind == GroupedKind::fwd ? Trans::T : Trans::N;
+  const float beta = kind == GroupedKind::dw ? 1.0f : 0.0f;
+  auto problems_for = [&](uint64_t it) {
+    std::vector<int64_t> off = routing(it, tokens, experts);
+    std::vector<ops::GemmProblem> ps;
+    for (int64_t e = 0; e < experts; ++e) {
+      Tensor ae = a.slice(off[e], off[e + 1]);
+      if (kind == GroupedKind::dw)
+        ps.push_back({ae, x.slice(off[e], off[e + 1]), out.select(e)});
+      else
+        ps.push_back({ae, w.select(e), out.slice(off[e], off[e + 1])});
+    }
+    return ps;
+  };
+  using clock = std::chrono::steady_clock;
+  double seconds[2] = {0, 0};
+  uint64_t it = 0;
+  for (; it < 8; ++it)
+    for (bool amx : {true, false}) {
+      ops::gemm_use_amx(amx);
+      auto ps = problems_for(it);
+      ops::gemm_grouped(ps, ta, tb, 1.0f, beta);
+    }
+  for (auto _ : state) {
+    auto ps = problems_for(it++);
+    for (int path = 0; path < 2; ++path) {  // 0: AMX, 1: oneDNN; the order flips every iteration
+      const int p = (it & 1) ? path : 1 - path;
+      ops::gemm_use_amx(p == 0);
+      auto t0 = clock::now();
+      ops::gemm_grouped(ps, ta, tb, 1.0f, beta);
+      seconds[p] += std::chrono::duration<double>(clock::now() - t0).count();
+    }
+  }
   ops::gemm_use_amx(true);
+  const double flops = 2.0 * tokens * n * k * static_cast<double>(state.iterations());
+  state.counters["amx_GFLOP/s"] = flops / seconds[0] * 1e-9;
+  state.counters["onednn_GFLOP/s"] = flops / seconds[1] * 1e-9;
+  state.counters["speedup"] = seconds[1] / seconds[0];
 }
 
 void register_all() {
@@ -174,14 +227,19 @@ void register_all() {
                 G{"demo/expert_down_dw", 2048, 8, 256, 512, GroupedKind::dw},
                 G{"zaya1/expert_gate_up", 4096, 16, 4096, 2048, GroupedKind::fwd},
                 G{"zaya1/expert_down_dx", 4096, 16, 2048, 2048, GroupedKind::dx},
-                G{"zaya1/expert_down_dw", 4096, 16, 2048, 2048, GroupedKind::dw}})
-      // bf16 runs zaya's AMX kernel where the CPU has one (ops::gemm_use_amx); "/onednn" is the
-      // same call through oneDNN, for comparison.
-      for (bool amx : dt == DType::bf16 ? std::vector<bool>{true, false} : std::vector<bool>{true})
-        benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d, amx ? "" : "/onednn").c_str(),
-                                     bench_grouped, g.tokens, g.experts, g.n, g.k, dt, g.kind, amx)
+                G{"zaya1/expert_down_dw", 4096, 16, 2048, 2048, GroupedKind::dw}}) {
+      // bf16 with small weights (the demo's) runs zaya's AMX kernel where the CPU has one
+      // (ops::gemm_use_amx); gemm_grouped_ab times it against oneDNN call by call.
+      benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d).c_str(), bench_grouped, g.tokens,
+                                   g.experts, g.n, g.k, dt, g.kind)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+      if (dt == DType::bf16 && g.n * g.k < (int64_t{1} << 20))
+        benchmark::RegisterBenchmark(str("gemm_grouped_ab/", g.name, "/bf16").c_str(), bench_grouped_ab, g.tokens,
+                                     g.experts, g.n, g.k, g.kind)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
+    }
   }
 }
 
