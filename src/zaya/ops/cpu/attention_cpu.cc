@@ -62,43 +62,26 @@ inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_
 
 void attention_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                    int64_t nq, int64_t nkv, int64_t hd) {
-  const int64_t G = nq / nkv, nblk = (T + kBlock - 1) / kBlock, rq = nq * hd, Tp = nblk * kBlock;
+  const int64_t G = nq / nkv, nblk = (T + kBlock - 1) / kBlock, rq = nq * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // Kᵀ of every (batch row, kv head) once, [B, nkv, hd, Tp] zero-padded to whole key blocks: each
-  // key block serves every later query block of all G query heads, and transposing it per tile
-  // cost as much as the tile's two products at the demo's shapes (T 256, hd 64).
-  thread_local std::vector<float> kt_all;
-  kt_all.resize(static_cast<size_t>(B * nkv * hd * Tp));
-  float* kt = kt_all.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t bk = 0; bk < B * nkv; ++bk) {
-    const int64_t b = bk / nkv, hk = bk % nkv;
-    float* dst = kt + bk * hd * Tp;
-    // 16 keys at a time, so every store of a dim's row segment fills a whole cache line (a plain
-    // loop over keys stored at stride Tp, one line and often one page per element).
-    for (int64_t j0 = 0; j0 < Tp; j0 += 16)
-      for (int64_t d = 0; d < hd; ++d)
-        for (int64_t jj = 0; jj < 16; ++jj) {
-          const int64_t j = j0 + jj;
-          dst[d * Tp + j] = j < T ? k[((b * T + j) * nkv + hk) * hd + d] : 0.0f;
-        }
-  }
 #pragma omp parallel
   {
-    std::vector<float> Vb(kBlock * hd), S(kBlock * kBlock), acc(kBlock * hd), m(kBlock), l(kBlock);
+    std::vector<float> Kt(hd * kBlock), Vb(kBlock * hd), S(kBlock * kBlock), acc(kBlock * hd), m(kBlock),
+        l(kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * nq * nblk; ++task) {
       // Largest query blocks first (most key blocks), for balance under the dynamic schedule.
       const int64_t qb = nblk - 1 - task % nblk, h = (task / nblk) % nq, b = task / (nblk * nq);
       const int64_t hk = h / G, i0 = qb * kBlock, ni = std::min(kBlock, T - i0);
+      const float* kb_ = k + b * T * nkv * hd;
       const float* vb_ = v + b * T * nkv * hd;
-      const float* ktb = kt + (b * nkv + hk) * hd * Tp;
       const float* qblk = q + ((b * T + i0) * nq + h) * hd;
       std::fill(acc.begin(), acc.end(), 0.0f);
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.0f);
       for (int64_t kb = 0; kb <= qb; ++kb) {
         const int64_t j0 = kb * kBlock, nj = std::min(kBlock, T - j0);
+        load_block(Kt.data(), nullptr, kb_, j0, nj, nkv, hk, hd);
         // V rows in place when the block is full; a zero-padded copy for a short last block.
         const float* Vsrc = vb_ + (j0 * nkv + hk) * hd;
         int64_t ldv = nkv * hd;
@@ -108,7 +91,7 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
           Vsrc = Vb.data();
           ldv = hd;
         }
-        mm(S.data(), kBlock, qblk, rq, 1, ktb + j0, Tp, ni, kBlock, hd, false);  // S = Q·Kᵀ
+        mm(S.data(), kBlock, qblk, rq, 1, Kt.data(), kBlock, ni, kBlock, hd, false);  // S = Q·Kᵀ
         for (int64_t ii = 0; ii < ni; ++ii) {
           float* s = S.data() + ii * kBlock;
           const int64_t jn = std::min(nj, i0 + ii - j0 + 1);  // causal: keys j ≤ i
