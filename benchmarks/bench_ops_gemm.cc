@@ -3,6 +3,7 @@
 // of similar FLOPs as the library's reference point. Shapes: y = x·Wᵀ, x [M, K] tokens, W [N, K] (HF layout).
 //   ./bench_ops_gemm --benchmark_min_time=0.05s       (quick check)
 //   ./bench_ops_gemm --benchmark_filter=zaya1          (one model's shapes)
+//   ./bench_ops_gemm --benchmark_filter=vs_square      (each model GEMM alternated with its square)
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -105,20 +106,27 @@ std::vector<int64_t> routing(uint64_t it, int64_t tokens, int64_t experts) {
   return off;
 }
 
-void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k, DType dt,
-                   GroupedKind kind) {
-  // All experts' tokens in one [tokens, .] buffer (as the model keeps them), sliced per routing.
-  const int64_t in_cols = kind == GroupedKind::fwd ? k : n;  // A's columns
-  Tensor a = random_of({tokens, in_cols}, dt, 10);
-  Tensor x = random_of({tokens, k}, dt, 11);  // dw's B
-  Tensor w = random_of({experts, n, k}, dt, 3);
-  Tensor out = Tensor::zeros(
-      kind == GroupedKind::dw ? Shape{experts, n, k} : Shape{tokens, kind == GroupedKind::fwd ? n : k},
-      DType::f32);
-  const Trans ta = kind == GroupedKind::dw ? Trans::T : Trans::N;
-  const Trans tb = kind == GroupedKind::fwd ? Trans::T : Trans::N;
-  const float beta = kind == GroupedKind::dw ? 1.0f : 0.0f;
-  auto problems_for = [&](uint64_t it) {
+// One grouped expert GEMM of the benchmarks: all experts' tokens in one [tokens, .] buffer (as
+// the model keeps them), sliced per routing.
+struct GroupedCall {
+  int64_t tokens, experts, n, k;
+  GroupedKind kind;
+  Tensor a, x, w, out;
+  Trans ta, tb;
+  float beta;
+
+  GroupedCall(int64_t tokens_, int64_t experts_, int64_t n_, int64_t k_, DType dt, GroupedKind kind_)
+      : tokens(tokens_), experts(experts_), n(n_), k(k_), kind(kind_) {
+    a = random_of({tokens, kind == GroupedKind::fwd ? k : n}, dt, 10);
+    x = random_of({tokens, k}, dt, 11);  // dw's B
+    w = random_of({experts, n, k}, dt, 3);
+    out = Tensor::zeros(
+        kind == GroupedKind::dw ? Shape{experts, n, k} : Shape{tokens, kind == GroupedKind::fwd ? n : k}, DType::f32);
+    ta = kind == GroupedKind::dw ? Trans::T : Trans::N;
+    tb = kind == GroupedKind::fwd ? Trans::T : Trans::N;
+    beta = kind == GroupedKind::dw ? 1.0f : 0.0f;
+  }
+  std::vector<ops::GemmProblem> problems(uint64_t it) const {
     std::vector<int64_t> off = routing(it, tokens, experts);
     std::vector<ops::GemmProblem> ps;
     for (int64_t e = 0; e < experts; ++e) {
@@ -129,86 +137,154 @@ void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int
         ps.push_back({ae, w.select(e), out.slice(off[e], off[e + 1])});
     }
     return ps;
-  };
+  }
+  void run(std::vector<ops::GemmProblem>& ps) const { ops::gemm_grouped(ps, ta, tb, 1.0f, beta); }
+  double flops() const { return 2.0 * tokens * n * k; }  // Σ_e 2·M_e·N·K, the same for every routing
+};
+
+void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k, DType dt,
+                   GroupedKind kind) {
+  GroupedCall g(tokens, experts, n, k, dt, kind);
   uint64_t it = 0;
   for (; it < 8; ++it) {  // warm-up: the routings' first builds are not timed
-    auto ps = problems_for(it);
-    ops::gemm_grouped(ps, ta, tb, 1.0f, beta);
+    auto ps = g.problems(it);
+    g.run(ps);
   }
   ops::GemmCacheStats before = ops::gemm_cache_stats();
   for (auto _ : state) {
     state.PauseTiming();
-    auto ps = problems_for(it++);
+    auto ps = g.problems(it++);
     state.ResumeTiming();
-    ops::gemm_grouped(ps, ta, tb, 1.0f, beta);
+    g.run(ps);
   }
   ops::GemmCacheStats after = ops::gemm_cache_stats();
-  set_flops(state, 2.0 * tokens * n * k);  // Σ_e 2·M_e·N·K, the same for every routing
+  set_flops(state, g.flops());
   state.counters["misses/iter"] = benchmark::Counter(static_cast<double>(after.misses - before.misses),
                                                      benchmark::Counter::kAvgIterations);
 }
 
-// The same grouped call through zaya's AMX kernel and through oneDNN, alternating call by call on
-// the same routings, so both see the same minute of this VM (whose speed drifts by up to 2×
-// between benchmarks run minutes apart). Counters: each path's GFLOP/s and amx/onednn speedup.
+using clock_type = std::chrono::steady_clock;
+
+// Runs a (call on the clock) and b alternately, the order flipping every iteration, so both see
+// the same minute of this VM, whose speed drifts by up to 2× between benchmarks run minutes apart
+// (even for the same code). prepare(it) runs off the clock before the pair. Seconds of each.
+template <class Prepare, class A, class B>
+void alternate(benchmark::State& state, Prepare prepare, A a, B b, double seconds[2]) {
+  seconds[0] = seconds[1] = 0.0;
+  uint64_t it = 8;
+  for (auto _ : state) {
+    prepare(it);
+    for (int step = 0; step < 2; ++step) {
+      const int which = (it & 1) ? step : 1 - step;
+      auto t0 = clock_type::now();
+      if (which == 0)
+        a();
+      else
+        b();
+      seconds[which] += std::chrono::duration<double>(clock_type::now() - t0).count();
+    }
+    ++it;
+  }
+}
+
+// The same grouped call through zaya's AMX kernel and through oneDNN on the same routings.
+// Counters: each path's GFLOP/s and the amx/onednn speedup.
 void bench_grouped_ab(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k,
                       GroupedKind kind) {
-  const int64_t in_cols = kind == GroupedKind::fwd ? k : n;
-  Tensor a = random_of({tokens, in_cols}, DType::bf16, 10);
-  Tensor x = random_of({tokens, k}, DType::bf16, 11);
-  Tensor w = random_of({experts, n, k}, DType::bf16, 3);
-  Tensor out = Tensor::zeros(
-      kind == GroupedKind::dw ? Shape{experts, n, k} : Shape{tokens, kind == GroupedKind::fwd ? n : k},
-      DType::f32);
-  const Trans ta = kind == GroupedKind::dw ? Trans::T : Trans::N;
-  const Trans tb = kind == GroupedKind::fwd ? Trans::T : Trans::N;
-  const float beta = kind == GroupedKind::dw ? 1.0f : 0.0f;
-  auto problems_for = [&](uint64_t it) {
-    std::vector<int64_t> off = routing(it, tokens, experts);
-    std::vector<ops::GemmProblem> ps;
-    for (int64_t e = 0; e < experts; ++e) {
-      Tensor ae = a.slice(off[e], off[e + 1]);
-      if (kind == GroupedKind::dw)
-        ps.push_back({ae, x.slice(off[e], off[e + 1]), out.select(e)});
-      else
-        ps.push_back({ae, w.select(e), out.slice(off[e], off[e + 1])});
-    }
-    return ps;
-  };
-  using clock = std::chrono::steady_clock;
-  double seconds[2] = {0, 0};
-  uint64_t it = 0;
-  for (; it < 8; ++it)
+  GroupedCall g(tokens, experts, n, k, DType::bf16, kind);
+  for (uint64_t it = 0; it < 8; ++it)
     for (bool amx : {true, false}) {
       ops::gemm_use_amx(amx);
-      auto ps = problems_for(it);
-      ops::gemm_grouped(ps, ta, tb, 1.0f, beta);
+      auto ps = g.problems(it);
+      g.run(ps);
     }
-  for (auto _ : state) {
-    auto ps = problems_for(it++);
-    for (int path = 0; path < 2; ++path) {  // 0: AMX, 1: oneDNN; the order flips every iteration
-      const int p = (it & 1) ? path : 1 - path;
-      ops::gemm_use_amx(p == 0);
-      auto t0 = clock::now();
-      ops::gemm_grouped(ps, ta, tb, 1.0f, beta);
-      seconds[p] += std::chrono::duration<double>(clock::now() - t0).count();
-    }
-  }
+  std::vector<ops::GemmProblem> ps;
+  double seconds[2];
+  alternate(
+      state, [&](uint64_t it) { ps = g.problems(it); },
+      [&] {
+        ops::gemm_use_amx(true);
+        g.run(ps);
+      },
+      [&] {
+        ops::gemm_use_amx(false);
+        g.run(ps);
+      },
+      seconds);
   ops::gemm_use_amx(true);
-  const double flops = 2.0 * tokens * n * k * static_cast<double>(state.iterations());
+  const double flops = g.flops() * static_cast<double>(state.iterations());
   state.counters["amx_GFLOP/s"] = flops / seconds[0] * 1e-9;
   state.counters["onednn_GFLOP/s"] = flops / seconds[1] * 1e-9;
   state.counters["speedup"] = seconds[1] / seconds[0];
+}
+
+// The bar as one measurement: a model GEMM against the library's square GEMM of the
+// nearest FLOP count (log scale: 512, 1024 or 2048), alternated call by call. Counters: both
+// rates and pct_of_square.
+struct Square {
+  int64_t n;
+  Tensor x, w, y;
+  Square(double flops, DType dt) {
+    n = 512;
+    for (int64_t c : {1024, 2048})
+      if (std::fabs(std::log(flops / (2.0 * c * c * c))) < std::fabs(std::log(flops / (2.0 * n * n * n)))) n = c;
+    x = random_of({n, n}, dt, 21);
+    w = random_of({n, n}, dt, 22);
+    y = Tensor::empty({n, n}, DType::f32);
+    run();
+  }
+  void run() const { ops::gemm(x, Trans::N, w, Trans::T, y); }
+  double flops() const { return 2.0 * n * n * n; }
+};
+
+void report_vs_square(benchmark::State& state, double flops, const Square& sq, const double seconds[2]) {
+  const double iters = static_cast<double>(state.iterations());
+  const double rate = flops * iters / seconds[0], sq_rate = sq.flops() * iters / seconds[1];
+  state.counters["GFLOP/s"] = rate * 1e-9;
+  state.counters["square"] = static_cast<double>(sq.n);
+  state.counters["square_GFLOP/s"] = sq_rate * 1e-9;
+  state.counters["pct_of_square"] = 100.0 * rate / sq_rate;
+}
+
+void bench_gemm_vs_square(benchmark::State& state, GemmShape s, DType dt) {
+  Tensor x = random_of({s.m, s.k}, dt, 1), w = random_of({s.n, s.k}, dt, 2);
+  Tensor y = Tensor::empty({s.m, s.n}, DType::f32);
+  const double flops = 2.0 * s.m * s.n * s.k;
+  Square sq(flops, dt);
+  ops::gemm(x, Trans::N, w, Trans::T, y);
+  double seconds[2];
+  alternate(
+      state, [](uint64_t) {}, [&] { ops::gemm(x, Trans::N, w, Trans::T, y); }, [&] { sq.run(); }, seconds);
+  report_vs_square(state, flops, sq, seconds);
+}
+
+void bench_grouped_vs_square(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k,
+                             DType dt, GroupedKind kind) {
+  GroupedCall g(tokens, experts, n, k, dt, kind);
+  for (uint64_t it = 0; it < 8; ++it) {
+    auto ps = g.problems(it);
+    g.run(ps);
+  }
+  Square sq(g.flops(), dt);
+  std::vector<ops::GemmProblem> ps;
+  double seconds[2];
+  alternate(
+      state, [&](uint64_t it) { ps = g.problems(it); }, [&] { g.run(ps); }, [&] { sq.run(); }, seconds);
+  report_vs_square(state, g.flops(), sq, seconds);
 }
 
 void register_all() {
   for (DType dt : {DType::f32, DType::bf16}) {
     // Names built with zaya::str: GCC 12 warns falsely (-Wrestrict) on chained std::string +.
     std::string_view d = dtype_name(dt);
-    for (const GemmShape& s : model_shapes())
+    for (const GemmShape& s : model_shapes()) {
       benchmark::RegisterBenchmark(str("gemm/", s.name, "/", d).c_str(), bench_gemm, s, dt)
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
+      benchmark::RegisterBenchmark(str("gemm_vs_square/", s.name, "/", d).c_str(), bench_gemm_vs_square, s, dt)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
     // Square references of 2·n³ FLOPs spanning the model shapes' range (0.27 to 26 GFLOP).
     for (int64_t n : {512, 1024, 2048})
       benchmark::RegisterBenchmark(str("gemm/square/", n, "/", d).c_str(), bench_gemm,
@@ -232,6 +308,10 @@ void register_all() {
       // (ops::gemm_use_amx); gemm_grouped_ab times it against oneDNN call by call.
       benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d).c_str(), bench_grouped, g.tokens,
                                    g.experts, g.n, g.k, dt, g.kind)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+      benchmark::RegisterBenchmark(str("gemm_grouped_vs_square/", g.name, "/", d).c_str(), bench_grouped_vs_square,
+                                   g.tokens, g.experts, g.n, g.k, dt, g.kind)
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
       if (dt == DType::bf16 && g.n * g.k < (int64_t{1} << 20))
