@@ -14,6 +14,7 @@
 
 #include "zaya/core/random.h"
 #include "zaya/core/threads.h"
+#include "zaya/ops/cpu/amx_gemm.h"
 #include "zaya/ops/gemm.h"
 
 namespace {
@@ -273,6 +274,25 @@ void bench_grouped_vs_square(benchmark::State& state, int64_t tokens, int64_t ex
   report_vs_square(state, g.flops(), sq, seconds);
 }
 
+// zaya's AMX kernel alone on one product with every operand in cache (B packed once, the same A
+// and C every call): the kernel's own ceiling, against which the grouped calls' rates (which
+// stream their operands) can be read.
+void bench_amx_hot(benchmark::State& state, int64_t m, int64_t n, int64_t k) {
+  Tensor a = random_of({m, k}, DType::bf16, 31), w = random_of({n, k}, DType::bf16, 32);
+  std::vector<bf16> packed(static_cast<size_t>(ops::cpu::amx_packed_b_elems(k, n)));
+  std::vector<float> c(static_cast<size_t>(m * n));
+  ops::cpu::amx_pack_b(packed.data(), w.data<bf16>(), k, k, n, true);
+  for (auto _ : state) {
+#pragma omp parallel num_threads(num_threads())
+    {
+      ops::cpu::amx_tile_begin();
+      ops::cpu::amx_gemm(c.data(), n, a.data<bf16>(), k, packed.data(), m, n, k, false);
+      ops::cpu::amx_tile_end();
+    }
+  }
+  set_flops(state, 2.0 * m * n * k);
+}
+
 void register_all() {
   for (DType dt : {DType::f32, DType::bf16}) {
     // Names built with zaya::str: GCC 12 warns falsely (-Wrestrict) on chained std::string +.
@@ -286,6 +306,10 @@ void register_all() {
           ->UseRealTime();
     }
     // Square references of 2·n³ FLOPs spanning the model shapes' range (0.27 to 26 GFLOP).
+    if (dt == DType::bf16 && ops::cpu::amx_usable())
+      benchmark::RegisterBenchmark("amx_kernel_hot/256x1024x256", bench_amx_hot, 256, 1024, 256)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
     for (int64_t n : {512, 1024, 2048})
       benchmark::RegisterBenchmark(str("gemm/square/", n, "/", d).c_str(), bench_gemm,
                                    GemmShape{"square", n, n, n}, dt)
