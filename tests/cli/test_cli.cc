@@ -55,3 +55,26 @@ TEST(Cli, SizeZaya1Base) {
   EXPECT_NE(bad.output.find("mi300x, h100, h200"), std::string::npos) << bad.output;
 }
 }  // namespace
+
+namespace {
+// `zaya forward --bench-steps --gemm-shapes` on a tiny random model: the per-shape GEMM table is
+// printed, with the grouped expert calls as "grouped" rows and the LM head's logits GEMM.
+TEST(Cli, ForwardBenchPrintsGemmShapes) {
+  const std::string cfg = testing::TempDir() + "zaya_cli_tiny_model.toml";
+  {
+    std::FILE* f = std::fopen(cfg.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("[model]\nvocab_size = 96\nhidden_size = 32\nnum_hidden_layers = 1\nnum_attention_heads = 2\n"
+               "num_key_value_heads = 1\nhead_dim = 16\nnum_experts = 2\nmoe_intermediate_size = 32\n"
+               "router_hidden_size = 16\n",
+               f);
+    std::fclose(f);
+  }
+  CliRun r = zaya("--threads 1 forward --init-config " + cfg +
+                  " --seed 1 --bench-steps 1 --batch 2 --seq 16 --gemm-shapes");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("bench: GEMM shapes"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("grouped NT ?x64x32 f32"), std::string::npos) << r.output;  // experts' gate_up
+  EXPECT_NE(r.output.find("NT 32x96x32 f32"), std::string::npos) << r.output;        // LM-head logits
+}
+}  // namespace
