@@ -152,6 +152,29 @@ struct GroupedForm {
   float beta;
 };
 
+// One grouped call's problems in form f with token counts ms (expert weight [n, k]) and their
+// float64 references: x·Wᵀ: A [m, k], B [n, k];  dy·W: A [m, n], B [n, k];  dyᵀ·x: A [m, n],
+// B [m, k], C [n, k]. Seeds run from seed + 1 up.
+struct GroupedCase {
+  std::vector<GemmProblem> problems;
+  std::vector<std::vector<double>> refs;
+};
+GroupedCase make_grouped_case(GroupedForm f, const std::vector<int64_t>& ms, int64_t n, int64_t k, DType dt,
+                              uint64_t seed) {
+  GroupedCase g;
+  for (int64_t m : ms) {
+    Shape a_shape = f.ta == Trans::T || f.tb == Trans::N ? Shape{m, n} : Shape{m, k};
+    Shape b_shape = f.ta == Trans::T ? Shape{m, k} : Shape{n, k};
+    Shape c_shape = f.ta == Trans::T ? Shape{n, k} : (f.tb == Trans::N ? Shape{m, k} : Shape{m, n});
+    Tensor A = random_tensor(a_shape, ++seed, 1.0f, dt), B = random_tensor(b_shape, ++seed, 1.0f, dt);
+    Tensor C = random_tensor(c_shape, ++seed);
+    int64_t rm = c_shape[0], rn = c_shape[1], rk = f.ta == Trans::T ? m : a_shape[1];
+    g.refs.push_back(gemm_reference(to_f64(A), f.ta, to_f64(B), f.tb, to_f64(C), 1, rm, rn, rk, 1, f.beta));
+    g.problems.push_back({A, B, C});
+  }
+  return g;
+}
+
 TEST(Gemm, GroupedVaryingTokenCountsMatchReference) {
   const int64_t n = 24, k = 40;  // the expert weight's dims
   const std::vector<std::vector<int64_t>> routings = {{0, 1, 31, 32}, {33, 64, 0, 100}, {7, 97, 65, 2}};
@@ -160,20 +183,8 @@ TEST(Gemm, GroupedVaryingTokenCountsMatchReference) {
                           GroupedForm{Trans::T, Trans::N, 1.0f}}) {
       uint64_t seed = 100;
       for (const auto& ms : routings) {
-        std::vector<GemmProblem> problems;
-        std::vector<std::vector<double>> refs;
-        for (int64_t m : ms) {
-          // x·Wᵀ: A [m, k], B [n, k];  dy·W: A [m, n], B [n, k];  dyᵀ·x: A [m, n], B [m, k], C [n, k].
-          Shape a_shape = f.ta == Trans::T || f.tb == Trans::N ? Shape{m, n} : Shape{m, k};
-          Shape b_shape = f.ta == Trans::T ? Shape{m, k} : Shape{n, k};
-          Shape c_shape = f.ta == Trans::T ? Shape{n, k} : (f.tb == Trans::N ? Shape{m, k} : Shape{m, n});
-          Tensor A = random_tensor(a_shape, ++seed, 1.0f, dt), B = random_tensor(b_shape, ++seed, 1.0f, dt);
-          Tensor C = random_tensor(c_shape, ++seed);
-          int64_t rm = c_shape[0], rn = c_shape[1], rk = f.ta == Trans::T ? m : a_shape[1];
-          refs.push_back(
-              gemm_reference(to_f64(A), f.ta, to_f64(B), f.tb, to_f64(C), 1, rm, rn, rk, 1, f.beta));
-          problems.push_back({A, B, C});
-        }
+        auto [problems, refs] = make_grouped_case(f, ms, n, k, dt, seed);
+        seed += 3 * ms.size();
         gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
         for (size_t g = 0; g < ms.size(); ++g) {
           if (problems[g].C.numel() == 0) continue;
@@ -336,19 +347,7 @@ TEST(Gemm, GroupedAmxPathMatchesReferenceInAllForms) {
   for (GroupedForm f : {GroupedForm{Trans::N, Trans::T, 0.0f}, GroupedForm{Trans::N, Trans::N, 0.0f},
                         GroupedForm{Trans::T, Trans::N, 1.0f}}) {
     for (bool amx : {true, false}) {
-      uint64_t seed = 700;
-      std::vector<GemmProblem> problems;
-      std::vector<std::vector<double>> refs;
-      for (int64_t m : ms) {
-        Shape a_shape = f.ta == Trans::T || f.tb == Trans::N ? Shape{m, n} : Shape{m, k};
-        Shape b_shape = f.ta == Trans::T ? Shape{m, k} : Shape{n, k};
-        Shape c_shape = f.ta == Trans::T ? Shape{n, k} : (f.tb == Trans::N ? Shape{m, k} : Shape{m, n});
-        Tensor A = random_tensor(a_shape, ++seed, 1.0f, DType::bf16), B = random_tensor(b_shape, ++seed, 1.0f, DType::bf16);
-        Tensor C = random_tensor(c_shape, ++seed);
-        int64_t rm = c_shape[0], rn = c_shape[1], rk = f.ta == Trans::T ? m : a_shape[1];
-        refs.push_back(gemm_reference(to_f64(A), f.ta, to_f64(B), f.tb, to_f64(C), 1, rm, rn, rk, 1, f.beta));
-        problems.push_back({A, B, C});
-      }
+      auto [problems, refs] = make_grouped_case(f, ms, n, k, DType::bf16, 700);
       gemm_use_amx(amx);
       gemm_cache_clear();
       gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
