@@ -366,6 +366,19 @@ TEST(Gemm, GroupedAmxPathMatchesReferenceInAllForms) {
   }
 }
 
+// A grouped bf16 call that the AMX path would take still checks every problem: a wrong inner dim
+// is an error naming both shapes, before anything runs.
+TEST(Gemm, GroupedAmxPathRejectsMismatchedShapes) {
+  std::vector<GemmProblem> ps = {
+      {random_tensor({5, 64}, 1, 1.0f, DType::bf16), random_tensor({32, 64}, 2, 1.0f, DType::bf16),
+       Tensor::empty({5, 32}, DType::f32)},
+      {random_tensor({7, 96}, 3, 1.0f, DType::bf16), random_tensor({32, 64}, 4, 1.0f, DType::bf16),
+       Tensor::empty({7, 32}, DType::f32)}};
+  std::string msg = test::error_of([&] { gemm_grouped(ps, Trans::N, Trans::T); });
+  EXPECT_NE(msg.find("[7, 96]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[32, 64]"), std::string::npos) << msg;
+}
+
 TEST(Gemm, ZeroInnerDimScalesC) {
   Tensor A = Tensor::empty({4, 0}, DType::f32), B = Tensor::empty({0, 3}, DType::f32);
   Tensor C = random_tensor({4, 3}, 5);

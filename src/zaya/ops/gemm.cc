@@ -441,7 +441,8 @@ std::atomic<bool> g_amx_enabled{true};
 bool amx_fits(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha, float beta) {
   if (!g_amx_enabled.load(std::memory_order_relaxed) || alpha != 1.0f || (beta != 0.0f && beta != 1.0f)) return false;
   if (ta == Trans::T && tb == Trans::T) return false;
-  for (const GemmProblem& p : problems) {
+  for (const GemmProblem& p : problems) {  // malformed problems go on to check_problem's errors
+    if (!p.A.defined() || !p.B.defined() || !p.C.defined()) return false;
     if (p.A.dtype() != DType::bf16 || p.A.ndim() != 2 || p.B.ndim() != 2) return false;
     int64_t m, k, kb, n;
     op_dims(p.A, ta, m, k);
