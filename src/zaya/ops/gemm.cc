@@ -300,14 +300,17 @@ void run_fixed(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans 
 // ----------------------------------------------------------------------------- grouped GEMM
 // The expert GEMMs see a new token count (M, or K for the weight gradient) almost every step, and
 // oneDNN fixes every dim when it builds a primitive (0.4–2 ms here, several times the GEMM of one
-// expert). Three ways around it, picked per case from measurements on the development VM
-// (docs/results/ops-cpu.md; differences under ~15% there are within its noise):
+// expert). bf16 calls with small weights go to zaya's own AMX kernel where the CPU has one (the
+// AMX grouped path below); for everything else, three ways around it, picked per case from
+// measurements on the development VM (docs/results/ops-cpu.md; differences under ~15% there are
+// within its noise):
 //  * Row blocks (token count in M): M is cut into a body of whole kRowBlock-row blocks, through
 //    the primitive for that row count (at most tokens / kRowBlock of them over a run), and a tail
 //    of fewer than kRowBlock rows, copied into a zero-padded kRowBlock-row scratch and run through
 //    the kRowBlock-row primitive. Rows of C are independent, so the padding never reaches a
-//    result. Used for bf16 with small expert weights (N·K < 2^20, the demo's: ~1.4× the runtime-M
-//    GEMM, which does not use AMX there) and f32 with large ones (ZAYA1's 4096 × 2048: ~1.2×).
+//    result. Used for bf16 with small expert weights when zaya's AMX kernel does not run (N·K <
+//    2^20, the demo's: ~1.4× the runtime-M GEMM, which does not use AMX there) and f32 with large
+//    ones (ZAYA1's 4096 × 2048: ~1.2×).
 //    When the next problem's C starts where this one's ends and is overwritten (beta = 0), which
 //    is how the model lays out its experts' tokens, the problem instead runs as one GEMM of M
 //    rounded up to kRowBlock rows, in place: the extra rows read A's memory past its end (the next
@@ -431,8 +434,8 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
 // demo's) run on the hand-written AMX kernel (cpu/amx_gemm.h) when the CPU has it and the call
 // fits: alpha = 1, beta 0 or 1, 2-D problems, N a multiple of 16 and, for ta = N, K a multiple of
 // 32 (A's rows are read as tiles in place). There the token count is just a loop bound, where
-// oneDNN 2.6 needs a primitive per count or a runtime-M path without AMX: 1.3–1.4× oneDNN's rate
-// on the demo's grouped GEMMs. Large weights (ZAYA1's 4096 × 2048) stay on oneDNN: without
+// oneDNN 2.6 needs a primitive per count or a runtime-M path without AMX: 1.0–1.5× oneDNN's rate
+// on the demo's grouped GEMMs (the weight gradient gaining least). Large weights (ZAYA1's 4096 × 2048) stay on oneDNN: without
 // K-blocking the kernel's operands no longer fit L2 and it measured between 0.8× and 1.4× of
 // oneDNN there (docs/results/ops-cpu.md). The path depends only on shapes and the CPU, so
 // results stay deterministic.
