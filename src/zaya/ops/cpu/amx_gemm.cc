@@ -57,8 +57,9 @@ ZAYA_AVX512 inline __m512i interleave16(__m256i a, __m256i b) {
   return _mm512_permutex2var_epi16(_mm512_castsi256_si512(a), idx, _mm512_castsi256_si512(b));
 }
 
-// In-place transpose of a 16 × 16 matrix of 32-bit elements held one row per register: three
-// rounds of unpack/shuffle between rows 1, 2, 4 then 8 apart.
+// In-place transpose of a 16 × 16 matrix M of 32-bit elements held one row per register, in four
+// rounds: 32- and 64-bit unpacks transpose every 4 × 4 sub-block within its 128-bit lanes, then two
+// rounds of 128-bit lane shuffles move the sub-blocks to their transposed places.
 ZAYA_AVX512 inline void transpose16(__m512i r[16]) {
   __m512i t[16];
   for (int i = 0; i < 16; i += 2) {
@@ -71,8 +72,7 @@ ZAYA_AVX512 inline void transpose16(__m512i r[16]) {
     r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
     r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
   }
-  // Now r[4q + j] holds, in 128-bit lane L, row (4L .. 4L+3)'s part of column group: element
-  // (row 4q + L... ) — the last two rounds move whole 128-bit lanes.
+  // Now lane L of r[4q + j] holds column 4L + j of rows 4q .. 4q + 3.
   for (int i = 0; i < 4; ++i) {
     t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
     t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
