@@ -116,6 +116,7 @@ TEST(AmxGemm, ProductsMatchFloat64) {
       check_product(5, 16, 96, tr, acc, 2);    // fewer rows than one block
       check_product(130, 256, 256, tr, acc, 2);
       check_product(64, 80, 45, tr, acc, 1);  // K not a multiple of 32 (zero-padded)
+      check_product(77, 48, 1056, tr, acc, 2);  // K in chunks of 256 (the last one 32), a row tail
     }
 }
 

@@ -435,9 +435,10 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
 // fits: alpha = 1, beta 0 or 1, 2-D problems, N a multiple of 16 and, for ta = N, K a multiple of
 // 32 (A's rows are read as tiles in place). There the token count is just a loop bound, where
 // oneDNN 2.6 needs a primitive per count or a runtime-M path without AMX: 1.0–1.5× oneDNN's rate
-// on the demo's grouped GEMMs (the weight gradient gaining least). Large weights (ZAYA1's 4096 × 2048) stay on oneDNN: without
-// K-blocking the kernel's operands no longer fit L2 and it measured between 0.8× and 1.4× of
-// oneDNN there (docs/results/ops-cpu.md). The path depends only on shapes and the CPU, so
+// on the demo's grouped GEMMs (the weight gradient gaining least). Large weights (ZAYA1's
+// 4096 × 2048) stay on oneDNN: packing 8–16 MiB of weights per expert and call costs more than
+// the kernel gains there (0.66–1.35× of oneDNN in A/B runs, with and without K chunking;
+// docs/results/ops-cpu.md). The path depends only on shapes and the CPU, so
 // results stay deterministic.
 std::atomic<bool> g_amx_enabled{true};
 
