@@ -465,9 +465,9 @@ struct AmxScratch {
 // Problems are packed and multiplied in chunks: all packing of a chunk, one barrier, all products
 // of the chunk (problems write disjoint C), one barrier. Fewer barriers matter (idle threads sleep
 // under OMP_WAIT_POLICY=PASSIVE and take microseconds to wake), but a chunk's packed B must still
-// be in L2 when its products read it: with all 8 demo experts in one chunk (4 MiB packed) the
-// products ran 2.4× slower than with 1 MiB chunks (each thread's half, 512 KiB, stays in its own
-// L2 next to A and C). Measured in bench_ops_gemm's grouped demo benchmarks
+// be in L2 when its products read it: with all 8 demo experts in one chunk (4 MiB packed) a demo
+// gate_up call took 2.33–2.42 ms against 1.78 ms with 1 MiB chunks (each thread's half, 512 KiB,
+// stays in its own L2 next to A and C). Measured in bench_ops_gemm's grouped demo benchmarks
 // (docs/results/ops-cpu.md). A problem larger than the cap is a chunk of its own.
 constexpr size_t kAmxChunkBytes = size_t{1} << 20;
 

@@ -64,11 +64,8 @@ void gemm_time_reset();
 // GEMM's shape is "NT 2048x768x256 f32" (op letters, M x N x K, A's dtype); a grouped call's is
 // "grouped NT ?x1024x256 bf16" with ? for the token dim, which changes per problem. Sorted by
 // seconds, largest first; gemm_time_reset() clears it too.
-struct GemmShapeTime {
+struct GemmShapeTime : GemmTimeStats {
   std::string shape;
-  int64_t calls = 0;
-  double seconds = 0.0;
-  double flops = 0.0;
 };
 void gemm_profile_shapes(bool on);
 std::vector<GemmShapeTime> gemm_shape_times();

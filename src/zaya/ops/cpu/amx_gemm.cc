@@ -164,7 +164,7 @@ ZAYA_AMX void block32(float* C, int64_t ldc, const bf16* A, int64_t lda, const b
     }
   }
   // Each load sits right before the first product that needs it, so loads overlap the products
-  // in flight (all loads first, then the four products, ran at a third of this speed here).
+  // in flight (all loads first, then the four products, ran several times slower here).
   for (int64_t kb = 0; kb < kblocks; ++kb) {
     // The next task's B tiles (two per k block, contiguous) into L1 while this one computes:
     // they come from L2, and a tile load that waits on L2 stalls the product behind it.
