@@ -7,6 +7,7 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <immintrin.h>
 
 #include <cmath>
 #include <string>
@@ -293,7 +294,30 @@ void bench_amx_hot(benchmark::State& state, int64_t m, int64_t n, int64_t k) {
   set_flops(state, 2.0 * m * n * k);
 }
 
+// The f32 floor of every GEMM here: each thread runs 12 independent AVX-512 FMA chains (enough to
+// cover the FMA latency on two ports), so FLOP/s is the machine's fp32 FMA peak at the clock it
+// holds under this load. 2 FLOPs × 16 lanes per FMA.
+__attribute__((target("avx512f"))) void bench_fma_peak(benchmark::State& state) {
+  constexpr int64_t kIters = 1 << 20;
+  float sink = 0.0f;
+  for (auto _ : state) {
+#pragma omp parallel num_threads(num_threads()) reduction(+ : sink)
+    {
+      __m512 acc[12];
+      for (int c = 0; c < 12; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+      const __m512 mul = _mm512_set1_ps(0.999999f), add = _mm512_set1_ps(1e-7f);
+      for (int64_t it = 0; it < kIters; ++it)
+        for (int c = 0; c < 12; ++c) acc[c] = _mm512_fmadd_ps(acc[c], mul, add);
+      for (int c = 0; c < 12; ++c) sink += _mm512_cvtss_f32(acc[c]);  // keeps every chain live
+    }
+  }
+  benchmark::DoNotOptimize(sink);
+  set_flops(state, 2.0 * 16 * 12 * kIters * num_threads());
+}
+
 void register_all() {
+  if (__builtin_cpu_supports("avx512f"))
+    benchmark::RegisterBenchmark("fma_peak/f32", bench_fma_peak)->Unit(benchmark::kMillisecond)->UseRealTime();
   for (DType dt : {DType::f32, DType::bf16}) {
     // Names built with zaya::str: GCC 12 warns falsely (-Wrestrict) on chained std::string +.
     std::string_view d = dtype_name(dt);

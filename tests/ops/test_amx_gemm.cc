@@ -30,6 +30,20 @@ float op_at(const std::vector<bf16>& X, int64_t K, int64_t N, bool transposed, i
   return to_float(transposed ? X[n * K + k] : X[k * N + n]);
 }
 
+// The calling pattern of ops::gemm_grouped: one OpenMP region of `threads`, every thread loading
+// its tile configuration, packing (work-shared, no barrier at its end), a barrier, the product.
+template <class Pack, class Multiply>
+void pack_then_multiply(int threads, Pack pack, Multiply multiply) {
+#pragma omp parallel num_threads(threads)
+  {
+    amx_tile_begin();
+    pack();
+#pragma omp barrier
+    multiply();
+    amx_tile_end();
+  }
+}
+
 struct PackCase {
   int64_t K, N;
 };
@@ -83,14 +97,9 @@ void check_product(int64_t M, int64_t N, int64_t K, bool b_transposed, bool accu
   std::vector<bf16> P(static_cast<size_t>(amx_packed_b_elems(K, N)));
   std::vector<float> C(static_cast<size_t>(M * N)), C0(C.size());
   for (size_t i = 0; i < C.size(); ++i) C0[i] = C[i] = accumulate ? philox_uniform(300, i) - 0.5f : NAN;
-#pragma omp parallel num_threads(threads)
-  {
-    amx_tile_begin();
-    amx_pack_b(P.data(), B.data(), b_transposed ? K : N, K, N, b_transposed);
-#pragma omp barrier
-    amx_gemm(C.data(), N, A.data(), Kp, P.data(), M, N, Kp, accumulate);
-    amx_tile_end();
-  }
+  pack_then_multiply(
+      threads, [&] { amx_pack_b(P.data(), B.data(), b_transposed ? K : N, K, N, b_transposed); },
+      [&] { amx_gemm(C.data(), N, A.data(), Kp, P.data(), M, N, Kp, accumulate); });
   double worst = 0.0;
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
@@ -127,15 +136,13 @@ TEST(AmxGemm, WeightGradientFormMatchesFloat64) {
   std::vector<bf16> X = random_bf16(T * M, 41), Y = random_bf16(T * N, 42);
   std::vector<bf16> At(static_cast<size_t>(M * Kp)), P(static_cast<size_t>(amx_packed_b_elems(T, N)));
   std::vector<float> C(static_cast<size_t>(M * N), 0.25f);
-#pragma omp parallel num_threads(2)
-  {
-    amx_tile_begin();
-    amx_transpose_a(At.data(), X.data(), M, T, M);
-    amx_pack_b(P.data(), Y.data(), N, T, N, false);
-#pragma omp barrier
-    amx_gemm(C.data(), N, At.data(), Kp, P.data(), M, N, Kp, true);
-    amx_tile_end();
-  }
+  pack_then_multiply(
+      2,
+      [&] {
+        amx_transpose_a(At.data(), X.data(), M, T, M);
+        amx_pack_b(P.data(), Y.data(), N, T, N, false);
+      },
+      [&] { amx_gemm(C.data(), N, At.data(), Kp, P.data(), M, N, Kp, true); });
   double worst = 0.0;
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
@@ -158,14 +165,9 @@ TEST(AmxGemm, BitwiseEqualAcrossThreadCounts) {
   std::vector<bf16> P(static_cast<size_t>(amx_packed_b_elems(K, N)));
   std::vector<float> C1(static_cast<size_t>(M * N)), C2(C1.size());
   for (int threads : {1, 2}) {
-#pragma omp parallel num_threads(threads)
-    {
-      amx_tile_begin();
-      amx_pack_b(P.data(), B.data(), K, K, N, true);
-#pragma omp barrier
-      amx_gemm((threads == 1 ? C1 : C2).data(), N, A.data(), K, P.data(), M, N, K, false);
-      amx_tile_end();
-    }
+    pack_then_multiply(
+        threads, [&] { amx_pack_b(P.data(), B.data(), K, K, N, true); },
+        [&] { amx_gemm((threads == 1 ? C1 : C2).data(), N, A.data(), K, P.data(), M, N, K, false); });
   }
   EXPECT_EQ(0, std::memcmp(C1.data(), C2.data(), C1.size() * sizeof(float)));
 }

@@ -92,7 +92,8 @@ CrossEntropyResult forward_impl(const Tensor& h, const Tensor& E, const Tensor& 
         sum[i] *= std::exp(run_max[i] - cm);  // exp(−inf) = 0 on the first chunk
         run_max[i] = cm;
       }
-      sum[i] += keep ? cpu::exp_store_sum(row, row, c, run_max[i], nullptr, [](float p) { return flush_tiny(p); }) : cpu::sum_expf(row, c, run_max[i]);
+      sum[i] += keep ? cpu::exp_store_sum(row, row, c, run_max[i], nullptr, [](float p) { return flush_tiny(p); })
+                     : cpu::sum_expf(row, c, run_max[i]);
     }
   }
   CrossEntropyResult r;

@@ -32,7 +32,8 @@ int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch 
 // Muon's reference implementation does (it iterates entirely in bfloat16); X itself is kept in
 // f32 between steps. The quintic is a contraction onto a band of singular values, not an exact
 // iteration, so bf16 rounding of its inputs moves the result by ~2.5% (relative norm) and not
-// its direction (cosine 0.9996 with the f32 result; tests/ops/test_newton_schulz.cc). f32 is the exact-arithmetic reference the tests compare against.
+// its direction (cosine 0.9996 with the f32 result; tests/ops/test_newton_schulz.cc). f32 is the
+// exact-arithmetic reference the tests compare against.
 void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps = 5,
                                  DType compute = DType::f32);
 

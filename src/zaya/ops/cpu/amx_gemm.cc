@@ -8,6 +8,7 @@
 // -Wuninitialized reports once inlined into functions with their own target attribute.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -30,7 +31,7 @@ constexpr int64_t kTileElems = 512; // bf16 elements of one packed B tile (16 ×
 
 bool cpu_has_amx_bf16() {
   unsigned a, b, c, d;
-  __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;  // no leaf 7: no AVX-512, no AMX
   const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1, avx512bw = (b >> 30) & 1;
   return amx_bf16 && amx_tile && avx512bw;
 }
@@ -87,16 +88,24 @@ ZAYA_AVX512 inline void transpose16(__m512i r[16]) {
   }
 }
 
-// One packed B tile (column block nb, k block kb) of op(X) = X [K, N]: row kk interleaves X's
-// rows k0 + 2kk and k0 + 2kk + 1.
-ZAYA_AVX512 void pack_tile_rows(bf16* out, const bf16* X, int64_t ld, int64_t K, int64_t N, int64_t k0, int64_t n0) {
+// r[kk] = rows k0 + 2kk and k0 + 2kk + 1 of X [K, N] (zero past K), columns n0..n0+15,
+// interleaved as 32-bit pairs: for X = B that is the packed tile's row kk; for X = dy it is, per
+// channel, the (k, k + 1) pairs that a 32-bit transpose turns into rows of dyᵀ.
+ZAYA_AVX512 inline void interleaved_row_pairs(__m512i r[16], const bf16* X, int64_t ld, int64_t K, int64_t N,
+                                              int64_t k0, int64_t n0) {
   const __m256i zero = _mm256_setzero_si256();
   for (int64_t kk = 0; kk < 16; ++kk) {
     const int64_t r0 = k0 + 2 * kk, r1 = r0 + 1;
-    const __m256i a = r0 < K ? load16(X + r0 * ld, n0, N) : zero;
-    const __m256i b = r1 < K ? load16(X + r1 * ld, n0, N) : zero;
-    _mm512_storeu_si512(out + kk * 32, interleave16(a, b));
+    r[kk] = interleave16(r0 < K ? load16(X + r0 * ld, n0, N) : zero, r1 < K ? load16(X + r1 * ld, n0, N) : zero);
   }
+}
+
+// One packed B tile (column block nb, k block kb) of op(X) = X [K, N]: row kk interleaves X's
+// rows k0 + 2kk and k0 + 2kk + 1.
+ZAYA_AVX512 void pack_tile_rows(bf16* out, const bf16* X, int64_t ld, int64_t K, int64_t N, int64_t k0, int64_t n0) {
+  __m512i r[16];
+  interleaved_row_pairs(r, X, ld, K, N, k0, n0);
+  for (int64_t kk = 0; kk < 16; ++kk) _mm512_storeu_si512(out + kk * 32, r[kk]);
 }
 
 // The same tile of op(X) = Xᵀ, X [N, K]: X row n0 + n, read as 16 k-pairs (32 bits each), is
@@ -112,17 +121,12 @@ ZAYA_AVX512 void pack_tile_transposed(bf16* out, const bf16* X, int64_t ld, int6
   for (int64_t kk = 0; kk < 16; ++kk) _mm512_storeu_si512(out + kk * 32, r[kk]);
 }
 
-// Rows i0..i0+15 of Xᵀ for X [K, M], k from k0 to k0+31 (zero past K), into At (ld_out): pairs
-// of X rows interleaved give, per channel i, a 32-bit (k, k+1) pair; a 32-bit transpose then
-// makes each channel's pairs one row.
+// Rows i0..i0+15 of Xᵀ for X [K, M], k from k0 to k0+31 (zero past K), into At (ld_out): the
+// interleaved row pairs transposed, so each channel's pairs become one row.
 ZAYA_AVX512 void transpose_block(bf16* At, int64_t ld_out, const bf16* X, int64_t ld, int64_t K, int64_t M,
                                  int64_t k0, int64_t i0) {
-  const __m256i zero = _mm256_setzero_si256();
   __m512i r[16];
-  for (int64_t p = 0; p < 16; ++p) {
-    const int64_t t0 = k0 + 2 * p, t1 = t0 + 1;
-    r[p] = interleave16(t0 < K ? load16(X + t0 * ld, i0, M) : zero, t1 < K ? load16(X + t1 * ld, i0, M) : zero);
-  }
+  interleaved_row_pairs(r, X, ld, K, M, k0, i0);
   transpose16(r);
   const int64_t rows = std::min<int64_t>(16, M - i0);
   for (int64_t i = 0; i < rows; ++i) _mm512_storeu_si512(At + (i0 + i) * ld_out + k0, r[i]);

@@ -14,15 +14,22 @@
 
 namespace zaya::ops::cpu {
 
+// The fixed addition tree over 16 partial sums (lane l accumulated the terms i ≡ l mod 16) that
+// dotf, sum_expf and exp_store_sum share: l += l+8, l += l+4, then (0 + 2) + (1 + 3). Results
+// depend only on the inputs and their count, never on threads or vector width.
+inline float sum16(float acc[16]) {
+  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
+  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
+  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
 inline float dotf(const float* a, const float* b, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
     for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
   for (int64_t l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
-  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
-  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
-  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+  return sum16(acc);
 }
 
 // exp(x), branch-free so loops over arrays vectorize (libm's expf is a scalar call: 1-3 GB/s):
@@ -137,9 +144,7 @@ inline float sum_expf(const float* x, int64_t n, float shift) {
   for (; i + 16 <= n; i += 16)
     for (int l = 0; l < 16; ++l) acc[l] += expf_fast(x[i + l] - shift);
   for (int64_t l = 0; i < n; ++i, ++l) acc[l] += expf_fast(x[i] - shift);
-  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
-  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
-  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+  return sum16(acc);
 }
 
 // e[i] = post(exp(x[i] − shift)) for i < n, returning Σ e[i] in sum_expf's order (16 partial sums,
@@ -159,9 +164,7 @@ inline float exp_store_sum(float* e, const float* x, int64_t n, float shift, con
     for (int l = 0; l < 16; ++l) acc[l] += (e[i + l] = post(expf_fast(x[i + l] - shift)));
   }
   for (int64_t l = 0; i < n; ++i, ++l) acc[l] += (e[i] = post(expf_fast(x[i] - shift)));
-  for (int l = 0; l < 8; ++l) acc[l] += acc[l + 8];
-  for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
-  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+  return sum16(acc);
 }
 
 // y += a·x
