@@ -68,10 +68,11 @@ double cca_conv_flops(int64_t tokens, const ops::CcaDims& d) {
   return static_cast<double>(tokens) * static_cast<double>(d.channels()) * 4.0 * static_cast<double>(d.hd + 1);
 }
 
-// CCA conv over [T, C] with ZAYA1 heads (nq 8, nkv 2, hd 128; C = 1280). Arg: T.
+// CCA conv over [B, T, C]. Args: B, T, hd, nq, nkv (ZAYA1: nq 8, nkv 2, hd 128, C = 1280; the demo
+// step: 8 × 256 tokens, nq 4, nkv 2, hd 64, C = 384).
 void BM_CcaConvForward(benchmark::State& st) {
-  const int64_t B = 1, T = st.range(0);
-  ops::CcaDims d{8, 2, 128};
+  const int64_t B = st.range(0), T = st.range(1);
+  ops::CcaDims d{st.range(3), st.range(4), st.range(2)};
   const int64_t C = d.channels();
   Tensor z = rnd({B, T, C}, 1), out = zeros({B, T, C});
   ops::CcaConvWeights w{rnd({C, 1, 2}, 2), rnd({C}, 3), rnd({C, d.hd, 2}, 4), rnd({C}, 5)};
@@ -80,8 +81,8 @@ void BM_CcaConvForward(benchmark::State& st) {
   st.counters["GFLOP/s"] = benchmark::Counter(cca_conv_flops(B * T, d) * 1e-9 * st.iterations(), benchmark::Counter::kIsRate);
 }
 void BM_CcaConvBackward(benchmark::State& st) {
-  const int64_t B = 1, T = st.range(0);
-  ops::CcaDims d{8, 2, 128};
+  const int64_t B = st.range(0), T = st.range(1);
+  ops::CcaDims d{st.range(3), st.range(4), st.range(2)};
   const int64_t C = d.channels();
   Tensor z = rnd({B, T, C}, 1), dout = rnd({B, T, C}, 6), dz = zeros({B, T, C});
   ops::CcaConvWeights w{rnd({C, 1, 2}, 2), rnd({C}, 3), rnd({C, d.hd, 2}, 4), rnd({C}, 5)};
@@ -92,8 +93,13 @@ void BM_CcaConvBackward(benchmark::State& st) {
   // dz and the grouped weight's gradient each cost what the forward does.
   st.counters["GFLOP/s"] = benchmark::Counter(2 * cca_conv_flops(B * T, d) * 1e-9 * st.iterations(), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_CcaConvForward)->Arg(1024)->Arg(4096)->Arg(kBeyondCacheT * 8 / 5)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_CcaConvBackward)->Arg(1024)->Arg(4096)->Arg(kBeyondCacheT * 8 / 5)->Unit(benchmark::kMillisecond)->UseRealTime();
+void cca_args(benchmark::internal::Benchmark* b) {
+  for (int64_t T : {int64_t{1024}, int64_t{4096}, kBeyondCacheT * 8 / 5}) b->Args({1, T, 128, 8, 2});
+  b->Args({8, 256, 64, 4, 2});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+BENCHMARK(BM_CcaConvForward)->Apply(cca_args);
+BENCHMARK(BM_CcaConvBackward)->Apply(cca_args);
 
 // RoPE in place on q [T, 8, 128] (half the dims rotate; all bytes are read and written).
 void BM_Rope(benchmark::State& st) {

@@ -81,7 +81,10 @@ TEST_P(CcaConvShapes, ForwardMatchesFloat64) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CcaConvShapes,
                          ::testing::Values(ConvCase{1, 1, 4, 2, 16}, ConvCase{2, 5, 2, 2, 32},
-                                           ConvCase{3, 67, 4, 1, 16}, ConvCase{1, 5, 4, 2, 64}));
+                                           ConvCase{3, 67, 4, 1, 16}, ConvCase{1, 5, 4, 2, 64},
+                                           // hd 24 and 12: a dot of 2·hd is not whole vectors, a head
+                                           // not whole 16-output groups (the kernel's masked paths)
+                                           ConvCase{2, 7, 2, 1, 24}, ConvCase{1, 9, 4, 2, 12}));
 
 TEST(CcaConv, FirstStepSeesTheDepthwiseBiasOfThePaddedSlot) {
   // With z = 0 everywhere, every depthwise slot is its bias, so out_t = gb + Σ_i (gw0 + gw1)·db for
@@ -101,7 +104,8 @@ TEST(CcaConv, FirstStepSeesTheDepthwiseBiasOfThePaddedSlot) {
 }
 
 TEST(CcaConv, BackwardMatchesFiniteDifferences) {
-  for (ConvCase c : {ConvCase{2, 5, 4, 2, 16}, ConvCase{1, 1, 2, 2, 16}, ConvCase{1, 4, 4, 1, 16}}) {
+  for (ConvCase c : {ConvCase{2, 5, 4, 2, 16}, ConvCase{1, 1, 2, 2, 16}, ConvCase{1, 4, 4, 1, 16},
+                     ConvCase{2, 3, 2, 1, 12}}) {
     ConvSetup s = conv_setup(c, 20 + c.T);
     const int64_t C = s.dims.channels(), heads = s.dims.heads();
     // Parameter grads accumulate: start them at a known non-zero value and subtract it afterwards.
@@ -133,7 +137,7 @@ TEST(CcaConv, BackwardMatchesFiniteDifferences) {
 }
 
 TEST(CcaConv, DecodeEqualsFullForwardAtEveryPosition) {
-  const ConvCase c{2, 9, 4, 2, 32};
+  for (const ConvCase c : {ConvCase{2, 9, 4, 2, 32}, ConvCase{2, 70, 2, 1, 24}, ConvCase{1, 6, 4, 2, 12}}) {
   ConvSetup s = conv_setup(c, 31);
   const int64_t C = s.dims.channels();
   Tensor out = Tensor::empty(s.z.shape(), DType::f32);
@@ -147,7 +151,8 @@ TEST(CcaConv, DecodeEqualsFullForwardAtEveryPosition) {
     // Identical arithmetic in the identical order: bitwise equal.
     for (int64_t b = 0; b < c.B; ++b)
       ASSERT_EQ(std::memcmp(ot.data<float>() + b * C, out.data<float>() + (b * c.T + t) * C, C * 4), 0)
-          << "t=" << t << " b=" << b;
+          << "hd=" << c.hd << " t=" << t << " b=" << b;
+  }
   }
 }
 

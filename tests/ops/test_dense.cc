@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <vector>
 
 #include "ops/gradcheck.h"
@@ -367,6 +368,28 @@ TEST(Activations, ErfFastVectorEqualsScalar) {
   cpu::erf_fast_n(&nan_in, &nan_out, 1);
   EXPECT_TRUE(std::isnan(nan_out));
 }
+
+#if defined(__AVX512F__)
+TEST(SeqVec, Sum16x16EqualsSum16) {
+  // The CCA conv forward reduces 16 outputs' partial sums at once; the decode step (and the HF
+  // parity of the key temperature's gradient) rely on its bits being sum16's. Values spread over
+  // 12 binades so that the additions round differently in any other order.
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-6, 6);
+  for (int trial = 0; trial < 200; ++trial) {
+    alignas(64) float acc[256];
+    for (float& v : acc) v = std::ldexp(mant(gen), expo(gen));
+    float got[16];
+    _mm512_storeu_ps(got, cpu::sum16_x16(acc));
+    for (int o = 0; o < 16; ++o) {
+      float lanes[16];
+      std::copy(acc + 16 * o, acc + 16 * o + 16, lanes);
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[o]), std::bit_cast<uint32_t>(cpu::sum16(lanes))) << "output " << o;
+    }
+  }
+}
+#endif
 
 TEST(Activations, Silu) { check_elementwise(silu_forward, silu_backward, silu_d); }
 TEST(Activations, GeluExactErf) { check_elementwise(gelu_forward, gelu_backward, gelu_d); }

@@ -22,33 +22,10 @@ namespace zaya::ops::cpu {
 
 namespace {
 
-// Depthwise slots s and s+1 of one head (channels c0..c0+hd) of batch row zb ([T, C] at b):
-// d_s[i] into d0[i·step] and d_{s+1}[i] into d1[i·step]. Padding (negative time) reads as zero.
-// The forward interleaves the pair (d1 = d0 + 1, step 2: the [i][tap] order of the grouped weight's
-// rows); the backward stores it planar (d1 = d0 + hd, step 1).
-inline void depthwise_pair(float* d0, float* d1, int64_t step, const float* zb, int64_t s, int64_t C, int64_t c0,
-                           int64_t hd, const float* dw, const float* db) {
-  const float* zm2 = s - 2 >= 0 ? zb + (s - 2) * C : nullptr;  // z_{s-2}
-  const float* zm1 = s - 1 >= 0 ? zb + (s - 1) * C : nullptr;  // z_{s-1}
-  const float* z0 = s >= 0 ? zb + s * C : nullptr;             // z_s (newest for slot s+1)
-  for (int64_t i = 0; i < hd; ++i) {
-    int64_t c = c0 + i;
-    float a = zm2 ? zm2[c] : 0.0f, b = zm1 ? zm1[c] : 0.0f, n = z0 ? z0[c] : 0.0f;
-    d0[i * step] = db[c] + dw[2 * c] * a + dw[2 * c + 1] * b;
-    d1[i * step] = db[c] + dw[2 * c] * b + dw[2 * c + 1] * n;
-  }
-}
-
-// Grouped conv of one head from the interleaved depthwise pair (the decode step's single token).
-inline void grouped_head(float* out, const float* dd, int64_t c0, int64_t hd, const float* gw,
-                         const float* gb) {
-  for (int64_t o = c0; o < c0 + hd; ++o) out[o] = gb[o] + dotf(gw + o * 2 * hd, dd, 2 * hd);
-}
-
 // Scratch of at least n floats that keeps its pages from call to call (one buffer per calling
 // thread and slot). A fresh multi-MB vector per call goes back to the OS when freed (glibc trims
-// the heap top) and page-faults in again on the next call: 35 of the conv backward's 88 ms per
-// demo step, 1 thread. Contents are unspecified: callers write before they read.
+// the heap top) and page-faults in again on the next call. Contents are unspecified: callers write
+// before they read.
 template <int Slot>
 float* scratch(int64_t n) {
   thread_local std::vector<float> buf;
@@ -56,8 +33,76 @@ float* scratch(int64_t n) {
   return buf.data();
 }
 
-constexpr int64_t kRows = 64;   // tokens per task of the grouped-conv products
-constexpr int64_t kLanes = 16;  // dotf's partial sums
+// The depthwise taps split into planar arrays (w0[c] = dw[c,0], w1[c] = dw[c,1]) so that 16
+// channels of a tap are one vector load.
+struct Taps {
+  std::vector<float> w0, w1;
+  Taps(const float* dw, int64_t C) : w0(static_cast<size_t>(C)), w1(static_cast<size_t>(C)) {
+    for (int64_t c = 0; c < C; ++c) w0[c] = dw[2 * c], w1[c] = dw[2 * c + 1];
+  }
+};
+
+// Depthwise slots s and s+1 of channels c0 .. c0+hd of one token, from its input rows z_{s-2},
+// z_{s-1}, z_s (null: padding, read as zero):
+//     d_s = fma(w1, z_{s-1}, fma(w0, z_{s-2}, db)),   d_{s+1} = fma(w1, z_s, fma(w0, z_{s-1}, db)).
+// Interleaved (the forward and decode: the grouped weight's [i][tap] order) writes out[2i + tap];
+// planar (the backward) writes out[tap·hd + i]. The forward and the decode step both come here, so
+// they agree bit for bit.
+template <bool Interleaved>
+inline void depthwise_pair(float* out, const float* zm2, const float* zm1, const float* z0, int64_t c0,
+                           int64_t hd, const Taps& w, const float* db) {
+#if defined(__AVX512F__)
+  const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi_idx = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  for (int64_t i = 0; i < hd; i += 16) {
+    const __mmask16 m = first_lanes(hd - i);
+    const int64_t c = c0 + i;
+    const __m512 a = zm2 ? _mm512_maskz_loadu_ps(m, zm2 + c) : _mm512_setzero_ps();
+    const __m512 p = zm1 ? _mm512_maskz_loadu_ps(m, zm1 + c) : _mm512_setzero_ps();
+    const __m512 n = z0 ? _mm512_maskz_loadu_ps(m, z0 + c) : _mm512_setzero_ps();
+    const __m512 w0 = _mm512_maskz_loadu_ps(m, w.w0.data() + c), w1 = _mm512_maskz_loadu_ps(m, w.w1.data() + c);
+    const __m512 b = _mm512_maskz_loadu_ps(m, db + c);
+    const __m512 d0 = _mm512_fmadd_ps(w1, p, _mm512_fmadd_ps(w0, a, b));
+    const __m512 d1 = _mm512_fmadd_ps(w1, n, _mm512_fmadd_ps(w0, p, b));
+    if constexpr (Interleaved) {
+      const int64_t n2 = 2 * std::min<int64_t>(16, hd - i);
+      _mm512_mask_storeu_ps(out + 2 * i, first_lanes(n2), _mm512_permutex2var_ps(d0, lo_idx, d1));
+      _mm512_mask_storeu_ps(out + 2 * i + 16, first_lanes(n2 - 16), _mm512_permutex2var_ps(d0, hi_idx, d1));
+    } else {
+      _mm512_mask_storeu_ps(out + i, m, d0);
+      _mm512_mask_storeu_ps(out + hd + i, m, d1);
+    }
+  }
+#else
+  for (int64_t i = 0; i < hd; ++i) {
+    const int64_t c = c0 + i;
+    const float a = zm2 ? zm2[c] : 0.0f, p = zm1 ? zm1[c] : 0.0f, n = z0 ? z0[c] : 0.0f;
+    const float d0 = std::fma(w.w1[c], p, std::fma(w.w0[c], a, db[c]));
+    const float d1 = std::fma(w.w1[c], n, std::fma(w.w0[c], p, db[c]));
+    if constexpr (Interleaved) out[2 * i] = d0, out[2 * i + 1] = d1;
+    else out[i] = d0, out[hd + i] = d1;
+  }
+#endif
+}
+
+// The input rows of token (b, s): z_{s-2}, z_{s-1}, z_s of its own sequence row, null before it.
+struct TokenRows {
+  const float *zm2, *zm1, *z0;
+};
+inline TokenRows token_rows(const float* z, int64_t bt, int64_t T, int64_t C) {
+  const float* zb = z + (bt / T) * T * C;
+  const int64_t s = bt % T;
+  return {s >= 2 ? zb + (s - 2) * C : nullptr, s >= 1 ? zb + (s - 1) * C : nullptr, zb + s * C};
+}
+
+// Grouped conv of one head for one token from its interleaved depthwise pair: the definition (and
+// the decode step, and the forward without AVX-512).
+inline void grouped_head(float* out, const float* dd, int64_t c0, int64_t hd, const float* gw, const float* gb) {
+  for (int64_t o = c0; o < c0 + hd; ++o) out[o] = gb[o] + dotf(gw + o * 2 * hd, dd, 2 * hd);
+}
+
+constexpr int64_t kRows = 64;  // tokens per forward task
+constexpr int64_t kTok = 64;   // tokens per backward block: its depthwise pairs and E rows stay in L1/L2
 
 }  // namespace
 
@@ -66,139 +111,170 @@ constexpr int64_t kLanes = 16;  // dotf's partial sums
 // ill-conditioned, and the HF parity test's 1e-4 bound on it holds with this order (2e-5) but not
 // with a single FMA chain over the 2·hd inputs (1.3e-4; both are fp32 rounding, and HF in float64
 // is 1.3e-4 from HF in fp32 there too: docs/results/model-cpu.md). dotf keeps 16 partial sums, lane
-// l an FMA chain over the inputs k ≡ l (mod 16), then adds them in a fixed tree. Each lane is
-// itself a small matrix product over every 16th input, so per (token block, head) the conv is 16
-// tile products P_l = DD[:, l::16]·Wᵀ[l::16, :] and dotf's tree over them, elementwise: the same
-// bits as dotf per output, vectorized over the head's outputs instead of one horizontal sum each
-// (dotf's `acc += a·b` compiles to an FMA, as mm's chain; the decode step still calls dotf, and
-// CcaConv.DecodeEqualsFullForwardAtEveryPosition checks the two bitwise).
+// l an FMA chain over the inputs k ≡ l (mod 16), then adds them in sum16's tree. With AVX-512 those
+// 16 lanes are one register: acc = fma(gw_o[16j..], dd[16j..], acc) for j = 0, 1, ... (the last
+// vector masked, which adds exact zeros), 4 tokens × 4 outputs at a time so 16 chains hide the FMA
+// latency and each load feeds 4 FMAs; sum16_x16 then applies the tree to 16 outputs' registers at
+// once. The decode step calls dotf itself, and CcaConv.DecodeEqualsFullForwardAtEveryPosition
+// checks the two bitwise.
 void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, const float* gw,
                   const float* gb, int64_t B, int64_t T, int64_t heads, int64_t hd) {
   const int64_t C = heads * hd, N = B * T, K2 = 2 * hd, nblk = (N + kRows - 1) / kRows;
-  // gwT[g][k][o] = gw[g·hd + o][k]: row k holds input k's weights for the head's hd outputs (mm's B).
-  std::vector<float> gwT(static_cast<size_t>(C * K2));
-  for (int64_t g = 0; g < heads; ++g)
-    for (int64_t o = 0; o < hd; ++o)
-      for (int64_t k = 0; k < K2; ++k) gwT[(g * K2 + k) * hd + o] = gw[(g * hd + o) * K2 + k];
+  const Taps taps(dw, C);
+#if defined(__AVX512F__)
+  const int64_t J = (K2 + 15) / 16, K2p = 16 * J;  // vectors per dot; dd rows padded with zeros to K2p
+  const __mmask16 last = first_lanes(K2 - 16 * (J - 1));
 #pragma omp parallel
   {
-    float* dd = scratch<0>(kRows * K2);
-    float* P = scratch<1>(kLanes * kRows * hd);
+    float* dd = scratch<0>(kRows * K2p);
+    float* acc = scratch<1>(4 * 16 * 16);  // [token][output][lane] of 4 tokens × 16 outputs
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < nblk * heads; ++task) {
       const int64_t g = task % heads, r0 = (task / heads) * kRows, nr = std::min(kRows, N - r0);
-      for (int64_t r = 0; r < nr; ++r) {
-        const int64_t bt = r0 + r;
-        float* d = dd + r * K2;
-        depthwise_pair(d, d + 1, 2, z + (bt / T) * T * C, bt % T, C, g * hd, hd, dw, db);
+      const int64_t nr4 = (nr + 3) / 4 * 4;
+      for (int64_t r = 0; r < nr4; ++r) {
+        float* d = dd + r * K2p;
+        if (r < nr) {
+          const TokenRows zr = token_rows(z, r0 + r, T, C);
+          depthwise_pair<true>(d, zr.zm2, zr.zm1, zr.z0, g * hd, hd, taps, db);
+          std::fill(d + K2, d + K2p, 0.0f);
+        } else {
+          std::fill(d, d + K2p, 0.0f);  // rows past the block's end: computed, never stored
+        }
       }
-      // P_l [nr, hd] (ld hd) = Σ over k = l, l+16, … < K2 of DD[:, k]·gwT[k, :], one FMA chain from 0.
-      for (int64_t l = 0; l < kLanes; ++l) {
-        const int64_t len = l < K2 ? (K2 - l + kLanes - 1) / kLanes : 0;
-        mm(P + l * kRows * hd, hd, dd + l, K2, kLanes, gwT.data() + (g * K2 + std::min(l, K2 - 1)) * hd,
-           kLanes * hd, nr, hd, len, false);
-      }
-      // dotf's tree: lanes l += l+8, then l += l+4, then (0 + 2) + (1 + 3).
-      const int64_t m = nr * hd;
-      auto lane = [&](int64_t l) { return P + l * kRows * hd; };
-      for (int64_t l = 0; l < 8; ++l)
-        for (int64_t e = 0; e < m; ++e) lane(l)[e] += lane(l + 8)[e];
-      for (int64_t l = 0; l < 4; ++l)
-        for (int64_t e = 0; e < m; ++e) lane(l)[e] += lane(l + 4)[e];
-      for (int64_t r = 0; r < nr; ++r) {
-        float* o = out + (r0 + r) * C + g * hd;
-        const float* b = gb + g * hd;
-        const int64_t e0 = r * hd;
-        for (int64_t i = 0; i < hd; ++i)
-          o[i] = b[i] + ((lane(0)[e0 + i] + lane(2)[e0 + i]) + (lane(1)[e0 + i] + lane(3)[e0 + i]));
+      for (int64_t r4 = 0; r4 < nr; r4 += 4) {
+        const float* x = dd + r4 * K2p;
+        for (int64_t o0 = 0; o0 < hd; o0 += 16) {
+          for (int64_t og = 0; og < 16; og += 4) {
+            const float* wr[4];  // outputs past hd reuse the last row: computed, never stored
+            for (int q = 0; q < 4; ++q) wr[q] = gw + (g * hd + std::min(o0 + og + q, hd - 1)) * K2;
+            __m512 a[4][4];
+            for (auto& row : a)
+              for (__m512& v : row) v = _mm512_setzero_ps();
+            for (int64_t j = 0; j < J; ++j) {
+              const __mmask16 m = j + 1 < J ? __mmask16(0xFFFF) : last;
+              __m512 w[4];
+              for (int q = 0; q < 4; ++q) w[q] = _mm512_maskz_loadu_ps(m, wr[q] + 16 * j);
+              for (int r = 0; r < 4; ++r) {
+                const __m512 xv = _mm512_loadu_ps(x + r * K2p + 16 * j);
+                for (int q = 0; q < 4; ++q) a[r][q] = _mm512_fmadd_ps(w[q], xv, a[r][q]);
+              }
+            }
+            for (int r = 0; r < 4; ++r)
+              for (int q = 0; q < 4; ++q) _mm512_storeu_ps(acc + (r * 16 + og + q) * 16, a[r][q]);
+          }
+          const __mmask16 mo = first_lanes(hd - o0);
+          const __m512 bias = _mm512_maskz_loadu_ps(mo, gb + g * hd + o0);
+          for (int64_t r = 0; r < std::min<int64_t>(4, nr - r4); ++r)
+            _mm512_mask_storeu_ps(out + (r0 + r4 + r) * C + g * hd + o0, mo,
+                                  _mm512_add_ps(bias, sum16_x16(acc + r * 256)));
+        }
       }
     }
   }
+#else
+#pragma omp parallel
+  {
+    float* dd = scratch<0>(K2);
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < N; ++bt) {
+      const TokenRows zr = token_rows(z, bt, T, C);
+      for (int64_t g = 0; g < heads; ++g) {
+        depthwise_pair<true>(dd, zr.zm2, zr.zm1, zr.z0, g * hd, hd, taps, db);
+        grouped_head(out + bt * C, dd, g * hd, hd, gw, gb);
+      }
+    }
+  }
+  (void)nblk;
+#endif
 }
 
-// Backward, in a planar layout: per token and head, [tap][i] instead of the weight's [i][tap], so the
-// elementwise tail reads each tap contiguously (the interleaved layout made it read at stride 2).
-// gwp[o][tap][i] = gw[o][i][tap]; dd[n][g][tap][i] = d_{t+tap}[g·hd + i]. Per head g:
-//   E_g = dout_g · gwp_g  (E[n][g][tap][i]: the gradient reaching depthwise slot t+tap)
-//   dgw_g += dout_gᵀ · dd_g  (computed planar, then added in the weight's order),
-// as tile products, each element one ordered FMA chain; then elementwise per channel block, over
-// (b, s) in order:
+// Backward, one head per task (tokens in order, so every sum below is one chain in a fixed order:
+// bitwise deterministic for any thread count). In a planar layout, per token, [tap][i]:
+// gwp[o][tap][i] = gw[o][i][tap], dd[n][tap][i] = d_{t+tap}[g·hd + i]. Per block of kTok tokens:
+//   dgw_g += doutᵀ · dd  (one FMA chain per element over all tokens; added in the weight's order
+//                         at the end),
+//   E = dout · gwp       (E[n][tap][i]: the gradient reaching depthwise slot t+tap),
+// and then elementwise, 16 channels per vector, over the block's (b, s) in order:
 //   G_s      = E_s[0] + E_{s-1}[1]           (total gradient of depthwise slot s, s ∈ [0, T])
 //   ddb += G_s, ddw[·,0] += G_s·z_{s-2}, ddw[·,1] += G_s·z_{s-1},
-//   dz_t = G_{t+1}·dw[·,1] + G_{t+2}·dw[·,0],  dgb += dout_t.
-// Every output element has one writer and a fixed order: bitwise deterministic for any thread count.
+//   dz_t = G_{t+1}·dw[·,1] + G_{t+2}·dw[·,0],  dgb += dout_t,
+// with G_{s-1} and E_{s-1}[1] carried from block to block.
 void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, const float* dout,
                   const float* z, const float* dw, const float* db, const float* gw, int64_t B,
                   int64_t T, int64_t heads, int64_t hd) {
-  const int64_t C = heads * hd, N = B * T, K2 = 2 * hd, C2 = 2 * C, nblk = (N + kRows - 1) / kRows;
-  std::vector<float> gwp(static_cast<size_t>(C * K2)), dgwp(static_cast<size_t>(C * K2));
+  const int64_t C = heads * hd, K2 = 2 * hd;
+  std::vector<float> gwp(static_cast<size_t>(C * K2));
   for (int64_t o = 0; o < C; ++o)
     for (int64_t i = 0; i < hd; ++i)
       for (int64_t tap = 0; tap < 2; ++tap) gwp[o * K2 + tap * hd + i] = gw[o * K2 + 2 * i + tap];
-  float* dd = scratch<2>(N * C2);  // every element of dd and E is written before it is read
-  float* E = scratch<3>(N * C2);
-  constexpr int64_t kTok = 256;  // tokens per dgw step: that slice of dd stays in L2 for all of a head's rows
-  constexpr int64_t kCh = 64;  // channels per tail task: its inner loops vectorize over them
-  const int64_t cblk = (hd + kCh - 1) / kCh;
+  const Taps taps(dw, C);
 #pragma omp parallel
   {
-#pragma omp for schedule(static)
-    for (int64_t bt = 0; bt < N; ++bt)
-      for (int64_t g = 0; g < heads; ++g) {
-        float* d = dd + bt * C2 + g * K2;
-        depthwise_pair(d, d + hd, 1, z + (bt / T) * T * C, bt % T, C, g * hd, hd, dw, db);
-      }
-    // (implicit barrier: dd is complete)
-#pragma omp for schedule(static) nowait
-    for (int64_t task = 0; task < heads * nblk; ++task) {
-      const int64_t g = task / nblk, r0 = (task % nblk) * kRows, nr = std::min(kRows, N - r0);
-      mm(E + r0 * C2 + g * K2, C2, dout + r0 * C + g * hd, C, 1, gwp.data() + g * hd * K2, K2, nr, K2, hd,
-         false);
-    }
+    float* dd = scratch<2>(kTok * K2);
+    float* E = scratch<3>(kTok * K2);
+    float* dgwp = scratch<4>(hd * K2);
+    // Per channel of the head: carried G_{s-1} and E_{s-1}[1], and the four bias/tap gradient sums.
+    float* state = scratch<5>(6 * hd);
+    float *Gp = state, *E1 = state + hd, *sdb = state + 2 * hd, *sw0 = state + 3 * hd, *sw1 = state + 4 * hd,
+          *sgb = state + 5 * hd;
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < heads; ++g) {
-      float* dgw_g = dgwp.data() + g * hd * K2;
-      for (int64_t n0 = 0; n0 < N; n0 += kTok)  // one FMA chain per element over the tokens, in order
-        mm(dgw_g, K2, dout + n0 * C + g * hd, 1, C, dd + n0 * C2 + g * K2, C2, hd, K2, std::min(kTok, N - n0),
-           n0 > 0);
-      for (int64_t o = g * hd; o < (g + 1) * hd; ++o)
-        for (int64_t i = 0; i < hd; ++i)
-          for (int64_t tap = 0; tap < 2; ++tap) dgw[o * K2 + 2 * i + tap] += dgwp[o * K2 + tap * hd + i];
-    }
-    // (implicit barrier: E is complete)
-#pragma omp for schedule(static)
-    for (int64_t task = 0; task < heads * cblk; ++task) {
-      const int64_t g = task / cblk, i0 = (task % cblk) * kCh, nc = std::min(kCh, hd - i0), c0 = g * hd + i0;
-      float G[kCh], Gp[kCh], sdb[kCh], sw0[kCh], sw1[kCh], sgb[kCh], w0[kCh], w1[kCh];
-      for (int64_t i = 0; i < nc; ++i) {
+      const int64_t c0 = g * hd;
+      for (int64_t i = 0; i < hd; ++i)  // the gradients accumulate: their chains continue from there
         sdb[i] = ddb[c0 + i], sw0[i] = ddw[2 * (c0 + i)], sw1[i] = ddw[2 * (c0 + i) + 1], sgb[i] = dgb[c0 + i];
-        w0[i] = dw[2 * (c0 + i)], w1[i] = dw[2 * (c0 + i) + 1];
-      }
       for (int64_t b = 0; b < B; ++b) {
+        std::fill(Gp, Gp + 2 * hd, 0.0f);  // G_{-1} and E_{-1}[1]: nothing before the sequence
         const float* zb = z + b * T * C + c0;
-        const float* e0 = E + b * T * C2 + g * K2 + i0;  // tap 0 of token (b, s): e0[s·C2]
-        const float* e1 = e0 + hd;                               // tap 1
+        const float* doutb = dout + b * T * C + c0;
         float* dzb = dz + b * T * C + c0;
-        for (int64_t i = 0; i < nc; ++i) Gp[i] = 0.0f;
-        for (int64_t s = 0; s <= T + 1; ++s) {  // slot T+1 does not exist: G = 0 there, for dz_{T-1}
-          for (int64_t i = 0; i < nc; ++i) G[i] = (s < T ? e0[s * C2 + i] : 0.0f) + (s >= 1 && s <= T ? e1[(s - 1) * C2 + i] : 0.0f);
-          if (s <= T)
-            for (int64_t i = 0; i < nc; ++i) {
-              const float a = s >= 2 ? zb[(s - 2) * C + i] : 0.0f, p = s >= 1 ? zb[(s - 1) * C + i] : 0.0f;
-              sdb[i] += G[i];
-              sw0[i] += G[i] * a;
-              sw1[i] += G[i] * p;
+        // One elementwise step at slot s (s ≤ T+1) from G_s; 16 channels [i, i+16) of the head.
+        auto step = [&](int64_t s, int64_t i, VecF G, VecF& gp, VecF& s_db, VecF& s_w0, VecF& s_w1,
+                        VecF w0, VecF w1, int64_t n) {
+          if (s <= T) {
+            const VecF a = s >= 2 ? VecF::load(zb + (s - 2) * C + i, n) : VecF::zero();
+            const VecF p = s >= 1 ? VecF::load(zb + (s - 1) * C + i, n) : VecF::zero();
+            s_db = s_db + G;
+            s_w0 = fma(G, a, s_w0);
+            s_w1 = fma(G, p, s_w1);
+          }
+          if (s >= 2) fma(G, w0, gp * w1).store(dzb + (s - 2) * C + i, n);
+          gp = G;
+        };
+        for (int64_t t0 = 0; t0 < T; t0 += kTok) {
+          const int64_t nt = std::min(kTok, T - t0), n0 = b * T + t0;
+          for (int64_t r = 0; r < nt; ++r) {
+            const TokenRows zr = token_rows(z, n0 + r, T, C);
+            depthwise_pair<false>(dd + r * K2, zr.zm2, zr.zm1, zr.z0, c0, hd, taps, db);
+          }
+          mm(dgwp, K2, dout + n0 * C + c0, 1, C, dd, K2, hd, K2, nt, n0 > 0);
+          mm(E, K2, dout + n0 * C + c0, C, 1, gwp.data() + c0 * K2, K2, nt, K2, hd, false);
+          for (int64_t i = 0; i < hd; i += VecF::kLanes) {
+            const int64_t n = std::min<int64_t>(VecF::kLanes, hd - i);
+            VecF gp = VecF::load(Gp + i, n), e1 = VecF::load(E1 + i, n), s_db = VecF::load(sdb + i, n),
+                 s_w0 = VecF::load(sw0 + i, n), s_w1 = VecF::load(sw1 + i, n), s_gb = VecF::load(sgb + i, n);
+            const VecF w0 = VecF::load(taps.w0.data() + c0 + i, n), w1 = VecF::load(taps.w1.data() + c0 + i, n);
+            for (int64_t r = 0; r < nt; ++r) {
+              const int64_t s = t0 + r;
+              const VecF G = VecF::load(E + r * K2 + i, n) + e1;
+              e1 = VecF::load(E + r * K2 + hd + i, n);
+              step(s, i, G, gp, s_db, s_w0, s_w1, w0, w1, n);
+              s_gb = s_gb + VecF::load(doutb + s * C + i, n);
             }
-          if (s >= 2)
-            for (int64_t i = 0; i < nc; ++i) dzb[(s - 2) * C + i] = Gp[i] * w1[i] + G[i] * w0[i];
-          for (int64_t i = 0; i < nc; ++i) Gp[i] = G[i];
+            if (t0 + nt == T) {  // the sequence's end: slot T (G = E_{T-1}[1]) and T+1 (G = 0) for dz
+              step(T, i, VecF::zero() + e1, gp, s_db, s_w0, s_w1, w0, w1, n);
+              step(T + 1, i, VecF::zero(), gp, s_db, s_w0, s_w1, w0, w1, n);
+            }
+            gp.store(Gp + i, n), e1.store(E1 + i, n), s_db.store(sdb + i, n), s_w0.store(sw0 + i, n);
+            s_w1.store(sw1 + i, n), s_gb.store(sgb + i, n);
+          }
         }
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t i = 0; i < nc; ++i) sgb[i] += dout[(b * T + t) * C + c0 + i];
       }
-      for (int64_t i = 0; i < nc; ++i) {
+      for (int64_t i = 0; i < hd; ++i)
         ddb[c0 + i] = sdb[i], ddw[2 * (c0 + i)] = sw0[i], ddw[2 * (c0 + i) + 1] = sw1[i], dgb[c0 + i] = sgb[i];
-      }
+      for (int64_t o = 0; o < hd; ++o)
+        for (int64_t i = 0; i < hd; ++i)
+          for (int64_t tap = 0; tap < 2; ++tap) dgw[(c0 + o) * K2 + 2 * i + tap] += dgwp[o * K2 + tap * hd + i];
     }
   }
 }
@@ -206,18 +282,19 @@ void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, con
 void cca_conv_decode(float* out, float* state, const float* z, const float* dw, const float* db,
                      const float* gw, const float* gb, int64_t B, int64_t heads, int64_t hd) {
   const int64_t C = heads * hd;
-  std::vector<float> win(3 * C), dd(2 * hd);
+  const Taps taps(dw, C);
+  std::vector<float> dd(2 * hd);
   for (int64_t b = 0; b < B; ++b) {
-    // The window [z_{t-2}, z_{t-1}, z_t] laid out as a 3-step sequence; slot 2 of its depthwise
-    // conv is d_t and slot 3 is d_{t+1}, exactly what the full forward computes at position t.
+    // The window [z_{t-2}, z_{t-1}, z_t]: slot t of the depthwise conv is d_t, slot t+1 is d_{t+1},
+    // exactly what the full forward computes at position t.
     float* st = state + b * 2 * C;
-    std::copy(st, st + 2 * C, win.begin());
-    std::copy(z + b * C, z + (b + 1) * C, win.begin() + 2 * C);
+    const float* zt = z + b * C;
     for (int64_t g = 0; g < heads; ++g) {
-      depthwise_pair(dd.data(), dd.data() + 1, 2, win.data(), 2, C, g * hd, hd, dw, db);
+      depthwise_pair<true>(dd.data(), st, st + C, zt, g * hd, hd, taps, db);
       grouped_head(out + b * C, dd.data(), g * hd, hd, gw, gb);
     }
-    std::copy(win.begin() + C, win.end(), st);
+    std::copy(st + C, st + 2 * C, st);
+    std::copy(zt, zt + C, st + C);
   }
 }
 

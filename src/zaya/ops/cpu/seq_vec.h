@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -22,6 +23,81 @@ inline float sum16(float acc[16]) {
   for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
   return (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
+
+#if defined(__AVX512F__)
+// The mask of the first n lanes (n clamped to [0, 16]).
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1u);
+}
+
+// sum16 of 16 vectors at once: lane o of the result is sum16(acc + 16·o), the 16 partial sums of
+// output o ([output][lane] in memory), with the same additions in the same tree, so the bits equal
+// sum16's (tests/ops/test_dense.cc, Sum16x16EqualsSum16). Each stage adds the two halves of every
+// output's remaining partials after moving them into matching lanes: 30 shuffles and 15 adds for 16
+// outputs, where 16 separate horizontal sums would take ~4× the instructions.
+inline __m512 sum16_x16(const float* acc) {
+  // The masked forms with every lane selected: GCC 12's plain ones pass an undefined vector and warn.
+  auto quarters = [](__m512 a, __m512 b, auto imm) {
+    return _mm512_mask_shuffle_f32x4(a, 0xFFFF, a, b, decltype(imm)::value);
+  };
+  using I44 = std::integral_constant<int, 0x44>;
+  using IEE = std::integral_constant<int, 0xEE>;
+  using I88 = std::integral_constant<int, 0x88>;
+  using IDD = std::integral_constant<int, 0xDD>;
+  __m512 h[8], q[4], e[2];
+  for (int k = 0; k < 8; ++k) {  // l += l+8: output 2k's 8 sums in 128-bit lanes 0-1, 2k+1's in 2-3
+    const __m512 a = _mm512_loadu_ps(acc + 32 * k), b = _mm512_loadu_ps(acc + 32 * k + 16);
+    h[k] = _mm512_add_ps(quarters(a, b, I44{}), quarters(a, b, IEE{}));
+  }
+  for (int k = 0; k < 4; ++k)  // l += l+4: output 4k+c's 4 sums in 128-bit lane c
+    q[k] = _mm512_add_ps(quarters(h[2 * k], h[2 * k + 1], I88{}), quarters(h[2 * k], h[2 * k + 1], IDD{}));
+  for (int k = 0; k < 2; ++k)  // lane c of e[k]: [0+2, 1+3] of output 8k+c, then of 8k+4+c
+    e[k] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * k], q[2 * k + 1], 0x44), _mm512_shuffle_ps(q[2 * k], q[2 * k + 1], 0xEE));
+  // (0+2) + (1+3): element 4c + j now holds output c + 4j; the permute puts output o at element o.
+  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_mask_permutexvar_ps(t, 0xFFFF, order, t);
+}
+#endif
+
+// 16 floats: one AVX-512 register, or a plain array without AVX-512 (the same IEEE operations
+// lane by lane). load and store take the count n of valid lanes: the rest read as zero and are not
+// written.
+struct VecF {
+  static constexpr int64_t kLanes = 16;
+#if defined(__AVX512F__)
+  __m512 v;
+  static VecF zero() { return {_mm512_setzero_ps()}; }
+  static VecF load(const float* p, int64_t n) { return {_mm512_maskz_loadu_ps(first_lanes(n), p)}; }
+  void store(float* p, int64_t n) const { _mm512_mask_storeu_ps(p, first_lanes(n), v); }
+  friend VecF operator+(VecF a, VecF b) { return {_mm512_add_ps(a.v, b.v)}; }
+  friend VecF operator*(VecF a, VecF b) { return {_mm512_mul_ps(a.v, b.v)}; }
+  friend VecF fma(VecF a, VecF b, VecF c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+#else
+  float v[16];
+  static VecF zero() { return {}; }
+  static VecF load(const float* p, int64_t n) {
+    VecF r{};
+    for (int64_t l = 0; l < std::min<int64_t>(n, 16); ++l) r.v[l] = p[l];
+    return r;
+  }
+  void store(float* p, int64_t n) const {
+    for (int64_t l = 0; l < std::min<int64_t>(n, 16); ++l) p[l] = v[l];
+  }
+  friend VecF operator+(VecF a, VecF b) {
+    for (int l = 0; l < 16; ++l) a.v[l] += b.v[l];
+    return a;
+  }
+  friend VecF operator*(VecF a, VecF b) {
+    for (int l = 0; l < 16; ++l) a.v[l] *= b.v[l];
+    return a;
+  }
+  friend VecF fma(VecF a, VecF b, VecF c) {
+    for (int l = 0; l < 16; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
+    return c;
+  }
+#endif
+};
 
 inline float dotf(const float* a, const float* b, int64_t n) {
   float acc[16] = {};
