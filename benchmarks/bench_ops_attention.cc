@@ -21,9 +21,9 @@ using namespace zaya;
 
 Tensor rnd(const Shape& s, uint64_t seed) { return bench::random_normal(s, seed); }
 
-// Args: T, hd, nq, nkv.
+// Args: B, T, hd, nq, nkv.
 void BM_AttentionForward(benchmark::State& st) {
-  const int64_t B = 1, T = st.range(0), hd = st.range(1), nq = st.range(2), nkv = st.range(3);
+  const int64_t B = st.range(0), T = st.range(1), hd = st.range(2), nq = st.range(3), nkv = st.range(4);
   Tensor q = rnd({B, T, nq, hd}, 1), k = rnd({B, T, nkv, hd}, 2), v = rnd({B, T, nkv, hd}, 3);
   Tensor o = Tensor::empty(q.shape(), DType::f32), lse = Tensor::empty({B, nq, T}, DType::f32);
   for (auto _ : st) ops::attention_forward(o, lse, q, k, v, B, T, nq, nkv, hd);
@@ -32,7 +32,7 @@ void BM_AttentionForward(benchmark::State& st) {
 }
 
 void BM_AttentionBackward(benchmark::State& st) {
-  const int64_t B = 1, T = st.range(0), hd = st.range(1), nq = st.range(2), nkv = st.range(3);
+  const int64_t B = st.range(0), T = st.range(1), hd = st.range(2), nq = st.range(3), nkv = st.range(4);
   Tensor q = rnd({B, T, nq, hd}, 1), k = rnd({B, T, nkv, hd}, 2), v = rnd({B, T, nkv, hd}, 3);
   Tensor o = Tensor::empty(q.shape(), DType::f32), lse = Tensor::empty({B, nq, T}, DType::f32);
   Tensor dout = rnd(q.shape(), 4), dq = Tensor::empty(q.shape(), DType::f32);
@@ -45,9 +45,10 @@ void BM_AttentionBackward(benchmark::State& st) {
 
 void attention_args(benchmark::internal::Benchmark* b) {
   for (int64_t T : {256, 1024, 4096}) {
-    b->Args({T, 128, 8, 2});  // ZAYA1
-    b->Args({T, 64, 4, 2});   // the demo config
+    b->Args({1, T, 128, 8, 2});  // ZAYA1
+    b->Args({1, T, 64, 4, 2});   // the demo config
   }
+  b->Args({8, 256, 64, 4, 2});  // the demo's training step: 8 rows of 256 tokens
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 BENCHMARK(BM_AttentionForward)->Apply(attention_args);

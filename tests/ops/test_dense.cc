@@ -391,6 +391,18 @@ TEST(SeqVec, Sum16x16EqualsSum16) {
 }
 #endif
 
+#if defined(__AVX512F__)
+TEST(SeqVec, Transpose16) {
+  std::vector<float> src(16 * 21), dst(16 * 19, -1.0f);  // padded leading dimensions 21 and 19
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
+  cpu::transpose16(dst.data(), 19, src.data(), 21);
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) ASSERT_EQ(dst[c * 19 + r], src[r * 21 + c]) << r << "," << c;
+  for (int c = 0; c < 16; ++c)
+    for (int r = 16; r < 19; ++r) EXPECT_EQ(dst[c * 19 + r], -1.0f);  // nothing past 16 written
+}
+#endif
+
 TEST(Activations, Silu) { check_elementwise(silu_forward, silu_backward, silu_d); }
 TEST(Activations, GeluExactErf) { check_elementwise(gelu_forward, gelu_backward, gelu_d); }
 

@@ -35,6 +35,18 @@ inline void exp_inplace(float* x, int64_t n) {
 // products can always run over 64 keys (padded keys get P = 0).
 inline void load_block(float* Xt, float* X, const float* src, int64_t j0, int64_t nj, int64_t nkv, int64_t hk,
                        int64_t hd) {
+#if defined(__AVX512F__)
+  if (nj == kBlock && hd % 16 == 0) {  // whole 16×16 squares: transposed in registers
+    for (int64_t j = 0; j < kBlock; j += 16)
+      for (int64_t d = 0; d < hd; d += 16) {
+        const float* rows = src + ((j0 + j) * nkv + hk) * hd + d;
+        transpose16(Xt + d * kBlock + j, kBlock, rows, nkv * hd);
+        if (X)
+          for (int64_t r = 0; r < 16; ++r) std::copy_n(rows + r * nkv * hd, 16, X + (j + r) * hd + d);
+      }
+    return;
+  }
+#endif
   for (int64_t j = 0; j < kBlock; ++j) {
     const float* row = src + ((j0 + j) * nkv + hk) * hd;
     for (int64_t d = 0; d < hd; ++d) {
@@ -100,14 +112,14 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
           // Online softmax: rescale what was accumulated under the old max.
           const float alpha = std::exp(m[ii] - mx);  // exp(−inf) = 0 on the first block
           m[ii] = mx;
-          for (int64_t j = 0; j < jn; ++j) s[j] -= mx;
-          exp_inplace(s, jn);
+          // P = exp(s − max) in place, summed in 16 lanes (a single sum chain is 64 dependent adds).
+          const float sum = exp_store_sum(s, s, jn, mx);
           for (int64_t j = jn; j < kBlock; ++j) s[j] = 0.0f;
-          float sum = 0.0f;
-          for (int64_t j = 0; j < jn; ++j) sum += s[j];
           l[ii] = l[ii] * alpha + sum;
-          float* a = acc.data() + ii * hd;
-          for (int64_t d = 0; d < hd; ++d) a[d] *= alpha;
+          if (alpha != 1.0f) {  // the max did not move: nothing to rescale
+            float* a = acc.data() + ii * hd;
+            for (int64_t d = 0; d < hd; ++d) a[d] *= alpha;
+          }
         }
         mm(acc.data(), hd, S.data(), kBlock, 1, Vsrc, ldv, ni, hd, kBlock, true);  // acc += P·V
       }
@@ -210,10 +222,7 @@ void attention_decode(float* out, const float* q, const float* kc, const float* 
         s[j] = dotf(qi, kb_ + (j * nkv + hk) * hd, hd) * scale;
         mx = std::max(mx, s[j]);
       }
-      for (int64_t j = 0; j < S; ++j) s[j] -= mx;
-      exp_inplace(s.data(), S);
-      float sum = 0.0f;
-      for (int64_t j = 0; j < S; ++j) sum += s[j];
+      const float sum = exp_store_sum(s.data(), s.data(), S, mx);
       float* o = out + bh * hd;
       std::fill_n(o, hd, 0.0f);
       for (int64_t j = 0; j < S; ++j) axpyf(o, s[j], vb_ + (j * nkv + hk) * hd, hd);

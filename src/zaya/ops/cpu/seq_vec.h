@@ -60,6 +60,49 @@ inline __m512 sum16_x16(const float* acc) {
 }
 #endif
 
+#if defined(__AVX512F__)
+// dst[c·ldd + r] = src[r·lds + c] for r, c < 16: a 16×16 transpose in registers (4 rounds of
+// unpack/shuffle, 64 shuffles for 256 elements instead of 256 scalar loads and strided stores).
+inline void transpose16(float* dst, int64_t ldd, const float* src, int64_t lds) {
+  // The masked forms with every lane selected: GCC 12's plain ones pass an undefined vector and warn.
+  auto lo32 = [](__m512 a, __m512 b) { return _mm512_mask_unpacklo_ps(a, 0xFFFF, a, b); };
+  auto hi32 = [](__m512 a, __m512 b) { return _mm512_mask_unpackhi_ps(a, 0xFFFF, a, b); };
+  auto lo64 = [](__m512 a, __m512 b) {
+    return _mm512_castpd_ps(_mm512_mask_unpacklo_pd(_mm512_castps_pd(a), 0xFF, _mm512_castps_pd(a), _mm512_castps_pd(b)));
+  };
+  auto hi64 = [](__m512 a, __m512 b) {
+    return _mm512_castpd_ps(_mm512_mask_unpackhi_pd(_mm512_castps_pd(a), 0xFF, _mm512_castps_pd(a), _mm512_castps_pd(b)));
+  };
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 16; i += 2) {  // pairs of rows: elements interleaved
+    t[i] = lo32(r[i], r[i + 1]);
+    t[i + 1] = hi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // quads: 64-bit pairs interleaved
+    r[i] = lo64(t[i], t[i + 2]);
+    r[i + 1] = hi64(t[i], t[i + 2]);
+    r[i + 2] = lo64(t[i + 1], t[i + 3]);
+    r[i + 3] = hi64(t[i + 1], t[i + 3]);
+  }
+  // Now r[4q + k] holds, in 128-bit lane L, column 4L + k of rows 4q..4q+3; two rounds of 128-bit
+  // shuffles gather each column's four row-quads into one register.
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_mask_shuffle_f32x4(r[i], 0xFFFF, r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_mask_shuffle_f32x4(r[i], 0xFFFF, r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_mask_shuffle_f32x4(r[i + 8], 0xFFFF, r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_mask_shuffle_f32x4(r[i + 8], 0xFFFF, r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_mask_shuffle_f32x4(t[i], 0xFFFF, t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_mask_shuffle_f32x4(t[i], 0xFFFF, t[i], t[i + 8], 0xDD);
+    r[i + 4] = _mm512_mask_shuffle_f32x4(t[i + 4], 0xFFFF, t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_mask_shuffle_f32x4(t[i + 4], 0xFFFF, t[i + 4], t[i + 12], 0xDD);
+  }
+  for (int c = 0; c < 16; ++c) _mm512_storeu_ps(dst + c * ldd, r[c]);  // r[c]: column c
+}
+#endif
+
 // 16 floats: one AVX-512 register, or a plain array without AVX-512 (the same IEEE operations
 // lane by lane). load and store take the count n of valid lanes: the rest read as zero and are not
 // written.
