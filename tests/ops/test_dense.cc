@@ -392,6 +392,24 @@ TEST(SeqVec, Sum16x16EqualsSum16) {
 #endif
 
 #if defined(__AVX512F__)
+TEST(SeqVec, ExpFastVectorMatchesScalar) {
+  // The attention kernels' 16-lane exp against expf_fast (itself ~1 ulp from exp in double, tested
+  // through softmax and SwiGLU): the same operations, so equal bits wherever the scalar form's
+  // `a * b + c` contracts to the FMA the vector form uses; 1 ulp allowed where it does not.
+  std::vector<float> x;
+  for (float v = -100.0f; v <= 100.0f; v += 0.01171875f) x.push_back(v);
+  for (float v : {0.0f, -0.0f, -87.0f, 88.0f, -1e-30f, 1e-30f, -INFINITY}) x.push_back(v);
+  while (x.size() % 16) x.push_back(0.5f);
+  for (size_t i = 0; i < x.size(); i += 16) {
+    float y[16];
+    _mm512_storeu_ps(y, cpu::expf_fast_v(_mm512_loadu_ps(x.data() + i)));
+    for (int l = 0; l < 16; ++l) {
+      const float s = cpu::expf_fast(x[i + l]);
+      ASSERT_LE(std::abs(std::bit_cast<int32_t>(y[l]) - std::bit_cast<int32_t>(s)), 1) << "x = " << x[i + l];
+    }
+  }
+}
+
 TEST(SeqVec, Transpose16) {
   std::vector<float> src(16 * 21), dst(16 * 19, -1.0f);  // padded leading dimensions 21 and 19
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);

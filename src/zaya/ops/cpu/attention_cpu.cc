@@ -60,6 +60,20 @@ inline void load_block(float* Xt, float* X, const float* src, int64_t j0, int64_
 // P[ii][j] = exp(scale·S[ii][j] − L_i) for the causal, in-range keys of a tile and exactly 0 for the
 // others (masked or padded), so they add nothing to any product.
 inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_t j0, int64_t nj, float scale) {
+#if defined(__AVX512F__)
+  static_assert(kBlock == 64);
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t ii = 0; ii < ni; ++ii) {  // 4 masked vectors per row: no scalar tails on diagonal tiles
+    float* p = P + ii * kBlock;
+    const int64_t jn = std::min(nj, i0 + ii - j0 + 1);
+    const __m512 L = _mm512_set1_ps(lse_row[i0 + ii]);
+    for (int64_t v = 0; v < 4; ++v) {
+      const __mmask16 mk = first_lanes(jn - 16 * v);
+      const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(p + 16 * v), sc, L);
+      _mm512_storeu_ps(p + 16 * v, _mm512_maskz_mov_ps(mk, expf_fast_v(x)));
+    }
+  }
+#else
   for (int64_t ii = 0; ii < ni; ++ii) {
     float* p = P + ii * kBlock;
     const int64_t jn = std::min(nj, i0 + ii - j0 + 1);
@@ -68,6 +82,7 @@ inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_
     exp_inplace(p, jn);
     for (int64_t j = jn; j < kBlock; ++j) p[j] = 0.0f;
   }
+#endif
 }
 
 }  // namespace
@@ -107,6 +122,37 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
         for (int64_t ii = 0; ii < ni; ++ii) {
           float* s = S.data() + ii * kBlock;
           const int64_t jn = std::min(nj, i0 + ii - j0 + 1);  // causal: keys j ≤ i
+#if defined(__AVX512F__)
+          // The row as 4 masked vectors (diagonal tiles have every jn; scalar tails cost more than
+          // the exps): scale, max, P = exp(s − max) (0 past jn) and its sum in exp_store_sum's
+          // lane order, in registers.
+          __m512 x[4];
+          __mmask16 mk[4];
+          __m512 vmax = _mm512_set1_ps(-INFINITY);
+          for (int v = 0; v < 4; ++v) {
+            mk[v] = first_lanes(jn - 16 * v);
+            x[v] = _mm512_maskz_mul_ps(mk[v], _mm512_loadu_ps(s + 16 * v), _mm512_set1_ps(scale));
+            vmax = _mm512_mask_max_ps(vmax, mk[v], vmax, x[v]);
+          }
+          float lane_max[16];
+          _mm512_storeu_ps(lane_max, vmax);
+          const float mx = std::max(m[ii], *std::max_element(lane_max, lane_max + 16));
+          const float alpha = std::exp(m[ii] - mx);  // exp(−inf) = 0 on the first block
+          m[ii] = mx;
+          __m512 lanes = _mm512_setzero_ps();
+          for (int v = 0; v < 4; ++v) {
+            const __m512 e = _mm512_maskz_mov_ps(mk[v], expf_fast_v(_mm512_sub_ps(x[v], _mm512_set1_ps(mx))));
+            _mm512_storeu_ps(s + 16 * v, e);
+            lanes = _mm512_add_ps(lanes, e);
+          }
+          float part[16];
+          _mm512_storeu_ps(part, lanes);
+          l[ii] = l[ii] * alpha + sum16(part);
+          if (alpha != 1.0f) {  // the max did not move: nothing to rescale
+            float* a = acc.data() + ii * hd;
+            for (int64_t d = 0; d < hd; ++d) a[d] *= alpha;
+          }
+#else
           for (int64_t j = 0; j < jn; ++j) s[j] *= scale;
           const float mx = std::max(m[ii], maxf(s, jn));  // 16 lanes: a scalar max chain does not vectorize
           // Online softmax: rescale what was accumulated under the old max.
@@ -120,6 +166,7 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
             float* a = acc.data() + ii * hd;
             for (int64_t d = 0; d < hd; ++d) a[d] *= alpha;
           }
+#endif
         }
         mm(acc.data(), hd, S.data(), kBlock, 1, Vsrc, ldv, ni, hd, kBlock, true);  // acc += P·V
       }
