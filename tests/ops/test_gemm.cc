@@ -310,6 +310,37 @@ TEST(Gemm, GroupedTokenCountsDoNotBuildAPrimitiveEach) {
   }
 }
 
+TEST(Gemm, GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise) {
+  // Eight similar experts on 2 threads run side by side, one whole GEMM per thread (gemm.cc,
+  // split_problems); each must be right, and bit-identical to the same call on 1 thread (where they
+  // run one after another). f32 here; bf16 with these small weights runs on the AMX kernel where
+  // the CPU has one and through the same side-by-side path where it does not.
+  const int saved = num_threads();
+  const std::vector<int64_t> ms = {61, 47, 70, 52, 66, 58, 44, 63};
+  const int64_t n = 48, k = 80;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (GroupedForm f : {GroupedForm{Trans::N, Trans::T, 0.0f}, GroupedForm{Trans::N, Trans::N, 1.0f},
+                          GroupedForm{Trans::T, Trans::N, 1.0f}}) {
+      std::vector<std::vector<Tensor>> outs;
+      for (int threads : {2, 1, 2}) {
+        set_num_threads(threads);
+        auto [problems, refs] = make_grouped_case(f, ms, n, k, dt, 900);
+        gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
+        outs.emplace_back();
+        for (size_t g = 0; g < ms.size(); ++g) {
+          // f32 accumulation over <= 80 terms of exact products: 1e-5 as in the tests above.
+          EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5)
+              << dtype_name(dt) << " ta " << int(f.ta) << " tb " << int(f.tb) << " expert " << g;
+          outs.back().push_back(problems[g].C);
+        }
+      }
+      for (size_t r = 1; r < outs.size(); ++r)
+        for (size_t g = 0; g < ms.size(); ++g)
+          EXPECT_TRUE(same_bits(outs[0][g], outs[r][g])) << dtype_name(dt) << " run " << r << " expert " << g;
+    }
+  set_num_threads(saved);
+}
+
 TEST(Gemm, GroupedDeterministicAcrossThreadCounts) {
   int saved = num_threads();
   const int64_t n = 48, k = 96;
