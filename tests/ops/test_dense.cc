@@ -81,6 +81,11 @@ TEST(Linear, ForwardBackwardF32) {
     EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, gv)), kGradTol);
     EXPECT_LT(test::rel_error(dW, plus(dW0, fd_grad(ref, inputs, 1, gv))), kGradTol);  // accumulates
     EXPECT_LT(test::rel_error(db, plus(db0, fd_grad(ref, inputs, 2, gv))), kGradTol);
+    // accumulate_dx: dx += dy·W on top of what dx held (another path's gradient).
+    Tensor dx2 = random_tensor({n, in}, 7);
+    Vec dx20 = to_f64(dx2);
+    linear_backward(g, x, W, dx2, Tensor{}, Tensor{}, Tensor{}, /*accumulate_dx=*/true);
+    EXPECT_LT(test::rel_error(dx2, plus(dx20, fd_grad(ref, inputs, 0, gv))), kGradTol);
   }
 }
 
@@ -176,6 +181,13 @@ TEST(RmsNorm, ForwardBackward) {
     rmsnorm_backward(g, x, w, rstd, dx, dw);
     EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, gv)), kGradTol) << s.n << "x" << s.f;
     EXPECT_LT(test::rel_error(dw, plus(dw0, fd_grad(ref, inputs, 1, gv))), kGradTol) << s.n << "x" << s.f;
+    // accumulate_dx, with and without the weight gradient (two code paths).
+    for (bool with_dw : {true, false}) {
+      Tensor dx2 = random_tensor({s.n, s.f}, 5);
+      Vec dx20 = to_f64(dx2);
+      rmsnorm_backward(g, x, w, rstd, dx2, with_dw ? dw : Tensor{}, /*accumulate_dx=*/true);
+      EXPECT_LT(test::rel_error(dx2, plus(dx20, fd_grad(ref, inputs, 0, gv))), kGradTol) << s.n << "x" << s.f;
+    }
   }
 }
 

@@ -170,11 +170,9 @@ void ZayaModel::layer_backward(int l) {
     }
   }
   // h_l = W_down w + b_down; w also feeds the experts (s.dw from the gather).
-  ops::linear_backward(s.dr, t.w, p.w_down, s.dtmp, g.w_down, g.b_down);
-  add_into(s.dw, s.dtmp);
-  // w = RMSNorm_post(x_mid)
-  ops::rmsnorm_backward(s.dw, t.x_mid, p.w_post, t.rstd_post, s.dtmp, g.w_post);
-  add_into(s.dxmid, s.dtmp);
+  ops::linear_backward(s.dr, t.w, p.w_down, s.dw, g.w_down, g.b_down, {}, /*accumulate_dx=*/true);
+  // w = RMSNorm_post(x_mid); x_mid also feeds the residual (s.dxmid holds that path's gradient).
+  ops::rmsnorm_backward(s.dw, t.x_mid, p.w_post, t.rstd_post, s.dxmid, g.w_post, /*accumulate_dx=*/true);
 
   // x_mid = RS_attn(o, x)
   ops::residual_scale_backward(s.dxmid, t.o, x, p.rs_attn, s.dout_proj, s.dxb, g.rs_attn);
@@ -189,8 +187,7 @@ void ZayaModel::layer_backward(int l) {
   // proj columns [q̃ | k̃ | vc | vd]: q̃, k̃ reach the loss through the conv and the mean skip.
   add_col_slices(s.dproj, {{s.dz, 0}, {s.dqt, 0}, {s.dkt, q}, {s.dvc, C}, {s.dvd, C + kv / 2}});
   ops::linear_backward(s.dproj, t.u, p.w_qkv, s.du, g.w_qkv, Tensor{});
-  ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dtmp, g.w_in);
-  add_into(s.dxb, s.dtmp);
+  ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dxb, g.w_in, /*accumulate_dx=*/true);  // + the residual path
   std::swap(s.dxa, s.dxb);  // s.dxa = dL/dx_in
 }
 

@@ -92,7 +92,7 @@ void linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, const Ten
 }
 
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dx, const Tensor& dW,
-                     const Tensor& db, const Tensor& dy_bf16) {
+                     const Tensor& db, const Tensor& dy_bf16, bool accumulate_dx) {
   const char* op = "linear_backward";
   require_f32(op, "dy", dy);
   require_cpu(op, x);
@@ -118,7 +118,7 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, const T
   if (dx.defined()) {
     require_f32(op, "dx", dx);
     check_shape("linear_backward: dx", dx, Shape{n, in});
-    gemm(g, Trans::N, W, Trans::N, dx, 1.0f, 0.0f);
+    gemm(g, Trans::N, W, Trans::N, dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
   }
   if (dW.defined()) {
     require_f32(op, "dW", dW);
@@ -215,6 +215,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& 
 namespace {
 
 // dx of one row: x̂ = x·r, ĝ = dy ⊙ w, dx = r·(ĝ − x̂·mean(ĝ ⊙ x̂)), the mean in a fixed order.
+template <bool Accumulate>
 void rmsnorm_backward_row(const float* gi, const float* xi, const float* wp, float r, int64_t f, float* dxi) {
   // mean(ĝ ⊙ x̂) = r·mean(dy ⊙ w ⊙ x)
   float lane[16] = {};
@@ -225,13 +226,22 @@ void rmsnorm_backward_row(const float* gi, const float* xi, const float* wp, flo
   for (; j < f; ++j) s += gi[j] * wp[j] * xi[j];
   for (int l = 0; l < 16; ++l) s += lane[l];
   const float mean_gx = s * r / static_cast<float>(f);
-  for (j = 0; j < f; ++j) dxi[j] = r * (gi[j] * wp[j] - xi[j] * r * mean_gx);
+  for (j = 0; j < f; ++j) {
+    const float d = r * (gi[j] * wp[j] - xi[j] * r * mean_gx);
+    dxi[j] = Accumulate ? dxi[j] + d : d;
+  }
+}
+
+void rmsnorm_backward_row(const float* gi, const float* xi, const float* wp, float r, int64_t f, float* dxi,
+                          bool accumulate) {
+  if (accumulate) rmsnorm_backward_row<true>(gi, xi, wp, r, f, dxi);
+  else rmsnorm_backward_row<false>(gi, xi, wp, r, f, dxi);
 }
 
 }  // namespace
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dw) {
+                      const Tensor& dx, const Tensor& dw, bool accumulate_dx) {
   const char* op = "rmsnorm_backward";
   require_f32(op, "x", x);
   int64_t f = last_dim(x), n = rows_of(x);
@@ -253,7 +263,8 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   if (!dw.defined()) {
     if (!dxp) return;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) rmsnorm_backward_row(gp + i * f, xp + i * f, wp, rp[i], f, dxp + i * f);
+    for (int64_t i = 0; i < n; ++i)
+      rmsnorm_backward_row(gp + i * f, xp + i * f, wp, rp[i], f, dxp + i * f, accumulate_dx);
     return;
   }
   // One pass over x and dy for both gradients (the op is memory-bound): rows go in fixed chunks of
@@ -272,7 +283,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
       const float* __restrict__ gi = gp + i * f;
       const float* __restrict__ xi = xp + i * f;
       const float r = rp[i];
-      if (dxp) rmsnorm_backward_row(gi, xi, wp, r, f, dxp + i * f);
+      if (dxp) rmsnorm_backward_row(gi, xi, wp, r, f, dxp + i * f, accumulate_dx);
       for (int64_t j = 0; j < f; ++j) pw[j] += gi[j] * (xi[j] * r);  // dw += dy ⊙ x̂
     }
   }

@@ -17,11 +17,12 @@ namespace zaya::ops {
 // y[N, out] = x[N, in]·Wᵀ + b, W [out, in] (Hugging Face layout), b [out] or undefined.
 // x and W are both f32 or both bf16 (bf16 copies for the bf16 GEMM path); y is f32.
 void linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y);
-// dx = dy·W (written, skipped if undefined), dW += dyᵀ·x, db += Σ_rows dy (each skipped if
+// dx = dy·W (written, or added to dx with accumulate_dx: a second path's gradient into the same
+// input without a temporary; skipped if undefined), dW += dyᵀ·x, db += Σ_rows dy (each skipped if
 // undefined). dy is f32. On the bf16 path `dy_bf16` ([N, out] bf16 workspace) receives dy rounded
 // to bf16 for the two GEMMs; db still sums the f32 dy.
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dx, const Tensor& dW,
-                     const Tensor& db, const Tensor& dy_bf16 = {});
+                     const Tensor& db, const Tensor& dy_bf16 = {}, bool accumulate_dx = false);
 
 // y[n] = E[ids[n]]; ids i32 of any shape with N elements, E [V, H], y [N, H].
 // An id outside [0, V) throws zaya::Error naming it and V.
@@ -31,9 +32,9 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dE, i
 
 // y = w ⊙ (x · rstd), rstd = 1/sqrt(mean(x²) + eps) per row (fp32), saved in rstd [N].
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd);
-// dx written, dw += Σ_rows dy ⊙ x·rstd.
+// dx written (or added to dx with accumulate_dx), dw += Σ_rows dy ⊙ x·rstd.
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dw);
+                      const Tensor& dx, const Tensor& dw, bool accumulate_dx = false);
 
 // ZAYA1 residual scaling, four per-channel [F] vectors (HF names in comments):
 // y = (h + hidden_bias) ⊙ hidden_scale + (x + residual_bias) ⊙ residual_scale.
