@@ -220,6 +220,39 @@ void bench_grouped_ab(benchmark::State& state, int64_t tokens, int64_t experts, 
   state.counters["speedup"] = seconds[1] / seconds[0];
 }
 
+// The same grouped call with its experts side by side (one whole GEMM per thread) and one after
+// another on all threads (ops::gemm_grouped_side_by_side), on the same routings, call by call.
+// f32 (bf16 with small weights takes the AMX kernel, which is not affected). Counters: each way's
+// GFLOP/s and side/serial speedup.
+void bench_grouped_split_ab(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k,
+                            GroupedKind kind) {
+  GroupedCall g(tokens, experts, n, k, DType::f32, kind);
+  for (uint64_t it = 0; it < 8; ++it)
+    for (bool side : {true, false}) {
+      ops::gemm_grouped_side_by_side(side);
+      auto ps = g.problems(it);
+      g.run(ps);
+    }
+  std::vector<ops::GemmProblem> ps;
+  double seconds[2];
+  alternate(
+      state, [&](uint64_t it) { ps = g.problems(it); },
+      [&] {
+        ops::gemm_grouped_side_by_side(true);
+        g.run(ps);
+      },
+      [&] {
+        ops::gemm_grouped_side_by_side(false);
+        g.run(ps);
+      },
+      seconds);
+  ops::gemm_grouped_side_by_side(true);
+  const double flops = g.flops() * static_cast<double>(state.iterations());
+  state.counters["side_GFLOP/s"] = flops / seconds[0] * 1e-9;
+  state.counters["serial_GFLOP/s"] = flops / seconds[1] * 1e-9;
+  state.counters["speedup"] = seconds[1] / seconds[0];
+}
+
 // The bar as one measurement: a model GEMM against the library's square GEMM of the
 // nearest FLOP count (log scale: 512, 1024 or 2048), alternated call by call. Counters: both
 // rates and pct_of_square.
@@ -365,6 +398,11 @@ void register_all() {
       if (dt == DType::bf16 && g.n * g.k < (int64_t{1} << 20))
         benchmark::RegisterBenchmark(str("gemm_grouped_ab/", g.name, "/bf16").c_str(), bench_grouped_ab, g.tokens,
                                      g.experts, g.n, g.k, g.kind)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      if (dt == DType::f32)
+        benchmark::RegisterBenchmark(str("gemm_grouped_split_ab/", g.name, "/f32").c_str(), bench_grouped_split_ab,
+                                     g.tokens, g.experts, g.n, g.k, g.kind)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
     }

@@ -571,19 +571,23 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
 // Whether the problems of a grouped call run side by side, one whole GEMM per thread, instead of
 // one after another with every thread on each: each expert's GEMM is small (the demo's ~230 tokens
 // × 1024 × 256), and split over threads it pays a split and a barrier and both threads stream the
-// same weights; on one thread its weights stay in that core's L2. Measured on the demo's five
-// grouped forms, 8 experts, f32, 2 threads: 1.0–1.34× (down projection 1.30–1.34×, gate_up
-// 1.12–1.14×, input gradients 1.04–1.08×, weight gradient 1.0×; docs/ops-gemm.md). Problems go to
-// threads by longest-processing-time-first on their FLOPs; when that leaves the busiest thread more
-// than kMaxImbalance above the mean (few or very uneven experts), the call stays serial.
+// same weights; on one thread its weights stay in that core's L2. bench_ops_gemm's split_ab A/B
+// (demo forms, 8 experts, f32, 2 threads): 1.05–1.10× (docs/ops-gemm.md). Problems go to threads by
+// longest-processing-time-first on their FLOPs; when that leaves the busiest thread more than
+// kMaxImbalance above the mean (few or very uneven experts), the call stays serial. Large expert
+// weights (ZAYA1's, ≥ kLargeWeight elements) stay serial too: they fit no core's L2 either way, and
+// side by side measured 0.92× (gate_up) to 1.03× (weight gradient) there.
 constexpr double kMaxImbalance = 1.2;
-bool split_problems(const std::vector<Dims>& dims, const std::vector<size_t>& todo, int threads,
+std::atomic<bool> g_side_by_side{true};
+bool split_problems(const std::vector<Dims>& dims, const std::vector<size_t>& todo, Trans ta, int threads,
                     std::vector<int>& owner) {
+  if (!g_side_by_side.load(std::memory_order_relaxed)) return false;
   if (threads < 2 || todo.size() < static_cast<size_t>(threads) || omp_in_parallel()) return false;
   std::vector<double> work(todo.size());
   double total = 0;
   for (size_t j = 0; j < todo.size(); ++j) {
     const Dims& d = dims[todo[j]];
+    if ((ta == Trans::N ? d.n * d.k : d.m * d.n) >= kLargeWeight) return false;  // see above
     work[j] = flops_of(d.batch, d.m, d.n, d.k);
     total += work[j];
   }
@@ -647,7 +651,7 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   }
   const int threads = num_threads();
   std::vector<int> owner;
-  if (split_problems(dims, todo, threads, owner)) {
+  if (split_problems(dims, todo, ta, threads, owner)) {
     // Each thread runs its own problems one after another, each GEMM on that one thread (a
     // primitive built for 1 thread: the same bits as with ZAYA_THREADS=1). A problem may run past
     // its end into the next one's rows only when the same thread runs that next one later.
@@ -668,6 +672,8 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
 }
 
 void gemm_use_amx(bool on) { g_amx_enabled = on; }
+
+void gemm_grouped_side_by_side(bool on) { g_side_by_side = on; }
 
 GemmCacheStats gemm_cache_stats() {
   Cache& c = cache();

@@ -41,6 +41,11 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
 // benchmarks and tests that compare the two.
 void gemm_use_amx(bool on);
 
+// Grouped calls on the oneDNN paths run similar-size problems side by side, one whole
+// single-thread GEMM per thread (docs/ops-gemm.md); off, each problem runs on all threads in turn.
+// On by default; the switch is for benchmarks that compare the two.
+void gemm_grouped_side_by_side(bool on);
+
 // Primitive cache statistics, for tests and benchmarks.
 struct GemmCacheStats {
   int64_t hits = 0;
