@@ -189,14 +189,13 @@ void alternate(benchmark::State& state, Prepare prepare, A a, B b, double second
   }
 }
 
-// The same grouped call through zaya's AMX kernel and through oneDNN on the same routings.
-// Counters: each path's GFLOP/s and the amx/onednn speedup.
-void bench_grouped_ab(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k,
-                      GroupedKind kind) {
-  GroupedCall g(tokens, experts, n, k, DType::bf16, kind);
-  for (uint64_t it = 0; it < 8; ++it)
-    for (bool amx : {true, false}) {
-      ops::gemm_use_amx(amx);
+// The same grouped call two ways on the same routings, call by call: use(true) and use(false) flip
+// one of ops' switches between them. Counters: each way's GFLOP/s and the speedup of the first.
+void bench_grouped_two_ways(benchmark::State& state, const GroupedCall& g, void (*use)(bool), const char* first,
+                            const char* second) {
+  for (uint64_t it = 0; it < 8; ++it)  // warm-up: both ways build their primitives
+    for (bool on : {true, false}) {
+      use(on);
       auto ps = g.problems(it);
       g.run(ps);
     }
@@ -205,52 +204,34 @@ void bench_grouped_ab(benchmark::State& state, int64_t tokens, int64_t experts, 
   alternate(
       state, [&](uint64_t it) { ps = g.problems(it); },
       [&] {
-        ops::gemm_use_amx(true);
+        use(true);
         g.run(ps);
       },
       [&] {
-        ops::gemm_use_amx(false);
+        use(false);
         g.run(ps);
       },
       seconds);
-  ops::gemm_use_amx(true);
+  use(true);
   const double flops = g.flops() * static_cast<double>(state.iterations());
-  state.counters["amx_GFLOP/s"] = flops / seconds[0] * 1e-9;
-  state.counters["onednn_GFLOP/s"] = flops / seconds[1] * 1e-9;
+  state.counters[str(first, "_GFLOP/s")] = flops / seconds[0] * 1e-9;
+  state.counters[str(second, "_GFLOP/s")] = flops / seconds[1] * 1e-9;
   state.counters["speedup"] = seconds[1] / seconds[0];
 }
 
-// The same grouped call with its experts side by side (one whole GEMM per thread) and one after
-// another on all threads (ops::gemm_grouped_side_by_side), on the same routings, call by call.
-// f32 (bf16 with small weights takes the AMX kernel, which is not affected). Counters: each way's
-// GFLOP/s and side/serial speedup.
+// zaya's AMX kernel against oneDNN (bf16, small weights).
+void bench_grouped_ab(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k,
+                      GroupedKind kind) {
+  bench_grouped_two_ways(state, GroupedCall(tokens, experts, n, k, DType::bf16, kind), ops::gemm_use_amx, "amx",
+                         "onednn");
+}
+
+// Experts side by side (one whole GEMM per thread) against one after another on all threads
+// (f32: bf16 with small weights takes the AMX kernel, which this does not affect).
 void bench_grouped_split_ab(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k,
                             GroupedKind kind) {
-  GroupedCall g(tokens, experts, n, k, DType::f32, kind);
-  for (uint64_t it = 0; it < 8; ++it)
-    for (bool side : {true, false}) {
-      ops::gemm_grouped_side_by_side(side);
-      auto ps = g.problems(it);
-      g.run(ps);
-    }
-  std::vector<ops::GemmProblem> ps;
-  double seconds[2];
-  alternate(
-      state, [&](uint64_t it) { ps = g.problems(it); },
-      [&] {
-        ops::gemm_grouped_side_by_side(true);
-        g.run(ps);
-      },
-      [&] {
-        ops::gemm_grouped_side_by_side(false);
-        g.run(ps);
-      },
-      seconds);
-  ops::gemm_grouped_side_by_side(true);
-  const double flops = g.flops() * static_cast<double>(state.iterations());
-  state.counters["side_GFLOP/s"] = flops / seconds[0] * 1e-9;
-  state.counters["serial_GFLOP/s"] = flops / seconds[1] * 1e-9;
-  state.counters["speedup"] = seconds[1] / seconds[0];
+  bench_grouped_two_ways(state, GroupedCall(tokens, experts, n, k, DType::f32, kind),
+                         ops::gemm_grouped_side_by_side, "side", "serial");
 }
 
 // The bar as one measurement: a model GEMM against the library's square GEMM of the
