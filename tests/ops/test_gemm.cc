@@ -341,6 +341,36 @@ TEST(Gemm, GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise) {
   set_num_threads(saved);
 }
 
+TEST(Gemm, GroupedProblemsSharingAnOutputAccumulateInOrder) {
+  // Four weight-gradient problems adding into ONE C (beta = 1), as gradient accumulation over
+  // micro-batches could: they must not run side by side (two threads adding into the same C lose
+  // updates), and after `calls` calls C holds C0 + calls · Σ_g A_gᵀ·B_g. Small token counts and
+  // a larger C make the additions into C a large part of each product, so a race would show: with
+  // the overlap check in gemm.cc's split_problems removed, this failed in 1 to 2 of 5 runs.
+  const int saved = num_threads();
+  set_num_threads(2);
+  const int64_t n = 384, k = 384, calls = 50;
+  const std::vector<int64_t> tokens = {16, 15, 17, 16};
+  Tensor C = random_tensor({n, k}, 950);
+  std::vector<double> c0 = to_f64(C), sum(static_cast<size_t>(n * k), 0.0);
+  std::vector<GemmProblem> problems;
+  for (size_t g = 0; g < tokens.size(); ++g) {
+    Tensor A = random_tensor({tokens[g], n}, 960 + g), B = random_tensor({tokens[g], k}, 970 + g);
+    std::vector<double> a = to_f64(A), b = to_f64(B);
+    for (int64_t t = 0; t < tokens[g]; ++t)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < k; ++j) sum[i * k + j] += a[t * n + i] * b[t * k + j];  // dyᵀ·x
+    problems.push_back({A, B, C});
+  }
+  for (int64_t c = 0; c < calls; ++c) gemm_grouped(problems, Trans::T, Trans::N, 1.0f, 1.0f);
+  set_num_threads(saved);
+  std::vector<double> want(c0.size());
+  for (size_t e = 0; e < want.size(); ++e) want[e] = c0[e] + static_cast<double>(calls) * sum[e];
+  // f32 sums of ~1300 terms of O(1) per element: ~1e-6 relative in norm; a lost update is ~1/80 of
+  // the total. 1e-5.
+  EXPECT_LT(test::rel_error(C, want), 1e-5);
+}
+
 TEST(Gemm, GroupedDeterministicAcrossThreadCounts) {
   int saved = num_threads();
   const int64_t n = 48, k = 96;

@@ -579,10 +579,20 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
 // side by side measured 0.92× (gate_up) to 1.03× (weight gradient) there.
 constexpr double kMaxImbalance = 1.2;
 std::atomic<bool> g_side_by_side{true};
-bool split_problems(const std::vector<Dims>& dims, const std::vector<size_t>& todo, Trans ta, int threads,
-                    std::vector<int>& owner) {
+bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& dims, const std::vector<size_t>& todo,
+                    Trans ta, int threads, std::vector<int>& owner) {
   if (!g_side_by_side.load(std::memory_order_relaxed)) return false;
   if (threads < 2 || todo.size() < static_cast<size_t>(threads) || omp_in_parallel()) return false;
+  // Problems that write overlapping C (several groups accumulating into one gradient, beta = 1)
+  // must run in order, as a serial call runs them.
+  std::vector<std::pair<const char*, const char*>> spans;
+  for (size_t i : todo) {
+    const auto* c = static_cast<const char*>(problems[i].C.raw());
+    spans.emplace_back(c, c + problems[i].C.nbytes());
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t j = 1; j < spans.size(); ++j)
+    if (spans[j].first < spans[j - 1].second) return false;
   std::vector<double> work(todo.size());
   double total = 0;
   for (size_t j = 0; j < todo.size(); ++j) {
@@ -651,7 +661,7 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   }
   const int threads = num_threads();
   std::vector<int> owner;
-  if (split_problems(dims, todo, ta, threads, owner)) {
+  if (split_problems(problems, dims, todo, ta, threads, owner)) {
     // Each thread runs its own problems one after another, each GEMM on that one thread (a
     // primitive built for 1 thread: the same bits as with ZAYA_THREADS=1). A problem may run past
     // its end into the next one's rows only when the same thread runs that next one later.
