@@ -29,7 +29,7 @@ struct ForwardArgs {
   uint64_t seed = 0, save_hf_shard_bytes = 5'000'000'000ull;
   bool loss = false;
   int64_t bench_steps = 0, batch = 8, seq = 256;
-  bool gemm_shapes = false;
+  bool gemm_shapes = false, sections = false;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {
@@ -95,7 +95,7 @@ void apply_gemm_dtype(const ForwardArgs& a, model::ZayaModel& m) {
 
 // Times `steps` training steps (zero_grad, forward with the loss gradient, backward) on [B, T]
 // random tokens after one untimed warm-up step; prints one line per phase and the throughput.
-void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes) {
+void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sections) {
   using clock = std::chrono::steady_clock;
   const int64_t B = m.batch(), T = m.seq_len(), V = m.config().vocab_size;
   std::vector<int32_t> ids(static_cast<size_t>(B * T)), tg(static_cast<size_t>(B * T));
@@ -107,8 +107,12 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes) {
   Tensor ttg = Tensor::borrow(tg.data(), Shape{B, T}, DType::i32);
   double fwd = 0, bwd = 0, loss = 0;
   ops::gemm_profile_shapes(gemm_shapes);
+  m.time_sections(sections);
   for (int64_t s = -1; s < steps; ++s) {
-    if (s == 0) ops::gemm_time_reset();  // the warm-up step builds the GEMM primitives
+    if (s == 0) {  // the warm-up step builds the GEMM primitives
+      ops::gemm_time_reset();
+      m.reset_section_times();
+    }
     m.zero_grad();
     auto t0 = clock::now();
     loss = m.forward(tid, ttg, true);
@@ -139,6 +143,15 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes) {
                   static_cast<double>(r.calls) / n, 1e3 * r.seconds / n, 1e-9 * r.flops / n,
                   r.seconds > 0 ? 1e-9 * r.flops / r.seconds : 0.0);
   }
+  if (sections) {
+    m.time_sections(false);
+    double total = 0;
+    for (const auto& r : m.section_times()) total += r.seconds;
+    std::printf("bench: parts of the step (per step, GEMMs included; %.2f ms in all)\n", 1e3 * total / n);
+    for (const auto& r : m.section_times())
+      std::printf("bench:   %-62s %8.2f ms %5.1f%%\n", r.name.c_str(), 1e3 * r.seconds / n,
+                  total > 0 ? 100.0 * r.seconds / total : 0.0);
+  }
   std::printf("bench: activation arena %.1f MiB (saved per token per layer %.0f B; formula %lld B)\n",
               static_cast<double>(m.activation_bytes()) / (1 << 20), m.saved_bytes_per_token_per_layer(),
               static_cast<long long>(model::activation_bytes_per_token_per_layer(m.config(), 4)));
@@ -150,7 +163,7 @@ int run_forward(const ForwardArgs& a) {
                "forward: --bench-steps runs on random tokens; it takes no --ids/--ids-file/--out/--grads-out/--loss");
     auto m = make_model(a, a.batch, a.seq);
     apply_gemm_dtype(a, *m);
-    run_bench(*m, a.bench_steps, a.gemm_shapes);
+    run_bench(*m, a.bench_steps, a.gemm_shapes, a.sections);
     return 0;
   }
   const bool run = !a.ids.empty() || !a.ids_file.empty();
@@ -228,6 +241,8 @@ void add_forward(CLI::App& app, Commands& commands) {
       ->capture_default_str();
   cmd->add_option("--bench-steps", args->bench_steps, "time N training steps on random tokens and print tokens/s");
   cmd->add_flag("--gemm-shapes", args->gemm_shapes, "with --bench-steps: time every GEMM shape of the step");
+  cmd->add_flag("--sections", args->sections,
+                "with --bench-steps: time each part of the step (each block's forward and backward, head, loss)");
   cmd->add_option("--batch", args->batch, "batch rows for --bench-steps")->capture_default_str();
   cmd->add_option("--seq", args->seq, "sequence length for --bench-steps")->capture_default_str();
   commands.push_back({cmd, [args] { return run_forward(*args); }});

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdio>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -76,5 +77,42 @@ TEST(Cli, ForwardBenchPrintsGemmShapes) {
   EXPECT_NE(r.output.find("bench: GEMM shapes"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("grouped NT ?x64x32 f32"), std::string::npos) << r.output;  // experts' gate_up
   EXPECT_NE(r.output.find("NT 32x96x32 f32"), std::string::npos) << r.output;        // LM-head logits
+}
+
+TEST(Cli, ForwardBenchPartsAddUpToTheStep) {
+  const std::string cfg = testing::TempDir() + "zaya_cli_tiny_model_sections.toml";
+  {
+    std::FILE* f = std::fopen(cfg.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("[model]\nvocab_size = 96\nhidden_size = 32\nnum_hidden_layers = 2\nnum_attention_heads = 2\n"
+               "num_key_value_heads = 1\nhead_dim = 16\nnum_experts = 2\nmoe_intermediate_size = 32\n"
+               "router_hidden_size = 16\n",
+               f);
+    std::fclose(f);
+  }
+  CliRun r = zaya("--threads 1 forward --init-config " + cfg + " --seed 1 --bench-steps 2 --batch 2 --seq 16 --sections");
+  EXPECT_EQ(r.code, 0) << r.output;
+  // Every part of both passes is listed once, and the parts account for the whole step: they are
+  // consecutive clock intervals inside forward() and backward(), which the step time brackets.
+  double step = 0, total = 0, sum = 0;
+  int parts = 0;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    if (std::sscanf(line.c_str(), "bench: forward %*f ms, backward %*f ms, step %lf ms", &step) == 1) continue;
+    if (std::sscanf(line.c_str(), "bench: parts of the step (per step, GEMMs included; %lf ms in all)", &total) == 1)
+      continue;
+    const size_t ms = line.rfind(" ms ");
+    if (line.rfind("bench:   forward: ", 0) == 0 || line.rfind("bench:   backward: ", 0) == 0) {
+      ++parts;
+      const std::string head = line.substr(0, ms);  // "... <name> <ms>"
+      sum += std::stod(head.substr(head.find_last_of(' ') + 1));
+    }
+  }
+  EXPECT_EQ(parts, 16) << r.output;  // 8 forward parts (embedding, 6 per layer, head) + 8 backward
+  EXPECT_GT(step, 0) << r.output;
+  // The parts cover the step up to the clock reads between them (microseconds); 10% leaves room
+  // for a loaded machine and the two-decimal printing of sub-millisecond parts.
+  EXPECT_NEAR(total, step, 0.1 * step) << r.output;
+  EXPECT_NEAR(sum, total, 0.1 * step) << r.output;
 }
 }  // namespace

@@ -2,6 +2,8 @@
 // zaya_model.cc (planning, embedding, head) and zaya_layer.cc (the decoder layer).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -10,8 +12,38 @@
 #include "zaya/model/config.h"
 #include "zaya/ops/cca.h"
 #include "zaya/ops/dense.h"
+#include "zaya/model/zaya_model.h"
 
 namespace zaya::model {
+
+// Times consecutive parts of a step into ZayaModel::section_times() when the model's section
+// timing is on: part("name") ends the running part and starts the next; the last one ends with
+// the clock. One line per part, so the layer code still reads top to bottom.
+class SectionClock {
+ public:
+  explicit SectionClock(ZayaModel& m) : m_(m) {}
+  ~SectionClock() { stop(); }
+  void part(const char* name) {
+    if (!m_.time_sections_) return;
+    stop();
+    name_ = name;
+    t0_ = std::chrono::steady_clock::now();
+  }
+  void stop() {
+    if (name_ == nullptr) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    auto it = std::find_if(m_.sections_.begin(), m_.sections_.end(), [&](const auto& x) { return x.name == name_; });
+    if (it == m_.sections_.end()) it = m_.sections_.insert(m_.sections_.end(), {name_, 0, 0.0});
+    it->calls += 1;
+    it->seconds += s;
+    name_ = nullptr;
+  }
+
+ private:
+  ZayaModel& m_;
+  const char* name_ = nullptr;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 // Saved activations of one layer (N = B·T rows). Everything backward needs, nothing else.
 struct LayerActs {

@@ -75,12 +75,15 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   ScratchActs& s = *scratch_;
   const LayerParams& p = lp_[l];
   const Tensor& x = s.xs[l];
+  SectionClock clock(*this);
 
   // --- attention -------------------------------------------------------------------------
+  clock.part("forward: input norm, qkv projection");
   ops::rmsnorm_forward(x, p.w_in, eps, t.u, t.rstd_in);
   // proj = u·[W_q; W_k; W_vc; W_vd]ᵀ, columns [q̃ | k̃ | vc | vd].
   ops::linear_forward(t.u, p.w_qkv, Tensor{}, s.proj);
   // z = concat(q̃, k̃) (the conv input); q̃, k̃ (the mean skip's); vc, vd (the value shift's).
+  clock.part("forward: CCA (conv, mean skip, value shift, QK norm, RoPE)");
   copy_col_slices(s.proj, {{t.z, 0}, {s.qt, 0}, {s.kt, q}, {s.vc, C}, {s.vd, C + kv / 2}});
   ops::cca_conv_forward(s.conv, t.z, p.conv, B_, T_, dims);
   ops::mean_skip_forward(t.qpre, t.kpre, s.conv, s.qt, s.kt, N, dims);
@@ -88,11 +91,14 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   ops::qk_norm_forward(t.qr, t.kr, t.qpre, t.kpre, p.temp, N, dims);
   ops::rope_forward(t.qr, t.qr, rope_, B_, T_, nq, hd);
   ops::rope_forward(t.kr, t.kr, rope_, B_, T_, nkv, hd);
+  clock.part("forward: attention");
   ops::attention_forward(t.att, t.lse, t.qr, t.kr, t.v, B_, T_, nq, nkv, hd);
+  clock.part("forward: out projection, residual");
   ops::linear_forward(t.att, p.w_o, Tensor{}, t.o);
   ops::residual_scale_forward(t.o, x, p.rs_attn, t.x_mid);
 
   // --- router ----------------------------------------------------------------------------
+  clock.part("forward: router");
   ops::rmsnorm_forward(t.x_mid, p.w_post, eps, t.w, t.rstd_post);
   ops::linear_forward(t.w, p.w_down, p.b_down, t.r);  // h_l = W_down w + b_down
   if (l > 0) {                                         // EDA: r_l = h_l + s_l ⊙ r_{l−1}
@@ -113,6 +119,7 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   ops::moe_route(t.probs, t.choice, t.weight, s.logits, beta, N, E);
 
   // --- experts: grouped by expert, dropless ----------------------------------------------
+  clock.part("forward: experts, residual");
   t.M = ops::moe_plan(t.counts, t.offsets, t.pos, t.src, t.choice, N, E);
   if (t.M > 0) {
     ops::moe_gather(t.xp, t.w, t.src, t.M, N, H);
@@ -135,8 +142,10 @@ void ZayaModel::layer_backward(int l) {
   const LayerParams& p = lp_[l];
   LayerParams& g = lg_[l];
   const Tensor& x = s.xs[l];
+  SectionClock clock(*this);
 
   // x_out = RS_mlp(m, x_mid)
+  clock.part("backward: experts, residual");
   ops::residual_scale_backward(s.dxa, t.m, t.x_mid, p.rs_mlp, s.dm, s.dxmid, g.rs_mlp);
   // m = weight · y[pos]
   ops::moe_unpermute_backward(s.dy, s.dweight, s.dm, t.y, t.weight, t.pos, t.M, N, H);
@@ -144,6 +153,7 @@ void ZayaModel::layer_backward(int l) {
   ops::moe_gather_backward(s.dw, s.dxp, t.pos, t.M, N, H);  // xp = w[src]
 
   // Router: weight = p_choice, p = softmax(out_proj(GELU(fc2(GELU(fc1(RMSNorm_R(r))))))).
+  clock.part("backward: router");
   ops::moe_route_backward(s.dlogits, s.dweight, t.probs, t.choice, N, E);
   ops::linear_backward(s.dlogits, t.g2, p.outw, s.dg2, g.outw, Tensor{});
   ops::gelu_backward(s.dg2, t.a2, s.dg2);
@@ -175,9 +185,12 @@ void ZayaModel::layer_backward(int l) {
   ops::rmsnorm_backward(s.dw, t.x_mid, p.w_post, t.rstd_post, s.dxmid, g.w_post, /*accumulate_dx=*/true);
 
   // x_mid = RS_attn(o, x)
+  clock.part("backward: out projection, residual");
   ops::residual_scale_backward(s.dxmid, t.o, x, p.rs_attn, s.dout_proj, s.dxb, g.rs_attn);
   ops::linear_backward(s.dout_proj, t.att, p.w_o, s.datt, g.w_o, Tensor{});
+  clock.part("backward: attention");
   ops::attention_backward(s.dqr, s.dkr, s.dv, s.datt, t.qr, t.kr, t.v, t.att, t.lse, B_, T_, nq, nkv, hd);
+  clock.part("backward: CCA (RoPE, QK norm, mean skip, conv, value shift)");
   ops::rope_backward(s.dqr, s.dqr, rope_, B_, T_, nq, hd);
   ops::rope_backward(s.dkr, s.dkr, rope_, B_, T_, nkv, hd);
   ops::qk_norm_backward(s.dqpre, s.dkpre, g.temp, s.dqr, s.dkr, t.qpre, t.kpre, p.temp, N, dims);
@@ -186,6 +199,7 @@ void ZayaModel::layer_backward(int l) {
   ops::value_shift_backward(s.dvc, s.dvd, s.dv, B_, T_, kv / 2);
   // proj columns [q̃ | k̃ | vc | vd]: q̃, k̃ reach the loss through the conv and the mean skip.
   add_col_slices(s.dproj, {{s.dz, 0}, {s.dqt, 0}, {s.dkt, q}, {s.dvc, C}, {s.dvd, C + kv / 2}});
+  clock.part("backward: qkv projection, input norm");
   ops::linear_backward(s.dproj, t.u, p.w_qkv, s.du, g.w_qkv, Tensor{});
   ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dxb, g.w_in, /*accumulate_dx=*/true);  // + the residual path
   std::swap(s.dxa, s.dxb);  // s.dxa = dL/dx_in

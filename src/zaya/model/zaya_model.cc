@@ -246,6 +246,8 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   }
   const int64_t N = B_ * T_, H = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   ScratchActs& s = *scratch_;
+  SectionClock clock(*this);
+  clock.part("forward: embedding");
   s.ids.copy_from(ids);
   const bool b16 = gemm_dtype_ == DType::bf16;
   if (b16) {  // the weights may have changed since the last step: refresh their bf16 copies
@@ -266,7 +268,9 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
       for (int64_t j = 0; j < H; ++j) x[i * H + j] = (e[i * H + j] + b[j]) * g[j];
   }
   const bool need_backward = targets.defined() && for_backward;
+  clock.stop();  // the layers time their own parts
   for (int l = 0; l < L; ++l) layer_forward(l, need_backward);
+  clock.part("forward: final norm, LM head, loss (and its backward)");
   ops::rmsnorm_forward(s.xs[L], param("model.norm.weight"), static_cast<float>(cfg_.rms_norm_eps), s.hf, s.rstd_f);
   have_backward_ = false;
   if (!targets.defined()) return 0;
@@ -328,9 +332,13 @@ void ZayaModel::backward() {
   have_backward_ = false;
   const int64_t N = B_ * T_, H = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   ScratchActs& s = *scratch_;
+  SectionClock clock(*this);
+  clock.part("backward: final norm");
   ops::rmsnorm_backward(s.dh, s.xs[L], param("model.norm.weight"), s.rstd_f, s.dxa, grad("model.norm.weight"));
   s.drc.zero_();  // the last layer's router state feeds nothing
+  clock.stop();
   for (int l = static_cast<int>(L) - 1; l >= 0; --l) layer_backward(l);
+  clock.part("backward: embedding");
   // x⁰ = (e + b) ⊙ g:  de = dx ⊙ g,  db += Σ_rows de,  dg += Σ_rows dx ⊙ (e + b). Column sums in
   // row order, one thread per block of 16 columns (the rows are walked once, 16 contiguous floats
   // at a time, instead of once per column at stride H): deterministic for any thread count.

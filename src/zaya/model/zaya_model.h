@@ -93,6 +93,20 @@ class ZayaModel {
   // The expert chosen by each token in layer l in the last forward ([B·T] i32, E = skip).
   Tensor router_choice(int layer) const;
 
+  // Wall time of each part of the step (blocks of the forward and the backward, the head and
+  // loss, the embedding) since the last reset, when enabled (off by default: two clock reads per
+  // part). Every op inside ends with its threads joined, so the parts add up to the step. The
+  // GEMMs are inside the parts (ops::gemm_time_stats() has them separately). In the order first
+  // seen, which is the order of the step.
+  struct SectionTime {
+    std::string name;
+    int64_t calls = 0;
+    double seconds = 0.0;
+  };
+  void time_sections(bool on) { time_sections_ = on; }
+  const std::vector<SectionTime>& section_times() const { return sections_; }
+  void reset_section_times() { sections_.clear(); }
+
   // Activation arena bytes (saved activations + backward scratch) for the current [B, T].
   size_t activation_bytes() const { return arena_.capacity(); }
   // Bytes of the per-layer saved activations alone, per token (compare with
@@ -114,6 +128,7 @@ class ZayaModel {
   ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
   void expert_forward(int l);
   void expert_backward(int l);
+  friend class SectionClock;
 
   ModelConfig cfg_;
   int64_t B_ = 0, T_ = 0;
@@ -135,6 +150,8 @@ class ZayaModel {
   // bf16 weight copies for the bf16 GEMM path (empty in f32 mode): per-layer expert stacks, embedding.
   std::vector<Tensor> w_gu16_, w_d16_;
   Tensor emb16_;
+  bool time_sections_ = false;
+  std::vector<SectionTime> sections_;
 };
 
 }  // namespace zaya::model
