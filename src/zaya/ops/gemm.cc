@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <list>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -665,15 +666,25 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
     // Each thread runs its own problems one after another, each GEMM on that one thread (a
     // primitive built for 1 thread: the same bits as with ZAYA_THREADS=1). A problem may run past
     // its end into the next one's rows only when the same thread runs that next one later.
+    // If OpenMP grants fewer threads than asked, the team's threads take the missing ones' shares
+    // (owner modulo the team size), so every problem still runs. An exception (oneDNN failing to
+    // build a primitive) must not leave the parallel region: the first one is rethrown after it.
+    std::exception_ptr error;
 #pragma omp parallel num_threads(threads)
     {
-      const int me = omp_get_thread_num();
-      for (size_t j = 0; j < todo.size(); ++j) {
-        if (owner[j] != me) continue;
-        const bool next_after = j + 1 < todo.size() && todo[j + 1] == todo[j] + 1 && owner[j + 1] == me;
-        run_grouped_problem(problems, todo[j], dims[todo[j]], ta, tb, alpha, beta, 1, next_after);
+      const int me = omp_get_thread_num(), team = omp_get_num_threads();
+      try {
+        for (size_t j = 0; j < todo.size(); ++j) {
+          if (owner[j] % team != me) continue;
+          const bool next_after = j + 1 < todo.size() && todo[j + 1] == todo[j] + 1 && owner[j + 1] % team == me;
+          run_grouped_problem(problems, todo[j], dims[todo[j]], ta, tb, alpha, beta, 1, next_after);
+        }
+      } catch (...) {
+#pragma omp critical(zaya_gemm_grouped_error)
+        if (!error) error = std::current_exception();
       }
     }
+    if (error) std::rethrow_exception(error);
     return;
   }
   for (size_t j = 0; j < todo.size(); ++j)
