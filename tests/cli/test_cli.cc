@@ -58,19 +58,25 @@ TEST(Cli, SizeZaya1Base) {
 }  // namespace
 
 namespace {
+// A tiny model's TOML ([model] only) with `layers` layers, written to the test temp dir; its path.
+std::string tiny_model_config(const std::string& name, int layers) {
+  const std::string path = testing::TempDir() + name;
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  EXPECT_NE(f, nullptr) << path;
+  if (f == nullptr) return path;
+  std::fprintf(f,
+               "[model]\nvocab_size = 96\nhidden_size = 32\nnum_hidden_layers = %d\nnum_attention_heads = 2\n"
+               "num_key_value_heads = 1\nhead_dim = 16\nnum_experts = 2\nmoe_intermediate_size = 32\n"
+               "router_hidden_size = 16\n",
+               layers);
+  std::fclose(f);
+  return path;
+}
+
 // `zaya forward --bench-steps --gemm-shapes` on a tiny random model: the per-shape GEMM table is
 // printed, with the grouped expert calls as "grouped" rows and the LM head's logits GEMM.
 TEST(Cli, ForwardBenchPrintsGemmShapes) {
-  const std::string cfg = testing::TempDir() + "zaya_cli_tiny_model.toml";
-  {
-    std::FILE* f = std::fopen(cfg.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    std::fputs("[model]\nvocab_size = 96\nhidden_size = 32\nnum_hidden_layers = 1\nnum_attention_heads = 2\n"
-               "num_key_value_heads = 1\nhead_dim = 16\nnum_experts = 2\nmoe_intermediate_size = 32\n"
-               "router_hidden_size = 16\n",
-               f);
-    std::fclose(f);
-  }
+  const std::string cfg = tiny_model_config("zaya_cli_tiny_model.toml", 1);
   CliRun r = zaya("--threads 1 forward --init-config " + cfg +
                   " --seed 1 --bench-steps 1 --batch 2 --seq 16 --gemm-shapes");
   EXPECT_EQ(r.code, 0) << r.output;
@@ -80,16 +86,7 @@ TEST(Cli, ForwardBenchPrintsGemmShapes) {
 }
 
 TEST(Cli, ForwardBenchPartsAddUpToTheStep) {
-  const std::string cfg = testing::TempDir() + "zaya_cli_tiny_model_sections.toml";
-  {
-    std::FILE* f = std::fopen(cfg.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    std::fputs("[model]\nvocab_size = 96\nhidden_size = 32\nnum_hidden_layers = 2\nnum_attention_heads = 2\n"
-               "num_key_value_heads = 1\nhead_dim = 16\nnum_experts = 2\nmoe_intermediate_size = 32\n"
-               "router_hidden_size = 16\n",
-               f);
-    std::fclose(f);
-  }
+  const std::string cfg = tiny_model_config("zaya_cli_tiny_model_sections.toml", 2);
   CliRun r = zaya("--threads 1 forward --init-config " + cfg + " --seed 1 --bench-steps 2 --batch 2 --seq 16 --sections");
   EXPECT_EQ(r.code, 0) << r.output;
   // Every part of both passes is listed once, and the parts account for the whole step: they are
