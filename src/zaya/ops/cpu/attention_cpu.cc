@@ -122,10 +122,13 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
         for (int64_t ii = 0; ii < ni; ++ii) {
           float* s = S.data() + ii * kBlock;
           const int64_t jn = std::min(nj, i0 + ii - j0 + 1);  // causal: keys j ≤ i
+          // Online softmax: the row's new max, P = exp(s·scale − max) in place (0 past jn), its sum
+          // in 16 lanes (exp_store_sum's order), and the factor that rescales what was
+          // accumulated under the old max.
+          float mx, sum;
 #if defined(__AVX512F__)
-          // The row as 4 masked vectors (diagonal tiles have every jn; scalar tails cost more than
-          // the exps): scale, max, P = exp(s − max) (0 past jn) and its sum in exp_store_sum's
-          // lane order, in registers.
+          // As 4 masked vectors in registers: diagonal tiles have every jn, and scalar tails cost
+          // more than the exps.
           __m512 x[4];
           __mmask16 mk[4];
           __m512 vmax = _mm512_set1_ps(-INFINITY);
@@ -134,39 +137,30 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
             x[v] = _mm512_maskz_mul_ps(mk[v], _mm512_loadu_ps(s + 16 * v), _mm512_set1_ps(scale));
             vmax = _mm512_mask_max_ps(vmax, mk[v], vmax, x[v]);
           }
-          float lane_max[16];
-          _mm512_storeu_ps(lane_max, vmax);
-          const float mx = std::max(m[ii], *std::max_element(lane_max, lane_max + 16));
-          const float alpha = std::exp(m[ii] - mx);  // exp(−inf) = 0 on the first block
-          m[ii] = mx;
+          float lane[16];
+          _mm512_storeu_ps(lane, vmax);
+          mx = std::max(m[ii], *std::max_element(lane, lane + 16));
           __m512 lanes = _mm512_setzero_ps();
           for (int v = 0; v < 4; ++v) {
             const __m512 e = _mm512_maskz_mov_ps(mk[v], expf_fast_v(_mm512_sub_ps(x[v], _mm512_set1_ps(mx))));
             _mm512_storeu_ps(s + 16 * v, e);
             lanes = _mm512_add_ps(lanes, e);
           }
-          float part[16];
-          _mm512_storeu_ps(part, lanes);
-          l[ii] = l[ii] * alpha + sum16(part);
-          if (alpha != 1.0f) {  // the max did not move: nothing to rescale
-            float* a = acc.data() + ii * hd;
-            for (int64_t d = 0; d < hd; ++d) a[d] *= alpha;
-          }
+          _mm512_storeu_ps(lane, lanes);
+          sum = sum16(lane);
 #else
           for (int64_t j = 0; j < jn; ++j) s[j] *= scale;
-          const float mx = std::max(m[ii], maxf(s, jn));  // 16 lanes: a scalar max chain does not vectorize
-          // Online softmax: rescale what was accumulated under the old max.
+          mx = std::max(m[ii], maxf(s, jn));  // 16 lanes: a scalar max chain does not vectorize
+          sum = exp_store_sum(s, s, jn, mx);
+          for (int64_t j = jn; j < kBlock; ++j) s[j] = 0.0f;
+#endif
           const float alpha = std::exp(m[ii] - mx);  // exp(−inf) = 0 on the first block
           m[ii] = mx;
-          // P = exp(s − max) in place, summed in 16 lanes (a single sum chain is 64 dependent adds).
-          const float sum = exp_store_sum(s, s, jn, mx);
-          for (int64_t j = jn; j < kBlock; ++j) s[j] = 0.0f;
           l[ii] = l[ii] * alpha + sum;
           if (alpha != 1.0f) {  // the max did not move: nothing to rescale
             float* a = acc.data() + ii * hd;
             for (int64_t d = 0; d < hd; ++d) a[d] *= alpha;
           }
-#endif
         }
         mm(acc.data(), hd, S.data(), kBlock, 1, Vsrc, ldv, ni, hd, kBlock, true);  // acc += P·V
       }
