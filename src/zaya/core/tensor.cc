@@ -1,5 +1,7 @@
 #include "zaya/core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -66,9 +68,18 @@ std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device) {
   s->owned = true;
   if (bytes == 0) return s;
   if (device == Device::cpu) {
-    size_t rounded = (bytes + 63) / 64 * 64;
-    s->ptr = std::aligned_alloc(64, rounded);
+    // Large buffers (the activation arena, parameters and gradients, the loss's logits) are
+    // 2 MiB-aligned and asked for transparent huge pages: streaming over tens of MB in 4 KiB pages
+    // misses the TLB once per page. Kernels set to THP "madvise" (Debian's default) only give huge
+    // pages to ranges that ask; "never" ignores the request, which is harmless.
+    constexpr size_t kHuge = size_t{2} << 20;
+    const size_t align = bytes >= kHuge ? kHuge : 64;
+    const size_t rounded = (bytes + align - 1) / align * align;
+    s->ptr = std::aligned_alloc(align, rounded);
     ZAYA_CHECK(s->ptr != nullptr, "out of host memory allocating ", bytes, " bytes");
+#if defined(MADV_HUGEPAGE)
+    if (align == kHuge) madvise(s->ptr, rounded, MADV_HUGEPAGE);
+#endif
   } else {
     s->ptr = cuda::malloc_device(bytes);
   }
