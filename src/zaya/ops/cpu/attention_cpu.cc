@@ -93,7 +93,7 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel
   {
-    std::vector<float> Kt(hd * kBlock), Vb(kBlock * hd), S(kBlock * kBlock), acc(kBlock * hd), m(kBlock),
+    AlignedVector<float> Kt(hd * kBlock), Vb(kBlock * hd), S(kBlock * kBlock), acc(kBlock * hd), m(kBlock),
         l(kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * nq * nblk; ++task) {
@@ -201,7 +201,7 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
 
 #pragma omp parallel
   {
-    std::vector<float> Kt(hd * kBlock), Kb(kBlock * hd), Vt(hd * kBlock), P(kBlock * kBlock),
+    AlignedVector<float> Kt(hd * kBlock), Kb(kBlock * hd), Vt(hd * kBlock), P(kBlock * kBlock),
         dS(kBlock * kBlock), acc(kBlock * hd), acc2(kBlock * hd);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * nkv; ++task) {

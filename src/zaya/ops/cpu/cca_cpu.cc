@@ -28,7 +28,7 @@ namespace {
 // before they read.
 template <int Slot>
 float* scratch(int64_t n) {
-  thread_local std::vector<float> buf;
+  thread_local AlignedVector<float> buf;
   if (buf.size() < static_cast<size_t>(n)) buf.resize(static_cast<size_t>(n));
   return buf.data();
 }

@@ -7,13 +7,37 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 namespace zaya::ops::cpu {
+
+// Allocator for 64-byte-aligned buffers (a cache line, one AVX-512 vector): std::vector's default
+// storage is only 16-byte aligned, so every 64-byte load from a kernel's scratch row would straddle
+// two cache lines.
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t n) {
+    void* p = std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <class U>
+  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+};
+template <class T>
+using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
 
 // The fixed addition tree over 16 partial sums (lane l accumulated the terms i ≡ l mod 16) that
 // dotf, sum_expf and exp_store_sum share: l += l+8, l += l+4, then (0 + 2) + (1 + 3). Results
