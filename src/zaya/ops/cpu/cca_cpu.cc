@@ -112,10 +112,10 @@ constexpr int64_t kTok = 64;   // tokens per backward block: its depthwise pairs
 // with a single FMA chain over the 2·hd inputs (1.3e-4; both are fp32 rounding, and HF in float64
 // is 1.3e-4 from HF in fp32 there too: docs/results/model-cpu.md). dotf keeps 16 partial sums, lane
 // l an FMA chain over the inputs k ≡ l (mod 16), then adds them in sum16's tree. With AVX-512 those
-// 16 lanes are one register: acc = fma(gw_o[16j..], dd[16j..], acc) for j = 0, 1, ... (the last
-// vector masked, which adds exact zeros), 4 tokens × 4 outputs at a time so 16 chains hide the FMA
-// latency and each load feeds 4 FMAs; sum16_x16 then applies the tree to 16 outputs' registers at
-// once. The decode step calls dotf itself, and CcaConv.DecodeEqualsFullForwardAtEveryPosition
+// 16 lanes are one register: acc = fma(gw_o[16j..], dd[16j..], acc) for j = 0, 1, ... (both
+// zero-padded to whole vectors, which adds exact zeros), 4 tokens × 4 outputs at a time so 16
+// chains hide the FMA latency and each load feeds 4 FMAs; sum16_x16 then applies the tree to 16
+// outputs' registers at once. The decode step calls dotf itself, and CcaConv.DecodeEqualsFullForwardAtEveryPosition
 // checks the two bitwise.
 void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, const float* gw,
                   const float* gb, int64_t B, int64_t T, int64_t heads, int64_t hd) {
@@ -123,7 +123,11 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
   const Taps taps(dw, C);
 #if defined(__AVX512F__)
   const int64_t J = (K2 + 15) / 16, K2p = 16 * J;  // vectors per dot; dd rows padded with zeros to K2p
-  const __mmask16 last = first_lanes(K2 - 16 * (J - 1));
+  // The grouped weight's rows copied to 64-byte-aligned rows of K2p, zero-padded like dd's: the
+  // products past K2 are 0·0 = +0, which leaves every partial sum's bits as dotf's, and the loop
+  // needs no masks (the parameter views are not aligned to a cache line).
+  AlignedVector<float> gwa(static_cast<size_t>(C * K2p), 0.0f);
+  for (int64_t o = 0; o < C; ++o) std::copy_n(gw + o * K2, K2, gwa.data() + o * K2p);
 #pragma omp parallel
   {
     float* dd = scratch<0>(kRows * K2p);
@@ -147,16 +151,15 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
         for (int64_t o0 = 0; o0 < hd; o0 += 16) {
           for (int64_t og = 0; og < 16; og += 4) {
             const float* wr[4];  // outputs past hd reuse the last row: computed, never stored
-            for (int q = 0; q < 4; ++q) wr[q] = gw + (g * hd + std::min(o0 + og + q, hd - 1)) * K2;
+            for (int q = 0; q < 4; ++q) wr[q] = gwa.data() + (g * hd + std::min(o0 + og + q, hd - 1)) * K2p;
             __m512 a[4][4];
             for (auto& row : a)
               for (__m512& v : row) v = _mm512_setzero_ps();
             for (int64_t j = 0; j < J; ++j) {
-              const __mmask16 m = j + 1 < J ? __mmask16(0xFFFF) : last;
               __m512 w[4];
-              for (int q = 0; q < 4; ++q) w[q] = _mm512_maskz_loadu_ps(m, wr[q] + 16 * j);
+              for (int q = 0; q < 4; ++q) w[q] = _mm512_load_ps(wr[q] + 16 * j);
               for (int r = 0; r < 4; ++r) {
-                const __m512 xv = _mm512_loadu_ps(x + r * K2p + 16 * j);
+                const __m512 xv = _mm512_load_ps(x + r * K2p + 16 * j);
                 for (int q = 0; q < 4; ++q) a[r][q] = _mm512_fmadd_ps(w[q], xv, a[r][q]);
               }
             }
