@@ -214,9 +214,10 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& 
 
 namespace {
 
-// dx of one row: x̂ = x·r, ĝ = dy ⊙ w, dx = r·(ĝ − x̂·mean(ĝ ⊙ x̂)), the mean in a fixed order.
-template <bool Accumulate>
-void rmsnorm_backward_row(const float* gi, const float* xi, const float* wp, float r, int64_t f, float* dxi) {
+// dx of one row: x̂ = x·r, ĝ = dy ⊙ w, dx = r·(ĝ − x̂·mean(ĝ ⊙ x̂)), the mean in a fixed order;
+// written, or added to dxi with `accumulate`.
+void rmsnorm_backward_row(const float* gi, const float* xi, const float* wp, float r, int64_t f, float* dxi,
+                          bool accumulate) {
   // mean(ĝ ⊙ x̂) = r·mean(dy ⊙ w ⊙ x)
   float lane[16] = {};
   int64_t j = 0;
@@ -228,14 +229,8 @@ void rmsnorm_backward_row(const float* gi, const float* xi, const float* wp, flo
   const float mean_gx = s * r / static_cast<float>(f);
   for (j = 0; j < f; ++j) {
     const float d = r * (gi[j] * wp[j] - xi[j] * r * mean_gx);
-    dxi[j] = Accumulate ? dxi[j] + d : d;
+    dxi[j] = accumulate ? dxi[j] + d : d;
   }
-}
-
-void rmsnorm_backward_row(const float* gi, const float* xi, const float* wp, float r, int64_t f, float* dxi,
-                          bool accumulate) {
-  if (accumulate) rmsnorm_backward_row<true>(gi, xi, wp, r, f, dxi);
-  else rmsnorm_backward_row<false>(gi, xi, wp, r, f, dxi);
 }
 
 }  // namespace

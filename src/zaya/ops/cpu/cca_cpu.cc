@@ -115,13 +115,14 @@ constexpr int64_t kTok = 64;   // tokens per backward block: its depthwise pairs
 // 16 lanes are one register: acc = fma(gw_o[16j..], dd[16j..], acc) for j = 0, 1, ... (both
 // zero-padded to whole vectors, which adds exact zeros), 4 tokens × 4 outputs at a time so 16
 // chains hide the FMA latency and each load feeds 4 FMAs; sum16_x16 then applies the tree to 16
-// outputs' registers at once. The decode step calls dotf itself, and CcaConv.DecodeEqualsFullForwardAtEveryPosition
-// checks the two bitwise.
+// outputs' registers at once. The decode step calls dotf itself, and
+// CcaConv.DecodeEqualsFullForwardAtEveryPosition checks the two bitwise.
 void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, const float* gw,
                   const float* gb, int64_t B, int64_t T, int64_t heads, int64_t hd) {
-  const int64_t C = heads * hd, N = B * T, K2 = 2 * hd, nblk = (N + kRows - 1) / kRows;
+  const int64_t C = heads * hd, N = B * T, K2 = 2 * hd;
   const Taps taps(dw, C);
 #if defined(__AVX512F__)
+  const int64_t nblk = (N + kRows - 1) / kRows;
   const int64_t J = (K2 + 15) / 16, K2p = 16 * J;  // vectors per dot; dd rows padded with zeros to K2p
   // The grouped weight's rows copied to 64-byte-aligned rows of K2p, zero-padded like dd's: the
   // products past K2 are 0·0 = +0, which leaves every partial sum's bits as dotf's, and the loop
@@ -188,7 +189,6 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
       }
     }
   }
-  (void)nblk;
 #endif
 }
 

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
-#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -54,27 +53,27 @@ inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1u);
 }
 
+// 128-bit quarters of a and b picked by Imm (_mm512_shuffle_f32x4), through the masked form with
+// every lane selected: GCC 12's plain one passes an undefined vector and warns.
+template <int Imm>
+inline __m512 shuffle_quarters(__m512 a, __m512 b) {
+  return _mm512_mask_shuffle_f32x4(a, 0xFFFF, a, b, Imm);
+}
+
 // sum16 of 16 vectors at once: lane o of the result is sum16(acc + 16·o), the 16 partial sums of
 // output o ([output][lane] in memory), with the same additions in the same tree, so the bits equal
 // sum16's (tests/ops/test_dense.cc, Sum16x16EqualsSum16). Each stage adds the two halves of every
 // output's remaining partials after moving them into matching lanes: 30 shuffles and 15 adds for 16
 // outputs, where 16 separate horizontal sums would take ~4× the instructions.
 inline __m512 sum16_x16(const float* acc) {
-  // The masked forms with every lane selected: GCC 12's plain ones pass an undefined vector and warn.
-  auto quarters = [](__m512 a, __m512 b, auto imm) {
-    return _mm512_mask_shuffle_f32x4(a, 0xFFFF, a, b, decltype(imm)::value);
-  };
-  using I44 = std::integral_constant<int, 0x44>;
-  using IEE = std::integral_constant<int, 0xEE>;
-  using I88 = std::integral_constant<int, 0x88>;
-  using IDD = std::integral_constant<int, 0xDD>;
   __m512 h[8], q[4], e[2];
   for (int k = 0; k < 8; ++k) {  // l += l+8: output 2k's 8 sums in 128-bit lanes 0-1, 2k+1's in 2-3
     const __m512 a = _mm512_loadu_ps(acc + 32 * k), b = _mm512_loadu_ps(acc + 32 * k + 16);
-    h[k] = _mm512_add_ps(quarters(a, b, I44{}), quarters(a, b, IEE{}));
+    h[k] = _mm512_add_ps(shuffle_quarters<0x44>(a, b), shuffle_quarters<0xEE>(a, b));
   }
   for (int k = 0; k < 4; ++k)  // l += l+4: output 4k+c's 4 sums in 128-bit lane c
-    q[k] = _mm512_add_ps(quarters(h[2 * k], h[2 * k + 1], I88{}), quarters(h[2 * k], h[2 * k + 1], IDD{}));
+    q[k] = _mm512_add_ps(shuffle_quarters<0x88>(h[2 * k], h[2 * k + 1]),
+                         shuffle_quarters<0xDD>(h[2 * k], h[2 * k + 1]));
   for (int k = 0; k < 2; ++k)  // lane c of e[k]: [0+2, 1+3] of output 8k+c, then of 8k+4+c
     e[k] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * k], q[2 * k + 1], 0x44), _mm512_shuffle_ps(q[2 * k], q[2 * k + 1], 0xEE));
   // (0+2) + (1+3): element 4c + j now holds output c + 4j; the permute puts output o at element o.
@@ -82,13 +81,11 @@ inline __m512 sum16_x16(const float* acc) {
   const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
   return _mm512_mask_permutexvar_ps(t, 0xFFFF, order, t);
 }
-#endif
 
-#if defined(__AVX512F__)
 // dst[c·ldd + r] = src[r·lds + c] for r, c < 16: a 16×16 transpose in registers (4 rounds of
 // unpack/shuffle, 64 shuffles for 256 elements instead of 256 scalar loads and strided stores).
 inline void transpose16(float* dst, int64_t ldd, const float* src, int64_t lds) {
-  // The masked forms with every lane selected: GCC 12's plain ones pass an undefined vector and warn.
+  // Masked forms with every lane selected, as in shuffle_quarters.
   auto lo32 = [](__m512 a, __m512 b) { return _mm512_mask_unpacklo_ps(a, 0xFFFF, a, b); };
   auto hi32 = [](__m512 a, __m512 b) { return _mm512_mask_unpackhi_ps(a, 0xFFFF, a, b); };
   auto lo64 = [](__m512 a, __m512 b) {
@@ -112,16 +109,16 @@ inline void transpose16(float* dst, int64_t ldd, const float* src, int64_t lds) 
   // Now r[4q + k] holds, in 128-bit lane L, column 4L + k of rows 4q..4q+3; two rounds of 128-bit
   // shuffles gather each column's four row-quads into one register.
   for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_mask_shuffle_f32x4(r[i], 0xFFFF, r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_mask_shuffle_f32x4(r[i], 0xFFFF, r[i], r[i + 4], 0xDD);
-    t[i + 8] = _mm512_mask_shuffle_f32x4(r[i + 8], 0xFFFF, r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_mask_shuffle_f32x4(r[i + 8], 0xFFFF, r[i + 8], r[i + 12], 0xDD);
+    t[i] = shuffle_quarters<0x88>(r[i], r[i + 4]);
+    t[i + 4] = shuffle_quarters<0xDD>(r[i], r[i + 4]);
+    t[i + 8] = shuffle_quarters<0x88>(r[i + 8], r[i + 12]);
+    t[i + 12] = shuffle_quarters<0xDD>(r[i + 8], r[i + 12]);
   }
   for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_mask_shuffle_f32x4(t[i], 0xFFFF, t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_mask_shuffle_f32x4(t[i], 0xFFFF, t[i], t[i + 8], 0xDD);
-    r[i + 4] = _mm512_mask_shuffle_f32x4(t[i + 4], 0xFFFF, t[i + 4], t[i + 12], 0x88);
-    r[i + 12] = _mm512_mask_shuffle_f32x4(t[i + 4], 0xFFFF, t[i + 4], t[i + 12], 0xDD);
+    r[i] = shuffle_quarters<0x88>(t[i], t[i + 8]);
+    r[i + 8] = shuffle_quarters<0xDD>(t[i], t[i + 8]);
+    r[i + 4] = shuffle_quarters<0x88>(t[i + 4], t[i + 12]);
+    r[i + 12] = shuffle_quarters<0xDD>(t[i + 4], t[i + 12]);
   }
   for (int c = 0; c < 16; ++c) _mm512_storeu_ps(dst + c * ldd, r[c]);  // r[c]: column c
 }
