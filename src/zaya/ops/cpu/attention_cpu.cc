@@ -118,7 +118,10 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
           Vsrc = Vb.data();
           ldv = hd;
         }
-        mm(S.data(), kBlock, qblk, rq, 1, Kt.data(), kBlock, ni, kBlock, hd, false);  // S = Q·Kᵀ
+        // The diagonal tile (i0 = j0) needs only keys j ≤ i: its products skip the rest.
+        const Causal diag_cols = kb == qb ? Causal::cols_le_row : Causal::none;
+        const Causal diag_k = kb == qb ? Causal::k_le_row : Causal::none;
+        mm(S.data(), kBlock, qblk, rq, 1, Kt.data(), kBlock, ni, kBlock, hd, false, diag_cols);  // S = Q·Kᵀ
         for (int64_t ii = 0; ii < ni; ++ii) {
           float* s = S.data() + ii * kBlock;
           const int64_t jn = std::min(nj, i0 + ii - j0 + 1);  // causal: keys j ≤ i
@@ -162,7 +165,7 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
             for (int64_t d = 0; d < hd; ++d) a[d] *= alpha;
           }
         }
-        mm(acc.data(), hd, S.data(), kBlock, 1, Vsrc, ldv, ni, hd, kBlock, true);  // acc += P·V
+        mm(acc.data(), hd, S.data(), kBlock, 1, Vsrc, ldv, ni, hd, kBlock, true, diag_k);  // acc += P·V
       }
       for (int64_t ii = 0; ii < ni; ++ii) {
         const int64_t i = i0 + ii;
@@ -220,20 +223,29 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
           for (int64_t qb = kb; qb < nblk; ++qb) {  // causal: only queries i ≥ j0 see this block
             const int64_t i0 = qb * kBlock, ni = std::min(kBlock, T - i0);
             const int64_t row0 = (b * T + i0) * nq + h;
-            mm(P.data(), kBlock, q + row0 * hd, rq, 1, Kt.data(), kBlock, ni, kBlock, hd, false);
+            // On the diagonal tile (qb = kb) each product skips what the causal mask makes zero
+            // or unused (Causal in tile_mm.h); scores past a row's last key are never computed.
+            const bool diag = qb == kb;
+            const Causal cols = diag ? Causal::cols_le_row : Causal::none;
+            mm(P.data(), kBlock, q + row0 * hd, rq, 1, Kt.data(), kBlock, ni, kBlock, hd, false, cols);
             probs(P.data(), Lrow, i0, ni, j0, nj, scale);
-            mm(dS.data(), kBlock, dout + row0 * hd, rq, 1, Vt.data(), kBlock, ni, kBlock, hd, false);  // dP
-            // dS = P ⊙ (dP − D)·scale in place of dP (P is 0 on masked keys, so dS is too).
+            mm(dS.data(), kBlock, dout + row0 * hd, rq, 1, Vt.data(), kBlock, ni, kBlock, hd, false, cols);  // dP
+            // dS = P ⊙ (dP − D)·scale in place of dP over each row's visible keys, 0 past them
+            // (where dP may not have been computed).
             for (int64_t ii = 0; ii < ni; ++ii) {
               const float Di = Drow[i0 + ii];
               float* ds = dS.data() + ii * kBlock;
               const float* p = P.data() + ii * kBlock;
-              for (int64_t j = 0; j < kBlock; ++j) ds[j] = scale * p[j] * (ds[j] - Di);
+              const int64_t jn = std::min(nj, i0 + ii - j0 + 1);
+              for (int64_t j = 0; j < jn; ++j) ds[j] = scale * p[j] * (ds[j] - Di);
+              std::fill(ds + jn, ds + kBlock, 0.0f);
             }
             // dV += Pᵀ·dO and dK += dSᵀ·Q over this block's ni query rows (Aᵀ by stride swap).
-            mm(acc2.data(), hd, P.data(), 1, kBlock, dout + row0 * hd, rq, nj, hd, ni, true);
-            mm(acc.data(), hd, dS.data(), 1, kBlock, q + row0 * hd, rq, nj, hd, ni, true);
-            mm(dq + row0 * hd, rq, dS.data(), kBlock, 1, Kb.data(), hd, ni, hd, kBlock, true);  // dQ += dS·K
+            const Causal k_from = diag ? Causal::k_ge_row : Causal::none;
+            mm(acc2.data(), hd, P.data(), 1, kBlock, dout + row0 * hd, rq, nj, hd, ni, true, k_from);
+            mm(acc.data(), hd, dS.data(), 1, kBlock, q + row0 * hd, rq, nj, hd, ni, true, k_from);
+            mm(dq + row0 * hd, rq, dS.data(), kBlock, 1, Kb.data(), hd, ni, hd, kBlock, true,
+               diag ? Causal::k_le_row : Causal::none);  // dQ += dS·K
           }
         }
         for (int64_t j = 0; j < nj; ++j) {

@@ -2,13 +2,14 @@
 // grouped conv): C[m, n] (+)= Σ_k A(i, k)·B[k, 0..n) with A(i, k) = a[i·a_rs + k·a_cs] (so Aᵀ is a
 // stride swap) and B rows contiguous (ld ldb). Called from inside the ops' own OpenMP loops, where a
 // oneDNN call would nest its threads, on products too small for a primitive to pay off.
-// Register blocking: 4 rows × 64 columns of C stay in 16 AVX-512 registers while k runs, so each B
-// row is loaded once per 4 rows of A. Each C element is one FMA chain over k in order: the result
-// depends only on the inputs (never on threads or on how the caller splits m).
+// Register blocking: 4 rows × up to 64 columns of C stay in up to 16 AVX-512 registers while k
+// runs, so each B row is loaded once per 4 rows of A. Each C element is one FMA chain over k in
+// order: the result depends only on the inputs (never on threads or on how the caller splits m).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -17,45 +18,79 @@
 
 namespace zaya::ops::cpu {
 
+// Which part of a square diagonal tile of causal attention a product needs (row i of A or C is
+// query/key i of the tile, and query i sees keys j ≤ i):
+//   cols_le_row  C(i, j) is used only for j ≤ i (scores): the columns past it are not computed and
+//                keep whatever they held;
+//   k_le_row     A(i, kk) = 0 for kk > i (probabilities × values, dS × keys): those terms are skipped;
+//   k_ge_row     A(i, kk) = 0 for kk < i (Pᵀ and dSᵀ, rows being keys): those terms are skipped.
+// A skipped term is an exact zero product, so every computed element is bitwise what the full
+// product gives; on a diagonal tile about 40% of the work is skipped.
+enum class Causal { none, cols_le_row, k_le_row, k_ge_row };
+
+namespace tile_detail {
+
+#if defined(__AVX512F__)
+// C rows [0, R) × columns [c0, c0 + 16·NV) ∩ [0, n), over k in [k0, k1).
+template <int R, int NV>
+inline void mm_block(float* C, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
+                     int64_t c0, int64_t n, int64_t k0, int64_t k1, bool accumulate) {
+  __mmask16 mk[NV];
+  for (int v = 0; v < NV; ++v) mk[v] = first_lanes(n - c0 - 16 * v);
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = accumulate ? _mm512_maskz_loadu_ps(mk[v], C + r * ldc + c0 + 16 * v) : _mm512_setzero_ps();
+  for (int64_t kk = k0; kk < k1; ++kk) {
+    __m512 b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_maskz_loadu_ps(mk[v], B + kk * ldb + c0 + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(a[r * a_rs + kk * a_cs]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(x, b[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(C + r * ldc + c0 + 16 * v, mk[v], acc[r][v]);
+}
+#endif
+
 template <int R>
 inline void mm_rows(float* C, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* B,
-                    int64_t ldb, int64_t n, int64_t k, bool accumulate) {
+                    int64_t ldb, int64_t n, int64_t k0, int64_t k1, bool accumulate) {
 #if defined(__AVX512F__)
   for (int64_t c0 = 0; c0 < n; c0 += 64) {
-    __mmask16 mk[4];
-    for (int v = 0; v < 4; ++v) {
-      const int64_t left = std::clamp<int64_t>(n - c0 - 16 * v, 0, 16);
-      mk[v] = static_cast<__mmask16>((1u << left) - 1u);
+    switch (std::min<int64_t>(4, (n - c0 + 15) / 16)) {  // only the 16-column vectors that hold columns
+      case 1: mm_block<R, 1>(C, ldc, a, a_rs, a_cs, B, ldb, c0, n, k0, k1, accumulate); break;
+      case 2: mm_block<R, 2>(C, ldc, a, a_rs, a_cs, B, ldb, c0, n, k0, k1, accumulate); break;
+      case 3: mm_block<R, 3>(C, ldc, a, a_rs, a_cs, B, ldb, c0, n, k0, k1, accumulate); break;
+      default: mm_block<R, 4>(C, ldc, a, a_rs, a_cs, B, ldb, c0, n, k0, k1, accumulate); break;
     }
-    __m512 acc[R][4];
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < 4; ++v)
-        acc[r][v] = accumulate ? _mm512_maskz_loadu_ps(mk[v], C + r * ldc + c0 + 16 * v) : _mm512_setzero_ps();
-    for (int64_t kk = 0; kk < k; ++kk) {
-      __m512 b[4];
-      for (int v = 0; v < 4; ++v) b[v] = _mm512_maskz_loadu_ps(mk[v], B + kk * ldb + c0 + 16 * v);
-      for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_set1_ps(a[r * a_rs + kk * a_cs]);
-        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(x, b[v], acc[r][v]);
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(C + r * ldc + c0 + 16 * v, mk[v], acc[r][v]);
   }
 #else
   for (int r = 0; r < R; ++r) {
     float* c = C + r * ldc;
     if (!accumulate) std::fill_n(c, n, 0.0f);
-    for (int64_t kk = 0; kk < k; ++kk) axpyf(c, a[r * a_rs + kk * a_cs], B + kk * ldb, n);
+    for (int64_t kk = k0; kk < k1; ++kk) axpyf(c, a[r * a_rs + kk * a_cs], B + kk * ldb, n);
   }
 #endif
 }
 
+}  // namespace tile_detail
+
 inline void mm(float* C, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
-               int64_t m, int64_t n, int64_t k, bool accumulate) {
+               int64_t m, int64_t n, int64_t k, bool accumulate, Causal causal = Causal::none) {
+  // Rows [i, i + R) of C as one register block, with the columns and the k range that block needs.
+  auto block = [&](auto rows, int64_t i) {
+    constexpr int R = decltype(rows)::value;
+    int64_t ni = n, k0 = 0, k1 = k;
+    if (causal == Causal::cols_le_row) ni = std::min(n, i + R);
+    if (causal == Causal::k_le_row) k1 = std::min(k, i + R);
+    if (causal == Causal::k_ge_row) k0 = std::min(k, i);
+    tile_detail::mm_rows<R>(C + i * ldc, ldc, a + i * a_rs, a_rs, a_cs, B, ldb, ni, k0, k1, accumulate);
+  };
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) mm_rows<4>(C + i * ldc, ldc, a + i * a_rs, a_rs, a_cs, B, ldb, n, k, accumulate);
-  for (; i < m; ++i) mm_rows<1>(C + i * ldc, ldc, a + i * a_rs, a_rs, a_cs, B, ldb, n, k, accumulate);
+  for (; i + 4 <= m; i += 4) block(std::integral_constant<int, 4>{}, i);
+  for (; i < m; ++i) block(std::integral_constant<int, 1>{}, i);
 }
 
 }  // namespace zaya::ops::cpu
