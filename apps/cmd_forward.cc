@@ -135,6 +135,10 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
   std::printf("bench: GEMMs %.2f ms per step (%lld calls, %.2f GFLOP at %.1f GFLOP/s), everything else %.2f ms\n",
               1e3 * g.seconds / n, static_cast<long long>(g.calls / steps), 1e-9 * g.flops / n,
               g.seconds > 0 ? 1e-9 * g.flops / g.seconds : 0.0, 1e3 * (step - g.seconds / n));
+  if (g.side_by_side_calls > 0)
+    std::printf("bench: grouped GEMM calls run side by side: %.1f per step, threads finishing %.3f ms apart per call\n",
+                static_cast<double>(g.side_by_side_calls) / n,
+                1e3 * g.side_by_side_gap_seconds / static_cast<double>(g.side_by_side_calls));
   if (gemm_shapes) {
     ops::gemm_profile_shapes(false);
     std::printf("bench: GEMM shapes (per step; op letters, M x N x K, ? = tokens per expert)\n");

@@ -62,7 +62,7 @@ constexpr size_t kCacheCapacity = 512;
 // a benchmark can print how far the rest of the step is from the GEMM floor. Two clock reads per
 // call (99 calls per demo step) cost nothing measurable. Relaxed atomics: totals only.
 struct TimeCounters {
-  std::atomic<int64_t> calls{0}, nanoseconds{0};
+  std::atomic<int64_t> calls{0}, nanoseconds{0}, side_by_side_calls{0}, side_by_side_gap_ns{0};
   std::atomic<double> flops{0.0};
   std::atomic<bool> per_shape{false};
   std::mutex mu;  // guards shapes
@@ -573,15 +573,15 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
 // one after another with every thread on each: each expert's GEMM is small (the demo's ~230 tokens
 // × 1024 × 256), and split over threads it pays a split and a barrier and both threads stream the
 // same weights; on one thread its weights stay in that core's L2. bench_ops_gemm's split_ab A/B
-// (demo forms, 8 experts, f32, 2 threads): 1.05–1.10× (docs/ops-gemm.md). Problems go to threads by
-// longest-processing-time-first on their FLOPs; when that leaves the busiest thread more than
+// (demo forms, 8 experts, f32, 2 threads): 1.05–1.10× (docs/ops-gemm.md). Free threads take the
+// problems largest first (by FLOPs); when even that plan leaves the busiest thread more than
 // kMaxImbalance above the mean (few or very uneven experts), the call stays serial. Large expert
 // weights (ZAYA1's, ≥ kLargeWeight elements) stay serial too: they fit no core's L2 either way, and
 // side by side measured 0.92× (gate_up) to 1.03× (weight gradient) there.
 constexpr double kMaxImbalance = 1.2;
 std::atomic<bool> g_side_by_side{true};
 bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& dims, const std::vector<size_t>& todo,
-                    Trans ta, int threads, std::vector<int>& owner) {
+                    Trans ta, int threads, std::vector<size_t>& order) {
   if (!g_side_by_side.load(std::memory_order_relaxed)) return false;
   if (threads < 2 || todo.size() < static_cast<size_t>(threads) || omp_in_parallel()) return false;
   // Problems that write overlapping C (several groups accumulating into one gradient, beta = 1)
@@ -602,16 +602,13 @@ bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& di
     work[j] = flops_of(d.batch, d.m, d.n, d.k);
     total += work[j];
   }
-  std::vector<size_t> order(todo.size());
+  order.resize(todo.size());
   for (size_t j = 0; j < order.size(); ++j) order[j] = j;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return work[a] > work[b]; });
+  // The plan the threads will roughly follow (each free thread takes the next largest): if even
+  // that leaves one thread far busier than the mean, the call stays serial.
   std::vector<double> load(static_cast<size_t>(threads), 0.0);
-  owner.assign(todo.size(), 0);
-  for (size_t j : order) {
-    const auto t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    owner[j] = static_cast<int>(t);
-    load[t] += work[j];
-  }
+  for (size_t j : order) *std::min_element(load.begin(), load.end()) += work[j];
   return *std::max_element(load.begin(), load.end()) <= kMaxImbalance * total / threads;
 }
 
@@ -661,30 +658,41 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
     todo.push_back(i);
   }
   const int threads = num_threads();
-  std::vector<int> owner;
-  if (split_problems(problems, dims, todo, ta, threads, owner)) {
-    // Each thread runs its own problems one after another, each GEMM on that one thread (a
-    // primitive built for 1 thread: the same bits as with ZAYA_THREADS=1). A problem may run past
-    // its end into the next one's rows only when the same thread runs that next one later.
-    // If OpenMP grants fewer threads than asked, the team's threads take the missing ones' shares
-    // (owner modulo the team size), so every problem still runs. An exception (oneDNN failing to
-    // build a primitive) must not leave the parallel region: the first one is rethrown after it.
+  std::vector<size_t> order;
+  if (split_problems(problems, dims, todo, ta, threads, order)) {
+    // Each thread takes the next problem, largest first, and runs it whole on that one thread (a
+    // primitive built for 1 thread: the same bits as with ZAYA_THREADS=1, whichever thread it is).
+    // Taken as threads free up rather than dealt out in advance, because equal FLOPs do not take
+    // equal times (a weight still in L2, the other core's GEMM sharing the memory bus): the
+    // threads then finish within about one problem of each other. No problem may run past its end
+    // here (which thread runs the next one is not known). An exception (oneDNN failing to build a
+    // primitive) must not leave the parallel region: the first one is rethrown after it.
     std::exception_ptr error;
+    std::atomic<size_t> next{0};
+    // When each thread finished (ns after the first did): the spread is the threads' idle time.
+    std::atomic<int64_t> first_done{INT64_MAX}, last_done{0};
+    const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads)
     {
-      const int me = omp_get_thread_num(), team = omp_get_num_threads();
       try {
-        for (size_t j = 0; j < todo.size(); ++j) {
-          if (owner[j] % team != me) continue;
-          const bool next_after = j + 1 < todo.size() && todo[j + 1] == todo[j] + 1 && owner[j + 1] % team == me;
-          run_grouped_problem(problems, todo[j], dims[todo[j]], ta, tb, alpha, beta, 1, next_after);
-        }
+        for (size_t j = next.fetch_add(1); j < order.size(); j = next.fetch_add(1))
+          run_grouped_problem(problems, todo[order[j]], dims[todo[order[j]]], ta, tb, alpha, beta, 1, false);
       } catch (...) {
 #pragma omp critical(zaya_gemm_grouped_error)
         if (!error) error = std::current_exception();
       }
+      const int64_t done =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      for (int64_t f = first_done.load(); done < f && !first_done.compare_exchange_weak(f, done);) {
+      }
+      for (int64_t l = last_done.load(); done > l && !last_done.compare_exchange_weak(l, done);) {
+      }
     }
     if (error) std::rethrow_exception(error);
+    TimeCounters& tc = time_counters();
+    tc.side_by_side_calls.fetch_add(1, std::memory_order_relaxed);
+    tc.side_by_side_gap_ns.fetch_add(std::max<int64_t>(0, last_done.load() - first_done.load()),
+                                     std::memory_order_relaxed);
     return;
   }
   for (size_t j = 0; j < todo.size(); ++j)
@@ -704,7 +712,8 @@ GemmCacheStats gemm_cache_stats() {
 
 GemmTimeStats gemm_time_stats() {
   TimeCounters& t = time_counters();
-  return {t.calls.load(), static_cast<double>(t.nanoseconds.load()) * 1e-9, t.flops.load()};
+  return {t.calls.load(), static_cast<double>(t.nanoseconds.load()) * 1e-9, t.flops.load(),
+          t.side_by_side_calls.load(), static_cast<double>(t.side_by_side_gap_ns.load()) * 1e-9};
 }
 
 void gemm_time_reset() {
@@ -712,6 +721,8 @@ void gemm_time_reset() {
   t.calls = 0;
   t.nanoseconds = 0;
   t.flops = 0.0;
+  t.side_by_side_calls = 0;
+  t.side_by_side_gap_ns = 0;
   std::lock_guard<std::mutex> lock(t.mu);
   t.shapes.clear();
 }

@@ -61,6 +61,10 @@ struct GemmTimeStats {
   int64_t calls = 0;
   double seconds = 0.0;
   double flops = 0.0;
+  // Grouped calls whose problems ran side by side (one whole GEMM per thread), and the summed
+  // time between the first and the last thread finishing them: the threads' idle time there.
+  int64_t side_by_side_calls = 0;
+  double side_by_side_gap_seconds = 0.0;
 };
 GemmTimeStats gemm_time_stats();
 void gemm_time_reset();
