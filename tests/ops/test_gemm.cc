@@ -313,8 +313,8 @@ TEST(Gemm, GroupedTokenCountsDoNotBuildAPrimitiveEach) {
 TEST(Gemm, GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise) {
   // Eight similar experts on 2 threads run side by side, one whole GEMM per thread (gemm.cc,
   // split_problems); each must be right, and bit-identical to the same call on 1 thread (where they
-  // run one after another). f32 here; bf16 with these small weights runs on the AMX kernel where
-  // the CPU has one and through the same side-by-side path where it does not.
+  // run one after another). bf16 with these small weights runs on the AMX kernel where the CPU has
+  // one (x·Wᵀ and dy·W need K a multiple of 32 for it: here only dyᵀ·x does), side by side too.
   const int saved = num_threads();
   const std::vector<int64_t> ms = {61, 47, 70, 52, 66, 58, 44, 63};
   const int64_t n = 48, k = 80;
@@ -402,18 +402,22 @@ TEST(Gemm, GroupedDeterministicAcrossThreadCounts) {
 // multiple of 16, K of 32 for x·Wᵀ and dy·W) in the three MoE forms, with token counts that hit
 // the kernel's 32-row blocks and their tails, against float64 and with the AMX switch off
 // (oneDNN). On an AMX CPU the AMX calls must build no oneDNN primitive (so the path really ran).
+// On 2 threads these experts run side by side (one whole problem per thread) and, with that
+// switched off, in chunks with every thread on each problem: both are checked.
 TEST(Gemm, GroupedAmxPathMatchesReferenceInAllForms) {
   const int64_t n = 64, k = 96;
   const std::vector<int64_t> ms = {0, 1, 31, 32, 33, 100, 7};
   for (GroupedForm f : {GroupedForm{Trans::N, Trans::T, 0.0f}, GroupedForm{Trans::N, Trans::N, 0.0f},
                         GroupedForm{Trans::T, Trans::N, 1.0f}}) {
-    for (bool amx : {true, false}) {
+    for (auto [amx, side_by_side] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
       auto [problems, refs] = make_grouped_case(f, ms, n, k, DType::bf16, 700);
       gemm_use_amx(amx);
+      gemm_grouped_side_by_side(side_by_side);
       gemm_cache_clear();
       gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
       const int64_t builds = gemm_cache_stats().misses;
       gemm_use_amx(true);
+      gemm_grouped_side_by_side(true);
       if (amx && cpu::amx_usable()) {
         EXPECT_EQ(builds, 0) << "ta " << int(f.ta) << " tb " << int(f.tb);
       }
@@ -421,7 +425,8 @@ TEST(Gemm, GroupedAmxPathMatchesReferenceInAllForms) {
         if (problems[g].C.numel() == 0) continue;
         // Exact bf16 inputs, f32 sums of <= 100 terms (plus C for the weight gradient): 1e-5 as above.
         EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5)
-            << (amx ? "amx" : "onednn") << " ta " << int(f.ta) << " tb " << int(f.tb) << " m " << ms[g];
+            << (amx ? "amx" : "onednn") << (side_by_side ? " side by side" : " chunked") << " ta " << int(f.ta)
+            << " tb " << int(f.tb) << " m " << ms[g];
       }
     }
   }

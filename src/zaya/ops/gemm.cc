@@ -449,6 +449,86 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
   return true;
 }
 
+// Whether the problems of a grouped call run side by side, one whole GEMM per thread, instead of
+// one after another with every thread on each: each expert's GEMM is small (the demo's ~230 tokens
+// × 1024 × 256), and split over threads it pays a split and a barrier and both threads stream the
+// same weights; on one thread its weights stay in that core's L2. bench_ops_gemm's split_ab A/B
+// (demo forms, 8 experts, f32, 2 threads): 1.05–1.10× (docs/ops-gemm.md). Free threads take the
+// problems largest first (by FLOPs); when even that plan leaves the busiest thread more than
+// kMaxImbalance above the mean (few or very uneven experts), the call stays serial. Large expert
+// weights (ZAYA1's, ≥ kLargeWeight elements) stay serial too: they fit no core's L2 either way, and
+// side by side measured 0.92× (gate_up) to 1.03× (weight gradient) there.
+constexpr double kMaxImbalance = 1.2;
+std::atomic<bool> g_side_by_side{true};
+bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& dims, const std::vector<size_t>& todo,
+                    Trans ta, int threads, std::vector<size_t>& order) {
+  if (!g_side_by_side.load(std::memory_order_relaxed)) return false;
+  if (threads < 2 || todo.size() < static_cast<size_t>(threads) || omp_in_parallel()) return false;
+  // Problems that write overlapping C (several groups accumulating into one gradient, beta = 1)
+  // must run in order, as a serial call runs them.
+  std::vector<std::pair<const char*, const char*>> spans;
+  for (size_t i : todo) {
+    const auto* c = static_cast<const char*>(problems[i].C.raw());
+    spans.emplace_back(c, c + problems[i].C.nbytes());
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t j = 1; j < spans.size(); ++j)
+    if (spans[j].first < spans[j - 1].second) return false;
+  std::vector<double> work(todo.size());
+  double total = 0;
+  for (size_t j = 0; j < todo.size(); ++j) {
+    const Dims& d = dims[todo[j]];
+    if ((ta == Trans::N ? d.n * d.k : d.m * d.n) >= kLargeWeight) return false;  // see above
+    work[j] = flops_of(d.batch, d.m, d.n, d.k);
+    total += work[j];
+  }
+  order.resize(todo.size());
+  for (size_t j = 0; j < order.size(); ++j) order[j] = j;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return work[a] > work[b]; });
+  // The plan the threads will roughly follow (each free thread takes the next largest): if even
+  // that leaves one thread far busier than the mean, the call stays serial.
+  std::vector<double> load(static_cast<size_t>(threads), 0.0);
+  for (size_t j : order) *std::min_element(load.begin(), load.end()) += work[j];
+  return *std::max_element(load.begin(), load.end()) <= kMaxImbalance * total / threads;
+}
+
+// Runs run_one(j) for j = 0..count−1 on `threads` threads, each taking the next j as it frees up
+// (the caller orders them largest first): taken as threads free up rather than dealt out in
+// advance, because equal FLOPs do not take equal times (a weight still in L2, the other core's
+// GEMM sharing the memory bus), so the threads finish within about one problem of each other.
+// begin()/end() run once per thread around its share. An exception (oneDNN failing to build a
+// primitive) must not leave the parallel region: the first one is rethrown after it. Adds the call
+// and the spread of the threads' finishing times to the GEMM time counters.
+template <class Begin, class RunOne, class End>
+void run_side_by_side(size_t count, int threads, Begin&& begin, RunOne&& run_one, End&& end) {
+  std::exception_ptr error;
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> first_done{INT64_MAX}, last_done{0};  // ns after t0
+  const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+  {
+    try {
+      begin();
+      for (size_t j = next.fetch_add(1); j < count; j = next.fetch_add(1)) run_one(j);
+      end();
+    } catch (...) {
+#pragma omp critical(zaya_gemm_grouped_error)
+      if (!error) error = std::current_exception();
+    }
+    const int64_t done =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    for (int64_t f = first_done.load(); done < f && !first_done.compare_exchange_weak(f, done);) {
+    }
+    for (int64_t l = last_done.load(); done > l && !last_done.compare_exchange_weak(l, done);) {
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  TimeCounters& tc = time_counters();
+  tc.side_by_side_calls.fetch_add(1, std::memory_order_relaxed);
+  tc.side_by_side_gap_ns.fetch_add(std::max<int64_t>(0, last_done.load() - first_done.load()),
+                                   std::memory_order_relaxed);
+}
+
 // ----------------------------------------------------------------------------- AMX grouped path
 // bf16 grouped GEMMs with small expert weights (N·K, or M·N for the weight gradient, < 2^20: the
 // demo's) run on the hand-written AMX kernel (cpu/amx_gemm.h) when the CPU has it and the call
@@ -493,6 +573,31 @@ constexpr size_t kAmxChunkBytes = size_t{1} << 20;
 
 void run_grouped_amx(std::span<GemmProblem> problems, const std::vector<Dims>& dims, Trans ta, Trans tb,
                      bool accumulate) {
+  const int threads = num_threads();
+  std::vector<size_t> todo, order;
+  for (size_t i = 0; i < problems.size(); ++i)
+    if (dims[i].m > 0) todo.push_back(i);
+  if (split_problems(problems, dims, todo, ta, threads, order)) {
+    // Side by side (as for oneDNN's path, see split_problems): each thread packs the operands of
+    // its problem into its own scratch and multiplies right after, with no barrier in between;
+    // its packed B is still in its L2. amx_gemm sums each C element in k order on one thread
+    // either way, so the bits are those of the chunked path below.
+    run_side_by_side(order.size(), threads, [] { cpu::amx_tile_begin(); }, [&](size_t j) {
+      const size_t i = todo[order[j]];
+      const Dims& d = dims[i];
+      const int64_t Kp = (d.k + 31) / 32 * 32;
+      const size_t b = static_cast<size_t>(cpu::amx_packed_b_elems(d.k, d.n));
+      const size_t a = ta == Trans::T ? static_cast<size_t>(d.m * Kp) : 0;
+      thread_local AmxScratch s;
+      if (s.buf.size() < a + b) s.buf.resize(a + b);
+      cpu::amx_pack_b(s.buf.data(), problems[i].B.data<bf16>(), problems[i].B.size(1), d.k, d.n, tb == Trans::T, true);
+      if (ta == Trans::T) cpu::amx_transpose_a(s.buf.data() + b, problems[i].A.data<bf16>(), d.m, d.k, d.m, true);
+      const bf16* A = ta == Trans::T ? s.buf.data() + b : problems[i].A.data<bf16>();
+      const int64_t lda = ta == Trans::T ? Kp : d.k;
+      cpu::amx_gemm(problems[i].C.data<float>(), d.n, A, lda, s.buf.data(), d.m, d.n, lda, accumulate, true);
+    }, [] { cpu::amx_tile_end(); });
+    return;
+  }
   // Per problem: offset of its packed B, and (ta = T) of its transposed A, in elements.
   const size_t n = problems.size();
   std::vector<size_t> b_off(n), a_off(n), chunk_end;
@@ -569,48 +674,6 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
     run_fixed(d, p.A, ta, p.B, tb, p.C, alpha, beta, threads);
 }
 
-// Whether the problems of a grouped call run side by side, one whole GEMM per thread, instead of
-// one after another with every thread on each: each expert's GEMM is small (the demo's ~230 tokens
-// × 1024 × 256), and split over threads it pays a split and a barrier and both threads stream the
-// same weights; on one thread its weights stay in that core's L2. bench_ops_gemm's split_ab A/B
-// (demo forms, 8 experts, f32, 2 threads): 1.05–1.10× (docs/ops-gemm.md). Free threads take the
-// problems largest first (by FLOPs); when even that plan leaves the busiest thread more than
-// kMaxImbalance above the mean (few or very uneven experts), the call stays serial. Large expert
-// weights (ZAYA1's, ≥ kLargeWeight elements) stay serial too: they fit no core's L2 either way, and
-// side by side measured 0.92× (gate_up) to 1.03× (weight gradient) there.
-constexpr double kMaxImbalance = 1.2;
-std::atomic<bool> g_side_by_side{true};
-bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& dims, const std::vector<size_t>& todo,
-                    Trans ta, int threads, std::vector<size_t>& order) {
-  if (!g_side_by_side.load(std::memory_order_relaxed)) return false;
-  if (threads < 2 || todo.size() < static_cast<size_t>(threads) || omp_in_parallel()) return false;
-  // Problems that write overlapping C (several groups accumulating into one gradient, beta = 1)
-  // must run in order, as a serial call runs them.
-  std::vector<std::pair<const char*, const char*>> spans;
-  for (size_t i : todo) {
-    const auto* c = static_cast<const char*>(problems[i].C.raw());
-    spans.emplace_back(c, c + problems[i].C.nbytes());
-  }
-  std::sort(spans.begin(), spans.end());
-  for (size_t j = 1; j < spans.size(); ++j)
-    if (spans[j].first < spans[j - 1].second) return false;
-  std::vector<double> work(todo.size());
-  double total = 0;
-  for (size_t j = 0; j < todo.size(); ++j) {
-    const Dims& d = dims[todo[j]];
-    if ((ta == Trans::N ? d.n * d.k : d.m * d.n) >= kLargeWeight) return false;  // see above
-    work[j] = flops_of(d.batch, d.m, d.n, d.k);
-    total += work[j];
-  }
-  order.resize(todo.size());
-  for (size_t j = 0; j < order.size(); ++j) order[j] = j;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return work[a] > work[b]; });
-  // The plan the threads will roughly follow (each free thread takes the next largest): if even
-  // that leaves one thread far busier than the mean, the call stays serial.
-  std::vector<double> load(static_cast<size_t>(threads), 0.0);
-  for (size_t j : order) *std::min_element(load.begin(), load.end()) += work[j];
-  return *std::max_element(load.begin(), load.end()) <= kMaxImbalance * total / threads;
-}
 
 }  // namespace
 
@@ -660,39 +723,12 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   const int threads = num_threads();
   std::vector<size_t> order;
   if (split_problems(problems, dims, todo, ta, threads, order)) {
-    // Each thread takes the next problem, largest first, and runs it whole on that one thread (a
-    // primitive built for 1 thread: the same bits as with ZAYA_THREADS=1, whichever thread it is).
-    // Taken as threads free up rather than dealt out in advance, because equal FLOPs do not take
-    // equal times (a weight still in L2, the other core's GEMM sharing the memory bus): the
-    // threads then finish within about one problem of each other. No problem may run past its end
-    // here (which thread runs the next one is not known). An exception (oneDNN failing to build a
-    // primitive) must not leave the parallel region: the first one is rethrown after it.
-    std::exception_ptr error;
-    std::atomic<size_t> next{0};
-    // When each thread finished (ns after the first did): the spread is the threads' idle time.
-    std::atomic<int64_t> first_done{INT64_MAX}, last_done{0};
-    const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads)
-    {
-      try {
-        for (size_t j = next.fetch_add(1); j < order.size(); j = next.fetch_add(1))
-          run_grouped_problem(problems, todo[order[j]], dims[todo[order[j]]], ta, tb, alpha, beta, 1, false);
-      } catch (...) {
-#pragma omp critical(zaya_gemm_grouped_error)
-        if (!error) error = std::current_exception();
-      }
-      const int64_t done =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-      for (int64_t f = first_done.load(); done < f && !first_done.compare_exchange_weak(f, done);) {
-      }
-      for (int64_t l = last_done.load(); done > l && !last_done.compare_exchange_weak(l, done);) {
-      }
-    }
-    if (error) std::rethrow_exception(error);
-    TimeCounters& tc = time_counters();
-    tc.side_by_side_calls.fetch_add(1, std::memory_order_relaxed);
-    tc.side_by_side_gap_ns.fetch_add(std::max<int64_t>(0, last_done.load() - first_done.load()),
-                                     std::memory_order_relaxed);
+    // Each problem whole on one thread: a primitive built for 1 thread, the same bits as with
+    // ZAYA_THREADS=1 whichever thread runs it. No problem may run past its end here (which thread
+    // runs the next one is not known).
+    run_side_by_side(order.size(), threads, [] {}, [&](size_t j) {
+      run_grouped_problem(problems, todo[order[j]], dims[todo[order[j]]], ta, tb, alpha, beta, 1, false);
+    }, [] {});
     return;
   }
   for (size_t j = 0; j < todo.size(); ++j)

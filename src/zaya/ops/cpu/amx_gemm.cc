@@ -193,11 +193,13 @@ ZAYA_AMX void block32(float* C, int64_t ldc, const bf16* A, int64_t lda, const b
   }
 }
 
-// This thread's share [begin, end) of n items, contiguous (outside a parallel region: all of them).
+// This thread's share [begin, end) of n items, contiguous (outside a parallel region, or whole:
+// all of them).
 struct Range {
   int64_t begin, end;
 };
-Range my_share(int64_t n) {
+Range my_share(int64_t n, bool whole) {
+  if (whole) return {0, n};
   const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
   return {n * t / nt, n * (t + 1) / nt};
 }
@@ -222,9 +224,9 @@ int64_t amx_packed_b_elems(int64_t K, int64_t N) {
 // Layout: tile (nb, kb) at (nb·KB + kb)·512, so a column block's k run is contiguous. Threads
 // split the column pairs as amx_gemm does when it splits columns, so each thread's product reads
 // the B it packed, from its own L2.
-void amx_pack_b(bf16* out, const bf16* X, int64_t ld, int64_t K, int64_t N, bool transposed) {
+void amx_pack_b(bf16* out, const bf16* X, int64_t ld, int64_t K, int64_t N, bool transposed, bool whole) {
   const int64_t KB = (K + kTileK - 1) / kTileK, NB = (N + kTileN - 1) / kTileN;
-  const Range pairs = my_share((NB + 1) / 2);
+  const Range pairs = my_share((NB + 1) / 2, whole);
   for (int64_t nb = 2 * pairs.begin; nb < std::min(NB, 2 * pairs.end); ++nb)
     for (int64_t kb = 0; kb < KB; ++kb) {
       bf16* tile = out + (nb * KB + kb) * kTileElems;
@@ -235,9 +237,9 @@ void amx_pack_b(bf16* out, const bf16* X, int64_t ld, int64_t K, int64_t N, bool
     }
 }
 
-void amx_transpose_a(bf16* out, const bf16* X, int64_t ld, int64_t K, int64_t M) {
+void amx_transpose_a(bf16* out, const bf16* X, int64_t ld, int64_t K, int64_t M, bool whole) {
   const int64_t KB = (K + kTileK - 1) / kTileK, Kp = KB * kTileK;
-  const Range mbs = my_share((M + 15) / 16);
+  const Range mbs = my_share((M + 15) / 16, whole);
   for (int64_t mb = mbs.begin; mb < mbs.end; ++mb)
     for (int64_t kb = 0; kb < KB; ++kb) transpose_block(out, Kp, X, ld, K, M, kb * kTileK, mb * 16);
 }
@@ -263,12 +265,12 @@ ZAYA_AMX void amx_tile_end() { _tile_release(); }
 // blocks. Either way a thread walks its column pairs inside each row block, so that block's A
 // (32 × Kp bf16) stays in L1 while B comes from L2 (prefetched one pair ahead).
 void amx_gemm(float* C, int64_t ldc, const bf16* A, int64_t lda, const bf16* Bp, int64_t M, int64_t N,
-              int64_t Kp, bool accumulate) {
+              int64_t Kp, bool accumulate, bool whole) {
   const int64_t KB = Kp / kTileK, NB = N / kTileN, pairs = (NB + 1) / 2, full = M / 32 * 32;
   const int64_t mblocks = (M + 31) / 32;
-  const bool split_columns = pairs >= 2 * omp_get_num_threads();
-  const Range pr = split_columns ? my_share(pairs) : Range{0, pairs};
-  const Range mr = split_columns ? Range{0, mblocks} : my_share(mblocks);
+  const bool split_columns = whole || pairs >= 2 * omp_get_num_threads();
+  const Range pr = split_columns ? my_share(pairs, whole) : Range{0, pairs};
+  const Range mr = split_columns ? Range{0, mblocks} : my_share(mblocks, whole);
   thread_local TailScratch s;
   for (int64_t mb = mr.begin; mb < mr.end; ++mb) {
     const int64_t m0 = mb * 32;

@@ -20,7 +20,8 @@
 // barrier, so independent calls (the packing of several experts, the products of several
 // experts) run back to back, and the caller puts `#pragma omp barrier` between phases that depend
 // on each other (pack → multiply, multiply → reuse of a packing buffer). Outside a region they
-// run serially.
+// run serially, and so they do inside one when called with whole = true (each thread then runs
+// calls of its own: the grouped GEMMs' side-by-side mode).
 #pragma once
 
 #include <cstdint>
@@ -37,16 +38,16 @@ int64_t amx_packed_b_elems(int64_t K, int64_t N);
 
 // B = op(X) for X row-major with leading dim ld: X is [K, N] (transposed = false) or [N, K]
 // (transposed = true, op(X) = Xᵀ). Zero-padded to whole tiles.
-void amx_pack_b(bf16* out, const bf16* X, int64_t ld, int64_t K, int64_t N, bool transposed);
+void amx_pack_b(bf16* out, const bf16* X, int64_t ld, int64_t K, int64_t N, bool transposed, bool whole = false);
 
 // At[M, Kp] = Xᵀ for X [K, M] row-major (ld): the A operand of dyᵀ·x, zero-padded in k to Kp =
 // K rounded up to 32.
-void amx_transpose_a(bf16* out, const bf16* X, int64_t ld, int64_t K, int64_t M);
+void amx_transpose_a(bf16* out, const bf16* X, int64_t ld, int64_t K, int64_t M, bool whole = false);
 
 // C[M, N] (ldc) = A·B, or += when accumulate; A [M, Kp] row-major bf16 (lda), B packed for
 // [Kp, N], N a multiple of 16. Must run on threads that called amx_tile_begin() first.
 void amx_gemm(float* C, int64_t ldc, const bf16* A, int64_t lda, const bf16* Bp, int64_t M, int64_t N,
-              int64_t Kp, bool accumulate);
+              int64_t Kp, bool accumulate, bool whole = false);
 
 // Loads / releases this thread's tile configuration (all eight tiles 16 rows × 64 bytes).
 void amx_tile_begin();
