@@ -674,7 +674,6 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
     run_fixed(d, p.A, ta, p.B, tb, p.C, alpha, beta, threads);
 }
 
-
 }  // namespace
 
 void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha, float beta) {
