@@ -403,12 +403,14 @@ TEST(Gemm, GroupedDeterministicAcrossThreadCounts) {
 // the kernel's 32-row blocks and their tails, against float64 and with the AMX switch off
 // (oneDNN). On an AMX CPU the AMX calls must build no oneDNN primitive (so the path really ran).
 // On 2 threads these experts run side by side (one whole problem per thread) and, with that
-// switched off, in chunks with every thread on each problem: both are checked.
+// switched off, in chunks with every thread on each problem (as they do on 1 thread): both are
+// checked, and must give the same bits, or a model's results would depend on its thread count.
 TEST(Gemm, GroupedAmxPathMatchesReferenceInAllForms) {
   const int64_t n = 64, k = 96;
   const std::vector<int64_t> ms = {0, 1, 31, 32, 33, 100, 7};
   for (GroupedForm f : {GroupedForm{Trans::N, Trans::T, 0.0f}, GroupedForm{Trans::N, Trans::N, 0.0f},
                         GroupedForm{Trans::T, Trans::N, 1.0f}}) {
+    std::vector<std::vector<Tensor>> amx_outs;  // side by side, then chunked
     for (auto [amx, side_by_side] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
       auto [problems, refs] = make_grouped_case(f, ms, n, k, DType::bf16, 700);
       gemm_use_amx(amx);
@@ -428,7 +430,13 @@ TEST(Gemm, GroupedAmxPathMatchesReferenceInAllForms) {
             << (amx ? "amx" : "onednn") << (side_by_side ? " side by side" : " chunked") << " ta " << int(f.ta)
             << " tb " << int(f.tb) << " m " << ms[g];
       }
+      if (amx) {
+        amx_outs.emplace_back();
+        for (auto& p : problems) amx_outs.back().push_back(p.C);
+      }
     }
+    for (size_t g = 0; g < ms.size(); ++g)
+      EXPECT_TRUE(same_bits(amx_outs[0][g], amx_outs[1][g])) << "ta " << int(f.ta) << " tb " << int(f.tb) << " m " << ms[g];
   }
 }
 
