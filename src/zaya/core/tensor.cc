@@ -1,7 +1,9 @@
 #include "zaya/core/tensor.h"
 
+#include <omp.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -199,8 +201,25 @@ void Tensor::copy_from(const Tensor& src) {
 
 void Tensor::zero_() {
   if (nbytes() == 0) return;
-  if (device() == Device::cpu) std::memset(raw(), 0, nbytes());
-  else cuda::memset_device(raw(), 0, nbytes());
+  if (device() != Device::cpu) {
+    cuda::memset_device(raw(), 0, nbytes());
+    return;
+  }
+  // Large buffers (a model's flat gradients, zeroed every optimizer step) in 1 MiB pieces over
+  // the threads: one core's stores do not fill the memory bus.
+  constexpr size_t kPiece = size_t{1} << 20;
+  const size_t n = nbytes();
+  auto* p = static_cast<char*>(raw());
+  if (n < 8 * kPiece || omp_in_parallel()) {
+    std::memset(p, 0, n);
+    return;
+  }
+  const auto pieces = static_cast<int64_t>((n + kPiece - 1) / kPiece);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < pieces; ++i) {
+    const size_t begin = static_cast<size_t>(i) * kPiece;
+    std::memset(p + begin, 0, std::min(kPiece, n - begin));
+  }
 }
 
 void Tensor::fill_(double value) {
