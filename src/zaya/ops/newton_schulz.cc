@@ -28,7 +28,9 @@ void quintic_step(const Tensor& X, const Tensor& Xn, const Tensor& A, const Tens
   gemm(x_in, Trans::N, x_in, Trans::T, A);  // A = X·Xᵀ
   const float* ap = A.data<float>();
   float* bp = B.data<float>();
-  for (int64_t i = 0; i < A.numel(); ++i) bp[i] = b * ap[i];
+  const int64_t na = A.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < na; ++i) bp[i] = b * ap[i];
   if (low) cast_to_bf16(A, Ab);
   gemm(low ? Ab : A, Trans::N, low ? Ab : A, Trans::N, B, c, 1.0f);  // B = b·A + c·A·A
   const float* xp = X.data<float>();
