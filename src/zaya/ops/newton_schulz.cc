@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "zaya/ops/cpu/op_checks.h"
+#include "zaya/ops/cpu/seq_vec.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/gemm.h"
 #include "zaya/ops/optim_ops.h"
@@ -40,6 +41,29 @@ void quintic_step(const Tensor& X, const Tensor& Xn, const Tensor& A, const Tens
   for (int64_t i = 0; i < n; ++i) np[i] = a * xp[i];
   if (low) cast_to_bf16(B, Bb);
   gemm(low ? Bb : B, Trans::N, x_in, Trans::N, Xn, 1.0f, 1.0f);  // X_next = a·X + B·X
+}
+
+// dst[j·ldd + i] = s·src[i·lds + j] for i < m, j < n (dst = s·srcᵀ), over all threads in 16×16
+// blocks: a row-at-a-time transpose reads one element per cache line on one side, which cost the
+// demo's optimizer more than its GEMMs' packing. Whole blocks go through registers (cpu::transpose16).
+void transpose_scaled(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t m, int64_t n, float s) {
+  const int64_t mb = (m + 15) / 16, nb = (n + 15) / 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t bi = 0; bi < mb; ++bi)
+    for (int64_t bj = 0; bj < nb; ++bj) {
+      const int64_t i0 = bi * 16, j0 = bj * 16, i1 = std::min(m, i0 + 16), j1 = std::min(n, j0 + 16);
+#if defined(__AVX512F__)
+      if (i1 - i0 == 16 && j1 - j0 == 16) {
+        cpu::transpose16(dst + j0 * ldd + i0, ldd, src + i0 * lds + j0, lds);
+        if (s != 1.0f)
+          for (int64_t j = j0; j < j1; ++j)
+            for (int64_t i = i0; i < i1; ++i) dst[j * ldd + i] *= s;
+        continue;
+      }
+#endif
+      for (int64_t j = j0; j < j1; ++j)
+        for (int64_t i = i0; i < i1; ++i) dst[j * ldd + i] = src[i * lds + j] * s;
+    }
 }
 
 }  // namespace
@@ -108,9 +132,13 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
     // ‖G‖_F through the optimizer's norm (double accumulation, fixed blocks, vectorized).
     const float inv = static_cast<float>(1.0 / (global_grad_norm(std::span<const Tensor>(&ge, 1)) + 1e-7));
     float* x = X.data<float>() + e * rc;
+    if (transpose) {
+      transpose_scaled(x, c, g, cols, rows, cols, inv);  // G is [rows = c, cols = r]
+      continue;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < c; ++j) x[i * c + j] = (transpose ? g[j * cols + i] : g[i * c + j]) * inv;
+      for (int64_t j = 0; j < c; ++j) x[i * c + j] = g[i * c + j] * inv;
   }
   for (int s = 0; s < steps; ++s) {
     quintic_step(X, Y, A, B, Xb, Ab, Bb);
@@ -119,14 +147,12 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
   for (int64_t e = 0; e < batch; ++e) {
     const float* xs = X.data<float>() + e * rc;
     float* o = out.data<float>() + e * rc;
+    if (transpose) {
+      transpose_scaled(o, cols, xs, c, r, c, 1.0f);
+      continue;
+    }
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < c; ++j) {
-        if (transpose)
-          o[j * cols + i] = xs[i * c + j];
-        else
-          o[i * c + j] = xs[i * c + j];
-      }
+    for (int64_t i = 0; i < r; ++i) std::copy_n(xs + i * c, c, o + i * c);
   }
 }
 
