@@ -17,28 +17,32 @@ namespace {
 
 using detail::require_f32;
 
+// scaled = s·src and, when low is defined, low = bf16(src), in one pass over src (both only read it).
+void scale_and_round(const Tensor& src, float s, const Tensor& scaled, const Tensor& low) {
+  const float* x = src.data<float>();
+  float* y = scaled.data<float>();
+  bf16* r = low.defined() ? low.data<bf16>() : nullptr;
+  const int64_t n = src.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = s * x[i];
+    if (r) r[i] = to_bf16(x[i]);
+  }
+}
+
 // One quintic step on a batch of matrices X [Bt, r, c] (r <= c), every GEMM batched:
 //   A = X·Xᵀ,  B = b·A + c·A·A,  X_next = a·X + B·X.
-// With bf16 copies (Xb, Ab, Bb defined) the GEMM inputs are rounded to bf16; sums stay f32.
+// With bf16 copies (Xb, Ab, Bb defined) the GEMM inputs are rounded to bf16; sums stay f32. The
+// scaled terms a·X and b·A are written by the same passes that round X and A.
 void quintic_step(const Tensor& X, const Tensor& Xn, const Tensor& A, const Tensor& B, const Tensor& Xb,
                   const Tensor& Ab, const Tensor& Bb, float a = kNewtonSchulzA, float b = kNewtonSchulzB,
                   float c = kNewtonSchulzC) {
   const bool low = Xb.defined();
-  if (low) cast_to_bf16(X, Xb);
+  scale_and_round(X, a, Xn, Xb);  // X_next starts as a·X
   const Tensor& x_in = low ? Xb : X;
   gemm(x_in, Trans::N, x_in, Trans::T, A);  // A = X·Xᵀ
-  const float* ap = A.data<float>();
-  float* bp = B.data<float>();
-  const int64_t na = A.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < na; ++i) bp[i] = b * ap[i];
-  if (low) cast_to_bf16(A, Ab);
+  scale_and_round(A, b, B, Ab);             // B starts as b·A
   gemm(low ? Ab : A, Trans::N, low ? Ab : A, Trans::N, B, c, 1.0f);  // B = b·A + c·A·A
-  const float* xp = X.data<float>();
-  float* np = Xn.data<float>();
-  const int64_t n = X.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) np[i] = a * xp[i];
   if (low) cast_to_bf16(B, Bb);
   gemm(low ? Bb : B, Trans::N, x_in, Trans::N, Xn, 1.0f, 1.0f);  // X_next = a·X + B·X
 }
