@@ -557,10 +557,36 @@ bool amx_fits(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha, 
   return cpu::amx_usable();
 }
 
-// Scratch of the calling thread for the packed operands (kept: the expert GEMMs call every layer).
-struct AmxScratch {
-  std::vector<bf16> buf;
+// This thread's scratch for packed operands (kept: the expert GEMMs call every layer).
+std::vector<bf16>& amx_scratch() {
+  thread_local std::vector<bf16> buf;
+  return buf;
+}
+
+// One problem's slot of packed operands: B packed for [Kp, N] first, then (ta = T: A is [K, M],
+// tokens × outputs) A transposed into [M, Kp]. lda is the row length amx_gemm reads A with.
+struct AmxSlot {
+  size_t b_elems, a_elems;
+  int64_t lda;
 };
+AmxSlot amx_slot(const Dims& d, Trans ta) {
+  const int64_t kp = (d.k + 31) / 32 * 32;
+  if (d.m == 0) return {0, 0, 0};  // empty, or done by trivial()
+  return {static_cast<size_t>(cpu::amx_packed_b_elems(d.k, d.n)), ta == Trans::T ? static_cast<size_t>(d.m * kp) : 0,
+          ta == Trans::T ? kp : d.k};
+}
+
+// Packs problem p into its slot; then multiplies from it. `whole`: this thread does the whole
+// problem (side by side), otherwise every thread of the region its share (amx_gemm.h).
+void amx_pack(const GemmProblem& p, const Dims& d, const AmxSlot& s, Trans ta, Trans tb, bf16* slot, bool whole) {
+  cpu::amx_pack_b(slot, p.B.data<bf16>(), p.B.size(1), d.k, d.n, tb == Trans::T, whole);
+  if (ta == Trans::T) cpu::amx_transpose_a(slot + s.b_elems, p.A.data<bf16>(), d.m, d.k, d.m, whole);
+}
+void amx_multiply(const GemmProblem& p, const Dims& d, const AmxSlot& s, Trans ta, const bf16* slot, bool accumulate,
+                  bool whole) {
+  const bf16* A = ta == Trans::T ? slot + s.b_elems : p.A.data<bf16>();
+  cpu::amx_gemm(p.C.data<float>(), d.n, A, s.lda, slot, d.m, d.n, s.lda, accumulate, whole);
+}
 
 // Problems are packed and multiplied in chunks: all packing of a chunk, one barrier, all products
 // of the chunk (problems write disjoint C), one barrier. Fewer barriers matter (idle threads sleep
@@ -573,73 +599,54 @@ constexpr size_t kAmxChunkBytes = size_t{1} << 20;
 
 void run_grouped_amx(std::span<GemmProblem> problems, const std::vector<Dims>& dims, Trans ta, Trans tb,
                      bool accumulate) {
+  const size_t n = problems.size();
+  std::vector<AmxSlot> slots(n);
+  for (size_t i = 0; i < n; ++i) slots[i] = amx_slot(dims[i], ta);
   const int threads = num_threads();
   std::vector<size_t> todo, order;
-  for (size_t i = 0; i < problems.size(); ++i)
+  for (size_t i = 0; i < n; ++i)
     if (dims[i].m > 0) todo.push_back(i);
   if (split_problems(problems, dims, todo, ta, threads, order)) {
-    // Side by side (as for oneDNN's path, see split_problems): each thread packs the operands of
-    // its problem into its own scratch and multiplies right after, with no barrier in between;
-    // its packed B is still in its L2. amx_gemm sums each C element in k order on one thread
-    // either way, so the bits are those of the chunked path below.
+    // Side by side (as for oneDNN's path, see split_problems): each thread packs its problem into
+    // its own scratch and multiplies right after, with no barrier in between; its packed B is
+    // still in its L2. amx_gemm sums each C element in k order on one thread either way, so the
+    // bits are those of the chunked path below.
     run_side_by_side(order.size(), threads, [] { cpu::amx_tile_begin(); }, [&](size_t j) {
       const size_t i = todo[order[j]];
-      const Dims& d = dims[i];
-      const int64_t Kp = (d.k + 31) / 32 * 32;
-      const size_t b = static_cast<size_t>(cpu::amx_packed_b_elems(d.k, d.n));
-      const size_t a = ta == Trans::T ? static_cast<size_t>(d.m * Kp) : 0;
-      thread_local AmxScratch s;
-      if (s.buf.size() < a + b) s.buf.resize(a + b);
-      cpu::amx_pack_b(s.buf.data(), problems[i].B.data<bf16>(), problems[i].B.size(1), d.k, d.n, tb == Trans::T, true);
-      if (ta == Trans::T) cpu::amx_transpose_a(s.buf.data() + b, problems[i].A.data<bf16>(), d.m, d.k, d.m, true);
-      const bf16* A = ta == Trans::T ? s.buf.data() + b : problems[i].A.data<bf16>();
-      const int64_t lda = ta == Trans::T ? Kp : d.k;
-      cpu::amx_gemm(problems[i].C.data<float>(), d.n, A, lda, s.buf.data(), d.m, d.n, lda, accumulate, true);
+      std::vector<bf16>& buf = amx_scratch();
+      if (buf.size() < slots[i].b_elems + slots[i].a_elems) buf.resize(slots[i].b_elems + slots[i].a_elems);
+      amx_pack(problems[i], dims[i], slots[i], ta, tb, buf.data(), true);
+      amx_multiply(problems[i], dims[i], slots[i], ta, buf.data(), accumulate, true);
     }, [] { cpu::amx_tile_end(); });
     return;
   }
-  // Per problem: offset of its packed B, and (ta = T) of its transposed A, in elements.
-  const size_t n = problems.size();
-  std::vector<size_t> b_off(n), a_off(n), chunk_end;
+  // Per problem: offset of its slot in the (calling thread's) scratch, which the chunks reuse.
+  std::vector<size_t> off(n), chunk_end;
   size_t used = 0, peak = 0;
   for (size_t i = 0; i < n; ++i) {
-    const Dims& d = dims[i];
-    const size_t b = d.m == 0 ? 0 : static_cast<size_t>(cpu::amx_packed_b_elems(d.k, d.n));
-    const size_t a = d.m == 0 || ta == Trans::N ? 0 : static_cast<size_t>(d.m * ((d.k + 31) / 32 * 32));
-    if (used > 0 && (used + a + b) * sizeof(bf16) > kAmxChunkBytes) {
+    const size_t need = slots[i].b_elems + slots[i].a_elems;
+    if (used > 0 && (used + need) * sizeof(bf16) > kAmxChunkBytes) {
       chunk_end.push_back(i);
       used = 0;
     }
-    b_off[i] = used;
-    a_off[i] = used + b;
-    used += a + b;
+    off[i] = used;
+    used += need;
     peak = std::max(peak, used);
   }
   chunk_end.push_back(n);
-  thread_local AmxScratch s;
-  if (s.buf.size() < peak) s.buf.resize(peak);
-  bf16* buf = s.buf.data();
-#pragma omp parallel num_threads(num_threads())
+  std::vector<bf16>& scratch = amx_scratch();
+  if (scratch.size() < peak) scratch.resize(peak);
+  bf16* buf = scratch.data();
+#pragma omp parallel num_threads(threads)
   {
     cpu::amx_tile_begin();
     size_t begin = 0;
     for (size_t end : chunk_end) {
-      for (size_t i = begin; i < end; ++i) {  // pack (no barriers between problems)
-        const Dims& d = dims[i];
-        if (d.m == 0) continue;  // empty, or done by trivial()
-        cpu::amx_pack_b(buf + b_off[i], problems[i].B.data<bf16>(), problems[i].B.size(1), d.k, d.n, tb == Trans::T);
-        if (ta == Trans::T)  // A is [K, M] (tokens × outputs): transpose into [M, Kp]
-          cpu::amx_transpose_a(buf + a_off[i], problems[i].A.data<bf16>(), d.m, d.k, d.m);
-      }
+      for (size_t i = begin; i < end; ++i)  // pack (no barriers between problems)
+        if (dims[i].m > 0) amx_pack(problems[i], dims[i], slots[i], ta, tb, buf + off[i], false);
 #pragma omp barrier
-      for (size_t i = begin; i < end; ++i) {  // multiply (problems write disjoint C)
-        const Dims& d = dims[i];
-        if (d.m == 0) continue;
-        const bool packed_a = ta == Trans::T;
-        const int64_t lda = packed_a ? (d.k + 31) / 32 * 32 : d.k;
-        cpu::amx_gemm(problems[i].C.data<float>(), d.n, packed_a ? buf + a_off[i] : problems[i].A.data<bf16>(), lda,
-                      buf + b_off[i], d.m, d.n, lda, accumulate);
-      }
+      for (size_t i = begin; i < end; ++i)  // multiply (problems write disjoint C)
+        if (dims[i].m > 0) amx_multiply(problems[i], dims[i], slots[i], ta, buf + off[i], accumulate, false);
 #pragma omp barrier  // the next chunk reuses the buffer
       begin = end;
     }
