@@ -127,11 +127,13 @@ TEST_P(AttentionShapes, ForwardAndBackwardMatchFloat64) {
   EXPECT_LT(rel_error(r.dv, dv), 2e-5);
 }
 
-// T crosses the 64-row tile boundaries; hd, B and the GQA ratio vary.
+// T crosses the 64-row tile boundaries (and, at 600, the forward's 512-key softmax chunk, so rows
+// past it merge two chunks online); hd, B and the GQA ratio vary.
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes,
                          ::testing::Values(Dims{1, 1, 4, 2, 16}, Dims{2, 5, 2, 2, 32}, Dims{3, 5, 4, 1, 64},
                                            Dims{1, 63, 4, 2, 16}, Dims{1, 64, 4, 1, 32}, Dims{2, 65, 2, 2, 16},
-                                           Dims{1, 67, 4, 2, 64}, Dims{1, 130, 4, 2, 16}));
+                                           Dims{1, 67, 4, 2, 64}, Dims{1, 130, 4, 2, 16},
+                                           Dims{1, 600, 4, 2, 16}));
 
 TEST(Attention, Float64ReferenceGradientMatchesFiniteDifferences) {
   // Validates ref_backward (hence the analytic gradients above) on a small problem.
@@ -181,7 +183,7 @@ TEST(Attention, DecodeMatchesFullForwardAtEveryPosition) {
 }
 
 TEST(Attention, BitwiseDeterministicAcrossRunsAndThreads) {
-  const Dims d{2, 130, 4, 2, 32};
+  const Dims d{2, 600, 4, 2, 32};  // past the forward's 512-key chunk
   const int saved = num_threads();
   set_num_threads(1);
   AttnRun a = make_run(d, 5);

@@ -23,6 +23,8 @@ namespace zaya::ops::cpu {
 namespace {
 
 constexpr int64_t kBlock = 64;  // queries and keys per tile: Kt and Vt (2·64·hd floats) stay in L1/L2
+// Keys per softmax pass of the forward: its Kᵀ (hd·512 floats) and scores (64·512) stay in L2.
+constexpr int64_t kChunk = 8 * kBlock;
 
 // exp over an array (arguments here are ≤ 0: scores minus their running max or minus the lse;
 // expf_fast's floor at −87 gives ~1e-38, which is 0 for every sum it enters).
@@ -31,16 +33,16 @@ inline void exp_inplace(float* x, int64_t n) {
 }
 
 // Copies the key (or value) block rows j0..j0+nj of kv head hk ([T, nkv, hd] for one batch row)
-// into Xt[d][j] (ld kBlock) and X[j][d] (ld hd), both zero-padded to kBlock keys so the tile
-// products can always run over 64 keys (padded keys get P = 0).
-inline void load_block(float* Xt, float* X, const float* src, int64_t j0, int64_t nj, int64_t nkv, int64_t hk,
-                       int64_t hd) {
+// into Xt[d][j] (ld ldt) and X[j][d] (ld hd), both zero-padded to kBlock keys so the tile products
+// can always run over 64 keys (padded keys get P = 0).
+inline void load_block(float* Xt, int64_t ldt, float* X, const float* src, int64_t j0, int64_t nj, int64_t nkv,
+                       int64_t hk, int64_t hd) {
 #if defined(__AVX512F__)
   if (nj == kBlock && hd % 16 == 0) {  // whole 16×16 squares: transposed in registers
     for (int64_t j = 0; j < kBlock; j += 16)
       for (int64_t d = 0; d < hd; d += 16) {
         const float* rows = src + ((j0 + j) * nkv + hk) * hd + d;
-        transpose16(Xt + d * kBlock + j, kBlock, rows, nkv * hd);
+        transpose16(Xt + d * ldt + j, ldt, rows, nkv * hd);
         if (X)
           for (int64_t r = 0; r < 16; ++r) std::copy_n(rows + r * nkv * hd, 16, X + (j + r) * hd + d);
       }
@@ -51,7 +53,7 @@ inline void load_block(float* Xt, float* X, const float* src, int64_t j0, int64_
     const float* row = src + ((j0 + j) * nkv + hk) * hd;
     for (int64_t d = 0; d < hd; ++d) {
       const float x = j < nj ? row[d] : 0.0f;
-      Xt[d * kBlock + j] = x;
+      Xt[d * ldt + j] = x;
       if (X) X[j * hd + d] = x;
     }
   }
@@ -85,87 +87,96 @@ inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_
 #endif
 }
 
+// One row's softmax over its jn visible keys of a chunk, in place: s[j] becomes
+// exp(scale·s[j] − mx) with mx = max(m_old, max_j scale·s[j]), and the entries past jn up to the
+// next multiple of 16 become 0 (the causal P·V product reads them: tile_mm's k_le_row runs a row
+// block of 4 up to its last row's key). Returns mx; *sum receives Σ_j s[j] (16 lanes, sum16's tree).
+inline float row_softmax(float* s, int64_t jn, float scale, float m_old, float* sum) {
+#if defined(__AVX512F__)
+  const __m512 sc = _mm512_set1_ps(scale);
+  const int64_t nv = (jn + 15) / 16;
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t v = 0; v < nv; ++v) {
+    const __mmask16 mk = first_lanes(jn - 16 * v);
+    const __m512 x = _mm512_maskz_mul_ps(mk, _mm512_loadu_ps(s + 16 * v), sc);
+    _mm512_storeu_ps(s + 16 * v, x);
+    vmax = _mm512_mask_max_ps(vmax, mk, vmax, x);
+  }
+  float lane[16];
+  _mm512_storeu_ps(lane, vmax);
+  const float mx = std::max(m_old, *std::max_element(lane, lane + 16));
+  const __m512 mv = _mm512_set1_ps(mx);
+  __m512 lanes = _mm512_setzero_ps();
+  for (int64_t v = 0; v < nv; ++v) {
+    const __mmask16 mk = first_lanes(jn - 16 * v);
+    const __m512 e = _mm512_maskz_mov_ps(mk, expf_fast_v(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), mv)));
+    _mm512_storeu_ps(s + 16 * v, e);
+    lanes = _mm512_add_ps(lanes, e);
+  }
+  _mm512_storeu_ps(lane, lanes);
+  *sum = sum16(lane);
+  return mx;
+#else
+  for (int64_t j = 0; j < jn; ++j) s[j] *= scale;
+  const float mx = std::max(m_old, maxf(s, jn));  // 16 lanes: a scalar max chain does not vectorize
+  *sum = exp_store_sum(s, s, jn, mx);
+  std::fill(s + jn, s + (jn + 15) / 16 * 16, 0.0f);
+  return mx;
+#endif
+}
+
 }  // namespace
 
+// Forward, one task per (batch row, query head, query block of 64). The task's keys go in chunks
+// of up to kChunk: S = Q·Kᵀ for the whole chunk at once, then each row's softmax over the chunk in
+// one pass, then acc (+)= P·V as one product over the chunk's keys. Only a sequence longer than a
+// chunk merges chunks online (running max m, sum l, acc rescaled when the max moves); at the demo's
+// T = 256 there is one chunk, so no rescaling and one long product instead of four short ones.
+// The diagonal key block (keys i0 .. i0+ni, always the chunk's last) computes only keys j ≤ i.
 void attention_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                    int64_t nq, int64_t nkv, int64_t hd) {
-  const int64_t G = nq / nkv, nblk = (T + kBlock - 1) / kBlock, rq = nq * hd;
+  const int64_t G = nq / nkv, nblk = (T + kBlock - 1) / kBlock, rq = nq * hd, rk = nkv * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel
   {
-    AlignedVector<float> Kt(hd * kBlock), Vb(kBlock * hd), S(kBlock * kBlock), acc(kBlock * hd), m(kBlock),
-        l(kBlock);
+    AlignedVector<float> Kt(hd * kChunk), S(kBlock * kChunk), acc(kBlock * hd), m(kBlock), l(kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * nq * nblk; ++task) {
-      // Largest query blocks first (most key blocks), for balance under the dynamic schedule.
+      // Largest query blocks first (most keys), for balance under the dynamic schedule.
       const int64_t qb = nblk - 1 - task % nblk, h = (task / nblk) % nq, b = task / (nblk * nq);
       const int64_t hk = h / G, i0 = qb * kBlock, ni = std::min(kBlock, T - i0);
-      const float* kb_ = k + b * T * nkv * hd;
-      const float* vb_ = v + b * T * nkv * hd;
+      const float* kb_ = k + b * T * rk;
+      const float* vb_ = v + (b * T * nkv + hk) * hd;  // value row j at vb_ + j·rk
       const float* qblk = q + ((b * T + i0) * nq + h) * hd;
-      std::fill(acc.begin(), acc.end(), 0.0f);
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.0f);
-      for (int64_t kb = 0; kb <= qb; ++kb) {
-        const int64_t j0 = kb * kBlock, nj = std::min(kBlock, T - j0);
-        load_block(Kt.data(), nullptr, kb_, j0, nj, nkv, hk, hd);
-        // V rows in place when the block is full; a zero-padded copy for a short last block.
-        const float* Vsrc = vb_ + (j0 * nkv + hk) * hd;
-        int64_t ldv = nkv * hd;
-        if (nj < kBlock) {
-          for (int64_t j = 0; j < kBlock; ++j)
-            for (int64_t d = 0; d < hd; ++d) Vb[j * hd + d] = j < nj ? Vsrc[j * ldv + d] : 0.0f;
-          Vsrc = Vb.data();
-          ldv = hd;
-        }
-        // The diagonal tile (i0 = j0) needs only keys j ≤ i: its products skip the rest.
-        const Causal diag_cols = kb == qb ? Causal::cols_le_row : Causal::none;
-        const Causal diag_k = kb == qb ? Causal::k_le_row : Causal::none;
-        mm(S.data(), kBlock, qblk, rq, 1, Kt.data(), kBlock, ni, kBlock, hd, false, diag_cols);  // S = Q·Kᵀ
+      for (int64_t c0 = 0; c0 < i0 + ni; c0 += kChunk) {
+        const int64_t nk = std::min(kChunk, i0 + ni - c0);  // keys in this chunk
+        const int64_t nfull = std::min(nk, i0 - c0);        // of them before the diagonal block
+        for (int64_t j = 0; j < nk; j += kBlock)
+          load_block(Kt.data() + j, kChunk, nullptr, kb_, c0 + j, std::min(kBlock, nk - j), nkv, hk, hd);
+        // S = Q·Kᵀ: the keys before the diagonal in full, the diagonal block's keys j ≤ i only.
+        if (nfull > 0) mm(S.data(), kChunk, qblk, rq, 1, Kt.data(), kChunk, ni, nfull, hd, false);
+        if (nk > nfull)
+          mm(S.data() + nfull, kChunk, qblk, rq, 1, Kt.data() + nfull, kChunk, ni, nk - nfull, hd, false,
+             Causal::cols_le_row);
         for (int64_t ii = 0; ii < ni; ++ii) {
-          float* s = S.data() + ii * kBlock;
-          const int64_t jn = std::min(nj, i0 + ii - j0 + 1);  // causal: keys j ≤ i
-          // Online softmax: the row's new max, P = exp(s·scale − max) in place (0 past jn), its sum
-          // in 16 lanes (exp_store_sum's order), and the factor that rescales what was
-          // accumulated under the old max.
-          float mx, sum;
-#if defined(__AVX512F__)
-          // As 4 masked vectors in registers: diagonal tiles have every jn, and scalar tails cost
-          // more than the exps.
-          __m512 x[4];
-          __mmask16 mk[4];
-          __m512 vmax = _mm512_set1_ps(-INFINITY);
-          for (int v = 0; v < 4; ++v) {
-            mk[v] = first_lanes(jn - 16 * v);
-            x[v] = _mm512_maskz_mul_ps(mk[v], _mm512_loadu_ps(s + 16 * v), _mm512_set1_ps(scale));
-            vmax = _mm512_mask_max_ps(vmax, mk[v], vmax, x[v]);
-          }
-          float lane[16];
-          _mm512_storeu_ps(lane, vmax);
-          mx = std::max(m[ii], *std::max_element(lane, lane + 16));
-          __m512 lanes = _mm512_setzero_ps();
-          for (int v = 0; v < 4; ++v) {
-            const __m512 e = _mm512_maskz_mov_ps(mk[v], expf_fast_v(_mm512_sub_ps(x[v], _mm512_set1_ps(mx))));
-            _mm512_storeu_ps(s + 16 * v, e);
-            lanes = _mm512_add_ps(lanes, e);
-          }
-          _mm512_storeu_ps(lane, lanes);
-          sum = sum16(lane);
-#else
-          for (int64_t j = 0; j < jn; ++j) s[j] *= scale;
-          mx = std::max(m[ii], maxf(s, jn));  // 16 lanes: a scalar max chain does not vectorize
-          sum = exp_store_sum(s, s, jn, mx);
-          for (int64_t j = jn; j < kBlock; ++j) s[j] = 0.0f;
-#endif
-          const float alpha = std::exp(m[ii] - mx);  // exp(−inf) = 0 on the first block
+          const int64_t jn = std::min(nk, i0 + ii - c0 + 1);  // causal: keys j ≤ i
+          float sum;
+          const float mx = row_softmax(S.data() + ii * kChunk, jn, scale, m[ii], &sum);
+          const float alpha = std::exp(m[ii] - mx);  // exp(−inf) = 0 on the first chunk
           m[ii] = mx;
           l[ii] = l[ii] * alpha + sum;
-          if (alpha != 1.0f) {  // the max did not move: nothing to rescale
+          if (c0 > 0 && alpha != 1.0f) {  // the first chunk writes acc afresh; an unmoved max keeps it
             float* a = acc.data() + ii * hd;
             for (int64_t d = 0; d < hd; ++d) a[d] *= alpha;
           }
         }
-        mm(acc.data(), hd, S.data(), kBlock, 1, Vsrc, ldv, ni, hd, kBlock, true, diag_k);  // acc += P·V
+        // acc (+)= P·V over the chunk's keys, the diagonal block's terms k ≤ i only.
+        if (nfull > 0) mm(acc.data(), hd, S.data(), kChunk, 1, vb_ + c0 * rk, rk, ni, hd, nfull, c0 > 0);
+        if (nk > nfull)
+          mm(acc.data(), hd, S.data() + nfull, kChunk, 1, vb_ + (c0 + nfull) * rk, rk, ni, hd, nk - nfull,
+             c0 > 0 || nfull > 0, Causal::k_le_row);
       }
       for (int64_t ii = 0; ii < ni; ++ii) {
         const int64_t i = i0 + ii;
@@ -213,8 +224,8 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
         std::fill_n(dq + ((b * T + i) * nq + hk * G) * hd, G * hd, 0.0f);
       for (int64_t kb = 0; kb < nblk; ++kb) {
         const int64_t j0 = kb * kBlock, nj = std::min(kBlock, T - j0);
-        load_block(Kt.data(), Kb.data(), k + b * T * rk, j0, nj, nkv, hk, hd);
-        load_block(Vt.data(), nullptr, v + b * T * rk, j0, nj, nkv, hk, hd);
+        load_block(Kt.data(), kBlock, Kb.data(), k + b * T * rk, j0, nj, nkv, hk, hd);
+        load_block(Vt.data(), kBlock, nullptr, v + b * T * rk, j0, nj, nkv, hk, hd);
         std::fill(acc.begin(), acc.end(), 0.0f);   // dK rows of this block
         std::fill(acc2.begin(), acc2.end(), 0.0f);  // dV rows
         for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
