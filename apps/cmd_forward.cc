@@ -152,9 +152,11 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
     double total = 0;
     for (const auto& r : m.section_times()) total += r.seconds;
     std::printf("bench: parts of the step (per step, GEMMs included; %.2f ms in all)\n", 1e3 * total / n);
+    std::printf("bench:   %-62s %8s    %5s %8s %8s\n", "part", "time", "share", "GEMMs", "rest");
     for (const auto& r : m.section_times())
-      std::printf("bench:   %-62s %8.2f ms %5.1f%%\n", r.name.c_str(), 1e3 * r.seconds / n,
-                  total > 0 ? 100.0 * r.seconds / total : 0.0);
+      std::printf("bench:   %-62s %8.2f ms %5.1f%% %8.2f %8.2f\n", r.name.c_str(), 1e3 * r.seconds / n,
+                  total > 0 ? 100.0 * r.seconds / total : 0.0, 1e3 * r.gemm_seconds / n,
+                  1e3 * (r.seconds - r.gemm_seconds) / n);
   }
   std::printf("bench: activation arena %.1f MiB (saved per token per layer %.0f B; formula %lld B)\n",
               static_cast<double>(m.activation_bytes()) / (1 << 20), m.saved_bytes_per_token_per_layer(),

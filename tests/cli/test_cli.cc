@@ -91,18 +91,25 @@ TEST(Cli, ForwardBenchPartsAddUpToTheStep) {
   EXPECT_EQ(r.code, 0) << r.output;
   // Every part of both passes is listed once, and the parts account for the whole step: they are
   // consecutive clock intervals inside forward() and backward(), which the step time brackets.
-  double step = 0, total = 0, sum = 0;
+  double step = 0, total = 0, sum = 0, gemm = 0, gemm_sum = 0;
   int parts = 0;
   std::istringstream in(r.output);
   for (std::string line; std::getline(in, line);) {
     if (std::sscanf(line.c_str(), "bench: forward %*f ms, backward %*f ms, step %lf ms", &step) == 1) continue;
     if (std::sscanf(line.c_str(), "bench: parts of the step (per step, GEMMs included; %lf ms in all)", &total) == 1)
       continue;
+    if (std::sscanf(line.c_str(), "bench: GEMMs %lf ms per step", &gemm) == 1) continue;
     const size_t ms = line.rfind(" ms ");
     if (line.rfind("bench:   forward: ", 0) == 0 || line.rfind("bench:   backward: ", 0) == 0) {
       ++parts;
       const std::string head = line.substr(0, ms);  // "... <name> <ms>"
-      sum += std::stod(head.substr(head.find_last_of(' ') + 1));
+      const double t = std::stod(head.substr(head.find_last_of(' ') + 1));
+      double share = 0, g = -1, rest = -1;  // "<share>% <GEMMs> <rest>" after the time
+      ASSERT_EQ(std::sscanf(line.c_str() + ms + 4, "%lf%% %lf %lf", &share, &g, &rest), 3) << line;
+      EXPECT_GE(g, 0) << line;
+      EXPECT_NEAR(g + rest, t, 0.011) << line;  // each printed to two decimals
+      sum += t;
+      gemm_sum += g;
     }
   }
   EXPECT_EQ(parts, 16) << r.output;  // 8 forward parts (embedding, 6 per layer, head) + 8 backward
@@ -111,5 +118,9 @@ TEST(Cli, ForwardBenchPartsAddUpToTheStep) {
   // for a loaded machine and the two-decimal printing of sub-millisecond parts.
   EXPECT_NEAR(total, step, 0.1 * step) << r.output;
   EXPECT_NEAR(sum, total, 0.1 * step) << r.output;
+  // Every GEMM of the step runs inside some part, so the parts' GEMM columns add up to the GEMM
+  // total (same clock; the margin is the printing's rounding).
+  EXPECT_GT(gemm, 0) << r.output;
+  EXPECT_NEAR(gemm_sum, gemm, 0.02 * gemm + 0.01 * parts) << r.output;
 }
 }  // namespace

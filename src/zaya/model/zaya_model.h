@@ -102,6 +102,7 @@ class ZayaModel {
     std::string name;
     int64_t calls = 0;
     double seconds = 0.0;
+    double gemm_seconds = 0.0;  // of `seconds`, the time inside ops::gemm / gemm_grouped
   };
   void time_sections(bool on) { time_sections_ = on; }
   const std::vector<SectionTime>& section_times() const { return sections_; }
