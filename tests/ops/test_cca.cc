@@ -357,5 +357,70 @@ TEST(QkNorm, BackwardBitwiseDeterministicAcrossThreads) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()), 0) << i;
 }
 
+// The fused q/k path must be the separate ops in turn, bit for bit (the model runs the fused one,
+// the op tests above check the separate ones against float64). Partial RoPE (rot < hd), two batch
+// rows (positions restart), N past 256 rows (dτ's chunks), 1 and 2 threads.
+TEST(CcaQk, FusedEqualsTheOpsInTurnBitwise) {
+  for (auto [nq, nkv, hd, rot_frac] : {std::tuple<int64_t, int64_t, int64_t, double>{4, 2, 16, 0.5}, {2, 2, 32, 1.0},
+                                       {4, 1, 64, 0.25}}) {
+    const int64_t B = 2, T = 150, N = B * T;
+    ops::CcaDims dims{nq, nkv, hd};
+    const ops::RopeTable rope = ops::make_rope_table(hd, rot_frac, 10000.0, T);
+    Tensor conv = test::random_tensor(Shape{N, dims.channels()}, 1), qt = test::random_tensor(Shape{N, nq * hd}, 2),
+           kt = test::random_tensor(Shape{N, nkv * hd}, 3), tau = test::random_tensor(Shape{nkv}, 4);
+    Tensor gq = test::random_tensor(qt.shape(), 5), gk = test::random_tensor(kt.shape(), 6);
+    // The ops in turn, as the model ran them before.
+    Tensor qpre = qt.clone(), kpre = kt.clone(), qr = qt.clone(), kr = kt.clone();
+    ops::mean_skip_forward(qpre, kpre, conv, qt, kt, N, dims);
+    ops::qk_norm_forward(qr, kr, qpre, kpre, tau, N, dims);
+    ops::rope_forward(qr, qr, rope, B, T, nq, hd);
+    ops::rope_forward(kr, kr, rope, B, T, nkv, hd);
+    Tensor dqr = gq.clone(), dkr = gk.clone(), dqpre = qt.clone(), dkpre = kt.clone();
+    Tensor dconv = conv.clone(), dqt = qt.clone(), dkt = kt.clone(), dtau = Tensor::empty(Shape{nkv}, DType::f32);
+    dtau.fill_(0.25);  // accumulated into
+    ops::rope_backward(dqr, dqr, rope, B, T, nq, hd);
+    ops::rope_backward(dkr, dkr, rope, B, T, nkv, hd);
+    ops::qk_norm_backward(dqpre, dkpre, dtau, dqr, dkr, qpre, kpre, tau, N, dims);
+    ops::mean_skip_backward(dconv, dqt, dkt, dqpre, dkpre, N, dims);
+    const int saved = num_threads();
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      Tensor fq = qt.clone(), fk = kt.clone(), fqpre = qt.clone(), fkpre = kt.clone();
+      ops::cca_qk_forward(fq, fk, fqpre, fkpre, conv, qt, kt, tau, rope, B, T, dims);
+      Tensor fdconv = conv.clone(), fdqt = qt.clone(), fdkt = kt.clone(), fdtau = Tensor::empty(Shape{nkv}, DType::f32);
+      fdtau.fill_(0.25);
+      ops::cca_qk_backward(fdconv, fdqt, fdkt, fdtau, gq, gk, fqpre, fkpre, tau, rope, B, T, dims);
+      for (auto [x, y, name] : {std::tuple{&qr, &fq, "q"}, {&kr, &fk, "k"}, {&qpre, &fqpre, "q_pre"},
+                                {&kpre, &fkpre, "k_pre"}, {&dconv, &fdconv, "dconv"}, {&dqt, &fdqt, "dq_tilde"},
+                                {&dkt, &fdkt, "dk_tilde"}, {&dtau, &fdtau, "dtemp"}})
+        EXPECT_EQ(std::memcmp(x->raw(), y->raw(), x->nbytes()), 0) << name << ", hd " << hd << ", " << threads << " threads";
+    }
+    set_num_threads(saved);
+  }
+}
+
+TEST(CcaQk, RejectsAShortRopeTableAndWrongShapes) {
+  const int64_t B = 1, T = 8, nq = 2, nkv = 1, hd = 16, N = B * T;
+  ops::CcaDims dims{nq, nkv, hd};
+  Tensor conv = Tensor::zeros(Shape{N, dims.channels()}, DType::f32), q = Tensor::zeros(Shape{N, nq * hd}, DType::f32),
+         k = Tensor::zeros(Shape{N, nkv * hd}, DType::f32), tau = Tensor::zeros(Shape{nkv}, DType::f32);
+  Tensor qp = q.clone(), kp = k.clone(), qt = q.clone(), kt = k.clone();
+  const ops::RopeTable short_table = ops::make_rope_table(hd, 1.0, 10000.0, T - 1);
+  try {
+    ops::cca_qk_forward(q, k, qp, kp, conv, qt, kt, tau, short_table, B, T, dims);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exceed the RoPE table's 7 positions"), std::string::npos) << e.what();
+  }
+  const ops::RopeTable table = ops::make_rope_table(hd, 1.0, 10000.0, T);
+  Tensor bad = Tensor::zeros(Shape{N, nkv * hd + 1}, DType::f32);
+  try {
+    ops::cca_qk_forward(q, k, qp, kp, conv, qt, bad, tau, table, B, T, dims);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k_tilde"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace zaya

@@ -77,7 +77,7 @@ struct ScratchActs {
   Tensor hf, rstd_f, dh, lse_ce, ce_ws;  // final norm and loss
   Tensor proj, qt, kt, vc, vd, conv, logits;  // forward temporaries
   Tensor dxa, dxb, dxmid, dtmp, dm, dy, dweight, dact, dgu, dxp, dw, dlogits, dg2, dg1, dzr, dr, drc;
-  Tensor dout_proj, datt, dqr, dkr, dv, dqpre, dkpre, dconv, dqt, dkt, dz, dvc, dvd, dproj, du;
+  Tensor dout_proj, datt, dqr, dkr, dv, dconv, dqt, dkt, dz, dvc, dvd, dproj, du;
   Tensor dy16, dgu16, hf16, g16;  // bf16 GEMM path: bf16 copies of GEMM inputs
 };
 

@@ -86,11 +86,9 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   clock.part("forward: CCA (conv, mean skip, value shift, QK norm, RoPE)");
   copy_col_slices(s.proj, {{t.z, 0}, {s.qt, 0}, {s.kt, q}, {s.vc, C}, {s.vd, C + kv / 2}});
   ops::cca_conv_forward(s.conv, t.z, p.conv, B_, T_, dims);
-  ops::mean_skip_forward(t.qpre, t.kpre, s.conv, s.qt, s.kt, N, dims);
+  // Mean skip → QK norm → RoPE, one token at a time (bitwise the three ops in turn).
+  ops::cca_qk_forward(t.qr, t.kr, t.qpre, t.kpre, s.conv, s.qt, s.kt, p.temp, rope_, B_, T_, dims);
   ops::value_shift_forward(t.v, s.vc, s.vd, B_, T_, kv / 2);
-  ops::qk_norm_forward(t.qr, t.kr, t.qpre, t.kpre, p.temp, N, dims);
-  ops::rope_forward(t.qr, t.qr, rope_, B_, T_, nq, hd);
-  ops::rope_forward(t.kr, t.kr, rope_, B_, T_, nkv, hd);
   clock.part("forward: attention");
   ops::attention_forward(t.att, t.lse, t.qr, t.kr, t.v, B_, T_, nq, nkv, hd);
   clock.part("forward: out projection, residual");
@@ -191,10 +189,7 @@ void ZayaModel::layer_backward(int l) {
   clock.part("backward: attention");
   ops::attention_backward(s.dqr, s.dkr, s.dv, s.datt, t.qr, t.kr, t.v, t.att, t.lse, B_, T_, nq, nkv, hd);
   clock.part("backward: CCA (RoPE, QK norm, mean skip, conv, value shift)");
-  ops::rope_backward(s.dqr, s.dqr, rope_, B_, T_, nq, hd);
-  ops::rope_backward(s.dkr, s.dkr, rope_, B_, T_, nkv, hd);
-  ops::qk_norm_backward(s.dqpre, s.dkpre, g.temp, s.dqr, s.dkr, t.qpre, t.kpre, p.temp, N, dims);
-  ops::mean_skip_backward(s.dconv, s.dqt, s.dkt, s.dqpre, s.dkpre, N, dims);
+  ops::cca_qk_backward(s.dconv, s.dqt, s.dkt, g.temp, s.dqr, s.dkr, t.qpre, t.kpre, p.temp, rope_, B_, T_, dims);
   ops::cca_conv_backward(s.dz, g.conv, s.dconv, t.z, p.conv, B_, T_, dims);
   ops::value_shift_backward(s.dvc, s.dvd, s.dv, B_, T_, kv / 2);
   // proj columns [q̃ | k̃ | vc | vd]: q̃, k̃ reach the loss through the conv and the mean skip.

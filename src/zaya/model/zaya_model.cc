@@ -222,7 +222,7 @@ void ZayaModel::plan() {
     s.dweight = a({N}); s.dact = a({N, I}); s.dgu = a({N, 2 * I}); s.dlogits = a({N, E + 1});
     for (Tensor* g : {&s.dg2, &s.dg1, &s.dzr, &s.dr, &s.drc}) *g = a({N, R});
     s.datt = a({N, q}); s.dqr = a({N, q}); s.dkr = a({N, kv}); s.dv = a({N, kv});
-    s.dqpre = a({N, q}); s.dkpre = a({N, kv}); s.dconv = a({N, C}); s.dqt = a({N, q}); s.dkt = a({N, kv});
+    s.dconv = a({N, C}); s.dqt = a({N, q}); s.dkt = a({N, kv});
     s.dz = a({N, C}); s.dvc = a({N, kv / 2}); s.dvd = a({N, kv / 2}); s.dproj = a({N, C + kv});
     if (b16) {
       s.dy16 = a({N, H}, DType::bf16); s.dgu16 = a({N, 2 * I}, DType::bf16);

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <vector>
 
+#include "zaya/ops/cpu/rope_cpu.h"
 #include "zaya/ops/cpu/seq_vec.h"
 #include "zaya/ops/cpu/tile_mm.h"
 
@@ -301,60 +302,76 @@ void cca_conv_decode(float* out, float* state, const float* z, const float* dw, 
   }
 }
 
+namespace {
+
+// One token's mean skip: rows q [nq·hd], k [nkv·hd] from its conv row cv [C] and q̃, k̃ rows.
+inline void mean_skip_token(float* q, float* k, const float* cv, const float* qt, const float* kt, int64_t nq,
+                            int64_t nkv, int64_t hd) {
+  const int64_t G = nq / nkv;
+  const float inv_g = 1.0f / static_cast<float>(G);
+  for (int64_t j = 0; j < nkv; ++j) {
+    const float* kj = kt + j * hd;
+    float* ko = k + j * hd;
+    for (int64_t d = 0; d < hd; ++d) ko[d] = 0.0f;  // running Σ_h m_q^h of group j
+    for (int64_t h = j * G; h < (j + 1) * G; ++h) {
+      const float* qh = qt + h * hd;
+      float* qo = q + h * hd;
+      for (int64_t d = 0; d < hd; ++d) {
+        float m = (qh[d] + kj[d]) * 0.5f;
+        qo[d] = cv[h * hd + d] + m;
+        ko[d] += m;
+      }
+    }
+    // mean = sum / G, as torch's mean; then the conv output is added.
+    for (int64_t d = 0; d < hd; ++d) ko[d] = cv[(nq + j) * hd + d] + ko[d] * inv_g;
+  }
+}
+
+// One token's mean-skip backward (see mean_skip_bwd).
+inline void mean_skip_token_bwd(float* dc, float* dqt, float* dkt, const float* dq, const float* dk, int64_t nq,
+                                int64_t nkv, int64_t hd) {
+  const int64_t G = nq / nkv;
+  const float inv_g = 1.0f / static_cast<float>(G);
+  for (int64_t j = 0; j < nkv; ++j) {
+    const float* dkj = dk + j * hd;
+    float* dktj = dkt + j * hd;
+    for (int64_t d = 0; d < hd; ++d) {
+      dc[(nq + j) * hd + d] = dkj[d];
+      dktj[d] = 0.0f;
+    }
+    for (int64_t h = j * G; h < (j + 1) * G; ++h) {
+      const float* dqh = dq + h * hd;
+      float* dqth = dqt + h * hd;
+      for (int64_t d = 0; d < hd; ++d) {
+        float dm = dqh[d] + dkj[d] * inv_g;
+        dc[h * hd + d] = dqh[d];
+        dqth[d] = 0.5f * dm;
+        dktj[d] += dm;
+      }
+    }
+    for (int64_t d = 0; d < hd; ++d) dktj[d] *= 0.5f;
+  }
+}
+
+}  // namespace
+
 void mean_skip_fwd(float* q, float* k, const float* conv, const float* qt, const float* kt, int64_t N,
                    int64_t nq, int64_t nkv, int64_t hd) {
-  const int64_t G = nq / nkv, C = (nq + nkv) * hd;
-  const float inv_g = 1.0f / static_cast<float>(G);
+  const int64_t C = (nq + nkv) * hd;
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* cv = conv + n * C;
-    for (int64_t j = 0; j < nkv; ++j) {
-      const float* kj = kt + (n * nkv + j) * hd;
-      float* ko = k + (n * nkv + j) * hd;
-      for (int64_t d = 0; d < hd; ++d) ko[d] = 0.0f;  // running Σ_h m_q^h of group j
-      for (int64_t h = j * G; h < (j + 1) * G; ++h) {
-        const float* qh = qt + (n * nq + h) * hd;
-        float* qo = q + (n * nq + h) * hd;
-        for (int64_t d = 0; d < hd; ++d) {
-          float m = (qh[d] + kj[d]) * 0.5f;
-          qo[d] = cv[h * hd + d] + m;
-          ko[d] += m;
-        }
-      }
-      // mean = sum / G, as torch's mean; then the conv output is added.
-      for (int64_t d = 0; d < hd; ++d) ko[d] = cv[(nq + j) * hd + d] + ko[d] * inv_g;
-    }
-  }
+  for (int64_t n = 0; n < N; ++n)
+    mean_skip_token(q + n * nq * hd, k + n * nkv * hd, conv + n * C, qt + n * nq * hd, kt + n * nkv * hd, nq, nkv,
+                    hd);
 }
 
 // dm_q^h = dq^h + dk^j / G;  dq̃^h = ½ dm_q^h;  dk̃^j = ½ Σ_{h in j} dm_q^h;  dconv = [dq, dk].
 void mean_skip_bwd(float* dconv, float* dqt, float* dkt, const float* dq, const float* dk, int64_t N,
                    int64_t nq, int64_t nkv, int64_t hd) {
-  const int64_t G = nq / nkv, C = (nq + nkv) * hd;
-  const float inv_g = 1.0f / static_cast<float>(G);
+  const int64_t C = (nq + nkv) * hd;
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    float* dc = dconv + n * C;
-    for (int64_t j = 0; j < nkv; ++j) {
-      const float* dkj = dk + (n * nkv + j) * hd;
-      float* dktj = dkt + (n * nkv + j) * hd;
-      for (int64_t d = 0; d < hd; ++d) {
-        dc[(nq + j) * hd + d] = dkj[d];
-        dktj[d] = 0.0f;
-      }
-      for (int64_t h = j * G; h < (j + 1) * G; ++h) {
-        const float* dqh = dq + (n * nq + h) * hd;
-        float* dqth = dqt + (n * nq + h) * hd;
-        for (int64_t d = 0; d < hd; ++d) {
-          float dm = dqh[d] + dkj[d] * inv_g;
-          dc[h * hd + d] = dqh[d];
-          dqth[d] = 0.5f * dm;
-          dktj[d] += dm;
-        }
-      }
-      for (int64_t d = 0; d < hd; ++d) dktj[d] *= 0.5f;
-    }
-  }
+  for (int64_t n = 0; n < N; ++n)
+    mean_skip_token_bwd(dconv + n * C, dqt + n * nq * hd, dkt + n * nkv * hd, dq + n * nq * hd, dk + n * nkv * hd,
+                        nq, nkv, hd);
 }
 
 void value_shift_fwd(float* v, const float* vc, const float* vd, int64_t B, int64_t T, int64_t half) {
@@ -394,24 +411,32 @@ inline float norm_scale(const float* x, int64_t hd, float sqrt_hd) {
 }
 }  // namespace
 
+namespace {
+// One token's QK norm: rows q [nq·hd], k [nkv·hd] → qo, ko.
+inline void qk_norm_token(float* qo, float* ko, const float* q, const float* k, const float* temp, int64_t nq,
+                          int64_t nkv, int64_t hd, float sqrt_hd) {
+  for (int64_t h = 0; h < nq; ++h) {
+    const float* x = q + h * hd;
+    float* y = qo + h * hd;
+    float s = norm_scale(x, hd, sqrt_hd);
+    for (int64_t d = 0; d < hd; ++d) y[d] = x[d] * s;
+  }
+  for (int64_t j = 0; j < nkv; ++j) {
+    const float* x = k + j * hd;
+    float* y = ko + j * hd;
+    float s = norm_scale(x, hd, sqrt_hd);
+    for (int64_t d = 0; d < hd; ++d) y[d] = (x[d] * s) * temp[j];
+  }
+}
+}  // namespace
+
 void qk_norm_fwd(float* qo, float* ko, const float* q, const float* k, const float* temp, int64_t N,
                  int64_t nq, int64_t nkv, int64_t hd) {
   const float sqrt_hd = static_cast<float>(std::sqrt(static_cast<double>(hd)));
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t h = 0; h < nq; ++h) {
-      const float* x = q + (n * nq + h) * hd;
-      float* y = qo + (n * nq + h) * hd;
-      float s = norm_scale(x, hd, sqrt_hd);
-      for (int64_t d = 0; d < hd; ++d) y[d] = x[d] * s;
-    }
-    for (int64_t j = 0; j < nkv; ++j) {
-      const float* x = k + (n * nkv + j) * hd;
-      float* y = ko + (n * nkv + j) * hd;
-      float s = norm_scale(x, hd, sqrt_hd);
-      for (int64_t d = 0; d < hd; ++d) y[d] = (x[d] * s) * temp[j];
-    }
-  }
+  for (int64_t n = 0; n < N; ++n)
+    qk_norm_token(qo + n * nq * hd, ko + n * nkv * hd, q + n * nq * hd, k + n * nkv * hd, temp, nq, nkv, hd,
+                  sqrt_hd);
 }
 
 namespace {
@@ -429,27 +454,81 @@ inline void norm_backward(float* dx, const float* x, const float* dy, float tau,
 }
 }  // namespace
 
+namespace {
+// One token's QK-norm backward: dq, dk written; part[j] += its term of dτ_j.
+inline void qk_norm_token_bwd(float* dq, float* dk, float* part, const float* dqo, const float* dko, const float* q,
+                              const float* k, const float* temp, int64_t nq, int64_t nkv, int64_t hd,
+                              float sqrt_hd) {
+  for (int64_t h = 0; h < nq; ++h) norm_backward(dq + h * hd, q + h * hd, dqo + h * hd, 1.0f, hd, sqrt_hd);
+  for (int64_t j = 0; j < nkv; ++j) {
+    const int64_t off = j * hd;
+    norm_backward(dk + off, k + off, dko + off, temp[j], hd, sqrt_hd);
+    part[j] += norm_scale(k + off, hd, sqrt_hd) * dotf(k + off, dko + off, hd);
+  }
+}
+
+// dτ_j = Σ_n ⟨dk_out, x·s/max(n, ε)⟩: partial sums over fixed 256-row chunks (independent of the
+// thread count), added in chunk order afterwards.
+constexpr int64_t kTempChunk = 256;
+}  // namespace
+
 void qk_norm_bwd(float* dq, float* dk, float* dtemp, const float* dqo, const float* dko, const float* q,
                  const float* k, const float* temp, int64_t N, int64_t nq, int64_t nkv, int64_t hd) {
   const float sqrt_hd = static_cast<float>(std::sqrt(static_cast<double>(hd)));
-  // dτ_j = Σ_n ⟨dk_out, x·s/max(n, ε)⟩: partial sums over fixed 256-row chunks (independent of the
-  // thread count), added in chunk order afterwards.
-  constexpr int64_t kChunk = 256;
-  const int64_t chunks = (N + kChunk - 1) / kChunk;
+  const int64_t chunks = (N + kTempChunk - 1) / kTempChunk;
   std::vector<float> part(static_cast<size_t>(chunks * nkv), 0.0f);
 #pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    for (int64_t n = c * kChunk; n < std::min(N, (c + 1) * kChunk); ++n) {
-      for (int64_t h = 0; h < nq; ++h) {
-        int64_t off = (n * nq + h) * hd;
-        norm_backward(dq + off, q + off, dqo + off, 1.0f, hd, sqrt_hd);
-      }
-      for (int64_t j = 0; j < nkv; ++j) {
-        int64_t off = (n * nkv + j) * hd;
-        norm_backward(dk + off, k + off, dko + off, temp[j], hd, sqrt_hd);
-        part[c * nkv + j] += norm_scale(k + off, hd, sqrt_hd) * dotf(k + off, dko + off, hd);
-      }
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t n = c * kTempChunk; n < std::min(N, (c + 1) * kTempChunk); ++n) {
+      const int64_t oq = n * nq * hd, ok = n * nkv * hd;
+      qk_norm_token_bwd(dq + oq, dk + ok, part.data() + c * nkv, dqo + oq, dko + ok, q + oq, k + ok, temp, nq, nkv,
+                        hd, sqrt_hd);
     }
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t j = 0; j < nkv; ++j) dtemp[j] += part[c * nkv + j];
+}
+
+// The q/k path fused per token: each token's rows go through mean skip, QK norm and RoPE while
+// they are in L1, in one parallel loop instead of four passes over [N, ·] tensors. Each step is the
+// per-token function the separate ops use, in the same order, so the results are theirs bit for bit.
+void cca_qk_fwd(float* qr, float* kr, float* qpre, float* kpre, const float* conv, const float* qt, const float* kt,
+                const float* temp, const float* cos, const float* sin, int64_t rot, int64_t B, int64_t T,
+                int64_t nq, int64_t nkv, int64_t hd) {
+  const int64_t C = (nq + nkv) * hd, rq = nq * hd, rk = nkv * hd, half = rot / 2;
+  const float sqrt_hd = static_cast<float>(std::sqrt(static_cast<double>(hd)));
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < B * T; ++n) {
+    const int64_t pos = n % T;
+    mean_skip_token(qpre + n * rq, kpre + n * rk, conv + n * C, qt + n * rq, kt + n * rk, nq, nkv, hd);
+    qk_norm_token(qr + n * rq, kr + n * rk, qpre + n * rq, kpre + n * rk, temp, nq, nkv, hd, sqrt_hd);
+    rope_token(qr + n * rq, qr + n * rq, cos + pos * half, sin + pos * half, rot, nq, hd, 1.0f);
+    rope_token(kr + n * rk, kr + n * rk, cos + pos * half, sin + pos * half, rot, nkv, hd, 1.0f);
+  }
+}
+
+// Backward of cca_qk_fwd: inverse RoPE into per-thread rows, QK-norm backward, mean-skip backward.
+// The QK norm's dq, dk never leave the thread; dτ's partial sums use qk_norm_bwd's chunks and order.
+void cca_qk_bwd(float* dconv, float* dqt, float* dkt, float* dtemp, const float* dqr, const float* dkr,
+                const float* qpre, const float* kpre, const float* temp, const float* cos, const float* sin,
+                int64_t rot, int64_t B, int64_t T, int64_t nq, int64_t nkv, int64_t hd) {
+  const int64_t N = B * T, C = (nq + nkv) * hd, rq = nq * hd, rk = nkv * hd, half = rot / 2;
+  const float sqrt_hd = static_cast<float>(std::sqrt(static_cast<double>(hd)));
+  const int64_t chunks = (N + kTempChunk - 1) / kTempChunk;
+  std::vector<float> part(static_cast<size_t>(chunks * nkv), 0.0f);
+#pragma omp parallel
+  {
+    std::vector<float> rows(static_cast<size_t>(2 * (rq + rk)));
+    float *gq = rows.data(), *gk = gq + rq, *dq = gk + rk, *dk = dq + rq;
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t n = c * kTempChunk; n < std::min(N, (c + 1) * kTempChunk); ++n) {
+        const int64_t pos = n % T;
+        rope_token(gq, dqr + n * rq, cos + pos * half, sin + pos * half, rot, nq, hd, -1.0f);
+        rope_token(gk, dkr + n * rk, cos + pos * half, sin + pos * half, rot, nkv, hd, -1.0f);
+        qk_norm_token_bwd(dq, dk, part.data() + c * nkv, gq, gk, qpre + n * rq, kpre + n * rk, temp, nq, nkv, hd,
+                          sqrt_hd);
+        mean_skip_token_bwd(dconv + n * C, dqt + n * rq, dkt + n * rk, dq, dk, nq, nkv, hd);
+      }
   }
   for (int64_t c = 0; c < chunks; ++c)
     for (int64_t j = 0; j < nkv; ++j) dtemp[j] += part[c * nkv + j];
