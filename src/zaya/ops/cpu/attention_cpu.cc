@@ -139,7 +139,9 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel
   {
-    AlignedVector<float> Kt(hd * kChunk), S(kBlock * kChunk), acc(kBlock * hd), m(kBlock), l(kBlock);
+    float* Kt = scratch<6>(hd * kChunk);
+    float* S = scratch<7>(kBlock * kChunk);
+    AlignedVector<float> acc(kBlock * hd), m(kBlock), l(kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * nq * nblk; ++task) {
       // Largest query blocks first (most keys), for balance under the dynamic schedule.
@@ -154,16 +156,16 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
         const int64_t nk = std::min(kChunk, i0 + ni - c0);  // keys in this chunk
         const int64_t nfull = std::min(nk, i0 - c0);        // of them before the diagonal block
         for (int64_t j = 0; j < nk; j += kBlock)
-          load_block(Kt.data() + j, kChunk, nullptr, kb_, c0 + j, std::min(kBlock, nk - j), nkv, hk, hd);
+          load_block(Kt + j, kChunk, nullptr, kb_, c0 + j, std::min(kBlock, nk - j), nkv, hk, hd);
         // S = Q·Kᵀ: the keys before the diagonal in full, the diagonal block's keys j ≤ i only.
-        if (nfull > 0) mm(S.data(), kChunk, qblk, rq, 1, Kt.data(), kChunk, ni, nfull, hd, false);
+        if (nfull > 0) mm(S, kChunk, qblk, rq, 1, Kt, kChunk, ni, nfull, hd, false);
         if (nk > nfull)
-          mm(S.data() + nfull, kChunk, qblk, rq, 1, Kt.data() + nfull, kChunk, ni, nk - nfull, hd, false,
+          mm(S + nfull, kChunk, qblk, rq, 1, Kt + nfull, kChunk, ni, nk - nfull, hd, false,
              Causal::cols_le_row);
         for (int64_t ii = 0; ii < ni; ++ii) {
           const int64_t jn = std::min(nk, i0 + ii - c0 + 1);  // causal: keys j ≤ i
           float sum;
-          const float mx = row_softmax(S.data() + ii * kChunk, jn, scale, m[ii], &sum);
+          const float mx = row_softmax(S + ii * kChunk, jn, scale, m[ii], &sum);
           const float alpha = std::exp(m[ii] - mx);  // exp(−inf) = 0 on the first chunk
           m[ii] = mx;
           l[ii] = l[ii] * alpha + sum;
@@ -173,9 +175,9 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
           }
         }
         // acc (+)= P·V over the chunk's keys, the diagonal block's terms k ≤ i only.
-        if (nfull > 0) mm(acc.data(), hd, S.data(), kChunk, 1, vb_ + c0 * rk, rk, ni, hd, nfull, c0 > 0);
+        if (nfull > 0) mm(acc.data(), hd, S, kChunk, 1, vb_ + c0 * rk, rk, ni, hd, nfull, c0 > 0);
         if (nk > nfull)
-          mm(acc.data(), hd, S.data() + nfull, kChunk, 1, vb_ + (c0 + nfull) * rk, rk, ni, hd, nk - nfull,
+          mm(acc.data(), hd, S + nfull, kChunk, 1, vb_ + (c0 + nfull) * rk, rk, ni, hd, nk - nfull,
              c0 > 0 || nfull > 0, Causal::k_le_row);
       }
       for (int64_t ii = 0; ii < ni; ++ii) {

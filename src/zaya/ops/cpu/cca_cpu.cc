@@ -23,17 +23,6 @@ namespace zaya::ops::cpu {
 
 namespace {
 
-// Scratch of at least n floats that keeps its pages from call to call (one buffer per calling
-// thread and slot). A fresh multi-MB vector per call goes back to the OS when freed (glibc trims
-// the heap top) and page-faults in again on the next call. Contents are unspecified: callers write
-// before they read.
-template <int Slot>
-float* scratch(int64_t n) {
-  thread_local AlignedVector<float> buf;
-  if (buf.size() < static_cast<size_t>(n)) buf.resize(static_cast<size_t>(n));
-  return buf.data();
-}
-
 // The depthwise taps split into planar arrays (w0[c] = dw[c,0], w1[c] = dw[c,1]) so that 16
 // channels of a tap are one vector load.
 struct Taps {

@@ -38,6 +38,17 @@ struct CacheLineAllocator {
 template <class T>
 using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
 
+// Scratch of at least n floats that keeps its pages from call to call (one buffer per calling
+// thread and slot). A fresh vector of 128 KiB or more per call is mmap'ed and unmapped each time
+// (glibc) and page-faults in again on the next call. Contents are unspecified: callers write
+// before they read. Slots in use: 0-5 the CCA conv, 6-7 the attention forward.
+template <int Slot>
+float* scratch(int64_t n) {
+  thread_local AlignedVector<float> buf;
+  if (buf.size() < static_cast<size_t>(n)) buf.resize(static_cast<size_t>(n));
+  return buf.data();
+}
+
 // The fixed addition tree over 16 partial sums (lane l accumulated the terms i ≡ l mod 16) that
 // dotf, sum_expf and exp_store_sum share: l += l+8, l += l+4, then (0 + 2) + (1 + 3). Results
 // depend only on the inputs and their count, never on threads or vector width.
