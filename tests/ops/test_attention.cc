@@ -94,11 +94,14 @@ AttnRun make_run(const Dims& d, uint64_t seed) {
   r.k = test::random_tensor(Shape{d.B, d.T, d.nkv, d.hd}, seed + 1);
   r.v = test::random_tensor(Shape{d.B, d.T, d.nkv, d.hd}, seed + 2);
   r.dout = test::random_tensor(Shape{d.B, d.T, d.nq, d.hd}, seed + 3);
-  r.o = Tensor::zeros(r.q.shape(), DType::f32);
-  r.lse = Tensor::zeros(Shape{d.B, d.nq, d.T}, DType::f32);
-  r.dq = Tensor::zeros(r.q.shape(), DType::f32);
-  r.dk = Tensor::zeros(r.k.shape(), DType::f32);
-  r.dv = Tensor::zeros(r.v.shape(), DType::f32);
+  // Outputs start as NaN: every element must be written, none may be added to what was there
+  // (the model reuses its buffers, so a kernel that accumulated into them would be wrong there).
+  r.o = Tensor::empty(r.q.shape(), DType::f32);
+  r.lse = Tensor::empty(Shape{d.B, d.nq, d.T}, DType::f32);
+  r.dq = Tensor::empty(r.q.shape(), DType::f32);
+  r.dk = Tensor::empty(r.k.shape(), DType::f32);
+  r.dv = Tensor::empty(r.v.shape(), DType::f32);
+  for (Tensor* t : {&r.o, &r.lse, &r.dq, &r.dk, &r.dv}) t->fill_(std::nan(""));
   ops::attention_forward(r.o, r.lse, r.q, r.k, r.v, d.B, d.T, d.nq, d.nkv, d.hd);
   ops::attention_backward(r.dq, r.dk, r.dv, r.dout, r.q, r.k, r.v, r.o, r.lse, d.B, d.T, d.nq, d.nkv, d.hd);
   return r;

@@ -199,8 +199,9 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
 // blocks that see it, so each tile's P and dS are made once and feed all three products (5 tile
 // products per tile: Q·Kᵀ, dO·Vᵀ, Pᵀ·dO, dSᵀ·Q, dS·K). dQ rows accumulate over the key blocks in
 // order in place: every element is one FMA chain in a fixed order, so the result is bitwise the
-// same for any thread count. (B·nkv tasks: enough for the CPU's few threads at training shapes.)
-// dS carries the factor scale.
+// same for any thread count. The first product into each gradient row writes it instead of
+// adding to a zero fill (the same bits: the chain starts from +0 either way). (B·nkv tasks: enough
+// for the CPU's few threads at training shapes.) dS carries the factor scale.
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nq,
                    int64_t nkv, int64_t hd) {
@@ -218,18 +219,18 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
 #pragma omp parallel
   {
     AlignedVector<float> Kt(hd * kBlock), Kb(kBlock * hd), Vt(hd * kBlock), P(kBlock * kBlock),
-        dS(kBlock * kBlock), acc(kBlock * hd), acc2(kBlock * hd);
+        dS(kBlock * kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * nkv; ++task) {
       const int64_t hk = task % nkv, b = task / nkv;
-      for (int64_t i = 0; i < T; ++i)  // this task's dQ rows start at 0 and accumulate over key blocks
-        std::fill_n(dq + ((b * T + i) * nq + hk * G) * hd, G * hd, 0.0f);
       for (int64_t kb = 0; kb < nblk; ++kb) {
         const int64_t j0 = kb * kBlock, nj = std::min(kBlock, T - j0);
         load_block(Kt.data(), kBlock, Kb.data(), k + b * T * rk, j0, nj, nkv, hk, hd);
         load_block(Vt.data(), kBlock, nullptr, v + b * T * rk, j0, nj, nkv, hk, hd);
-        std::fill(acc.begin(), acc.end(), 0.0f);   // dK rows of this block
-        std::fill(acc2.begin(), acc2.end(), 0.0f);  // dV rows
+        // This block's dK and dV rows, written by their first product (head hk·G, the diagonal
+        // tile, which reaches every row) and accumulated by the rest.
+        float* dkb = dk + ((b * T + j0) * nkv + hk) * hd;
+        float* dvb = dv + ((b * T + j0) * nkv + hk) * hd;
         for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
           const float* Lrow = lse + (b * nq + h) * T;
           const float* Drow = D.data() + (b * nq + h) * T;
@@ -255,15 +256,13 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
             }
             // dV += Pᵀ·dO and dK += dSᵀ·Q over this block's ni query rows (Aᵀ by stride swap).
             const Causal k_from = diag ? Causal::k_ge_row : Causal::none;
-            mm(acc2.data(), hd, P.data(), 1, kBlock, dout + row0 * hd, rq, nj, hd, ni, true, k_from);
-            mm(acc.data(), hd, dS.data(), 1, kBlock, q + row0 * hd, rq, nj, hd, ni, true, k_from);
-            mm(dq + row0 * hd, rq, dS.data(), kBlock, 1, Kb.data(), hd, ni, hd, kBlock, true,
-               diag ? Causal::k_le_row : Causal::none);  // dQ += dS·K
+            const bool first = h == hk * G && diag;
+            mm(dvb, rk, P.data(), 1, kBlock, dout + row0 * hd, rq, nj, hd, ni, !first, k_from);
+            mm(dkb, rk, dS.data(), 1, kBlock, q + row0 * hd, rq, nj, hd, ni, !first, k_from);
+            // dQ += dS·K; these dQ rows' first product is key block 0's, which writes them.
+            mm(dq + row0 * hd, rq, dS.data(), kBlock, 1, Kb.data(), hd, ni, hd, kBlock, kb > 0,
+               diag ? Causal::k_le_row : Causal::none);
           }
-        }
-        for (int64_t j = 0; j < nj; ++j) {
-          std::copy_n(acc.data() + j * hd, hd, dk + ((b * T + j0 + j) * nkv + hk) * hd);
-          std::copy_n(acc2.data() + j * hd, hd, dv + ((b * T + j0 + j) * nkv + hk) * hd);
         }
       }
     }
