@@ -359,40 +359,60 @@ TEST(QkNorm, BackwardBitwiseDeterministicAcrossThreads) {
 
 // The fused q/k path must be the separate ops in turn, bit for bit (the model runs the fused one,
 // the op tests above check the separate ones against float64). Partial RoPE (rot < hd), two batch
-// rows (positions restart), N past 256 rows (dτ's chunks), 1 and 2 threads.
+// rows (positions restart), N past 256 rows (dτ's chunks), 1 and 2 threads. Outputs start as NaN:
+// every element must be written.
 TEST(CcaQk, FusedEqualsTheOpsInTurnBitwise) {
   for (auto [nq, nkv, hd, rot_frac] : {std::tuple<int64_t, int64_t, int64_t, double>{4, 2, 16, 0.5}, {2, 2, 32, 1.0},
                                        {4, 1, 64, 0.25}}) {
-    const int64_t B = 2, T = 150, N = B * T;
+    const int64_t B = 2, T = 150, N = B * T, rq = nq * hd, rk = nkv * hd, C = rq + rk;
     ops::CcaDims dims{nq, nkv, hd};
     const ops::RopeTable rope = ops::make_rope_table(hd, rot_frac, 10000.0, T);
-    Tensor conv = test::random_tensor(Shape{N, dims.channels()}, 1), qt = test::random_tensor(Shape{N, nq * hd}, 2),
-           kt = test::random_tensor(Shape{N, nkv * hd}, 3), tau = test::random_tensor(Shape{nkv}, 4);
-    Tensor gq = test::random_tensor(qt.shape(), 5), gk = test::random_tensor(kt.shape(), 6);
+    Tensor conv = test::random_tensor(Shape{N, C}, 1), z = test::random_tensor(Shape{N, C}, 2),
+           tau = test::random_tensor(Shape{nkv}, 4);
+    Tensor gq = test::random_tensor(Shape{N, rq}, 5), gk = test::random_tensor(Shape{N, rk}, 6);
+    auto nan_tensor = [](Shape sh) {
+      Tensor t = Tensor::empty(sh, DType::f32);
+      t.fill_(std::nan(""));
+      return t;
+    };
+    // z's rows are [q̃ | k̃]: the separate ops take them as two tensors.
+    Tensor qt = nan_tensor(Shape{N, rq}), kt = nan_tensor(Shape{N, rk});
+    for (int64_t n = 0; n < N; ++n) {
+      std::memcpy(qt.data<float>() + n * rq, z.data<float>() + n * C, rq * 4);
+      std::memcpy(kt.data<float>() + n * rk, z.data<float>() + n * C + rq, rk * 4);
+    }
     // The ops in turn, as the model ran them before.
-    Tensor qpre = qt.clone(), kpre = kt.clone(), qr = qt.clone(), kr = kt.clone();
+    Tensor qpre = nan_tensor(Shape{N, rq}), kpre = nan_tensor(Shape{N, rk}), qr = nan_tensor(Shape{N, rq}),
+           kr = nan_tensor(Shape{N, rk});
     ops::mean_skip_forward(qpre, kpre, conv, qt, kt, N, dims);
     ops::qk_norm_forward(qr, kr, qpre, kpre, tau, N, dims);
     ops::rope_forward(qr, qr, rope, B, T, nq, hd);
     ops::rope_forward(kr, kr, rope, B, T, nkv, hd);
-    Tensor dqr = gq.clone(), dkr = gk.clone(), dqpre = qt.clone(), dkpre = kt.clone();
-    Tensor dconv = conv.clone(), dqt = qt.clone(), dkt = kt.clone(), dtau = Tensor::empty(Shape{nkv}, DType::f32);
+    Tensor dqr = gq.clone(), dkr = gk.clone(), dqpre = nan_tensor(Shape{N, rq}), dkpre = nan_tensor(Shape{N, rk});
+    Tensor dconv = nan_tensor(Shape{N, C}), dqt = nan_tensor(Shape{N, rq}), dkt = nan_tensor(Shape{N, rk});
+    Tensor dtau = Tensor::empty(Shape{nkv}, DType::f32);
     dtau.fill_(0.25);  // accumulated into
     ops::rope_backward(dqr, dqr, rope, B, T, nq, hd);
     ops::rope_backward(dkr, dkr, rope, B, T, nkv, hd);
     ops::qk_norm_backward(dqpre, dkpre, dtau, dqr, dkr, qpre, kpre, tau, N, dims);
     ops::mean_skip_backward(dconv, dqt, dkt, dqpre, dkpre, N, dims);
+    Tensor dz = nan_tensor(Shape{N, C});  // [dq̃ | dk̃] per row, as the fused op writes it
+    for (int64_t n = 0; n < N; ++n) {
+      std::memcpy(dz.data<float>() + n * C, dqt.data<float>() + n * rq, rq * 4);
+      std::memcpy(dz.data<float>() + n * C + rq, dkt.data<float>() + n * rk, rk * 4);
+    }
     const int saved = num_threads();
     for (int threads : {1, 2}) {
       set_num_threads(threads);
-      Tensor fq = qt.clone(), fk = kt.clone(), fqpre = qt.clone(), fkpre = kt.clone();
-      ops::cca_qk_forward(fq, fk, fqpre, fkpre, conv, qt, kt, tau, rope, B, T, dims);
-      Tensor fdconv = conv.clone(), fdqt = qt.clone(), fdkt = kt.clone(), fdtau = Tensor::empty(Shape{nkv}, DType::f32);
+      Tensor fq = nan_tensor(Shape{N, rq}), fk = nan_tensor(Shape{N, rk}), fqpre = nan_tensor(Shape{N, rq}),
+             fkpre = nan_tensor(Shape{N, rk});
+      ops::cca_qk_forward(fq, fk, fqpre, fkpre, conv, z, tau, rope, B, T, dims);
+      Tensor fdconv = nan_tensor(Shape{N, C}), fdz = nan_tensor(Shape{N, C}), fdtau = Tensor::empty(Shape{nkv}, DType::f32);
       fdtau.fill_(0.25);
-      ops::cca_qk_backward(fdconv, fdqt, fdkt, fdtau, gq, gk, fqpre, fkpre, tau, rope, B, T, dims);
+      ops::cca_qk_backward(fdconv, fdz, fdtau, gq, gk, fqpre, fkpre, tau, rope, B, T, dims);
       for (auto [x, y, name] : {std::tuple{&qr, &fq, "q"}, {&kr, &fk, "k"}, {&qpre, &fqpre, "q_pre"},
-                                {&kpre, &fkpre, "k_pre"}, {&dconv, &fdconv, "dconv"}, {&dqt, &fdqt, "dq_tilde"},
-                                {&dkt, &fdkt, "dk_tilde"}, {&dtau, &fdtau, "dtemp"}})
+                                {&kpre, &fkpre, "k_pre"}, {&dconv, &fdconv, "dconv"}, {&dz, &fdz, "dz"},
+                                {&dtau, &fdtau, "dtemp"}})
         EXPECT_EQ(std::memcmp(x->raw(), y->raw(), x->nbytes()), 0) << name << ", hd " << hd << ", " << threads << " threads";
     }
     set_num_threads(saved);
@@ -404,21 +424,21 @@ TEST(CcaQk, RejectsAShortRopeTableAndWrongShapes) {
   ops::CcaDims dims{nq, nkv, hd};
   Tensor conv = Tensor::zeros(Shape{N, dims.channels()}, DType::f32), q = Tensor::zeros(Shape{N, nq * hd}, DType::f32),
          k = Tensor::zeros(Shape{N, nkv * hd}, DType::f32), tau = Tensor::zeros(Shape{nkv}, DType::f32);
-  Tensor qp = q.clone(), kp = k.clone(), qt = q.clone(), kt = k.clone();
+  Tensor qp = q.clone(), kp = k.clone(), z = conv.clone();
   const ops::RopeTable short_table = ops::make_rope_table(hd, 1.0, 10000.0, T - 1);
   try {
-    ops::cca_qk_forward(q, k, qp, kp, conv, qt, kt, tau, short_table, B, T, dims);
+    ops::cca_qk_forward(q, k, qp, kp, conv, z, tau, short_table, B, T, dims);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("exceed the RoPE table's 7 positions"), std::string::npos) << e.what();
   }
   const ops::RopeTable table = ops::make_rope_table(hd, 1.0, 10000.0, T);
-  Tensor bad = Tensor::zeros(Shape{N, nkv * hd + 1}, DType::f32);
+  Tensor bad = Tensor::zeros(Shape{N, dims.channels() + 1}, DType::f32);
   try {
-    ops::cca_qk_forward(q, k, qp, kp, conv, qt, bad, tau, table, B, T, dims);
+    ops::cca_qk_forward(q, k, qp, kp, conv, bad, tau, table, B, T, dims);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("k_tilde"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("z has shape [8, 49], expected [8, 48]"), std::string::npos) << e.what();
   }
 }
 

@@ -84,10 +84,10 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   ops::linear_forward(t.u, p.w_qkv, Tensor{}, s.proj);
   // z = concat(q̃, k̃) (the conv input); q̃, k̃ (the mean skip's); vc, vd (the value shift's).
   clock.part("forward: CCA (conv, mean skip, value shift, QK norm, RoPE)");
-  copy_col_slices(s.proj, {{t.z, 0}, {s.qt, 0}, {s.kt, q}, {s.vc, C}, {s.vd, C + kv / 2}});
+  copy_col_slices(s.proj, {{t.z, 0}, {s.vc, C}, {s.vd, C + kv / 2}});
   ops::cca_conv_forward(s.conv, t.z, p.conv, B_, T_, dims);
   // Mean skip → QK norm → RoPE, one token at a time (bitwise the three ops in turn).
-  ops::cca_qk_forward(t.qr, t.kr, t.qpre, t.kpre, s.conv, s.qt, s.kt, p.temp, rope_, B_, T_, dims);
+  ops::cca_qk_forward(t.qr, t.kr, t.qpre, t.kpre, s.conv, t.z, p.temp, rope_, B_, T_, dims);
   ops::value_shift_forward(t.v, s.vc, s.vd, B_, T_, kv / 2);
   clock.part("forward: attention");
   ops::attention_forward(t.att, t.lse, t.qr, t.kr, t.v, B_, T_, nq, nkv, hd);
@@ -189,11 +189,11 @@ void ZayaModel::layer_backward(int l) {
   clock.part("backward: attention");
   ops::attention_backward(s.dqr, s.dkr, s.dv, s.datt, t.qr, t.kr, t.v, t.att, t.lse, B_, T_, nq, nkv, hd);
   clock.part("backward: CCA (RoPE, QK norm, mean skip, conv, value shift)");
-  ops::cca_qk_backward(s.dconv, s.dqt, s.dkt, g.temp, s.dqr, s.dkr, t.qpre, t.kpre, p.temp, rope_, B_, T_, dims);
+  ops::cca_qk_backward(s.dconv, s.dzs, g.temp, s.dqr, s.dkr, t.qpre, t.kpre, p.temp, rope_, B_, T_, dims);
   ops::cca_conv_backward(s.dz, g.conv, s.dconv, t.z, p.conv, B_, T_, dims);
   ops::value_shift_backward(s.dvc, s.dvd, s.dv, B_, T_, kv / 2);
   // proj columns [q̃ | k̃ | vc | vd]: q̃, k̃ reach the loss through the conv and the mean skip.
-  add_col_slices(s.dproj, {{s.dz, 0}, {s.dqt, 0}, {s.dkt, q}, {s.dvc, C}, {s.dvd, C + kv / 2}});
+  add_col_slices(s.dproj, {{s.dz, 0}, {s.dzs, 0}, {s.dvc, C}, {s.dvd, C + kv / 2}});
   clock.part("backward: qkv projection, input norm");
   ops::linear_backward(s.dproj, t.u, p.w_qkv, s.du, g.w_qkv, Tensor{});
   ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dxb, g.w_in, /*accumulate_dx=*/true);  // + the residual path

@@ -178,45 +178,44 @@ void check_rope(std::string_view op, const RopeTable& rope, int64_t T, int64_t h
 }
 }  // namespace
 
-void cca_qk_forward(Tensor& q, Tensor& k, Tensor& q_pre, Tensor& k_pre, const Tensor& conv, const Tensor& q_tilde,
-                    const Tensor& k_tilde, const Tensor& temp, const RopeTable& rope, int64_t B, int64_t T,
-                    const CcaDims& dims) {
+void cca_qk_forward(Tensor& q, Tensor& k, Tensor& q_pre, Tensor& k_pre, const Tensor& conv, const Tensor& z,
+                    const Tensor& temp, const RopeTable& rope, int64_t B, int64_t T, const CcaDims& dims) {
   constexpr std::string_view op = "cca_qk_forward";
   check_dims(op, dims);
   require_positive(op, "B", B);
   require_positive(op, "T", T);
   const int64_t N = B * T;
   seq::require_n_rows(op, "conv", conv, N, dims.channels());
+  seq::require_n_rows(op, "z", z, N, dims.channels());
   for (auto [name, t, f] : std::initializer_list<std::tuple<const char*, const Tensor*, int64_t>>{
-           {"q", &q, dims.nq}, {"k", &k, dims.nkv}, {"q_pre", &q_pre, dims.nq}, {"k_pre", &k_pre, dims.nkv},
-           {"q_tilde", &q_tilde, dims.nq}, {"k_tilde", &k_tilde, dims.nkv}})
+           {"q", &q, dims.nq}, {"k", &k, dims.nkv}, {"q_pre", &q_pre, dims.nq}, {"k_pre", &k_pre, dims.nkv}})
     seq::require_n_rows(op, name, *t, N, f * dims.hd);
   require_exact(op, "qk_norm.temp", temp, Shape{dims.nkv});
   check_rope(op, rope, T, dims.hd);
   cpu::cca_qk_fwd(q.data<float>(), k.data<float>(), q_pre.data<float>(), k_pre.data<float>(), conv.data<float>(),
-                  q_tilde.data<float>(), k_tilde.data<float>(), temp.data<float>(), rope.cos.data<float>(),
-                  rope.sin.data<float>(), rope.rot, B, T, dims.nq, dims.nkv, dims.hd);
+                  z.data<float>(), temp.data<float>(), rope.cos.data<float>(), rope.sin.data<float>(), rope.rot, B, T,
+                  dims.nq, dims.nkv, dims.hd);
 }
 
-void cca_qk_backward(Tensor& dconv, Tensor& dq_tilde, Tensor& dk_tilde, Tensor& dtemp, const Tensor& dq,
-                     const Tensor& dk, const Tensor& q_pre, const Tensor& k_pre, const Tensor& temp,
-                     const RopeTable& rope, int64_t B, int64_t T, const CcaDims& dims) {
+void cca_qk_backward(Tensor& dconv, Tensor& dz, Tensor& dtemp, const Tensor& dq, const Tensor& dk,
+                     const Tensor& q_pre, const Tensor& k_pre, const Tensor& temp, const RopeTable& rope, int64_t B,
+                     int64_t T, const CcaDims& dims) {
   constexpr std::string_view op = "cca_qk_backward";
   check_dims(op, dims);
   require_positive(op, "B", B);
   require_positive(op, "T", T);
   const int64_t N = B * T;
   seq::require_n_rows(op, "dconv", dconv, N, dims.channels());
+  seq::require_n_rows(op, "dz", dz, N, dims.channels());
   for (auto [name, t, f] : std::initializer_list<std::tuple<const char*, const Tensor*, int64_t>>{
-           {"dq_tilde", &dq_tilde, dims.nq}, {"dk_tilde", &dk_tilde, dims.nkv}, {"dq", &dq, dims.nq},
-           {"dk", &dk, dims.nkv}, {"q_pre", &q_pre, dims.nq}, {"k_pre", &k_pre, dims.nkv}})
+           {"dq", &dq, dims.nq}, {"dk", &dk, dims.nkv}, {"q_pre", &q_pre, dims.nq}, {"k_pre", &k_pre, dims.nkv}})
     seq::require_n_rows(op, name, *t, N, f * dims.hd);
   require_exact(op, "qk_norm.temp", temp, Shape{dims.nkv});
   require_exact(op, "grad of qk_norm.temp", dtemp, Shape{dims.nkv});
   check_rope(op, rope, T, dims.hd);
-  cpu::cca_qk_bwd(dconv.data<float>(), dq_tilde.data<float>(), dk_tilde.data<float>(), dtemp.data<float>(),
-                  dq.data<float>(), dk.data<float>(), q_pre.data<float>(), k_pre.data<float>(), temp.data<float>(),
-                  rope.cos.data<float>(), rope.sin.data<float>(), rope.rot, B, T, dims.nq, dims.nkv, dims.hd);
+  cpu::cca_qk_bwd(dconv.data<float>(), dz.data<float>(), dtemp.data<float>(), dq.data<float>(), dk.data<float>(),
+                  q_pre.data<float>(), k_pre.data<float>(), temp.data<float>(), rope.cos.data<float>(),
+                  rope.sin.data<float>(), rope.rot, B, T, dims.nq, dims.nkv, dims.hd);
 }
 
 }  // namespace zaya::ops

@@ -72,15 +72,16 @@ void qk_norm_backward(Tensor& dq, Tensor& dk, Tensor& dtemp, const Tensor& dq_ou
 
 // The q/k path after the conv, fused per token: mean skip → QK norm → RoPE at positions 0..T−1,
 // the same values bit for bit as mean_skip_forward, qk_norm_forward and rope_forward on q and on k
-// in turn, in one pass while each token's rows are in L1. Writes q_pre, k_pre (the QK norm's
-// inputs, which the backward needs) and q, k [B·T, nq·hd] / [B·T, nkv·hd] (attention's inputs).
-void cca_qk_forward(Tensor& q, Tensor& k, Tensor& q_pre, Tensor& k_pre, const Tensor& conv, const Tensor& q_tilde,
-                    const Tensor& k_tilde, const Tensor& temp, const RopeTable& rope, int64_t B, int64_t T,
-                    const CcaDims& dims);
-// Its backward from dq, dk (unchanged): dconv, dq_tilde, dk_tilde written, dtemp accumulated, as
-// rope_backward, qk_norm_backward and mean_skip_backward in turn.
-void cca_qk_backward(Tensor& dconv, Tensor& dq_tilde, Tensor& dk_tilde, Tensor& dtemp, const Tensor& dq,
-                     const Tensor& dk, const Tensor& q_pre, const Tensor& k_pre, const Tensor& temp,
-                     const RopeTable& rope, int64_t B, int64_t T, const CcaDims& dims);
+// in turn, in one pass while each token's rows are in L1. z [B·T, C] is the conv's input, whose rows
+// are [q̃ | k̃] (the mean skip reads them there: no separate copies). Writes q_pre, k_pre (the QK
+// norm's inputs, which the backward needs) and q, k [B·T, nq·hd] / [B·T, nkv·hd] (attention's).
+void cca_qk_forward(Tensor& q, Tensor& k, Tensor& q_pre, Tensor& k_pre, const Tensor& conv, const Tensor& z,
+                    const Tensor& temp, const RopeTable& rope, int64_t B, int64_t T, const CcaDims& dims);
+// Its backward from dq, dk (unchanged): dconv written, dz [B·T, C] written with the gradient that
+// reaches z through the mean skip ([dq̃ | dk̃] per row), dtemp accumulated; as rope_backward,
+// qk_norm_backward and mean_skip_backward in turn.
+void cca_qk_backward(Tensor& dconv, Tensor& dz, Tensor& dtemp, const Tensor& dq, const Tensor& dk,
+                     const Tensor& q_pre, const Tensor& k_pre, const Tensor& temp, const RopeTable& rope, int64_t B,
+                     int64_t T, const CcaDims& dims);
 
 }  // namespace zaya::ops

@@ -480,15 +480,16 @@ void qk_norm_bwd(float* dq, float* dk, float* dtemp, const float* dqo, const flo
 // The q/k path fused per token: each token's rows go through mean skip, QK norm and RoPE while
 // they are in L1, in one parallel loop instead of four passes over [N, ·] tensors. Each step is the
 // per-token function the separate ops use, in the same order, so the results are theirs bit for bit.
-void cca_qk_fwd(float* qr, float* kr, float* qpre, float* kpre, const float* conv, const float* qt, const float* kt,
-                const float* temp, const float* cos, const float* sin, int64_t rot, int64_t B, int64_t T,
-                int64_t nq, int64_t nkv, int64_t hd) {
+void cca_qk_fwd(float* qr, float* kr, float* qpre, float* kpre, const float* conv, const float* z, const float* temp,
+                const float* cos, const float* sin, int64_t rot, int64_t B, int64_t T, int64_t nq, int64_t nkv,
+                int64_t hd) {
   const int64_t C = (nq + nkv) * hd, rq = nq * hd, rk = nkv * hd, half = rot / 2;
   const float sqrt_hd = static_cast<float>(std::sqrt(static_cast<double>(hd)));
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < B * T; ++n) {
     const int64_t pos = n % T;
-    mean_skip_token(qpre + n * rq, kpre + n * rk, conv + n * C, qt + n * rq, kt + n * rk, nq, nkv, hd);
+    const float* zn = z + n * C;  // [q̃ | k̃] of this token
+    mean_skip_token(qpre + n * rq, kpre + n * rk, conv + n * C, zn, zn + rq, nq, nkv, hd);
     qk_norm_token(qr + n * rq, kr + n * rk, qpre + n * rq, kpre + n * rk, temp, nq, nkv, hd, sqrt_hd);
     rope_token(qr + n * rq, qr + n * rq, cos + pos * half, sin + pos * half, rot, nq, hd, 1.0f);
     rope_token(kr + n * rk, kr + n * rk, cos + pos * half, sin + pos * half, rot, nkv, hd, 1.0f);
@@ -497,7 +498,7 @@ void cca_qk_fwd(float* qr, float* kr, float* qpre, float* kpre, const float* con
 
 // Backward of cca_qk_fwd: inverse RoPE into per-thread rows, QK-norm backward, mean-skip backward.
 // The QK norm's dq, dk never leave the thread; dτ's partial sums use qk_norm_bwd's chunks and order.
-void cca_qk_bwd(float* dconv, float* dqt, float* dkt, float* dtemp, const float* dqr, const float* dkr,
+void cca_qk_bwd(float* dconv, float* dz, float* dtemp, const float* dqr, const float* dkr,
                 const float* qpre, const float* kpre, const float* temp, const float* cos, const float* sin,
                 int64_t rot, int64_t B, int64_t T, int64_t nq, int64_t nkv, int64_t hd) {
   const int64_t N = B * T, C = (nq + nkv) * hd, rq = nq * hd, rk = nkv * hd, half = rot / 2;
@@ -516,7 +517,7 @@ void cca_qk_bwd(float* dconv, float* dqt, float* dkt, float* dtemp, const float*
         rope_token(gk, dkr + n * rk, cos + pos * half, sin + pos * half, rot, nkv, hd, -1.0f);
         qk_norm_token_bwd(dq, dk, part.data() + c * nkv, gq, gk, qpre + n * rq, kpre + n * rk, temp, nq, nkv, hd,
                           sqrt_hd);
-        mean_skip_token_bwd(dconv + n * C, dqt + n * rq, dkt + n * rk, dq, dk, nq, nkv, hd);
+        mean_skip_token_bwd(dconv + n * C, dz + n * C, dz + n * C + rq, dq, dk, nq, nkv, hd);
       }
   }
   for (int64_t c = 0; c < chunks; ++c)

@@ -27,11 +27,12 @@ void qk_norm_fwd(float* qo, float* ko, const float* q, const float* k, const flo
 void qk_norm_bwd(float* dq, float* dk, float* dtemp, const float* dqo, const float* dko, const float* q,
                  const float* k, const float* temp, int64_t N, int64_t nq, int64_t nkv, int64_t hd);
 
-// mean skip → QK norm → RoPE per token (zaya/ops/cca.h, cca_qk_forward); cos/sin [positions, rot/2].
-void cca_qk_fwd(float* qr, float* kr, float* qpre, float* kpre, const float* conv, const float* qt, const float* kt,
-                const float* temp, const float* cos, const float* sin, int64_t rot, int64_t B, int64_t T,
-                int64_t nq, int64_t nkv, int64_t hd);
-void cca_qk_bwd(float* dconv, float* dqt, float* dkt, float* dtemp, const float* dqr, const float* dkr,
-                const float* qpre, const float* kpre, const float* temp, const float* cos, const float* sin,
-                int64_t rot, int64_t B, int64_t T, int64_t nq, int64_t nkv, int64_t hd);
+// mean skip → QK norm → RoPE per token (zaya/ops/cca.h, cca_qk_forward); z [N, C] = [q̃ | k̃] per
+// row; cos/sin [positions, rot/2].
+void cca_qk_fwd(float* qr, float* kr, float* qpre, float* kpre, const float* conv, const float* z, const float* temp,
+                const float* cos, const float* sin, int64_t rot, int64_t B, int64_t T, int64_t nq, int64_t nkv,
+                int64_t hd);
+void cca_qk_bwd(float* dconv, float* dz, float* dtemp, const float* dqr, const float* dkr, const float* qpre,
+                const float* kpre, const float* temp, const float* cos, const float* sin, int64_t rot, int64_t B,
+                int64_t T, int64_t nq, int64_t nkv, int64_t hd);
 }  // namespace zaya::ops::cpu
