@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Plot benchmarks/model_vs_hf.py runs: each round's zaya/transformers fp32 ratio, run by run.
+
+  tools/plot_model_vs_hf.py docs/results/model-cpu/model_vs_hf-*.txt -o docs/results/model-cpu/ratios.png
+
+One column per output file, in the order given (the files' names sort by start time). Dots are the
+rounds, the bar is the run's median, the dashed line the 2× bar of issue #4. A file holding only a
+summary and no per-round lines is skipped with a message.
+"""
+import argparse
+import re
+import statistics
+import sys
+from pathlib import Path
+
+
+def rounds_of(path):
+    text = Path(path).read_text()
+    return [float(x) for x in re.findall(r"ratio zaya fp32 / transformers fp32 \(tokens/s\): ([\d.]+)x", text)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("-o", "--out", required=True, help="PNG to write")
+    args = ap.parse_args()
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = []
+    for f in args.files:
+        r = rounds_of(f)
+        if not r:
+            print(f"skipped {f}: no per-round ratio lines", file=sys.stderr)
+            continue
+        label = re.sub(r"^model_vs_hf-\d{4}-\d\d-\d\d-?", "", Path(f).stem) or Path(f).stem
+        runs.append((label, r))
+    if not runs:
+        sys.exit("no runs to plot")
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(runs) + 2), 4))
+    for x, (label, r) in enumerate(runs):
+        ax.scatter([x] * len(r), r, s=14, color="tab:blue", alpha=0.6, zorder=2)
+        ax.hlines(statistics.median(r), x - 0.3, x + 0.3, color="tab:red", linewidth=2, zorder=3)
+    ax.axhline(2.0, color="black", linestyle="--", linewidth=1, label="bar: 2×")
+    ax.set_xticks(range(len(runs)))
+    ax.set_xticklabels([label for label, _ in runs], rotation=60, ha="right", fontsize=8)
+    ax.set_xlabel("run (start time, UTC)")
+    ax.set_ylabel("zaya / transformers, fp32 tokens/s")
+    ax.set_title("Training step, demo shapes, 2 threads: rounds (dots) and run medians (bars)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out} ({len(runs)} runs)")
+
+
+if __name__ == "__main__":
+    main()
