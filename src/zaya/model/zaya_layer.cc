@@ -55,18 +55,41 @@ void add_col_slices(const Tensor& dst, std::initializer_list<ColSlice> slices) {
   }
 }
 
-void add_into(const Tensor& dst, const Tensor& src) {
-  float* d = dst.data<float>();
-  const float* s = src.data<float>();
-  const int64_t n = dst.numel();
+// The router input's gradient at layer l: dr += carried (what reached r_l through layer l+1's
+// EDA); then, where layer l has EDA (r_l = h_l + s ⊙ r_{l−1}; r_prev non-null), ds += Σ_rows
+// dr ⊙ r_{l−1} and carried = dr ⊙ s for layer l−1. One pass over the rows: [N, R] is read row by
+// row (a column-by-column walk read each cache line R/16 times), in fixed 256-row chunks whose
+// partial ds are added in chunk order, so ds does not depend on the thread count.
+void router_input_backward(const Tensor& dr, const Tensor& carried, const float* r_prev, const float* s, float* ds,
+                           int64_t N, int64_t R) {
+  constexpr int64_t kRows = 256;
+  float* d = dr.data<float>();
+  float* c = carried.data<float>();
+  const int64_t chunks = (N + kRows - 1) / kRows;
+  std::vector<float> part(r_prev ? static_cast<size_t>(chunks * R) : 0, 0.0f);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+  for (int64_t ch = 0; ch < chunks; ++ch)
+    for (int64_t i = ch * kRows; i < std::min(N, (ch + 1) * kRows); ++i) {
+      float* di = d + i * R;
+      float* ci = c + i * R;
+      for (int64_t j = 0; j < R; ++j) di[j] += ci[j];
+      if (!r_prev) continue;
+      const float* ri = r_prev + i * R;
+      float* pj = part.data() + ch * R;
+      for (int64_t j = 0; j < R; ++j) {
+        pj[j] += di[j] * ri[j];
+        ci[j] = di[j] * s[j];
+      }
+    }
+  if (r_prev)
+    for (int64_t ch = 0; ch < chunks; ++ch)
+      for (int64_t j = 0; j < R; ++j) ds[j] += part[ch * R + j];
 }
 
 }  // namespace
 
 void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
-  const int64_t N = B_ * T_, H = cfg_.hidden_size, q = cfg_.q_dim(), kv = cfg_.kv_dim(), C = cfg_.conv_channels(),
+  const int64_t N = B_ * T_, H = cfg_.hidden_size, kv = cfg_.kv_dim(), C = cfg_.conv_channels(),
                 R = cfg_.router_hidden_size, E = cfg_.num_experts, I = cfg_.moe_intermediate_size;
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
@@ -131,7 +154,7 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
 // In: s.dxa = dL/dx_out, s.drc = dL/dr_l from layer l+1 (0 for the last layer).
 // Out: s.dxa = dL/dx_in, s.drc = dL/dr_{l−1}.
 void ZayaModel::layer_backward(int l) {
-  const int64_t N = B_ * T_, H = cfg_.hidden_size, q = cfg_.q_dim(), kv = cfg_.kv_dim(), C = cfg_.conv_channels(),
+  const int64_t N = B_ * T_, H = cfg_.hidden_size, kv = cfg_.kv_dim(), C = cfg_.conv_channels(),
                 R = cfg_.router_hidden_size, E = cfg_.num_experts;
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
   const ops::CcaDims dims{nq, nkv, hd};
@@ -159,24 +182,9 @@ void ZayaModel::layer_backward(int l) {
   ops::gelu_backward(s.dg1, t.a1, s.dg1);
   ops::linear_backward(s.dg1, t.zr, p.fc1w, s.dzr, g.fc1w, g.fc1b);
   ops::rmsnorm_backward(s.dzr, t.r, p.w_rn, t.rstd_r, s.dr, g.w_rn);
-  add_into(s.dr, s.drc);  // + dL/dr_l through layer l+1's EDA
-  if (l > 0) {
-    // r_l = h_l + s_l ⊙ r_{l−1}:  ds_l += Σ_rows dr ⊙ r_{l−1},  dr_{l−1} (carried) = dr ⊙ s_l
-    const float* dr = s.dr.data<float>();
-    const float* rp = acts_[l - 1].r.data<float>();
-    const float* sc = p.s_eda.data<float>();
-    float* ds = g.s_eda.data<float>();
-    float* drc = s.drc.data<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < R; ++j) {
-      float acc = 0;
-      for (int64_t i = 0; i < N; ++i) {
-        acc += dr[i * R + j] * rp[i * R + j];
-        drc[i * R + j] = dr[i * R + j] * sc[j];
-      }
-      ds[j] += acc;
-    }
-  }
+  // + dL/dr_l through layer l+1's EDA; then this layer's EDA (layers ≥ 1): ds_l and the carry.
+  router_input_backward(s.dr, s.drc, l > 0 ? acts_[l - 1].r.data<float>() : nullptr,
+                        l > 0 ? p.s_eda.data<float>() : nullptr, l > 0 ? g.s_eda.data<float>() : nullptr, N, R);
   // h_l = W_down w + b_down; w also feeds the experts (s.dw from the gather).
   ops::linear_backward(s.dr, t.w, p.w_down, s.dw, g.w_down, g.b_down, {}, /*accumulate_dx=*/true);
   // w = RMSNorm_post(x_mid); x_mid also feeds the residual (s.dxmid holds that path's gradient).
