@@ -435,10 +435,12 @@ TEST(Gemm, GroupedAmxPathMatchesReferenceInAllForms) {
         for (auto& p : problems) amx_outs.back().push_back(p.C);
       }
     }
-    if (cpu::amx_usable())  // without AMX these two ran oneDNN primitives built for different thread counts
-      for (size_t g = 0; g < ms.size(); ++g)
+    if (cpu::amx_usable()) {  // without AMX these two ran oneDNN primitives built for different thread counts
+      for (size_t g = 0; g < ms.size(); ++g) {
         EXPECT_TRUE(same_bits(amx_outs[0][g], amx_outs[1][g]))
             << "ta " << int(f.ta) << " tb " << int(f.tb) << " m " << ms[g];
+      }
+    }
   }
 }
 
