@@ -3,6 +3,7 @@
 
 #include <initializer_list>
 #include <tuple>
+#include <utility>
 
 #include "zaya/ops/cpu/cca_cpu.h"
 #include "zaya/ops/cpu/op_checks.h"
@@ -169,29 +170,32 @@ void qk_norm_backward(Tensor& dq, Tensor& dk, Tensor& dtemp, const Tensor& dq_ou
 }
 
 namespace {
-void check_rope(std::string_view op, const RopeTable& rope, int64_t T, int64_t hd) {
-  ZAYA_CHECK(rope.rot >= 2 && rope.rot <= hd, op, ": RoPE table has ", rope.rot, " rotary dims, head_dim is ", hd);
+// The checks both fused q/k ops share; returns N = B·T. `rows` are the [N, nq·hd] / [N, nkv·hd]
+// operands (q-sized first, then k-sized, alternating), `conv_like` the [N, C] ones.
+int64_t check_qk_path(std::string_view op, const CcaDims& dims, int64_t B, int64_t T, const Tensor& temp,
+                      const RopeTable& rope, std::initializer_list<std::pair<const char*, const Tensor*>> conv_like,
+                      std::initializer_list<std::tuple<const char*, const Tensor*, int64_t>> rows) {
+  check_dims(op, dims);
+  require_positive(op, "B", B);
+  require_positive(op, "T", T);
+  const int64_t N = B * T;
+  for (auto [name, t] : conv_like) seq::require_n_rows(op, name, *t, N, dims.channels());
+  for (auto [name, t, f] : rows) seq::require_n_rows(op, name, *t, N, f * dims.hd);
+  require_exact(op, "qk_norm.temp", temp, Shape{dims.nkv});
+  ZAYA_CHECK(rope.rot >= 2 && rope.rot <= dims.hd, op, ": RoPE table has ", rope.rot, " rotary dims, head_dim is ",
+             dims.hd);
   require_exact(op, "cos table", rope.cos, Shape{rope.max_positions(), rope.rot / 2});
   require_exact(op, "sin table", rope.sin, Shape{rope.max_positions(), rope.rot / 2});
   ZAYA_CHECK(T <= rope.max_positions(), op, ": positions up to ", T - 1, " exceed the RoPE table's ",
              rope.max_positions(), " positions (max_position_embeddings)");
+  return N;
 }
 }  // namespace
 
 void cca_qk_forward(Tensor& q, Tensor& k, Tensor& q_pre, Tensor& k_pre, const Tensor& conv, const Tensor& z,
                     const Tensor& temp, const RopeTable& rope, int64_t B, int64_t T, const CcaDims& dims) {
-  constexpr std::string_view op = "cca_qk_forward";
-  check_dims(op, dims);
-  require_positive(op, "B", B);
-  require_positive(op, "T", T);
-  const int64_t N = B * T;
-  seq::require_n_rows(op, "conv", conv, N, dims.channels());
-  seq::require_n_rows(op, "z", z, N, dims.channels());
-  for (auto [name, t, f] : std::initializer_list<std::tuple<const char*, const Tensor*, int64_t>>{
-           {"q", &q, dims.nq}, {"k", &k, dims.nkv}, {"q_pre", &q_pre, dims.nq}, {"k_pre", &k_pre, dims.nkv}})
-    seq::require_n_rows(op, name, *t, N, f * dims.hd);
-  require_exact(op, "qk_norm.temp", temp, Shape{dims.nkv});
-  check_rope(op, rope, T, dims.hd);
+  check_qk_path("cca_qk_forward", dims, B, T, temp, rope, {{"conv", &conv}, {"z", &z}},
+                {{"q", &q, dims.nq}, {"k", &k, dims.nkv}, {"q_pre", &q_pre, dims.nq}, {"k_pre", &k_pre, dims.nkv}});
   cpu::cca_qk_fwd(q.data<float>(), k.data<float>(), q_pre.data<float>(), k_pre.data<float>(), conv.data<float>(),
                   z.data<float>(), temp.data<float>(), rope.cos.data<float>(), rope.sin.data<float>(), rope.rot, B, T,
                   dims.nq, dims.nkv, dims.hd);
@@ -200,19 +204,9 @@ void cca_qk_forward(Tensor& q, Tensor& k, Tensor& q_pre, Tensor& k_pre, const Te
 void cca_qk_backward(Tensor& dconv, Tensor& dz, Tensor& dtemp, const Tensor& dq, const Tensor& dk,
                      const Tensor& q_pre, const Tensor& k_pre, const Tensor& temp, const RopeTable& rope, int64_t B,
                      int64_t T, const CcaDims& dims) {
-  constexpr std::string_view op = "cca_qk_backward";
-  check_dims(op, dims);
-  require_positive(op, "B", B);
-  require_positive(op, "T", T);
-  const int64_t N = B * T;
-  seq::require_n_rows(op, "dconv", dconv, N, dims.channels());
-  seq::require_n_rows(op, "dz", dz, N, dims.channels());
-  for (auto [name, t, f] : std::initializer_list<std::tuple<const char*, const Tensor*, int64_t>>{
-           {"dq", &dq, dims.nq}, {"dk", &dk, dims.nkv}, {"q_pre", &q_pre, dims.nq}, {"k_pre", &k_pre, dims.nkv}})
-    seq::require_n_rows(op, name, *t, N, f * dims.hd);
-  require_exact(op, "qk_norm.temp", temp, Shape{dims.nkv});
-  require_exact(op, "grad of qk_norm.temp", dtemp, Shape{dims.nkv});
-  check_rope(op, rope, T, dims.hd);
+  check_qk_path("cca_qk_backward", dims, B, T, temp, rope, {{"dconv", &dconv}, {"dz", &dz}},
+                {{"dq", &dq, dims.nq}, {"dk", &dk, dims.nkv}, {"q_pre", &q_pre, dims.nq}, {"k_pre", &k_pre, dims.nkv}});
+  require_exact("cca_qk_backward", "grad of qk_norm.temp", dtemp, Shape{dims.nkv});
   cpu::cca_qk_bwd(dconv.data<float>(), dz.data<float>(), dtemp.data<float>(), dq.data<float>(), dk.data<float>(),
                   q_pre.data<float>(), k_pre.data<float>(), temp.data<float>(), rope.cos.data<float>(),
                   rope.sin.data<float>(), rope.rot, B, T, dims.nq, dims.nkv, dims.hd);

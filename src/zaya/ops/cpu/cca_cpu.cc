@@ -398,9 +398,7 @@ inline float norm_scale(const float* x, int64_t hd, float sqrt_hd) {
   float nrm = std::sqrt(dotf(x, x, hd));
   return sqrt_hd / std::max(nrm, FLT_EPSILON);
 }
-}  // namespace
 
-namespace {
 // One token's QK norm: rows q [nq·hd], k [nkv·hd] → qo, ko.
 inline void qk_norm_token(float* qo, float* ko, const float* q, const float* k, const float* temp, int64_t nq,
                           int64_t nkv, int64_t hd, float sqrt_hd) {
@@ -441,9 +439,7 @@ inline void norm_backward(float* dx, const float* x, const float* dy, float tau,
     for (int64_t d = 0; d < hd; ++d) dx[d] = s * tau * dy[d];
   }
 }
-}  // namespace
 
-namespace {
 // One token's QK-norm backward: dq, dk written; part[j] += its term of dτ_j.
 inline void qk_norm_token_bwd(float* dq, float* dk, float* part, const float* dqo, const float* dko, const float* q,
                               const float* k, const float* temp, int64_t nq, int64_t nkv, int64_t hd,
@@ -459,6 +455,10 @@ inline void qk_norm_token_bwd(float* dq, float* dk, float* part, const float* dq
 // dτ_j = Σ_n ⟨dk_out, x·s/max(n, ε)⟩: partial sums over fixed 256-row chunks (independent of the
 // thread count), added in chunk order afterwards.
 constexpr int64_t kTempChunk = 256;
+void add_temp_partials(float* dtemp, const std::vector<float>& part, int64_t nkv) {
+  for (size_t c = 0; c < part.size() / static_cast<size_t>(nkv); ++c)
+    for (int64_t j = 0; j < nkv; ++j) dtemp[j] += part[c * nkv + j];
+}
 }  // namespace
 
 void qk_norm_bwd(float* dq, float* dk, float* dtemp, const float* dqo, const float* dko, const float* q,
@@ -473,8 +473,7 @@ void qk_norm_bwd(float* dq, float* dk, float* dtemp, const float* dqo, const flo
       qk_norm_token_bwd(dq + oq, dk + ok, part.data() + c * nkv, dqo + oq, dko + ok, q + oq, k + ok, temp, nq, nkv,
                         hd, sqrt_hd);
     }
-  for (int64_t c = 0; c < chunks; ++c)
-    for (int64_t j = 0; j < nkv; ++j) dtemp[j] += part[c * nkv + j];
+  add_temp_partials(dtemp, part, nkv);
 }
 
 // The q/k path fused per token: each token's rows go through mean skip, QK norm and RoPE while
@@ -520,8 +519,7 @@ void cca_qk_bwd(float* dconv, float* dz, float* dtemp, const float* dqr, const f
         mean_skip_token_bwd(dconv + n * C, dz + n * C, dz + n * C + rq, dq, dk, nq, nkv, hd);
       }
   }
-  for (int64_t c = 0; c < chunks; ++c)
-    for (int64_t j = 0; j < nkv; ++j) dtemp[j] += part[c * nkv + j];
+  add_temp_partials(dtemp, part, nkv);
 }
 
 }  // namespace zaya::ops::cpu
