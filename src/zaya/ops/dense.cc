@@ -297,7 +297,27 @@ void check_params(const char* op, const ResidualScaleParams& p, int64_t f) {
   check_vector(op, "residual_scale", p.residual_scale, f);
   check_vector(op, "residual_bias", p.residual_bias, f);
 }
+
+// One row of residual_scale_backward: dh, dx (when wanted) and the row's terms of the three column
+// sums. Restrict-qualified parameters, so that every loop vectorizes.
+void residual_scale_backward_row(const float* __restrict__ gi, const float* __restrict__ hi,
+                                 const float* __restrict__ xi, const float* __restrict__ sh,
+                                 const float* __restrict__ bh, const float* __restrict__ sx,
+                                 const float* __restrict__ bx, int64_t f, float* __restrict__ dhi,
+                                 float* __restrict__ dxi, float* __restrict__ p_sh, float* __restrict__ p_sx,
+                                 float* __restrict__ p_g) {
+  if (dhi)
+    for (int64_t j = 0; j < f; ++j) dhi[j] = gi[j] * sh[j];
+  if (dxi)
+    for (int64_t j = 0; j < f; ++j) dxi[j] = gi[j] * sx[j];
+  for (int64_t j = 0; j < f; ++j) {
+    p_sh[j] += gi[j] * (hi[j] + bh[j]);
+    p_sx[j] += gi[j] * (xi[j] + bx[j]);
+    p_g[j] += gi[j];
+  }
+}
 }  // namespace
+
 
 void residual_scale_forward(const Tensor& h, const Tensor& x, const ResidualScaleParams& p, const Tensor& y) {
   const char* op = "residual_scale_forward";
@@ -342,34 +362,31 @@ void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x,
   }
   float* dhp = dh.defined() ? dh.data<float>() : nullptr;
   float* dxp = dx.defined() ? dx.data<float>() : nullptr;
+  // One pass over dy, h and x (the op is memory-bound) writes dh and dx and three column sums per
+  // chunk of kNormRowChunk rows: Σ dy ⊙ (h + b_h), Σ dy ⊙ (x + b_x) and Σ dy. The chunks' partials
+  // are then added in chunk order, so the parameter gradients do not depend on the thread count.
+  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
+  thread_local std::vector<float> partial;  // kept between calls: no page faults per call
+  partial.assign(static_cast<size_t>(chunks * 3 * f), 0.0f);
+  float* const part = partial.data();  // the caller's buffer (each worker's thread_local is its own)
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < f; ++j) {
-      int64_t k = i * f + j;
-      if (dhp) dhp[k] = gp[k] * sh[j];
-      if (dxp) dxp[k] = gp[k] * sx[j];
-    }
-  // The four parameter sums in one column-blocked pass over dy.
+  for (int64_t c = 0; c < chunks; ++c) {
+    float* p_sh = part + c * 3 * f;
+    float* p_sx = p_sh + f;
+    float* p_g = p_sx + f;
+    for (int64_t i = c * kNormRowChunk; i < std::min(n, (c + 1) * kNormRowChunk); ++i)
+      residual_scale_backward_row(gp + i * f, hp + i * f, xp + i * f, sh, bh, sx, bx, f, dhp ? dhp + i * f : nullptr,
+                                  dxp ? dxp + i * f : nullptr, p_sh, p_sx, p_g);
+  }
   float *dsh = grads.hidden_scale.data<float>(), *dbh = grads.hidden_bias.data<float>();
   float *dsx = grads.residual_scale.data<float>(), *dbx = grads.residual_bias.data<float>();
-  int64_t blocks = (f + kColBlock - 1) / kColBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    int64_t c0 = blk * kColBlock, c1 = std::min(f, c0 + kColBlock);
-    float a_sh[kColBlock] = {}, a_g[kColBlock] = {}, a_sx[kColBlock] = {};
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = c0; j < c1; ++j) {
-        int64_t k = i * f + j;
-        a_sh[j - c0] += gp[k] * (hp[k] + bh[j]);
-        a_sx[j - c0] += gp[k] * (xp[k] + bx[j]);
-        a_g[j - c0] += gp[k];
-      }
-    for (int64_t j = c0; j < c1; ++j) {
-      dsh[j] += a_sh[j - c0];
-      dsx[j] += a_sx[j - c0];
-      dbh[j] += a_g[j - c0] * sh[j];  // Σ dy ⊙ s_h = s_h · Σ dy
-      dbx[j] += a_g[j - c0] * sx[j];
-    }
+  std::vector<float> sums(static_cast<size_t>(3 * f), 0.0f);  // [Σ dy ⊙ (h + b_h) | Σ dy ⊙ (x + b_x) | Σ dy]
+  column_reduce(chunks, 3 * f, sums.data(), [&](int64_t c, int64_t j) { return part[c * 3 * f + j]; });
+  for (int64_t j = 0; j < f; ++j) {
+    dsh[j] += sums[j];
+    dsx[j] += sums[f + j];
+    dbh[j] += sums[2 * f + j] * sh[j];  // Σ dy ⊙ s_h = s_h · Σ dy
+    dbx[j] += sums[2 * f + j] * sx[j];
   }
 }
 
