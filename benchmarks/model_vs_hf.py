@@ -14,7 +14,10 @@ projections, attention, conv and router stay fp32).
 The three measurements run interleaved for --rounds rounds (zaya fp32, zaya bf16, transformers in
 each) and the ratios are taken per round and as the median: on a shared VM whose speed drifts
 within minutes, only measurements taken side by side compare. Each line also shows the CPU time
-the hypervisor stole during it (/proc/stat), which is what that drift is. zaya reports the wall
+the hypervisor stole during it (/proc/stat), which is what that drift is; a round in which any of
+its three measurements lost more than --max-steal percent (default 5) is printed but left out of
+the median, since it timed the neighbours' load rather than either program (if every round is
+like that, the median is over all of them and says so). zaya reports the wall
 time of its library GEMMs; transformers' step divided by that time is the ratio zaya would reach
 if everything besides the GEMMs (which both sides run at the same FLOP count) took no time.
 
@@ -113,6 +116,9 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--attn", default="sdpa", help="transformers attention implementation (sdpa or eager)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three measurements")
+    ap.add_argument("--max-steal", type=float, default=5.0,
+                    help="rounds in which the hypervisor stole more than this percentage of the CPU time during "
+                         "any of the three measurements are printed but left out of the median")
     a = ap.parse_args()
     cfg = model_config(a.config)
     tokens = a.batch * a.seq
@@ -131,11 +137,19 @@ def main():
         print(f"  zaya fp32 GEMMs: {z['gemm_ms']:.1f} ms of the step ({z['gemm_gflop']:.1f} GFLOP at "
               f"{z['gemm_rate']:.1f} GFLOP/s), everything else {z['step'] - z['gemm_ms']:.1f} ms")
         ratios = dict(fp32=h["step"] / z["step"], bf16=h["step"] / zb["step"], floor=h["step"] / z["gemm_ms"])
+        steal = max(m["steal"] for m in (z, zb, h))
+        clean = not steal > a.max_steal  # nan (no /proc/stat) counts as clean
         print(f"  ratio zaya fp32 / transformers fp32 (tokens/s): {ratios['fp32']:.2f}x; bf16 GEMMs: "
-              f"{ratios['bf16']:.2f}x; GEMM floor (transformers step / zaya GEMM time): {ratios['floor']:.2f}x")
-        rounds.append(ratios)
-    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    print(f"median over {a.rounds} rounds: zaya fp32 / transformers fp32 {med['fp32']:.2f}x, "
+              f"{ratios['bf16']:.2f}x; GEMM floor (transformers step / zaya GEMM time): {ratios['floor']:.2f}x"
+              + ("" if clean else f"  [left out of the median: {steal:.1f}% stolen > {a.max_steal:g}%]"))
+        rounds.append((ratios, clean))
+    kept = [r for r, c in rounds if c]
+    if not kept:
+        print(f"every round had more than {a.max_steal:g}% of its CPU time stolen: the median below is over all "
+              f"of them and measures the hypervisor as much as the code")
+        kept = [r for r, _ in rounds]
+    med = {k: statistics.median(r[k] for r in kept) for k in kept[0]}
+    print(f"median over {len(kept)} of {a.rounds} rounds: zaya fp32 / transformers fp32 {med['fp32']:.2f}x, "
           f"zaya bf16 GEMMs / transformers fp32 {med['bf16']:.2f}x, GEMM floor {med['floor']:.2f}x")
     print(f"zaya activation arena per step: fp32 {z['arena_mib']:.1f} MiB, bf16 GEMMs {zb['arena_mib']:.1f} MiB")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
