@@ -366,8 +366,8 @@ void register_all() {
                 G{"zaya1/expert_gate_up", 4096, 16, 4096, 2048, GroupedKind::fwd},
                 G{"zaya1/expert_down_dx", 4096, 16, 2048, 2048, GroupedKind::dx},
                 G{"zaya1/expert_down_dw", 4096, 16, 2048, 2048, GroupedKind::dw}}) {
-      // bf16 with small weights (the demo's) runs zaya's AMX kernel where the CPU has one
-      // (ops::gemm_use_amx); gemm_grouped_ab times it against oneDNN call by call.
+      // bf16 with small weights (the demo's), and every bf16 weight gradient, run zaya's AMX kernel
+      // where the CPU has one (ops::gemm_use_amx); gemm_grouped_ab times it against oneDNN call by call.
       benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d).c_str(), bench_grouped, g.tokens,
                                    g.experts, g.n, g.k, dt, g.kind)
           ->Unit(benchmark::kMillisecond)
@@ -376,7 +376,7 @@ void register_all() {
                                    g.tokens, g.experts, g.n, g.k, dt, g.kind)
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
-      if (dt == DType::bf16 && g.n * g.k < (int64_t{1} << 20))
+      if (dt == DType::bf16 && (g.n * g.k < (int64_t{1} << 20) || g.kind == GroupedKind::dw))
         benchmark::RegisterBenchmark(str("gemm_grouped_ab/", g.name, "/bf16").c_str(), bench_grouped_ab, g.tokens,
                                      g.experts, g.n, g.k, g.kind)
             ->Unit(benchmark::kMillisecond)

@@ -265,23 +265,29 @@ TEST(Gemm, GroupedLargeWeightMatchesReference) {
 // The bf16 weight gradient dW += dyᵀ·x with a large dW (M·N >= 2^20 in gemm.cc) pads the token
 // dim K with zeros to a multiple of 32; check it with counts below, at and above a multiple.
 TEST(Gemm, GroupedBf16LargeWeightGradientMatchesReference) {
+  // A large bf16 weight gradient (M·N >= 2^20) runs on zaya's AMX kernel where the CPU has one and
+  // on oneDNN with K zero-padded otherwise (gemm.cc): both paths, whatever this CPU picks.
   const int64_t n_out = 1024, n_in = 1024;
   const std::vector<int64_t> tokens = {5, 0, 32, 37};
-  std::vector<GemmProblem> problems;
-  std::vector<std::vector<double>> refs;
-  for (size_t g = 0; g < tokens.size(); ++g) {
-    Tensor dy = random_tensor({tokens[g], n_out}, 170 + g, 1.0f, DType::bf16);
-    Tensor x = random_tensor({tokens[g], n_in}, 180 + g, 1.0f, DType::bf16);
-    Tensor dW = random_tensor({n_out, n_in}, 190 + g);
-    refs.push_back(gemm_reference(to_f64(dy), Trans::T, to_f64(x), Trans::N, to_f64(dW), 1, n_out, n_in,
-                                  tokens[g], 1, 1));
-    problems.push_back({dy, x, dW});
+  for (bool amx : {true, false}) {
+    gemm_use_amx(amx);
+    std::vector<GemmProblem> problems;
+    std::vector<std::vector<double>> refs;
+    for (size_t g = 0; g < tokens.size(); ++g) {
+      Tensor dy = random_tensor({tokens[g], n_out}, 170 + g, 1.0f, DType::bf16);
+      Tensor x = random_tensor({tokens[g], n_in}, 180 + g, 1.0f, DType::bf16);
+      Tensor dW = random_tensor({n_out, n_in}, 190 + g);
+      refs.push_back(gemm_reference(to_f64(dy), Trans::T, to_f64(x), Trans::N, to_f64(dW), 1, n_out, n_in,
+                                    tokens[g], 1, 1));
+      problems.push_back({dy, x, dW});
+    }
+    gemm_grouped(problems, Trans::T, Trans::N, 1.0f, 1.0f);
+    for (size_t g = 0; g < tokens.size(); ++g) {
+      // Exact bf16 inputs, f32 accumulation over <= 37 terms plus the old dW: 1e-5 as above.
+      EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5) << "group " << g << (amx ? " (AMX allowed)" : "");
+    }
   }
-  gemm_grouped(problems, Trans::T, Trans::N, 1.0f, 1.0f);
-  for (size_t g = 0; g < tokens.size(); ++g) {
-    // Exact bf16 inputs, f32 accumulation over <= 37 terms plus the old dW: 1e-5 as above.
-    EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5) << "group " << g;
-  }
+  gemm_use_amx(true);
 }
 
 // A new token count must not build a new primitive (0.4–2 ms each): with a small weight, f32

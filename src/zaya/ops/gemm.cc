@@ -319,8 +319,9 @@ void run_fixed(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans 
 // ----------------------------------------------------------------------------- grouped GEMM
 // The expert GEMMs see a new token count (M, or K for the weight gradient) almost every step, and
 // oneDNN fixes every dim when it builds a primitive (0.4–2 ms here, several times the GEMM of one
-// expert). bf16 calls with small weights go to zaya's own AMX kernel where the CPU has one (the
-// AMX grouped path below); for everything else, three ways around it, picked per case from
+// expert). bf16 calls with small weights, and bf16 weight gradients of any size, go to zaya's own
+// AMX kernel where the CPU has one (the AMX grouped path below); for everything else (and for
+// those where the kernel cannot run), three ways around it, picked per case from
 // measurements on the development VM (docs/results/ops-cpu.md; differences under ~15% there are
 // within its noise):
 //  * Row blocks (token count in M): M is cut into a body of whole kRowBlock-row blocks, through
@@ -338,7 +339,7 @@ void run_fixed(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans 
 //  * A runtime-M primitive (oneDNN's jit GEMM), one for every token count: bf16 with large
 //    weights (~1.1–1.4× the row blocks at ZAYA1's shapes) and f32 with small ones (~1.2×).
 //  * Zero-padded K (token count in K, the weight gradient dyᵀ·x) for bf16 with a large weight
-//    gradient (M·N >= 2^20): run_k_padded. f32, and bf16 with a small one (the demo's, where the
+//    gradient (M·N >= 2^20) where the AMX kernel does not run: run_k_padded. f32, and bf16 with a small one (the demo's, where the
 //    copies cost more than AMX gains: ~1.1× for the runtime-K primitive), use a runtime-K one.
 // Every choice depends only on the problem's shape, so results stay deterministic.
 constexpr int64_t kRowBlock = 32;
@@ -530,15 +531,18 @@ void run_side_by_side(size_t count, int threads, Begin&& begin, RunOne&& run_one
 }
 
 // ----------------------------------------------------------------------------- AMX grouped path
-// bf16 grouped GEMMs with small expert weights (N·K, or M·N for the weight gradient, < 2^20: the
-// demo's) run on the hand-written AMX kernel (cpu/amx_gemm.h) when the CPU has it and the call
-// fits: alpha = 1, beta 0 or 1, 2-D problems, N a multiple of 16 and, for ta = N, K a multiple of
-// 32 (A's rows are read as tiles in place). There the token count is just a loop bound, where
-// oneDNN 2.6 needs a primitive per count or a runtime-M path without AMX: 1.0–1.5× oneDNN's rate
-// on the demo's grouped GEMMs (the weight gradient gaining least). Large weights (ZAYA1's
-// 4096 × 2048) stay on oneDNN: packing 8–16 MiB of weights per expert and call costs more than
-// the kernel gains there (0.66–1.35× of oneDNN in A/B runs, with and without K chunking;
-// docs/results/ops-cpu.md). The path depends only on shapes and the CPU, so
+// bf16 grouped GEMMs run on the hand-written AMX kernel (cpu/amx_gemm.h) when the CPU has it and
+// the call fits: alpha = 1, beta 0 or 1, 2-D problems, N a multiple of 16 and, for ta = N, K a
+// multiple of 32 (A's rows are read as tiles in place), and, for x·Wᵀ and dy·W, a small expert
+// weight (N·K < 2^20: the demo's). There the token count is just a loop bound, where oneDNN 2.6
+// needs a primitive per count or a runtime-M path without AMX: 1.0–1.5× oneDNN's rate on the
+// demo's grouped GEMMs (the weight gradient gaining least). Large weights (ZAYA1's 4096 × 2048)
+// stay on oneDNN for x·Wᵀ and dy·W: packing 8–16 MiB of weights per expert and call costs more
+// than the kernel gains there (0.66–1.35× of oneDNN in A/B runs, with and without K chunking;
+// docs/results/ops-cpu.md). Weight gradients dyᵀ·x (ta = T) take the kernel at every size: both
+// operands are the expert's tokens (K = its token count, ~256 at ZAYA1's), so packing is cheap
+// next to the product, and at ZAYA1's [2048 × 2048] dW it ran 1.22–1.28× oneDNN's zero-padded-K
+// path (gemm_grouped_ab/zaya1/expert_down_dw). The path depends only on shapes and the CPU, so
 // results stay deterministic.
 std::atomic<bool> g_amx_enabled{true};
 
@@ -552,7 +556,7 @@ bool amx_fits(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha, 
     op_dims(p.A, ta, m, k);
     op_dims(p.B, tb, kb, n);
     if (n % 16 != 0 || (ta == Trans::N && k % 32 != 0)) return false;
-    if ((ta == Trans::N ? n * k : m * n) >= kLargeWeight) return false;
+    if (ta == Trans::N && n * k >= kLargeWeight) return false;
   }
   return cpu::amx_usable();
 }
