@@ -4,7 +4,9 @@
   tools/plot_model_vs_hf.py docs/results/model-cpu/model_vs_hf-*.txt -o docs/results/model-cpu/ratios.png
 
 One column per output file, in the order given (the files' names sort by start time). Dots are the
-rounds, the bar is the run's median, the dashed line the 2× bar of issue #4. A file holding only a
+rounds, the bar is the run's median, the dashed line the 2× bar of issue #4. Rounds the script left
+out of its median for hypervisor steal (marked "[left out of the median" since 7fdfc55) are grey
+crosses and do not enter the bar; a run with no other rounds has no bar. A file holding only a
 summary and no per-round lines is skipped with a message.
 """
 import argparse
@@ -15,8 +17,10 @@ from pathlib import Path
 
 
 def rounds_of(path):
+    """[(ratio, kept)] for every round of one output file."""
     text = Path(path).read_text()
-    return [float(x) for x in re.findall(r"ratio zaya fp32 / transformers fp32 \(tokens/s\): ([\d.]+)x", text)]
+    return [(float(m[1]), "[left out of the median" not in m[2])
+            for m in re.finditer(r"ratio zaya fp32 / transformers fp32 \(tokens/s\): ([\d.]+)x(.*)", text)]
 
 
 def main():
@@ -40,14 +44,19 @@ def main():
         sys.exit("no runs to plot")
     fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(runs) + 2), 4))
     for x, (label, r) in enumerate(runs):
-        ax.scatter([x] * len(r), r, s=14, color="tab:blue", alpha=0.6, zorder=2)
-        ax.hlines(statistics.median(r), x - 0.3, x + 0.3, color="tab:red", linewidth=2, zorder=3)
+        kept = [v for v, k in r if k]
+        left = [v for v, k in r if not k]
+        ax.scatter([x] * len(kept), kept, s=14, color="tab:blue", alpha=0.6, zorder=2)
+        if left:
+            ax.scatter([x] * len(left), left, s=14, marker="x", color="grey", alpha=0.7, zorder=2)
+        if kept:
+            ax.hlines(statistics.median(kept), x - 0.3, x + 0.3, color="tab:red", linewidth=2, zorder=3)
     ax.axhline(2.0, color="black", linestyle="--", linewidth=1, label="bar: 2×")
     ax.set_xticks(range(len(runs)))
     ax.set_xticklabels([label for label, _ in runs], rotation=60, ha="right", fontsize=8)
     ax.set_xlabel("run (start time, UTC)")
     ax.set_ylabel("zaya / transformers, fp32 tokens/s")
-    ax.set_title("Training step, demo shapes, 2 threads: rounds (dots) and run medians (bars)")
+    ax.set_title("Training step, demo shapes, 2 threads: rounds (dots; x: left out for steal) and run medians")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="upper left")
     fig.tight_layout()
