@@ -262,11 +262,11 @@ TEST(Gemm, GroupedLargeWeightMatchesReference) {
   }
 }
 
-// The bf16 weight gradient dW += dyᵀ·x with a large dW (M·N >= 2^20 in gemm.cc) pads the token
-// dim K with zeros to a multiple of 32; check it with counts below, at and above a multiple.
+// The bf16 weight gradient dW += dyᵀ·x with a large dW (M·N >= 2^20 in gemm.cc) runs on zaya's
+// AMX kernel where the CPU has one, and otherwise on oneDNN with the token dim K zero-padded to a
+// multiple of 32: both paths (the second forced by gemm_use_amx(false)), with token counts
+// below, at and above a multiple of 32.
 TEST(Gemm, GroupedBf16LargeWeightGradientMatchesReference) {
-  // A large bf16 weight gradient (M·N >= 2^20) runs on zaya's AMX kernel where the CPU has one and
-  // on oneDNN with K zero-padded otherwise (gemm.cc): both paths, whatever this CPU picks.
   const int64_t n_out = 1024, n_in = 1024;
   const std::vector<int64_t> tokens = {5, 0, 32, 37};
   for (bool amx : {true, false}) {

@@ -318,7 +318,6 @@ void residual_scale_backward_row(const float* __restrict__ gi, const float* __re
 }
 }  // namespace
 
-
 void residual_scale_forward(const Tensor& h, const Tensor& x, const ResidualScaleParams& p, const Tensor& y) {
   const char* op = "residual_scale_forward";
   require_f32(op, "h", h);

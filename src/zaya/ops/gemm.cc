@@ -339,8 +339,9 @@ void run_fixed(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans 
 //  * A runtime-M primitive (oneDNN's jit GEMM), one for every token count: bf16 with large
 //    weights (~1.1–1.4× the row blocks at ZAYA1's shapes) and f32 with small ones (~1.2×).
 //  * Zero-padded K (token count in K, the weight gradient dyᵀ·x) for bf16 with a large weight
-//    gradient (M·N >= 2^20) where the AMX kernel does not run: run_k_padded. f32, and bf16 with a small one (the demo's, where the
-//    copies cost more than AMX gains: ~1.1× for the runtime-K primitive), use a runtime-K one.
+//    gradient (M·N >= 2^20) where the AMX kernel does not run: run_k_padded. f32, and bf16 with a
+//    small one without AMX (where the copies cost more than they gain: ~1.1× for the runtime-K
+//    primitive), use a runtime-K one.
 // Every choice depends only on the problem's shape, so results stay deterministic.
 constexpr int64_t kRowBlock = 32;
 constexpr int64_t kLargeWeight = int64_t{1} << 20;
