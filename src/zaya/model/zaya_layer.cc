@@ -3,9 +3,9 @@
 //   w = RMSNorm_post(x_mid);  (m, r_l) = MoE(w, r_{l−1});  x_out = RS_mlp(m, x_mid).
 // The backward walks the same steps in reverse; each step's comment gives the forward it undoes.
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <initializer_list>
+#include <vector>
 
 #include "zaya/model/model_internal.h"
 #include "zaya/model/zaya_model.h"
@@ -32,22 +32,18 @@ struct SliceRows {
   float* p;
   int64_t c0, w;
 };
-template <size_t K>
-std::array<SliceRows, K> slice_rows(std::initializer_list<ColSlice> slices, int64_t n) {
-  ZAYA_CHECK(slices.size() == K, "slice_rows: expected ", K, " slices, found ", slices.size());
-  std::array<SliceRows, K> r;
-  size_t k = 0;
-  for (const ColSlice& sl : slices) r[k++] = {sl.t.data<float>(), sl.c0, sl.t.numel() / n};
+std::vector<SliceRows> slice_rows(std::initializer_list<ColSlice> slices, int64_t n) {
+  std::vector<SliceRows> r;
+  for (const ColSlice& sl : slices) r.push_back({sl.t.data<float>(), sl.c0, sl.t.numel() / n});
   return r;
 }
 
 // dst_k = src[:, c0_k : c0_k + width_k] for every slice, in one pass over src's rows (and one
 // parallel region: the fork/join, not the bytes, is what costs on a loaded machine).
-template <size_t K>
 void copy_col_slices(const Tensor& src, std::initializer_list<ColSlice> slices) {
   const int64_t n = src.size(0), ld = src.size(1);
   const float* s = src.data<float>();
-  const std::array<SliceRows, K> sl = slice_rows<K>(slices, n);
+  const std::vector<SliceRows> sl = slice_rows(slices, n);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i)
     for (const SliceRows& r : sl) std::copy_n(s + i * ld + r.c0, r.w, r.p + i * r.w);
@@ -60,11 +56,10 @@ inline void add_row(float* __restrict__ dst, const float* __restrict__ x, int64_
 
 // The inverse for the gradient, summing where two slices overlap the same columns: dst = 0, then
 // dst[:, c0_k : c0_k + width_k] += slice_k in the order given, row by row in one pass.
-template <size_t K>
 void add_col_slices(const Tensor& dst, std::initializer_list<ColSlice> slices) {
   const int64_t n = dst.size(0), ld = dst.size(1);
   float* d = dst.data<float>();
-  const std::array<SliceRows, K> sl = slice_rows<K>(slices, n);
+  const std::vector<SliceRows> sl = slice_rows(slices, n);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float* row = d + i * ld;
@@ -125,7 +120,7 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   ops::linear_forward(t.u, p.w_qkv, Tensor{}, s.proj);
   // z = concat(q̃, k̃) (the conv input); q̃, k̃ (the mean skip's); vc, vd (the value shift's).
   clock.part("forward: CCA (conv, mean skip, value shift, QK norm, RoPE)");
-  copy_col_slices<3>(s.proj, {{t.z, 0}, {s.vc, C}, {s.vd, C + kv / 2}});
+  copy_col_slices(s.proj, {{t.z, 0}, {s.vc, C}, {s.vd, C + kv / 2}});
   ops::cca_conv_forward(s.conv, t.z, p.conv, B_, T_, dims);
   // Mean skip → QK norm → RoPE, one token at a time (bitwise the three ops in turn).
   ops::cca_qk_forward(t.qr, t.kr, t.qpre, t.kpre, s.conv, t.z, p.temp, rope_, B_, T_, dims);
@@ -219,7 +214,7 @@ void ZayaModel::layer_backward(int l) {
   ops::cca_conv_backward(s.dz, g.conv, s.dconv, t.z, p.conv, B_, T_, dims);
   ops::value_shift_backward(s.dvc, s.dvd, s.dv, B_, T_, kv / 2);
   // proj columns [q̃ | k̃ | vc | vd]: q̃, k̃ reach the loss through the conv and the mean skip.
-  add_col_slices<4>(s.dproj, {{s.dz, 0}, {s.dzs, 0}, {s.dvc, C}, {s.dvd, C + kv / 2}});
+  add_col_slices(s.dproj, {{s.dz, 0}, {s.dzs, 0}, {s.dvc, C}, {s.dvd, C + kv / 2}});
   clock.part("backward: qkv projection, input norm");
   ops::linear_backward(s.dproj, t.u, p.w_qkv, s.du, g.w_qkv, Tensor{});
   ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dxb, g.w_in, /*accumulate_dx=*/true);  // + the residual path

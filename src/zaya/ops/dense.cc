@@ -1,6 +1,8 @@
 // CPU kernels for dense.h: forward and backward side by side, the math written out (llm.c style).
-// Threads split rows (independent) or, for sums over rows, columns, so no value is ever reduced
-// across threads and results do not depend on the thread count.
+// Threads split rows (independent). Sums over rows go either by columns (each column summed by one
+// thread) or by fixed row chunks whose partials are then added in chunk order (the norms and the
+// residual scaling, which read each row once): either way the order depends only on the shapes,
+// so results do not depend on the thread count.
 #include "zaya/ops/dense.h"
 
 #include <algorithm>
