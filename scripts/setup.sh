@@ -14,7 +14,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git ccache
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
-  libdnnl-dev libopenblas-dev
+  libdnnl-dev ocl-icd-opencl-dev libopenblas-dev  # dnnl's CMake config finds OpenCL (only a Recommends)
   libsentencepiece-dev sentencepiece
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   python3-venv python3-dev

@@ -29,11 +29,14 @@ using dnnl::memory;
 // m or k may be kRuntime: a primitive for every value of that dim, given at execution (the
 // grouped expert GEMMs, whose token counts change every step; see gemm_grouped).
 constexpr int64_t kRuntime = -1;
+// lda/ldb/ldc: row strides of 2-D operands that are blocks of larger matrices (the row pieces of
+// run_pieces); 0 for dense operands.
 struct Key {
   int64_t batch_a, batch_b, m, n, k;
   uint8_t ta, tb, dtype;
   uint32_t alpha_bits, beta_bits;
   int threads;
+  int64_t lda = 0, ldb = 0, ldc = 0;
   bool operator==(const Key&) const = default;
 };
 
@@ -50,6 +53,9 @@ struct KeyHash {
     mix(k.alpha_bits);
     mix(k.beta_bits);
     mix(static_cast<uint64_t>(k.threads));
+    mix(static_cast<uint64_t>(k.lda));
+    mix(static_cast<uint64_t>(k.ldb));
+    mix(static_cast<uint64_t>(k.ldc));
     return h;
   }
 };
@@ -162,6 +168,14 @@ memory::desc operand_desc_2d(int64_t rows, int64_t cols, Trans t, memory::data_t
   return memory::desc({d(rows), d(cols)}, dt, {1, d(rows)});
 }
 
+// op(X) of shape [rows, cols] for a 2-D block whose rows lie `ld` elements apart in X (a block of
+// a larger row-major matrix), as a batch of one; ld = 0 means dense (operand_desc).
+memory::desc block_desc(int64_t rows, int64_t cols, Trans t, int64_t ld, memory::data_type dt) {
+  if (ld == 0) return operand_desc(1, rows, cols, t, dt);
+  if (t == Trans::N) return memory::desc({1, rows, cols}, dt, {rows * ld, ld, 1});
+  return memory::desc({1, rows, cols}, dt, {cols * ld, 1, ld});
+}
+
 bool has_runtime_dims(const Key& k) { return k.m == kRuntime || k.k == kRuntime; }
 
 memory::data_type dnnl_type(uint8_t dtype) {
@@ -173,12 +187,14 @@ memory::data_type dnnl_type(uint8_t dtype) {
 Primitive build(const Key& k) {
   auto dt = dnnl_type(k.dtype);
   const bool runtime = has_runtime_dims(k);
-  memory::desc a = runtime ? operand_desc_2d(k.m, k.k, static_cast<Trans>(k.ta), dt)
-                           : operand_desc(k.batch_a, k.m, k.k, static_cast<Trans>(k.ta), dt);
-  memory::desc b = runtime ? operand_desc_2d(k.k, k.n, static_cast<Trans>(k.tb), dt)
-                           : operand_desc(k.batch_b, k.k, k.n, static_cast<Trans>(k.tb), dt);
-  memory::desc c = runtime ? operand_desc_2d(k.m, k.n, Trans::N, memory::data_type::f32)
-                           : operand_desc(k.batch_a, k.m, k.n, Trans::N, memory::data_type::f32);
+  const bool block = k.lda != 0 || k.ldb != 0 || k.ldc != 0;  // a row piece (2-D, batch of one)
+  auto desc = [&](int64_t batch, int64_t rows, int64_t cols, Trans t, int64_t ld, memory::data_type type) {
+    if (runtime) return operand_desc_2d(rows, cols, t, type);
+    return block ? block_desc(rows, cols, t, ld, type) : operand_desc(batch, rows, cols, t, type);
+  };
+  memory::desc a = desc(k.batch_a, k.m, k.k, static_cast<Trans>(k.ta), k.lda, dt);
+  memory::desc b = desc(k.batch_b, k.k, k.n, static_cast<Trans>(k.tb), k.ldb, dt);
+  memory::desc c = desc(k.batch_a, k.m, k.n, Trans::N, k.ldc, memory::data_type::f32);
   float alpha, beta;
   std::memcpy(&alpha, &k.alpha_bits, 4);
   std::memcpy(&beta, &k.beta_bits, 4);
@@ -314,6 +330,171 @@ void run_fixed(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans 
   auto dt = dnnl_type(static_cast<uint8_t>(A.dtype()));
   execute(prim, operand_desc(d.batch, d.m, d.k, ta, dt), A.raw(), operand_desc(d.batch_b, d.k, d.n, tb, dt),
           B.raw(), operand_desc(d.batch, d.m, d.n, Trans::N, memory::data_type::f32), C.raw());
+}
+
+// ------------------------------------------------------------- CPUs without AVX-512 (AVX2 only)
+// Two things oneDNN 2.6 gives on the avx512_core CPUs these paths were tuned on do not hold on
+// AVX2-only ones (AMD Zen 2/3, Intel before Skylake-SP; docs/ops-gemm.md, "AVX2 CPUs"):
+//  * bf16 matmul: there is none below avx512_core (primitive creation fails). bf16 operands are
+//    widened to f32 (exact) and run as f32: the same products, f32 accumulation, as the contract
+//    in gemm.h says, at the f32 rate plus the copy.
+//  * f32 results independent of the thread count: its AVX2 sgemm picks the blocking, and for
+//    some shapes the kernel, per thread from the thread count, so 1 and 2 threads give different
+//    bits (64×48×33 and 2048×64×256 among others, on a Zen 3 EPYC). There every GEMM runs as
+//    pieces fixed by its shape alone (run_pieces), each on one thread through a primitive built
+//    for one thread; the thread count only decides who runs which piece.
+bool bf16_matmul_native() {
+  static const bool native = [] {
+    try {
+      memory::desc a({16, 32}, memory::data_type::bf16, {32, 1}), b({32, 16}, memory::data_type::bf16, {16, 1});
+      memory::desc c({16, 16}, memory::data_type::f32, {16, 1});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine());
+      return std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return native;
+}
+
+bool threads_change_bits() {
+  static const bool change = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+    return (isa & avx512) != avx512;
+  }();
+  return change;
+}
+
+// Outside a parallel region oneDNN runs a primitive on omp_get_max_threads() threads, whatever
+// thread count it was built for; this holds the calling thread to one for the guard's life (inside
+// a region it runs on the calling thread alone anyway).
+class OneThread {
+ public:
+  OneThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(saved_); }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+// Runs `count` tasks on `threads` threads, each thread taking the next task as it frees up.
+// An exception (oneDNN failing to build a primitive) must not leave the parallel region: the
+// first one is rethrown after it.
+template <class Begin, class RunOne, class End>
+void take_in_turn(size_t count, int threads, Begin&& begin, RunOne&& run_one, End&& end) {
+  std::exception_ptr error;
+  std::atomic<size_t> next{0};
+#pragma omp parallel num_threads(threads)
+  {
+    try {
+      begin();
+      for (size_t j = next.fetch_add(1); j < count; j = next.fetch_add(1)) run_one(j);
+      end();
+    } catch (...) {
+#pragma omp critical(zaya_gemm_take_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+// The pieces of one 2-D problem: its larger output dim (M, or N when N > M) cut into `count`
+// spans of `step` (the last one shorter), fixed by the shape alone. At most kMaxPieces (a power
+// of two, so 2 or 4 threads share them evenly); a piece keeps at least kMinPieceDim rows or
+// columns and kMinPieceFlops. Every piece re-packs the operand it does not cut (oneDNN's own
+// threads each pack theirs too), so more pieces than threads cost copies: 4 keeps that to one
+// extra pack per thread on 2 threads.
+constexpr int64_t kMaxPieces = 4, kMinPieceDim = 16;
+constexpr double kMinPieceFlops = 4e6;
+struct Pieces {
+  bool along_m;
+  int64_t step, count;
+};
+Pieces pieces_of(const Dims& d, bool m_only = false) {
+  const bool along_m = m_only || d.m >= d.n;
+  const int64_t dim = along_m ? d.m : d.n;
+  const double flops = flops_of(1, d.m, d.n, d.k);
+  int64_t count = 1;
+  while (count < kMaxPieces && dim / (2 * count) >= kMinPieceDim && flops / static_cast<double>(2 * count) >= kMinPieceFlops)
+    count *= 2;
+  const int64_t step = ((dim + count - 1) / count + 7) / 8 * 8;
+  return {along_m, step, (dim + step - 1) / step};
+}
+
+// C = alpha·op(A)·op(B) + beta·C as pieces (pieces_of, per batch entry), each through a fixed
+// primitive built for one thread over its block of the operands (strided views: Key's ld fields),
+// taken by `threads` threads in turn (one thread, or inside a parallel region: in order here).
+void run_pieces(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha,
+                float beta, int threads) {
+  const Pieces pc = pieces_of(d);
+  const DType dtype = A.dtype();
+  const auto dt = dnnl_type(static_cast<uint8_t>(dtype));
+  const int64_t es = static_cast<int64_t>(dtype_size(dtype));
+  const int64_t lda = ta == Trans::N ? d.k : d.m, ldb = tb == Trans::N ? d.n : d.k, ldc = d.n;
+  const auto* a0 = static_cast<const char*>(A.raw());
+  const auto* b0 = static_cast<const char*>(B.raw());
+  auto* c0 = static_cast<char*>(C.raw());
+  const size_t count = static_cast<size_t>(d.batch * pc.count);
+  auto run_one = [&](size_t j) {
+    const int64_t bt = static_cast<int64_t>(j) / pc.count, i0 = (static_cast<int64_t>(j) % pc.count) * pc.step;
+    const char* a = a0 + bt * d.m * d.k * es;
+    const char* b = b0 + (d.batch_b > 1 ? bt * d.k * d.n * es : 0);
+    char* c = c0 + bt * d.m * d.n * static_cast<int64_t>(sizeof(float));
+    Dims pd{1, 1, d.m, d.n, d.k};
+    if (pc.along_m) {  // rows i0.. of op(A) and of C
+      pd.m = std::min(pc.step, d.m - i0);
+      a += (ta == Trans::N ? i0 * d.k : i0) * es;
+      c += i0 * d.n * static_cast<int64_t>(sizeof(float));
+    } else {  // columns i0.. of op(B) and of C
+      pd.n = std::min(pc.step, d.n - i0);
+      b += (tb == Trans::N ? i0 : i0 * d.k) * es;
+      c += i0 * static_cast<int64_t>(sizeof(float));
+    }
+    Key key = make_key(pd, ta, tb, dtype, alpha, beta, 1);
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldc;
+    Primitive prim = lookup(key);
+    execute(prim, block_desc(pd.m, pd.k, ta, lda, dt), a, block_desc(pd.k, pd.n, tb, ldb, dt), b,
+            block_desc(pd.m, pd.n, Trans::N, ldc, memory::data_type::f32), c);
+  };
+  if (threads < 2 || count < 2 || omp_in_parallel()) {
+    OneThread one;
+    for (size_t j = 0; j < count; ++j) run_one(j);
+    return;
+  }
+  take_in_turn(count, std::min<int>(threads, static_cast<int>(count)), [] {}, run_one, [] {});
+}
+
+// One problem, checked and non-trivial: run_fixed where oneDNN's results do not depend on the
+// thread count, run_pieces where they do.
+void run_plain(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha,
+               float beta, int threads) {
+  if (threads_change_bits())
+    run_pieces(d, A, ta, B, tb, C, alpha, beta, threads);
+  else
+    run_fixed(d, A, ta, B, tb, C, alpha, beta, threads);
+}
+
+// x's bf16 elements as f32 at dst (exact), as a tensor of x's shape over dst.
+Tensor widen_into(const Tensor& x, float* dst) {
+  const bf16* src = x.data<bf16>();
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16) && !omp_in_parallel())
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+  return Tensor::borrow(dst, x.shape(), DType::f32);
+}
+
+// bf16 operands widened to f32 in this thread's scratch (kept from call to call), for CPUs
+// without a bf16 matmul: `slot` picks one of the scratch buffers so that A and B can both live.
+Tensor widen_bf16(const Tensor& x, int slot) {
+  thread_local std::vector<float> scratch[2];
+  std::vector<float>& buf = scratch[slot];
+  if (buf.size() < static_cast<size_t>(x.numel())) buf.resize(static_cast<size_t>(x.numel()));
+  return widen_into(x, buf.data());
 }
 
 // ----------------------------------------------------------------------------- grouped GEMM
@@ -498,33 +679,22 @@ bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& di
 // (the caller orders them largest first): taken as threads free up rather than dealt out in
 // advance, because equal FLOPs do not take equal times (a weight still in L2, the other core's
 // GEMM sharing the memory bus), so the threads finish within about one problem of each other.
-// begin()/end() run once per thread around its share. An exception (oneDNN failing to build a
-// primitive) must not leave the parallel region: the first one is rethrown after it. Adds the call
-// and the spread of the threads' finishing times to the GEMM time counters.
+// begin()/end() run once per thread around its share (take_in_turn). Adds the call and the
+// spread of the threads' finishing times to the GEMM time counters.
 template <class Begin, class RunOne, class End>
 void run_side_by_side(size_t count, int threads, Begin&& begin, RunOne&& run_one, End&& end) {
-  std::exception_ptr error;
-  std::atomic<size_t> next{0};
   std::atomic<int64_t> first_done{INT64_MAX}, last_done{0};  // ns after t0
   const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads)
-  {
-    try {
-      begin();
-      for (size_t j = next.fetch_add(1); j < count; j = next.fetch_add(1)) run_one(j);
-      end();
-    } catch (...) {
-#pragma omp critical(zaya_gemm_grouped_error)
-      if (!error) error = std::current_exception();
-    }
+  auto finish = [&] {
+    end();
     const int64_t done =
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     for (int64_t f = first_done.load(); done < f && !first_done.compare_exchange_weak(f, done);) {
     }
     for (int64_t l = last_done.load(); done > l && !last_done.compare_exchange_weak(l, done);) {
     }
-  }
-  if (error) std::rethrow_exception(error);
+  };
+  take_in_turn(count, threads, begin, run_one, finish);
   TimeCounters& tc = time_counters();
   tc.side_by_side_calls.fetch_add(1, std::memory_order_relaxed);
   tc.side_by_side_gap_ns.fetch_add(std::max<int64_t>(0, last_done.load() - first_done.load()),
@@ -666,7 +836,7 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
                          float beta, int threads, bool next_after) {
   GemmProblem& p = problems[i];
   if (d.batch != 1 || p.A.ndim() != 2 || p.B.ndim() != 2) {  // batched groups: per shape
-    run_fixed(d, p.A, ta, p.B, tb, p.C, alpha, beta, threads);
+    run_plain(d, p.A, ta, p.B, tb, p.C, alpha, beta, threads);
     return;
   }
   if (ta == Trans::N && (p.A.dtype() == DType::bf16) == (d.n * d.k < kLargeWeight)) {
@@ -686,6 +856,58 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
     run_fixed(d, p.A, ta, p.B, tb, p.C, alpha, beta, threads);
 }
 
+// One grouped problem where oneDNN's results depend on the thread count (threads_change_bits):
+// x·Wᵀ and dy·W (tokens in M) as row pieces (pieces_of, fixed by the shape), each through
+// run_grouped_problem's paths on one thread, so the token count stays a runtime dim; weight
+// gradients (tokens in K) and batched groups through run_pieces. Same bits on any thread count,
+// and whether the call ran side by side (threads = 1 here) or not.
+void run_grouped_pieces(const GemmProblem& p, const Dims& d, Trans ta, Trans tb, float alpha, float beta,
+                        int threads) {
+  if (ta == Trans::T || d.batch != 1 || p.A.ndim() != 2 || p.B.ndim() != 2) {
+    run_pieces(d, p.A, ta, p.B, tb, p.C, alpha, beta, threads);
+    return;
+  }
+  const Pieces pc = pieces_of(d, /*m_only=*/true);
+  const int64_t es = static_cast<int64_t>(dtype_size(p.A.dtype()));
+  auto run_one = [&](size_t j) {
+    const int64_t i0 = static_cast<int64_t>(j) * pc.step, rows = std::min(pc.step, d.m - i0);
+    GemmProblem piece{Tensor::borrow(static_cast<char*>(p.A.raw()) + i0 * d.k * es, {rows, d.k}, p.A.dtype()), p.B,
+                      Tensor::borrow(p.C.data<float>() + i0 * d.n, {rows, d.n}, DType::f32)};
+    Dims pd = d;
+    pd.m = rows;
+    run_grouped_problem(std::span<GemmProblem>(&piece, 1), 0, pd, ta, tb, alpha, beta, 1, false);
+  };
+  const auto count = static_cast<size_t>(pc.count);
+  if (threads < 2 || count < 2 || omp_in_parallel()) {
+    OneThread one;
+    for (size_t j = 0; j < count; ++j) run_one(j);
+    return;
+  }
+  take_in_turn(count, std::min<int>(threads, static_cast<int>(count)), [] {}, run_one, [] {});
+}
+
+// A grouped call with bf16 operands on a CPU without a bf16 matmul: every problem widened to f32
+// into one buffer of this thread's (kept from call to call).
+std::vector<GemmProblem> widen_problems(std::span<GemmProblem> problems) {
+  thread_local std::vector<float> wide;
+  size_t total = 0;
+  for (const GemmProblem& p : problems) total += static_cast<size_t>(p.A.numel() + p.B.numel());
+  if (wide.size() < total) wide.resize(total);
+  std::vector<GemmProblem> out;
+  out.reserve(problems.size());
+  float* at = wide.data();
+  auto widen = [&](const Tensor& x) {
+    Tensor w = widen_into(x, at);
+    at += x.numel();
+    return w;
+  };
+  for (const GemmProblem& p : problems) {
+    Tensor a = widen(p.A);
+    out.push_back({a, widen(p.B), p.C});
+  }
+  return out;
+}
+
 }  // namespace
 
 void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha, float beta) {
@@ -694,7 +916,10 @@ void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C,
   TimedCall timed;
   timed.add_flops(flops_of(d.batch, d.m, d.n, d.k));
   if (timed.wants_label()) timed.set_label(shape_label(false, ta, tb, d.batch, d.m, d.n, d.k, A.dtype()));
-  run_fixed(d, A, ta, B, tb, C, alpha, beta, num_threads());
+  if (A.dtype() == DType::bf16 && !bf16_matmul_native())
+    run_plain(d, widen_bf16(A, 0), ta, widen_bf16(B, 1), tb, C, alpha, beta, num_threads());
+  else
+    run_plain(d, A, ta, B, tb, C, alpha, beta, num_threads());
 }
 
 void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha, float beta) {
@@ -702,6 +927,15 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   // Which dims vary from group to group (and step to step) is read off the problems: the token
   // count is M for ta = N (x·Wᵀ, dy·W) and K for ta = T (dyᵀ·x); N (and K for ta = N) are the
   // expert weight's, shared by all groups.
+  if (!bf16_matmul_native() &&
+      std::any_of(problems.begin(), problems.end(), [](const GemmProblem& p) {
+        return p.A.defined() && p.B.defined() && (p.A.dtype() == DType::bf16 || p.B.dtype() == DType::bf16);
+      })) {
+    for (GemmProblem& p : problems) check_problem(p.A, ta, p.B, tb, p.C);  // errors name the caller's shapes
+    std::vector<GemmProblem> wide = widen_problems(problems);
+    gemm_grouped(wide, ta, tb, alpha, beta);
+    return;
+  }
   TimedCall timed;
   if (amx_fits(problems, ta, tb, alpha, beta)) {
     std::vector<Dims> dims;
@@ -738,8 +972,16 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
     // ZAYA_THREADS=1 whichever thread runs it. No problem may run past its end here (which thread
     // runs the next one is not known).
     run_side_by_side(order.size(), threads, [] {}, [&](size_t j) {
-      run_grouped_problem(problems, todo[order[j]], dims[todo[order[j]]], ta, tb, alpha, beta, 1, false);
+      const size_t i = todo[order[j]];
+      if (threads_change_bits())
+        run_grouped_pieces(problems[i], dims[i], ta, tb, alpha, beta, 1);
+      else
+        run_grouped_problem(problems, i, dims[i], ta, tb, alpha, beta, 1, false);
     }, [] {});
+    return;
+  }
+  if (threads_change_bits()) {
+    for (size_t i : todo) run_grouped_pieces(problems[i], dims[i], ta, tb, alpha, beta, threads);
     return;
   }
   for (size_t j = 0; j < todo.size(); ++j)

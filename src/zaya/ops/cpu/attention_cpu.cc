@@ -80,7 +80,7 @@ inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_
     float* p = P + ii * kBlock;
     const int64_t jn = std::min(nj, i0 + ii - j0 + 1);
     const float L = lse_row[i0 + ii];
-    for (int64_t j = 0; j < jn; ++j) p[j] = p[j] * scale - L;
+    for (int64_t j = 0; j < jn; ++j) p[j] = std::fma(p[j], scale, -L);  // one rounding, as the AVX-512 fmsub
     exp_inplace(p, jn);
     for (int64_t j = jn; j < kBlock; ++j) p[j] = 0.0f;
   }
