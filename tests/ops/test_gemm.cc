@@ -492,6 +492,73 @@ TEST(Gemm, DeterministicAcrossRunsAndThreadCounts) {
   set_num_threads(saved);
 }
 
+// The AVX2-only paths (gemm.cc: bf16 widened to f32; every GEMM as pieces fixed by its shape, each on
+// a one-thread primitive), forced on whatever CPU runs the tests. Shapes cut into 1, 2 and 4 pieces,
+// along M and along N (N > M), every transpose (the pieces are strided views of op(A), op(B), C),
+// batched, and grouped in all three MoE forms: each right against float64 (1e-5: f32 accumulation
+// of ≤ 300 exact products, as above; bf16 inputs are exact in double), and bitwise the same on 1
+// and 2 threads.
+TEST(Gemm, Avx2PathsMatchReferenceAndAreThreadCountFree) {
+  const int saved = num_threads();
+  gemm_force_avx2_paths(true);
+  for (Dims d : {Dims{64, 48, 33}, Dims{300, 72, 256}, Dims{40, 520, 300}, Dims{2048, 64, 128}}) {
+    for (DType dt : {DType::f32, DType::bf16})
+      for (Trans ta : {Trans::N, Trans::T})
+        for (Trans tb : {Trans::N, Trans::T}) {
+          Tensor A = random_tensor(operand_shape(d.m, d.k, ta), 21, 1.0f, dt);
+          Tensor B = random_tensor(operand_shape(d.k, d.n, tb), 22, 1.0f, dt);
+          Tensor C0 = random_tensor({d.m, d.n}, 23);
+          auto ref = gemm_reference(to_f64(A), ta, to_f64(B), tb, to_f64(C0), 1, d.m, d.n, d.k, 0.5, 1.0);
+          std::vector<Tensor> outs;
+          for (int threads : {1, 2}) {
+            set_num_threads(threads);
+            Tensor C = C0.clone();
+            gemm(A, ta, B, tb, C, 0.5f, 1.0f);
+            EXPECT_LT(test::rel_error(C, ref), 1e-5) << d.m << "x" << d.n << "x" << d.k << " " << dtype_name(dt);
+            outs.push_back(C);
+          }
+          EXPECT_TRUE(same_bits(outs[0], outs[1])) << d.m << "x" << d.n << "x" << d.k << " " << dtype_name(dt)
+                                                   << " ta " << int(ta) << " tb " << int(tb);
+        }
+  }
+  {  // batched, B shared and per entry
+    Tensor A = random_tensor({3, 130, 40}, 31), B = random_tensor({40, 90}, 32), B3 = random_tensor({3, 40, 90}, 33);
+    for (const Tensor* b : {&B, &B3}) {
+      std::vector<Tensor> outs;
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        Tensor C = Tensor::zeros({3, 130, 90}, DType::f32);
+        gemm(A, Trans::N, *b, Trans::N, C);
+        auto ref = gemm_reference(to_f64(A), Trans::N, to_f64(*b), Trans::N, std::vector<double>(3 * 130 * 90, 0.0),
+                                  3, 130, 90, 40, 1, 0, b == &B);
+        EXPECT_LT(test::rel_error(C, ref), 1e-5);
+        outs.push_back(C);
+      }
+      EXPECT_TRUE(same_bits(outs[0], outs[1])) << "batched";
+    }
+  }
+  const std::vector<int64_t> ms = {300, 0, 45, 129, 7};
+  for (DType dt : {DType::f32, DType::bf16})
+    for (GroupedForm f : {GroupedForm{Trans::N, Trans::T, 0.0f}, GroupedForm{Trans::N, Trans::N, 1.0f},
+                          GroupedForm{Trans::T, Trans::N, 1.0f}}) {
+      std::vector<std::vector<Tensor>> outs;
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        auto [problems, refs] = make_grouped_case(f, ms, 80, 64, dt, 700);
+        gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
+        outs.emplace_back();
+        for (size_t g = 0; g < ms.size(); ++g) {
+          EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5) << "group " << g << " ta " << int(f.ta);
+          outs.back().push_back(problems[g].C);
+        }
+      }
+      for (size_t g = 0; g < ms.size(); ++g)
+        EXPECT_TRUE(same_bits(outs[0][g], outs[1][g])) << dtype_name(dt) << " group " << g << " ta " << int(f.ta);
+    }
+  gemm_force_avx2_paths(false);
+  set_num_threads(saved);
+}
+
 TEST(Gemm, PrimitivesAreCached) {
   Tensor A = random_tensor({6, 10}, 71), B = random_tensor({10, 12}, 72),
          C = Tensor::empty({6, 12}, DType::f32);

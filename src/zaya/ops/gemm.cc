@@ -343,7 +343,10 @@ void run_fixed(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans 
 //    bits (64×48×33 and 2048×64×256 among others, on a Zen 3 EPYC). There every GEMM runs as
 //    pieces fixed by its shape alone (run_pieces), each on one thread through a primitive built
 //    for one thread; the thread count only decides who runs which piece.
+std::atomic<bool> g_force_avx2_paths{false};
+
 bool bf16_matmul_native() {
+  if (g_force_avx2_paths.load(std::memory_order_relaxed)) return false;
   static const bool native = [] {
     try {
       memory::desc a({16, 32}, memory::data_type::bf16, {32, 1}), b({32, 16}, memory::data_type::bf16, {16, 1});
@@ -358,6 +361,7 @@ bool bf16_matmul_native() {
 }
 
 bool threads_change_bits() {
+  if (g_force_avx2_paths.load(std::memory_order_relaxed)) return true;
   static const bool change = [] {
     const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
     const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
@@ -990,6 +994,8 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
 }
 
 void gemm_use_amx(bool on) { g_amx_enabled = on; }
+
+void gemm_force_avx2_paths(bool on) { g_force_avx2_paths = on; }
 
 void gemm_grouped_side_by_side(bool on) { g_side_by_side = on; }
 

@@ -41,6 +41,13 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
 // benchmarks and tests that compare the two.
 void gemm_use_amx(bool on);
 
+// The paths for CPUs without AVX-512 (docs/ops-gemm.md, "AVX2-only CPUs"): bf16 operands widened
+// to f32, and every oneDNN GEMM run as pieces fixed by its shape on one-thread primitives, so that
+// results do not depend on the thread count. Taken automatically where oneDNN has no bf16 matmul /
+// is below avx512_core; this switch forces them on any CPU (tests check them everywhere). Off by
+// default (automatic).
+void gemm_force_avx2_paths(bool on);
+
 // Grouped calls on the oneDNN paths run similar-size problems side by side, one whole
 // single-thread GEMM per thread (docs/ops-gemm.md); off, each problem runs on all threads in turn.
 // On by default; the switch is for benchmarks that compare the two.
