@@ -14,6 +14,7 @@ zaya="$here/zaya"
 corpus=/usr/share/doc/python3.11/html/_sources
 if [[ ! -f data/pydocs_train.idx ]]; then
   echo "demo: preparing the corpus ($corpus)"
+  mkdir -p data  # ignored by git: a fresh clone has none
   "$zaya" data prepare --input "$corpus" --vocab 8192 --out data/pydocs
 fi
 
