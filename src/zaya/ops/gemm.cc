@@ -407,6 +407,18 @@ void take_in_turn(size_t count, int threads, Begin&& begin, RunOne&& run_one, En
   if (error) std::rethrow_exception(error);
 }
 
+// Runs pieces 0..count−1, each on one thread: in order on this thread (one thread, one piece, or
+// already inside a parallel region), otherwise taken in turn by up to `threads` threads.
+template <class RunOne>
+void run_pieces_in_turn(size_t count, int threads, RunOne&& run_one) {
+  if (threads < 2 || count < 2 || omp_in_parallel()) {
+    OneThread one;
+    for (size_t j = 0; j < count; ++j) run_one(j);
+    return;
+  }
+  take_in_turn(count, std::min<int>(threads, static_cast<int>(count)), [] {}, run_one, [] {});
+}
+
 // The pieces of one 2-D problem: its larger output dim (M, or N when N > M) cut into `count`
 // spans of `step` (the last one shorter), fixed by the shape alone. At most kMaxPieces (a power
 // of two, so 2 or 4 threads share them evenly); a piece keeps at least kMinPieceDim rows or
@@ -467,12 +479,7 @@ void run_pieces(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans
     execute(prim, block_desc(pd.m, pd.k, ta, lda, dt), a, block_desc(pd.k, pd.n, tb, ldb, dt), b,
             block_desc(pd.m, pd.n, Trans::N, ldc, memory::data_type::f32), c);
   };
-  if (threads < 2 || count < 2 || omp_in_parallel()) {
-    OneThread one;
-    for (size_t j = 0; j < count; ++j) run_one(j);
-    return;
-  }
-  take_in_turn(count, std::min<int>(threads, static_cast<int>(count)), [] {}, run_one, [] {});
+  run_pieces_in_turn(count, threads, run_one);
 }
 
 // One problem, checked and non-trivial: run_fixed where oneDNN's results do not depend on the
@@ -884,12 +891,7 @@ void run_grouped_pieces(const GemmProblem& p, const Dims& d, Trans ta, Trans tb,
     run_grouped_problem(std::span<GemmProblem>(&piece, 1), 0, pd, ta, tb, alpha, beta, 1, false);
   };
   const auto count = static_cast<size_t>(pc.count);
-  if (threads < 2 || count < 2 || omp_in_parallel()) {
-    OneThread one;
-    for (size_t j = 0; j < count; ++j) run_one(j);
-    return;
-  }
-  take_in_turn(count, std::min<int>(threads, static_cast<int>(count)), [] {}, run_one, [] {});
+  run_pieces_in_turn(count, threads, run_one);
 }
 
 // A grouped call with bf16 operands on a CPU without a bf16 matmul: every problem widened to f32
