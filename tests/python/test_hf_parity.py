@@ -11,8 +11,8 @@ experts through the eager loop: torch's grouped matmul has no float64 kernel). z
 Tolerance 1e-4 relative (the task's contract) for every logit and gradient tensor, except where
 fp32 arithmetic itself cannot reach it: the key temperature's gradient is one sum per kv head with
 heavy cancellation, so any fp32 summation order lands 1e-5..1e-4 from the exact value (torch's own
-fp32 run: up to 2.6e-5 in these cases; zaya's 1.1e-4 in one case on a Zen 3 CPU, 2e-5 on the
-AVX-512 machine, with the same code and different GEMM kernels). There the bound is 10x torch's
+fp32 run: up to 2.6e-5 in these cases; zaya's 1.1e-4 in one case on a Zen 3 CPU, measured
+2026-11-25; on the AVX-512 machine an earlier session saw 2e-5 against torch's fp32). There the bound is 10x torch's
 own fp32 error for that tensor when that is larger than 1e-4. Either way a real mismatch (a wrong
 routing decision, a missing term) moves results at the 1e-2 level or more and fails.
 

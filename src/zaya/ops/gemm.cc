@@ -189,7 +189,7 @@ memory::data_type dnnl_type(uint8_t dtype) {
 Primitive build(const Key& k) {
   auto dt = dnnl_type(k.dtype);
   const bool runtime = has_runtime_dims(k);
-  const bool block = k.lda != 0 || k.ldb != 0 || k.ldc != 0;  // a row piece (2-D, batch of one)
+  const bool block = k.lda != 0 || k.ldb != 0 || k.ldc != 0;  // a piece of run_pieces (2-D, strided)
   auto desc = [&](int64_t batch, int64_t rows, int64_t cols, Trans t, int64_t ld, memory::data_type type) {
     if (runtime) return operand_desc_2d(rows, cols, t, type);
     return block ? block_desc(rows, cols, t, ld, type) : operand_desc(batch, rows, cols, t, type);
