@@ -425,20 +425,30 @@ void run_pieces_in_turn(size_t count, int threads, RunOne&& run_one) {
 // columns and kMinPieceFlops. Every piece re-packs the operand it does not cut (oneDNN's own
 // threads each pack theirs too), so more pieces than threads cost copies: 4 keeps that to one
 // extra pack per thread on 2 threads.
+//
+// oneDNN 2.6's AVX2 sgemm runs a product on its "no-copy" kernels, which read the operands in
+// place, whenever 1/m + 1/n >= 0.0038 (its driver's threshold, kForceNoCopy here). Those ran a
+// 256×1024×1024 piece of 64-byte-aligned operands with 4 KiB rows at 34–40 GFLOP/s on one Zen 3
+// core, where the packing kernels run the 512-row piece at 77. So while the whole problem is on
+// the packing side of that line, only the first cut (two threads busy beats one) may cross it.
 constexpr int64_t kMaxPieces = 4, kMinPieceDim = 16;
-constexpr double kMinPieceFlops = 4e6;
+constexpr double kMinPieceFlops = 4e6, kForceNoCopy = 0.0038;
 struct Pieces {
   bool along_m;
   int64_t step, count;
 };
 Pieces pieces_of(const Dims& d, bool m_only = false) {
   const bool along_m = m_only || d.m >= d.n;
-  const int64_t dim = along_m ? d.m : d.n;
+  const int64_t dim = along_m ? d.m : d.n, other = along_m ? d.n : d.m;
   const double flops = flops_of(1, d.m, d.n, d.k);
+  auto step_for = [&](int64_t count) { return ((dim + count - 1) / count + 7) / 8 * 8; };
+  auto packs = [&](int64_t span) { return 1.0 / static_cast<double>(span) + 1.0 / static_cast<double>(other) < kForceNoCopy; };
+  const bool whole_packs = packs(dim);
   int64_t count = 1;
-  while (count < kMaxPieces && dim / (2 * count) >= kMinPieceDim && flops / static_cast<double>(2 * count) >= kMinPieceFlops)
+  while (count < kMaxPieces && dim / (2 * count) >= kMinPieceDim && flops / static_cast<double>(2 * count) >= kMinPieceFlops &&
+         (count == 1 || !whole_packs || packs(step_for(2 * count))))
     count *= 2;
-  const int64_t step = ((dim + count - 1) / count + 7) / 8 * 8;
+  const int64_t step = step_for(count);
   return {along_m, step, (dim + step - 1) / step};
 }
 
