@@ -452,6 +452,28 @@ Pieces pieces_of(const Dims& d, bool m_only = false) {
   return {along_m, step, (dim + step - 1) / step};
 }
 
+// oneDNN 2.6's AVX2 no-copy sgemm reads op(A) = Aᵀ straight from A's rows, and with rows a
+// multiple of 512 bytes apart (every power-of-two width from 128 floats) they share a few L1 sets:
+// a one-thread 8192×256×2048 Aᵀ·B ran at 30 GFLOP/s on a Zen 3 core, 62–78 with both operands'
+// rows 64 bytes further apart (a throwaway probe, 2026-11-25; NN and NT products gained little).
+// Those are the weight gradients (dYᵀ·X), so for ta = T each piece first copies its blocks of A
+// and B whose row stride is such a multiple into per-thread scratch with a padded stride (a copy
+// of K·(m + n) floats against the piece's K·m·n multiply-adds).
+constexpr int64_t kAliasedLd = 128;  // floats: 512 bytes
+
+// The block rows × cols at src (row stride ld elements of es bytes) copied into this thread's
+// scratch slot with a padded row stride, which is returned; *dst points at the copy.
+int64_t copy_padded(const char* src, int64_t rows, int64_t cols, int64_t ld, int64_t es, int slot, const char** dst) {
+  thread_local std::vector<char> buf[2];
+  int64_t pld = (cols + 15) / 16 * 16;
+  if (pld % kAliasedLd == 0) pld += 16;
+  std::vector<char>& b = buf[slot];
+  if (b.size() < static_cast<size_t>(rows * pld * es)) b.resize(static_cast<size_t>(rows * pld * es));
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(b.data() + r * pld * es, src + r * ld * es, static_cast<size_t>(cols * es));
+  *dst = b.data();
+  return pld;
+}
+
 // C = alpha·op(A)·op(B) + beta·C as pieces (pieces_of, per batch entry), each through a fixed
 // primitive built for one thread over its block of the operands (strided views: Key's ld fields),
 // taken by `threads` threads in turn (one thread, or inside a parallel region: in order here).
@@ -481,12 +503,16 @@ void run_pieces(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans
       b += (tb == Trans::N ? i0 : i0 * d.k) * es;
       c += i0 * static_cast<int64_t>(sizeof(float));
     }
+    int64_t pa = lda, pb = ldb;  // this piece's row strides (padded copies: kAliasedLd)
+    if (ta == Trans::T && lda % kAliasedLd == 0) pa = copy_padded(a, pd.k, pd.m, lda, es, 0, &a);
+    if (ta == Trans::T && ldb % kAliasedLd == 0)
+      pb = tb == Trans::N ? copy_padded(b, pd.k, pd.n, ldb, es, 1, &b) : copy_padded(b, pd.n, pd.k, ldb, es, 1, &b);
     Key key = make_key(pd, ta, tb, dtype, alpha, beta, 1);
-    key.lda = lda;
-    key.ldb = ldb;
+    key.lda = pa;
+    key.ldb = pb;
     key.ldc = ldc;
     Primitive prim = lookup(key);
-    execute(prim, block_desc(pd.m, pd.k, ta, lda, dt), a, block_desc(pd.k, pd.n, tb, ldb, dt), b,
+    execute(prim, block_desc(pd.m, pd.k, ta, pa, dt), a, block_desc(pd.k, pd.n, tb, pb, dt), b,
             block_desc(pd.m, pd.n, Trans::N, ldc, memory::data_type::f32), c);
   };
   run_pieces_in_turn(count, threads, run_one);

@@ -25,6 +25,10 @@ namespace {
 constexpr int64_t kBlock = 64;  // queries and keys per tile: Kt and Vt (2·64·hd floats) stay in L1/L2
 // Keys per softmax pass of the forward: its Kᵀ (hd·512 floats) and scores (64·512) stay in L2.
 constexpr int64_t kChunk = 8 * kBlock;
+// Row stride of the forward's Kᵀ and S scratch: a chunk plus one cache line. At exactly kChunk
+// (2 KiB) the hd rows of a Kᵀ panel fall into a few L1 sets and evict each other while the row
+// blocks of Q pass over the panel.
+constexpr int64_t kChunkLd = kChunk + 16;
 
 // exp over an array (arguments here are ≤ 0: scores minus their running max or minus the lse;
 // expf_fast's floor at −87 gives ~1e-38, which is 0 for every sum it enters).
@@ -45,6 +49,17 @@ inline void load_block(float* Xt, int64_t ldt, float* X, const float* src, int64
         transpose16(Xt + d * ldt + j, ldt, rows, nkv * hd);
         if (X)
           for (int64_t r = 0; r < 16; ++r) std::copy_n(rows + r * nkv * hd, 16, X + (j + r) * hd + d);
+      }
+    return;
+  }
+#elif ZAYA_AVX2
+  if (nj == kBlock && hd % 8 == 0) {  // whole 8×8 squares: transposed in registers
+    for (int64_t j = 0; j < kBlock; j += 8)
+      for (int64_t d = 0; d < hd; d += 8) {
+        const float* rows = src + ((j0 + j) * nkv + hk) * hd + d;
+        transpose8(Xt + d * ldt + j, ldt, rows, nkv * hd);
+        if (X)
+          for (int64_t r = 0; r < 8; ++r) std::copy_n(rows + r * nkv * hd, 8, X + (j + r) * hd + d);
       }
     return;
   }
@@ -73,6 +88,18 @@ inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_
       const __mmask16 mk = first_lanes(jn - 16 * v);
       const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(p + 16 * v), sc, L);
       _mm512_storeu_ps(p + 16 * v, _mm512_maskz_mov_ps(mk, expf_fast_v(x)));
+    }
+  }
+#elif ZAYA_AVX2
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int64_t ii = 0; ii < ni; ++ii) {  // 8 masked vectors per row, as the AVX-512 form's 4
+    float* p = P + ii * kBlock;
+    const int64_t jn = std::min(nj, i0 + ii - j0 + 1);
+    const __m256 L = _mm256_set1_ps(lse_row[i0 + ii]);
+    for (int64_t v = 0; v < kBlock / 8; ++v) {
+      const __m256 keep = _mm256_castsi256_ps(first_lanes8(jn - 8 * v));
+      const __m256 x = _mm256_fmsub_ps(_mm256_loadu_ps(p + 8 * v), sc, L);
+      _mm256_storeu_ps(p + 8 * v, _mm256_and_ps(keep, expf_fast_v8(x)));
     }
   }
 #else
@@ -116,6 +143,33 @@ inline float row_softmax(float* s, int64_t jn, float scale, float m_old, float* 
   _mm512_storeu_ps(lane, lanes);
   *sum = sum16(lane);
   return mx;
+#elif ZAYA_AVX2
+  // The AVX-512 form on pairs of 8-lane vectors: lo holds lanes 0-7 of each 16, hi lanes 8-15, so
+  // every lane sums the same terms in the same order and sum16 gives the same bits.
+  const __m256 sc = _mm256_set1_ps(scale);
+  const int64_t nv = 2 * ((jn + 15) / 16);  // 8-lane vectors up to the next multiple of 16
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  for (int64_t v = 0; v < nv; ++v) {
+    const __m256 keep = _mm256_castsi256_ps(first_lanes8(jn - 8 * v));
+    const __m256 x = _mm256_and_ps(keep, _mm256_mul_ps(_mm256_loadu_ps(s + 8 * v), sc));
+    _mm256_storeu_ps(s + 8 * v, x);
+    vmax = _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, x), keep);
+  }
+  float lane[16];
+  _mm256_storeu_ps(lane, vmax);
+  const float mx = std::max(m_old, *std::max_element(lane, lane + 8));
+  const __m256 mv = _mm256_set1_ps(mx);
+  __m256 lanes[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t v = 0; v < nv; ++v) {
+    const __m256 keep = _mm256_castsi256_ps(first_lanes8(jn - 8 * v));
+    const __m256 e = _mm256_and_ps(keep, expf_fast_v8(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * v), mv)));
+    _mm256_storeu_ps(s + 8 * v, e);
+    lanes[v % 2] = _mm256_add_ps(lanes[v % 2], e);
+  }
+  _mm256_storeu_ps(lane, lanes[0]);
+  _mm256_storeu_ps(lane + 8, lanes[1]);
+  *sum = sum16(lane);
+  return mx;
 #else
   for (int64_t j = 0; j < jn; ++j) s[j] *= scale;
   const float mx = std::max(m_old, maxf(s, jn));  // 16 lanes: a scalar max chain does not vectorize
@@ -139,8 +193,8 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel
   {
-    float* Kt = scratch<6>(hd * kChunk);
-    float* S = scratch<7>(kBlock * kChunk);
+    float* Kt = scratch<6>(hd * kChunkLd);
+    float* S = scratch<7>(kBlock * kChunkLd);
     AlignedVector<float> acc(kBlock * hd), m(kBlock), l(kBlock);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * nq * nblk; ++task) {
@@ -156,16 +210,16 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
         const int64_t nk = std::min(kChunk, i0 + ni - c0);  // keys in this chunk
         const int64_t nfull = std::min(nk, i0 - c0);        // of them before the diagonal block
         for (int64_t j = 0; j < nk; j += kBlock)
-          load_block(Kt + j, kChunk, nullptr, kb_, c0 + j, std::min(kBlock, nk - j), nkv, hk, hd);
+          load_block(Kt + j, kChunkLd, nullptr, kb_, c0 + j, std::min(kBlock, nk - j), nkv, hk, hd);
         // S = Q·Kᵀ: the keys before the diagonal in full, the diagonal block's keys j ≤ i only.
-        if (nfull > 0) mm(S, kChunk, qblk, rq, 1, Kt, kChunk, ni, nfull, hd, false);
+        if (nfull > 0) mm(S, kChunkLd, qblk, rq, 1, Kt, kChunkLd, ni, nfull, hd, false);
         if (nk > nfull)
-          mm(S + nfull, kChunk, qblk, rq, 1, Kt + nfull, kChunk, ni, nk - nfull, hd, false,
+          mm(S + nfull, kChunkLd, qblk, rq, 1, Kt + nfull, kChunkLd, ni, nk - nfull, hd, false,
              Causal::cols_le_row);
         for (int64_t ii = 0; ii < ni; ++ii) {
           const int64_t jn = std::min(nk, i0 + ii - c0 + 1);  // causal: keys j ≤ i
           float sum;
-          const float mx = row_softmax(S + ii * kChunk, jn, scale, m[ii], &sum);
+          const float mx = row_softmax(S + ii * kChunkLd, jn, scale, m[ii], &sum);
           const float alpha = std::exp(m[ii] - mx);  // exp(−inf) = 0 on the first chunk
           m[ii] = mx;
           l[ii] = l[ii] * alpha + sum;
@@ -175,9 +229,9 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
           }
         }
         // acc (+)= P·V over the chunk's keys, the diagonal block's terms k ≤ i only.
-        if (nfull > 0) mm(acc.data(), hd, S, kChunk, 1, vb_ + c0 * rk, rk, ni, hd, nfull, c0 > 0);
+        if (nfull > 0) mm(acc.data(), hd, S, kChunkLd, 1, vb_ + c0 * rk, rk, ni, hd, nfull, c0 > 0);
         if (nk > nfull)
-          mm(acc.data(), hd, S + nfull, kChunk, 1, vb_ + (c0 + nfull) * rk, rk, ni, hd, nk - nfull,
+          mm(acc.data(), hd, S + nfull, kChunkLd, 1, vb_ + (c0 + nfull) * rk, rk, ni, hd, nk - nfull,
              c0 > 0 || nfull > 0, Causal::k_le_row);
       }
       for (int64_t ii = 0; ii < ni; ++ii) {

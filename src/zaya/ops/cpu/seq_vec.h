@@ -11,8 +11,14 @@
 #include <new>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+
+// CPUs with AVX2 and FMA but no AVX-512 (AMD Zen 2/3, Intel before Skylake-SP) get 8-lane forms
+// of the AVX-512 kernels: the same IEEE operations in the same order per element, so the same bits.
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+#define ZAYA_AVX2 1
 #endif
 
 namespace zaya::ops::cpu {
@@ -229,6 +235,55 @@ inline __m512 expf_fast_v(__m512 x) {
   const __m512i biased = _mm512_add_epi32(ni, _mm512_set1_epi32(127));
   const __m512i e = _mm512_mask_slli_epi32(biased, 0xFFFF, biased, 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+#endif
+
+#if ZAYA_AVX2
+// expf_fast_v on 8 lanes: the same steps with the same FMAs.
+inline __m256 expf_fast_v8(__m256 x) {
+  const __m256 v = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 magic = _mm256_set1_ps(12582912.0f);
+  const __m256 t = _mm256_fmadd_ps(v, _mm256_set1_ps(1.44269504088896341f), magic);
+  const __m256 nf = _mm256_sub_ps(t, magic);
+  const __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000));
+  __m256 r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(0.693359375f), v);
+  r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// The first n of 8 lanes (n clamped to [0, 8]) as a maskload/maskstore mask.
+inline __m256i first_lanes8(int64_t n) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(n, 0, 8))), lane);
+}
+
+// dst[c·ldd + r] = src[r·lds + c] for r, c < 8: an 8×8 transpose in registers (unpack, shuffle,
+// then 128-bit lane permutes: 24 shuffles for 64 elements).
+inline void transpose8(float* dst, int64_t ldd, const float* src, int64_t lds) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; i += 2) {  // pairs of rows, elements interleaved
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {  // quads: within each 128-bit lane, column 4L + k of rows i..i+3
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {  // the low lanes of rows 0-3 and 4-7 make column k, the high ones k + 4
+    _mm256_storeu_ps(dst + k * ldd, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
+    _mm256_storeu_ps(dst + (k + 4) * ldd, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
+  }
 }
 #endif
 

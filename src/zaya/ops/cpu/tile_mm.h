@@ -3,14 +3,15 @@
 // stride swap) and B rows contiguous (ld ldb). Called from inside the ops' own OpenMP loops, where a
 // oneDNN call would nest its threads, on products too small for a primitive to pay off.
 // Register blocking: 4 rows × up to 64 columns of C stay in up to 16 AVX-512 registers while k
-// runs, so each B row is loaded once per 4 rows of A. Each C element is one FMA chain over k in
+// runs, so each B row is loaded once per 4 rows of A (with AVX2 only: 4 rows × up to 24 columns in
+// 12 of its 16 registers). Each C element is one FMA chain over k in
 // order: the result depends only on the inputs (never on threads or on how the caller splits m).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -52,6 +53,37 @@ inline void mm_block(float* C, int64_t ldc, const float* a, int64_t a_rs, int64_
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(C + r * ldc + c0 + 16 * v, mk[v], acc[r][v]);
 }
+#elif ZAYA_AVX2
+
+// mm_block on 8-lane vectors: C rows [0, R) × columns [c0, c0 + 8·NV) ∩ [0, n), over k in [k0, k1).
+// The same FMA chain per element as the AVX-512 form, so the same bits. Full: all 8·NV columns are
+// in range, so plain loads and stores (masked ones cost more on AMD cores).
+template <int R, int NV, bool Full>
+inline void mm_block(float* C, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
+                     int64_t c0, int64_t n, int64_t k0, int64_t k1, bool accumulate) {
+  __m256i mk[NV];
+  for (int v = 0; v < NV; ++v) mk[v] = first_lanes8(n - c0 - 8 * v);
+  auto load = [&](const float* p, int v) { return Full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mk[v]); };
+  __m256 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? load(C + r * ldc + c0 + 8 * v, v) : _mm256_setzero_ps();
+  for (int64_t kk = k0; kk < k1; ++kk) {
+    __m256 b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load(B + kk * ldb + c0 + 8 * v, v);
+    for (int r = 0; r < R; ++r) {
+      const __m256 x = _mm256_broadcast_ss(a + r * a_rs + kk * a_cs);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(x, b[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) {
+      float* c = C + r * ldc + c0 + 8 * v;
+      if (Full)
+        _mm256_storeu_ps(c, acc[r][v]);
+      else
+        _mm256_maskstore_ps(c, mk[v], acc[r][v]);
+    }
+}
 #endif
 
 template <int R>
@@ -65,6 +97,15 @@ inline void mm_rows(float* C, int64_t ldc, const float* a, int64_t a_rs, int64_t
       case 3: mm_block<R, 3>(C, ldc, a, a_rs, a_cs, B, ldb, c0, n, k0, k1, accumulate); break;
       default: mm_block<R, 4>(C, ldc, a, a_rs, a_cs, B, ldb, c0, n, k0, k1, accumulate); break;
     }
+  }
+#elif ZAYA_AVX2
+  int64_t c0 = 0;
+  for (; c0 + 24 <= n; c0 += 24) mm_block<R, 3, true>(C, ldc, a, a_rs, a_cs, B, ldb, c0, n, k0, k1, accumulate);
+  switch ((n - c0 + 7) / 8) {  // the last 1-23 columns
+    case 0: break;
+    case 1: mm_block<R, 1, false>(C, ldc, a, a_rs, a_cs, B, ldb, c0, n, k0, k1, accumulate); break;
+    case 2: mm_block<R, 2, false>(C, ldc, a, a_rs, a_cs, B, ldb, c0, n, k0, k1, accumulate); break;
+    default: mm_block<R, 3, false>(C, ldc, a, a_rs, a_cs, B, ldb, c0, n, k0, k1, accumulate); break;
   }
 #else
   for (int r = 0; r < R; ++r) {
