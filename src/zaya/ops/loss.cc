@@ -95,7 +95,7 @@ CrossEntropyResult forward_impl(const Tensor& h, const Tensor& E, const Tensor& 
       // The next row is read from memory by the next maxf: start fetching it now (the rows are
       // 32 KiB at the demo's V; static scheduling gives each thread a contiguous run of them).
       const float* next = i + 1 < d.n ? lp + (i + 1) * c : nullptr;
-      sum[i] += keep ? cpu::exp_store_sum(row, row, c, run_max[i], next, [](float p) { return flush_tiny(p); })
+      sum[i] += keep ? cpu::exp_store_sum(row, row, c, run_max[i], next, cpu::FlushBelow{kTinyProbability})
                      : cpu::sum_expf(row, c, run_max[i]);
     }
   }

@@ -63,6 +63,27 @@ inline void depthwise_pair(float* out, const float* zm2, const float* zm1, const
       _mm512_mask_storeu_ps(out + hd + i, m, d1);
     }
   }
+#elif ZAYA_AVX2
+  for (int64_t i = 0; i < hd; i += 8) {
+    const __m256i m = first_lanes8(hd - i);
+    const int64_t c = c0 + i;
+    const __m256 a = zm2 ? _mm256_maskload_ps(zm2 + c, m) : _mm256_setzero_ps();
+    const __m256 p = zm1 ? _mm256_maskload_ps(zm1 + c, m) : _mm256_setzero_ps();
+    const __m256 n = z0 ? _mm256_maskload_ps(z0 + c, m) : _mm256_setzero_ps();
+    const __m256 w0 = _mm256_maskload_ps(w.w0.data() + c, m), w1 = _mm256_maskload_ps(w.w1.data() + c, m);
+    const __m256 b = _mm256_maskload_ps(db + c, m);
+    const __m256 d0 = _mm256_fmadd_ps(w1, p, _mm256_fmadd_ps(w0, a, b));
+    const __m256 d1 = _mm256_fmadd_ps(w1, n, _mm256_fmadd_ps(w0, p, b));
+    if constexpr (Interleaved) {  // [d0_0 d1_0 d0_1 d1_1 ...]: unpack within 128-bit lanes, then join
+      const __m256 lo = _mm256_unpacklo_ps(d0, d1), hi = _mm256_unpackhi_ps(d0, d1);
+      const int64_t n2 = 2 * std::min<int64_t>(8, hd - i);
+      _mm256_maskstore_ps(out + 2 * i, first_lanes8(n2), _mm256_permute2f128_ps(lo, hi, 0x20));
+      _mm256_maskstore_ps(out + 2 * i + 8, first_lanes8(n2 - 8), _mm256_permute2f128_ps(lo, hi, 0x31));
+    } else {
+      _mm256_maskstore_ps(out + i, m, d0);
+      _mm256_maskstore_ps(out + hd + i, m, d1);
+    }
+  }
 #else
   for (int64_t i = 0; i < hd; ++i) {
     const int64_t c = c0 + i;

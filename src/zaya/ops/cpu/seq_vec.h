@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -63,6 +64,14 @@ inline float sum16(float acc[16]) {
   for (int l = 0; l < 4; ++l) acc[l] += acc[l + 4];
   return (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
+
+#if ZAYA_AVX2
+// The first n of 8 lanes (n clamped to [0, 8]) as a maskload/maskstore mask.
+inline __m256i first_lanes8(int64_t n) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(n, 0, 8))), lane);
+}
+#endif
 
 #if defined(__AVX512F__)
 // The mask of the first n lanes (n clamped to [0, 16]).
@@ -141,8 +150,8 @@ inline void transpose16(float* dst, int64_t ldd, const float* src, int64_t lds) 
 }
 #endif
 
-// 16 floats: one AVX-512 register, or a plain array without AVX-512 (the same IEEE operations
-// lane by lane). load and store take the count n of valid lanes: the rest read as zero and are not
+// 16 floats: one AVX-512 register, two AVX2 ones, or a plain array (the same IEEE operations
+// lane by lane in every form). load and store take the count n of valid lanes: the rest read as zero and are not
 // written.
 struct VecF {
   static constexpr int64_t kLanes = 16;
@@ -154,6 +163,27 @@ struct VecF {
   friend VecF operator+(VecF a, VecF b) { return {_mm512_add_ps(a.v, b.v)}; }
   friend VecF operator*(VecF a, VecF b) { return {_mm512_mul_ps(a.v, b.v)}; }
   friend VecF fma(VecF a, VecF b, VecF c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+#elif ZAYA_AVX2
+  __m256 lo, hi;  // lanes 0-7 and 8-15
+  static VecF zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static VecF load(const float* p, int64_t n) {
+    if (n >= 16) return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
+    return {_mm256_maskload_ps(p, first_lanes8(n)), _mm256_maskload_ps(p + 8, first_lanes8(n - 8))};
+  }
+  void store(float* p, int64_t n) const {
+    if (n >= 16) {
+      _mm256_storeu_ps(p, lo);
+      _mm256_storeu_ps(p + 8, hi);
+      return;
+    }
+    _mm256_maskstore_ps(p, first_lanes8(n), lo);
+    _mm256_maskstore_ps(p + 8, first_lanes8(n - 8), hi);
+  }
+  friend VecF operator+(VecF a, VecF b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+  friend VecF operator*(VecF a, VecF b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+  friend VecF fma(VecF a, VecF b, VecF c) {
+    return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+  }
 #else
   float v[16];
   static VecF zero() { return {}; }
@@ -259,12 +289,6 @@ inline __m256 expf_fast_v8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-// The first n of 8 lanes (n clamped to [0, 8]) as a maskload/maskstore mask.
-inline __m256i first_lanes8(int64_t n) {
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(n, 0, 8))), lane);
-}
-
 // dst[c·ldd + r] = src[r·lds + c] for r, c < 8: an 8×8 transpose in registers (unpack, shuffle,
 // then 128-bit lane permutes: 24 shuffles for 64 elements).
 inline void transpose8(float* dst, int64_t ldd, const float* src, int64_t lds) {
@@ -362,6 +386,16 @@ inline float maxf(const float* x, int64_t n) {
   float acc[16];
   std::fill_n(acc, 16, -INFINITY);
   int64_t i = 0;
+#if ZAYA_AVX2
+  // max(x, acc) keeps acc when either is NaN, as std::max(acc, x) does.
+  __m256 lo = _mm256_loadu_ps(acc), hi = lo;
+  for (; i + 16 <= n; i += 16) {
+    lo = _mm256_max_ps(_mm256_loadu_ps(x + i), lo);
+    hi = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), hi);
+  }
+  _mm256_storeu_ps(acc, lo);
+  _mm256_storeu_ps(acc + 8, hi);
+#endif
   for (; i + 16 <= n; i += 16)
     for (int l = 0; l < 16; ++l) acc[l] = std::max(acc[l], x[i + l]);
   for (int64_t l = 0; i < n; ++i, ++l) acc[l] = std::max(acc[l], x[i]);
@@ -375,6 +409,18 @@ inline float maxf(const float* x, int64_t n) {
 inline float sum_expf(const float* x, int64_t n, float shift) {
   float acc[16] = {};
   int64_t i = 0;
+#if ZAYA_AVX2
+  {  // lanes 0-7 and 8-15 of each 16 in two registers: the same partial sums
+    const __m256 sh = _mm256_set1_ps(shift);
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    for (; i + 16 <= n; i += 16) {
+      lo = _mm256_add_ps(lo, expf_fast_v8(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh)));
+      hi = _mm256_add_ps(hi, expf_fast_v8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), sh)));
+    }
+    _mm256_storeu_ps(acc, lo);
+    _mm256_storeu_ps(acc + 8, hi);
+  }
+#endif
   for (; i + 16 <= n; i += 16)
     for (int l = 0; l < 16; ++l) acc[l] += expf_fast(x[i + l] - shift);
   for (int64_t l = 0; i < n; ++i, ++l) acc[l] += expf_fast(x[i] - shift);
@@ -388,11 +434,39 @@ inline float sum_expf(const float* x, int64_t n, float shift) {
 struct Identity {
   float operator()(float v) const { return v; }
 };
+// Values below `tiny` become 0 (NaN stays NaN).
+struct FlushBelow {
+  float tiny;
+  float operator()(float v) const { return v < tiny ? 0.0f : v; }
+};
+#if ZAYA_AVX2
+inline __m256 apply_post(Identity, __m256 v) { return v; }
+inline __m256 apply_post(FlushBelow f, __m256 v) {
+  return _mm256_and_ps(v, _mm256_cmp_ps(v, _mm256_set1_ps(f.tiny), _CMP_NLT_UQ));
+}
+#endif
 template <class Post = Identity>
 inline float exp_store_sum(float* e, const float* x, int64_t n, float shift, const float* next = nullptr,
                            Post post = {}) {
   float acc[16] = {};
   int64_t i = 0;
+#if ZAYA_AVX2
+  if constexpr (std::is_same_v<Post, Identity> || std::is_same_v<Post, FlushBelow>) {
+    const __m256 sh = _mm256_set1_ps(shift);
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    for (; i + 16 <= n; i += 16) {
+      if (next) __builtin_prefetch(next + i);
+      const __m256 e0 = apply_post(post, expf_fast_v8(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh)));
+      const __m256 e1 = apply_post(post, expf_fast_v8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), sh)));
+      _mm256_storeu_ps(e + i, e0);
+      _mm256_storeu_ps(e + i + 8, e1);
+      lo = _mm256_add_ps(lo, e0);
+      hi = _mm256_add_ps(hi, e1);
+    }
+    _mm256_storeu_ps(acc, lo);
+    _mm256_storeu_ps(acc + 8, hi);
+  }
+#endif
   for (; i + 16 <= n; i += 16) {
     if (next) __builtin_prefetch(next + i);
     for (int l = 0; l < 16; ++l) acc[l] += (e[i + l] = post(expf_fast(x[i + l] - shift)));
