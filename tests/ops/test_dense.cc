@@ -403,6 +403,55 @@ TEST(SeqVec, Sum16x16EqualsSum16) {
 }
 #endif
 
+#if ZAYA_AVX2
+TEST(SeqVec, Sum16x8EqualsSum16) {
+  // The AVX2 form of the same reduction (8 outputs at once), under the same contract.
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-6, 6);
+  for (int trial = 0; trial < 200; ++trial) {
+    float acc[128];
+    for (float& v : acc) v = std::ldexp(mant(gen), expo(gen));
+    float got[8];
+    _mm256_storeu_ps(got, cpu::sum16_x8(acc));
+    for (int o = 0; o < 8; ++o) {
+      float lanes[16];
+      std::copy(acc + 16 * o, acc + 16 * o + 16, lanes);
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[o]), std::bit_cast<uint32_t>(cpu::sum16(lanes))) << "output " << o;
+    }
+  }
+}
+
+TEST(SeqVec, ExpFastV8MatchesScalarAndExpSumsMatchLoops) {
+  // expf_fast_v8 does expf_fast's operations (GCC contracts the scalar form to the same FMAs), and
+  // the AVX2 exp sums keep the plain loops' 16 partial sums and sum16's tree: all bitwise (a tail of
+  // n mod 16 goes through the scalar form in both).
+  std::mt19937 gen(3);
+  std::uniform_real_distribution<float> u(-90.0f, 5.0f);
+  for (int trial = 0; trial < 100; ++trial) {
+    alignas(32) float x[8], got[8];
+    for (float& v : x) v = u(gen);
+    _mm256_storeu_ps(got, cpu::expf_fast_v8(_mm256_loadu_ps(x)));
+    for (int l = 0; l < 8; ++l)
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[l]), std::bit_cast<uint32_t>(cpu::expf_fast(x[l]))) << x[l];
+  }
+  for (int64_t n : {1, 15, 16, 17, 100, 1000}) {
+    std::vector<float> x(static_cast<size_t>(n)), e(x.size());
+    std::uniform_real_distribution<float> v(-20.0f, 3.0f);
+    for (float& a : x) a = v(gen);
+    float acc[16] = {};
+    for (int64_t i = 0; i < n; ++i) acc[i % 16] += cpu::expf_fast(x[i] - 1.0f);
+    const float want = cpu::sum16(acc);
+    const float s1 = cpu::sum_expf(x.data(), n, 1.0f);
+    const float s2 = cpu::exp_store_sum(e.data(), x.data(), n, 1.0f);
+    EXPECT_EQ(std::bit_cast<uint32_t>(s1), std::bit_cast<uint32_t>(want)) << n;
+    EXPECT_EQ(std::bit_cast<uint32_t>(s2), std::bit_cast<uint32_t>(want)) << n;
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(e[i], cpu::expf_fast(x[i] - 1.0f)) << i;
+    EXPECT_EQ(cpu::maxf(x.data(), n), *std::max_element(x.begin(), x.end()));
+  }
+}
+#endif
+
 #if defined(__AVX512F__)
 TEST(SeqVec, ExpFastVectorMatchesScalar) {
   // The attention kernels' 16-lane exp against expf_fast (itself ~1 ulp from exp in double, tested

@@ -187,6 +187,62 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
       }
     }
   }
+#elif ZAYA_AVX2
+  // The AVX-512 form's blocking on 8-lane registers: each output's 16 partial sums are two
+  // registers, lanes 0-7 and 8-15 of every 16 inputs, run as two passes over the inputs (4 tokens
+  // × 2 outputs, 8 accumulators each); sum16_x8 then adds 8 outputs' partials in sum16's tree.
+  const int64_t nblk = (N + kRows - 1) / kRows;
+  const int64_t J = (K2 + 15) / 16, K2p = 16 * J;
+  AlignedVector<float> gwa(static_cast<size_t>(C * K2p), 0.0f);
+  for (int64_t o = 0; o < C; ++o) std::copy_n(gw + o * K2, K2, gwa.data() + o * K2p);
+#pragma omp parallel
+  {
+    float* dd = scratch<0>(kRows * K2p);
+    float* acc = scratch<1>(4 * 8 * 16);  // [token][output][lane] of 4 tokens × 8 outputs
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < nblk * heads; ++task) {
+      const int64_t g = task % heads, r0 = (task / heads) * kRows, nr = std::min(kRows, N - r0);
+      const int64_t nr4 = (nr + 3) / 4 * 4;
+      for (int64_t r = 0; r < nr4; ++r) {
+        float* d = dd + r * K2p;
+        if (r < nr) {
+          const TokenRows zr = token_rows(z, r0 + r, T, C);
+          depthwise_pair<true>(d, zr.zm2, zr.zm1, zr.z0, g * hd, hd, taps, db);
+          std::fill(d + K2, d + K2p, 0.0f);
+        } else {
+          std::fill(d, d + K2p, 0.0f);
+        }
+      }
+      for (int64_t r4 = 0; r4 < nr; r4 += 4) {
+        const float* x = dd + r4 * K2p;
+        for (int64_t o0 = 0; o0 < hd; o0 += 8) {
+          for (int64_t og = 0; og < 8; og += 2) {
+            const float* wr[2];  // outputs past hd reuse the last row: computed, never stored
+            for (int q = 0; q < 2; ++q) wr[q] = gwa.data() + (g * hd + std::min(o0 + og + q, hd - 1)) * K2p;
+            for (int64_t half = 0; half < 16; half += 8) {
+              __m256 a[4][2];
+              for (auto& row : a)
+                for (__m256& v : row) v = _mm256_setzero_ps();
+              for (int64_t j = 0; j < J; ++j) {
+                const __m256 w0 = _mm256_load_ps(wr[0] + 16 * j + half), w1 = _mm256_load_ps(wr[1] + 16 * j + half);
+                for (int r = 0; r < 4; ++r) {
+                  const __m256 xv = _mm256_load_ps(x + r * K2p + 16 * j + half);
+                  a[r][0] = _mm256_fmadd_ps(w0, xv, a[r][0]);
+                  a[r][1] = _mm256_fmadd_ps(w1, xv, a[r][1]);
+                }
+              }
+              for (int r = 0; r < 4; ++r)
+                for (int q = 0; q < 2; ++q) _mm256_storeu_ps(acc + (r * 8 + og + q) * 16 + half, a[r][q]);
+            }
+          }
+          const __m256i mo = first_lanes8(hd - o0);
+          const __m256 bias = _mm256_maskload_ps(gb + g * hd + o0, mo);
+          for (int64_t r = 0; r < std::min<int64_t>(4, nr - r4); ++r)
+            _mm256_maskstore_ps(out + (r0 + r4 + r) * C + g * hd + o0, mo, _mm256_add_ps(bias, sum16_x8(acc + r * 128)));
+        }
+      }
+    }
+  }
 #else
 #pragma omp parallel
   {

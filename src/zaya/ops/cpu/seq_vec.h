@@ -289,6 +289,19 @@ inline __m256 expf_fast_v8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+// sum16 of 8 outputs at once: element o of the result is sum16(acc + 16·o) ([output][lane] in
+// memory), with sum16's additions in sum16's order, so the same bits.
+inline __m256 sum16_x8(const float* acc) {
+  __m256 v[8], t[4];
+  for (int o = 0; o < 8; ++o) v[o] = _mm256_add_ps(_mm256_loadu_ps(acc + 16 * o), _mm256_loadu_ps(acc + 16 * o + 8));
+  for (int o = 0; o < 4; ++o)  // l += l+4: output o's 4 sums in the low 128 bits, output o+4's in the high
+    t[o] = _mm256_add_ps(_mm256_permute2f128_ps(v[o], v[o + 4], 0x20), _mm256_permute2f128_ps(v[o], v[o + 4], 0x31));
+  // [0+2, 1+3] of outputs o and o+1 side by side, then (0+2) + (1+3): element o (low half) and o+4.
+  const __m256 ab = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xEE));
+  const __m256 cd = _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xEE));
+  return _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x88), _mm256_shuffle_ps(ab, cd, 0xDD));
+}
+
 // dst[c·ldd + r] = src[r·lds + c] for r, c < 8: an 8×8 transpose in registers (unpack, shuffle,
 // then 128-bit lane permutes: 24 shuffles for 64 elements).
 inline void transpose8(float* dst, int64_t ldd, const float* src, int64_t lds) {
