@@ -495,7 +495,8 @@ TEST(Gemm, DeterministicAcrossRunsAndThreadCounts) {
 // The AVX2-only paths (gemm.cc: bf16 widened to f32; every GEMM as pieces fixed by its shape, each on
 // a one-thread primitive), forced on whatever CPU runs the tests. Shapes cut into 1, 2 and 4 pieces,
 // along M and along N (N > M), every transpose (the pieces are strided views of op(A), op(B), C),
-// batched, and grouped in all three MoE forms: each right against float64 (1e-5: f32 accumulation
+// the padded copies of Aᵀ·B pieces' operands (A's rows 2048 floats apart in 2048×64×128; B's 128
+// or 256 apart when it is transposed), batched, and grouped in all three MoE forms: each right against float64 (1e-5: f32 accumulation
 // of ≤ 300 exact products, as above; bf16 inputs are exact in double), and bitwise the same on 1
 // and 2 threads.
 TEST(Gemm, Avx2PathsMatchReferenceAndAreThreadCountFree) {
