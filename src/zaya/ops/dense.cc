@@ -403,6 +403,19 @@ inline float silu_grad(float x) {
   float s = sigmoid(x);
   return s * (1.0f + x * (1.0f - s));
 }
+#if ZAYA_AVX2
+// sigmoid and silu_grad on 8 lanes, the scalar forms' operations (GCC does not vectorize the plain
+// loops below on AVX2: the clamp in expf_fast stays a branch there).
+inline __m256 sigmoid_v8(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, cpu::expf_fast_v8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+// s·(1 + x·(1 − s)) with the inner product-sum as one FMA, as GCC contracts the scalar form.
+inline __m256 silu_grad_v8(__m256 x, __m256 s) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_mul_ps(s, _mm256_fmadd_ps(x, _mm256_sub_ps(one, s), one));
+}
+#endif
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
@@ -448,14 +461,44 @@ void cast_to_bf16(const Tensor& src, const Tensor& dst) {
 void silu_forward(const Tensor& x, const Tensor& y) {
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
+#if ZAYA_AVX2
+  check_f32_like("silu_forward", {{"x", &x}, {"y", &y}}, x);
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < n; c += kElemChunk) {
+    const int64_t c1 = std::min(n, c + kElemChunk);
+    int64_t i = c;
+    for (; i + 8 <= c1; i += 8) {
+      const __m256 v = _mm256_loadu_ps(xp + i);
+      _mm256_storeu_ps(yp + i, _mm256_mul_ps(v, sigmoid_v8(v)));
+    }
+    for (; i < c1; ++i) yp[i] = xp[i] * sigmoid(xp[i]);
+  }
+#else
   elementwise("silu_forward", {{"x", &x}, {"y", &y}}, x, [&](int64_t i) { yp[i] = xp[i] * sigmoid(xp[i]); });
+#endif
 }
 
 void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   const float *xp = x.data<float>(), *gp = dy.data<float>();
   float* dp = dx.data<float>();
+#if ZAYA_AVX2
+  check_f32_like("silu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x);
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < n; c += kElemChunk) {
+    const int64_t c1 = std::min(n, c + kElemChunk);
+    int64_t i = c;
+    for (; i + 8 <= c1; i += 8) {
+      const __m256 v = _mm256_loadu_ps(xp + i);
+      _mm256_storeu_ps(dp + i, _mm256_mul_ps(_mm256_loadu_ps(gp + i), silu_grad_v8(v, sigmoid_v8(v))));
+    }
+    for (; i < c1; ++i) dp[i] = gp[i] * silu_grad(xp[i]);
+  }
+#else
   elementwise("silu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x,
               [&](int64_t i) { dp[i] = gp[i] * silu_grad(xp[i]); });
+#endif
 }
 
 // GELU runs erf over kGeluBlock elements at a time through cpu::erf_fast_n (its table lookups are
@@ -522,7 +565,15 @@ void swiglu_forward(const Tensor& gu, const Tensor& y) {
   for (int64_t i = 0; i < n; ++i) {
     const float* g = p + i * 2 * inter;
     const float* v = g + inter;
-    for (int64_t j = 0; j < inter; ++j) yp[i * inter + j] = g[j] * sigmoid(g[j]) * v[j];
+    float* y = yp + i * inter;
+    int64_t j = 0;
+#if ZAYA_AVX2
+    for (; j + 8 <= inter; j += 8) {
+      const __m256 gv = _mm256_loadu_ps(g + j);
+      _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid_v8(gv)), _mm256_loadu_ps(v + j)));
+    }
+#endif
+    for (; j < inter; ++j) y[j] = g[j] * sigmoid(g[j]) * v[j];
   }
 }
 
@@ -544,7 +595,16 @@ void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu) {
     const float* d = gp + i * inter;
     float* dg = dp + i * 2 * inter;
     float* dv = dg + inter;
-    for (int64_t j = 0; j < inter; ++j) {
+    int64_t j = 0;
+#if ZAYA_AVX2
+    for (; j + 8 <= inter; j += 8) {
+      const __m256 gv = _mm256_loadu_ps(g + j), dj = _mm256_loadu_ps(d + j), s = sigmoid_v8(gv);
+      _mm256_storeu_ps(dv + j, _mm256_mul_ps(_mm256_mul_ps(dj, gv), s));
+      _mm256_storeu_ps(dg + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dj, _mm256_loadu_ps(v + j)), s),
+                                             _mm256_fmadd_ps(gv, _mm256_sub_ps(_mm256_set1_ps(1.0f), s), _mm256_set1_ps(1.0f))));
+    }
+#endif
+    for (; j < inter; ++j) {
       float s = sigmoid(g[j]);
       dv[j] = d[j] * g[j] * s;
       dg[j] = d[j] * v[j] * s * (1.0f + g[j] * (1.0f - s));

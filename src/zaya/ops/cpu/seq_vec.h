@@ -390,6 +390,30 @@ inline void erf_fast_n(const float* in, float* out, int64_t n) {
     const __m512i bits = _mm512_or_si512(_mm512_castps_si512(r), _mm512_and_si512(_mm512_castps_si512(x), sign));
     _mm512_storeu_ps(out + i, _mm512_castsi512_ps(bits));
   }
+#elif ZAYA_AVX2
+  // The same steps on 8 lanes; the 8-entry table lookups are one permutevar8x32 each.
+  __m256 coef[8];
+  for (int j = 0; j < 8; ++j) coef[j] = _mm256_loadu_ps(kErfCoef[j]);
+  const __m256 center = _mm256_loadu_ps(kErfCenter);
+  const __m256 four = _mm256_set1_ps(4.0f), two = _mm256_set1_ps(2.0f), one = _mm256_set1_ps(1.0f);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(0x80000000u)));
+  const __m256i seven = _mm256_set1_epi32(7), zero = _mm256_setzero_si256();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(in + i);
+    const __m256 ax = _mm256_and_ps(x, abs_mask);
+    const __m256 below4 = _mm256_cmp_ps(ax, four, _CMP_LT_OQ);
+    const __m256i k = _mm256_castps_si256(_mm256_blendv_ps(
+        _mm256_castsi256_ps(seven), _mm256_castsi256_ps(_mm256_cvttps_epi32(_mm256_mul_ps(ax, two))), below4));
+    const __m256 first = _mm256_castsi256_ps(_mm256_cmpeq_epi32(k, zero));
+    const __m256 u = _mm256_blendv_ps(_mm256_sub_ps(ax, _mm256_permutevar8x32_ps(center, k)), _mm256_mul_ps(ax, ax), first);
+    __m256 p = _mm256_permutevar8x32_ps(coef[7], k);
+    for (int j = 6; j >= 0; --j) p = _mm256_fmadd_ps(p, u, _mm256_permutevar8x32_ps(coef[j], k));
+    __m256 r = _mm256_blendv_ps(p, _mm256_fmadd_ps(ax, p, ax), first);  // interval 0: ax·p + ax
+    r = _mm256_blendv_ps(one, r, below4);                                  // |x| ≥ 4 (and NaN) → 1 ...
+    r = _mm256_blendv_ps(r, ax, _mm256_cmp_ps(ax, ax, _CMP_UNORD_Q));      // ... except NaN
+    _mm256_storeu_ps(out + i, _mm256_or_ps(r, _mm256_and_ps(x, sign)));
+  }
 #endif
   for (; i < n; ++i) out[i] = erf_fast(in[i]);
 }
