@@ -273,7 +273,7 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
 #pragma omp parallel
   {
     AlignedVector<float> Kt(hd * kBlock), Kb(kBlock * hd), Vt(hd * kBlock), P(kBlock * kBlock),
-        dS(kBlock * kBlock);
+        dS(kBlock * kBlock), Qb(kBlock * hd), dOb(kBlock * hd);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * nkv; ++task) {
       const int64_t hk = task % nkv, b = task / nkv;
@@ -291,13 +291,20 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
           for (int64_t qb = kb; qb < nblk; ++qb) {  // causal: only queries i ≥ j0 see this block
             const int64_t i0 = qb * kBlock, ni = std::min(kBlock, T - i0);
             const int64_t row0 = (b * T + i0) * nq + h;
+            // The tile's query and output-gradient rows, copied to contiguous [ni, hd] blocks: in
+            // place their rows lie nq·hd floats apart (1 KiB at the demo's shapes), and as the B
+            // operand of dV += Pᵀ·dO and dK += dSᵀ·Q such rows crowd a few L1 sets.
+            for (int64_t ii = 0; ii < ni; ++ii) {
+              std::copy_n(q + (row0 + ii * nq) * hd, hd, Qb.data() + ii * hd);
+              std::copy_n(dout + (row0 + ii * nq) * hd, hd, dOb.data() + ii * hd);
+            }
             // On the diagonal tile (qb = kb) each product skips what the causal mask makes zero
             // or unused (Causal in tile_mm.h); scores past a row's last key are never computed.
             const bool diag = qb == kb;
             const Causal cols = diag ? Causal::cols_le_row : Causal::none;
-            mm(P.data(), kBlock, q + row0 * hd, rq, 1, Kt.data(), kBlock, ni, kBlock, hd, false, cols);
+            mm(P.data(), kBlock, Qb.data(), hd, 1, Kt.data(), kBlock, ni, kBlock, hd, false, cols);
             probs(P.data(), Lrow, i0, ni, j0, nj, scale);
-            mm(dS.data(), kBlock, dout + row0 * hd, rq, 1, Vt.data(), kBlock, ni, kBlock, hd, false, cols);  // dP
+            mm(dS.data(), kBlock, dOb.data(), hd, 1, Vt.data(), kBlock, ni, kBlock, hd, false, cols);  // dP
             // dS = P ⊙ (dP − D)·scale in place of dP over each row's visible keys, 0 past them
             // (where dP may not have been computed).
             for (int64_t ii = 0; ii < ni; ++ii) {
@@ -311,8 +318,8 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
             // dV += Pᵀ·dO and dK += dSᵀ·Q over this block's ni query rows (Aᵀ by stride swap).
             const Causal k_from = diag ? Causal::k_ge_row : Causal::none;
             const bool first = h == hk * G && diag;
-            mm(dvb, rk, P.data(), 1, kBlock, dout + row0 * hd, rq, nj, hd, ni, !first, k_from);
-            mm(dkb, rk, dS.data(), 1, kBlock, q + row0 * hd, rq, nj, hd, ni, !first, k_from);
+            mm(dvb, rk, P.data(), 1, kBlock, dOb.data(), hd, nj, hd, ni, !first, k_from);
+            mm(dkb, rk, dS.data(), 1, kBlock, Qb.data(), hd, nj, hd, ni, !first, k_from);
             // dQ += dS·K; these dQ rows' first product is key block 0's, which writes them.
             mm(dq + row0 * hd, rq, dS.data(), kBlock, 1, Kb.data(), hd, ni, hd, kBlock, kb > 0,
                diag ? Causal::k_le_row : Causal::none);
