@@ -456,10 +456,15 @@ Pieces pieces_of(const Dims& d, bool m_only = false) {
 // multiple of 512 bytes apart (every power-of-two width from 128 floats) they share a few L1 sets:
 // a one-thread 8192×256×2048 Aᵀ·B ran at 30 GFLOP/s on a Zen 3 core, 62–78 with both operands'
 // rows 64 bytes further apart (a throwaway probe, 2026-11-25; NN and NT products gained little).
-// Those are the weight gradients (dYᵀ·X), so for ta = T each piece first copies its blocks of A
-// and B whose row stride is such a multiple into per-thread scratch with a padded stride (a copy
-// of K·(m + n) floats against the piece's K·m·n multiply-adds).
+// Those are the weight gradients (dYᵀ·X), so for ta = T each piece on the no-copy kernels first
+// copies its blocks of A and B whose row stride is such a multiple into per-thread scratch with a
+// padded stride (a copy of K·(m + n) floats against the piece's K·m·n multiply-adds; pieces on the
+// packing kernels pack their operands anyway).
 constexpr int64_t kAliasedLd = 128;  // floats: 512 bytes
+// A·B (NN) suffers the same from B's rows once they are 4 KiB multiples apart: 36–39 GFLOP/s
+// against 68–92 padded for 64–128-row pieces of N = 1024–2048 (same probe; at 1–2 KiB no gain).
+// Muon's X_next = B·X on an expert stack is such a product.
+constexpr int64_t kAliasedLdNN = 1024;  // floats: 4 KiB
 
 // The block rows × cols at src (row stride ld elements of es bytes) copied into this thread's
 // scratch slot with a padded row stride, which is returned; *dst points at the copy.
@@ -479,7 +484,10 @@ int64_t copy_padded(const char* src, int64_t rows, int64_t cols, int64_t ld, int
 // taken by `threads` threads in turn (one thread, or inside a parallel region: in order here).
 void run_pieces(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha,
                 float beta, int threads) {
-  const Pieces pc = pieces_of(d);
+  // A batch of kMaxPieces or more already gives every thread whole entries to take: cutting each
+  // one too only adds packing (Muon's Newton–Schulz on an expert stack: 256×256×1024 whole ran at
+  // 64 GFLOP/s on one Zen 3 core, as four 64-row pieces at 57).
+  const Pieces pc = d.batch >= kMaxPieces ? Pieces{true, d.m, 1} : pieces_of(d);
   const DType dtype = A.dtype();
   const auto dt = dnnl_type(static_cast<uint8_t>(dtype));
   const int64_t es = static_cast<int64_t>(dtype_size(dtype));
@@ -503,10 +511,13 @@ void run_pieces(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans
       b += (tb == Trans::N ? i0 : i0 * d.k) * es;
       c += i0 * static_cast<int64_t>(sizeof(float));
     }
-    int64_t pa = lda, pb = ldb;  // this piece's row strides (padded copies: kAliasedLd)
-    if (ta == Trans::T && lda % kAliasedLd == 0) pa = copy_padded(a, pd.k, pd.m, lda, es, 0, &a);
-    if (ta == Trans::T && ldb % kAliasedLd == 0)
-      pb = tb == Trans::N ? copy_padded(b, pd.k, pd.n, ldb, es, 1, &b) : copy_padded(b, pd.n, pd.k, ldb, es, 1, &b);
+    int64_t pa = lda, pb = ldb;  // this piece's row strides (padded copies: kAliasedLd, kAliasedLdNN)
+    if (1.0 / static_cast<double>(pd.m) + 1.0 / static_cast<double>(pd.n) >= kForceNoCopy) {  // no-copy kernels
+      if (ta == Trans::T && lda % kAliasedLd == 0) pa = copy_padded(a, pd.k, pd.m, lda, es, 0, &a);
+      if (ta == Trans::T && ldb % kAliasedLd == 0)
+        pb = tb == Trans::N ? copy_padded(b, pd.k, pd.n, ldb, es, 1, &b) : copy_padded(b, pd.n, pd.k, ldb, es, 1, &b);
+      if (ta == Trans::N && tb == Trans::N && ldb % kAliasedLdNN == 0) pb = copy_padded(b, pd.k, pd.n, ldb, es, 1, &b);
+    }
     Key key = make_key(pd, ta, tb, dtype, alpha, beta, 1);
     key.lda = pa;
     key.ldb = pb;
@@ -1036,6 +1047,8 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
 void gemm_use_amx(bool on) { g_amx_enabled = on; }
 
 void gemm_force_avx2_paths(bool on) { g_force_avx2_paths = on; }
+
+bool gemm_bf16_native() { return bf16_matmul_native(); }
 
 void gemm_grouped_side_by_side(bool on) { g_side_by_side = on; }
 

@@ -48,6 +48,11 @@ void gemm_use_amx(bool on);
 // default (automatic).
 void gemm_force_avx2_paths(bool on);
 
+// Whether bf16 operands reach a bf16 kernel (false: gemm widens them to f32 first, exactly). A
+// caller that rounds its own inputs to bf16 can then keep them as f32 holding bf16 values and skip
+// both the narrowing and the widening: the same products, the same bits.
+bool gemm_bf16_native();
+
 // Grouped calls on the oneDNN paths run similar-size problems side by side, one whole
 // single-thread GEMM per thread (docs/ops-gemm.md); off, each problem runs on all threads in turn.
 // On by default; the switch is for benchmarks that compare the two.
