@@ -496,7 +496,7 @@ TEST(Gemm, DeterministicAcrossRunsAndThreadCounts) {
 // a one-thread primitive), forced on whatever CPU runs the tests. Shapes cut into 1, 2 and 4 pieces,
 // along M and along N (N > M), every transpose (the pieces are strided views of op(A), op(B), C),
 // the padded copies of Aᵀ·B pieces' operands (A's rows 2048 floats apart in 2048×64×128; B's 128
-// or 256 apart when it is transposed), batched, and grouped in all three MoE forms: each right against float64 (1e-5: f32 accumulation
+// or 256 apart when it is transposed) and of a grouped dy·W's weight (rows 1024 floats apart), batched, and grouped in all three MoE forms: each right against float64 (1e-5: f32 accumulation
 // of ≤ 300 exact products, as above; bf16 inputs are exact in double), and bitwise the same on 1
 // and 2 threads.
 TEST(Gemm, Avx2PathsMatchReferenceAndAreThreadCountFree) {
@@ -556,6 +556,22 @@ TEST(Gemm, Avx2PathsMatchReferenceAndAreThreadCountFree) {
       for (size_t g = 0; g < ms.size(); ++g)
         EXPECT_TRUE(same_bits(outs[0][g], outs[1][g])) << dtype_name(dt) << " group " << g << " ta " << int(f.ta);
     }
+  {  // dy·W with the weight's rows 4 KiB apart (N = 1024): the weight copied once to a padded stride
+    const std::vector<int64_t> ms2 = {300, 45, 7};
+    const GroupedForm f{Trans::N, Trans::N, 1.0f};
+    std::vector<std::vector<Tensor>> outs;
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      auto [problems, refs] = make_grouped_case(f, ms2, 24, 1024, DType::f32, 900);
+      gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
+      outs.emplace_back();
+      for (size_t g = 0; g < ms2.size(); ++g) {
+        EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5) << "padded weight, group " << g;
+        outs.back().push_back(problems[g].C);
+      }
+    }
+    for (size_t g = 0; g < ms2.size(); ++g) EXPECT_TRUE(same_bits(outs[0][g], outs[1][g])) << "padded weight " << g;
+  }
   gemm_force_avx2_paths(false);
   set_num_threads(saved);
 }

@@ -191,7 +191,7 @@ Primitive build(const Key& k) {
   const bool runtime = has_runtime_dims(k);
   const bool block = k.lda != 0 || k.ldb != 0 || k.ldc != 0;  // a piece of run_pieces (2-D, strided)
   auto desc = [&](int64_t batch, int64_t rows, int64_t cols, Trans t, int64_t ld, memory::data_type type) {
-    if (runtime) return operand_desc_2d(rows, cols, t, type);
+    if (runtime) return ld != 0 ? block_desc(rows, cols, t, ld, type) : operand_desc_2d(rows, cols, t, type);
     return block ? block_desc(rows, cols, t, ld, type) : operand_desc(batch, rows, cols, t, type);
   };
   memory::desc a = desc(k.batch_a, k.m, k.k, static_cast<Trans>(k.ta), k.lda, dt);
@@ -929,6 +929,33 @@ void run_grouped_pieces(const GemmProblem& p, const Dims& d, Trans ta, Trans tb,
   }
   const Pieces pc = pieces_of(d, /*m_only=*/true);
   const int64_t es = static_cast<int64_t>(dtype_size(p.A.dtype()));
+  if (tb == Trans::N && p.A.dtype() == DType::f32 && d.n % kAliasedLdNN == 0 &&
+      1.0 / static_cast<double>(pc.step) + 1.0 / static_cast<double>(d.n) >= kForceNoCopy) {
+    // dy·W on the no-copy kernels with W's rows 4 KiB multiples apart (ZAYA1's experts: 8 KiB):
+    // W copied once, here, to a padded stride that every piece reads; the token count stays a
+    // runtime dim (a fixed-shape primitive per row count only where oneDNN has no runtime one).
+    const char* w = nullptr;
+    const int64_t pld = copy_padded(static_cast<const char*>(p.B.raw()), d.k, d.n, d.n, es, 1, &w);
+    const auto dt = memory::data_type::f32;
+    auto run_one = [&](size_t j) {
+      const int64_t i0 = static_cast<int64_t>(j) * pc.step, rows = std::min(pc.step, d.m - i0);
+      Dims pd{1, 1, kRuntime, d.n, d.k};
+      Key key = make_key(pd, Trans::N, Trans::N, DType::f32, alpha, beta, 1);
+      key.ldb = pld;
+      Primitive prim = lookup(key);
+      if (!prim) {  // a fixed shape: every operand a 2-D strided block, as run_pieces builds them
+        key.m = rows;
+        key.lda = d.k;
+        key.ldc = d.n;
+        prim = lookup(key);
+      }
+      execute(prim, block_desc(rows, d.k, Trans::N, d.k, dt), p.A.data<float>() + i0 * d.k,
+              block_desc(d.k, d.n, Trans::N, pld, dt), w, block_desc(rows, d.n, Trans::N, d.n, memory::data_type::f32),
+              p.C.data<float>() + i0 * d.n);
+    };
+    run_pieces_in_turn(static_cast<size_t>(pc.count), threads, run_one);
+    return;
+  }
   auto run_one = [&](size_t j) {
     const int64_t i0 = static_cast<int64_t>(j) * pc.step, rows = std::min(pc.step, d.m - i0);
     GemmProblem piece{Tensor::borrow(static_cast<char*>(p.A.raw()) + i0 * d.k * es, {rows, d.k}, p.A.dtype()), p.B,
