@@ -11,6 +11,7 @@
 #include "zaya/core/random.h"
 #include "zaya/ops/attention.h"
 #include "zaya/ops/cca.h"
+#include "zaya/ops/cpu/tile_mm.h"
 #include "zaya/ops/moe.h"
 #include "zaya/ops/rope.h"
 #include "stream_ref.h"
@@ -42,6 +43,20 @@ void BM_AttentionBackward(benchmark::State& st) {
   const double flops = 2.5 * 2.0 * 2.0 * B * nq * double(T) * T * hd / 2;
   st.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9 * st.iterations(), benchmark::Counter::kIsRate);
 }
+
+// The register-blocked tile product every attention and CCA-backward tile runs through
+// (cpu::mm), alone on one thread: 64×64×64, accumulating, the operands in L1. The ceiling for the
+// attention kernels' rate per core.
+void BM_TileMm64(benchmark::State& st) {
+  constexpr int64_t n = 64;
+  Tensor a = rnd({n, n}, 1), b = rnd({n, n}, 2), c = rnd({n, n}, 3);
+  for (auto _ : st) {
+    ops::cpu::mm(c.data<float>(), n, a.data<float>(), n, 1, b.data<float>(), n, n, n, n, true);
+    benchmark::ClobberMemory();
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * n * n * 1e-9 * st.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_TileMm64);
 
 void attention_args(benchmark::internal::Benchmark* b) {
   for (int64_t T : {256, 1024, 4096}) {

@@ -432,16 +432,21 @@ void check_f32_like(const char* op, std::initializer_list<std::pair<const char*,
   }
 }
 
-template <class F>
+// An optional f8(i) does elements i..i+7 at once (explicit 8-lane code where the compiler leaves
+// f scalar); f then takes each chunk's last n mod 8.
+template <class F, class... F8>
 void elementwise(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> tensors,
-                 const Tensor& like, F f) {
+                 const Tensor& like, F f, F8... f8) {
+  static_assert(sizeof...(F8) <= 1);
   check_f32_like(op, tensors, like);
   int64_t n = like.numel();
   int64_t chunks = (n + kElemChunk - 1) / kElemChunk;
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
-    int64_t i1 = std::min(n, (c + 1) * kElemChunk);
-    for (int64_t i = c * kElemChunk; i < i1; ++i) f(i);
+    int64_t i = c * kElemChunk, i1 = std::min(n, (c + 1) * kElemChunk);
+    if constexpr (sizeof...(F8) == 1)
+      for (; i + 8 <= i1; i += 8) (f8(i), ...);
+    for (; i < i1; ++i) f(i);
   }
 }
 }  // namespace
@@ -461,43 +466,28 @@ void cast_to_bf16(const Tensor& src, const Tensor& dst) {
 void silu_forward(const Tensor& x, const Tensor& y) {
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
+  auto f = [&](int64_t i) { yp[i] = xp[i] * sigmoid(xp[i]); };
 #if ZAYA_AVX2
-  check_f32_like("silu_forward", {{"x", &x}, {"y", &y}}, x);
-  const int64_t n = x.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < n; c += kElemChunk) {
-    const int64_t c1 = std::min(n, c + kElemChunk);
-    int64_t i = c;
-    for (; i + 8 <= c1; i += 8) {
-      const __m256 v = _mm256_loadu_ps(xp + i);
-      _mm256_storeu_ps(yp + i, _mm256_mul_ps(v, sigmoid_v8(v)));
-    }
-    for (; i < c1; ++i) yp[i] = xp[i] * sigmoid(xp[i]);
-  }
+  elementwise("silu_forward", {{"x", &x}, {"y", &y}}, x, f, [&](int64_t i) {
+    const __m256 v = _mm256_loadu_ps(xp + i);
+    _mm256_storeu_ps(yp + i, _mm256_mul_ps(v, sigmoid_v8(v)));
+  });
 #else
-  elementwise("silu_forward", {{"x", &x}, {"y", &y}}, x, [&](int64_t i) { yp[i] = xp[i] * sigmoid(xp[i]); });
+  elementwise("silu_forward", {{"x", &x}, {"y", &y}}, x, f);
 #endif
 }
 
 void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
   const float *xp = x.data<float>(), *gp = dy.data<float>();
   float* dp = dx.data<float>();
+  auto f = [&](int64_t i) { dp[i] = gp[i] * silu_grad(xp[i]); };
 #if ZAYA_AVX2
-  check_f32_like("silu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x);
-  const int64_t n = x.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < n; c += kElemChunk) {
-    const int64_t c1 = std::min(n, c + kElemChunk);
-    int64_t i = c;
-    for (; i + 8 <= c1; i += 8) {
-      const __m256 v = _mm256_loadu_ps(xp + i);
-      _mm256_storeu_ps(dp + i, _mm256_mul_ps(_mm256_loadu_ps(gp + i), silu_grad_v8(v, sigmoid_v8(v))));
-    }
-    for (; i < c1; ++i) dp[i] = gp[i] * silu_grad(xp[i]);
-  }
+  elementwise("silu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x, f, [&](int64_t i) {
+    const __m256 v = _mm256_loadu_ps(xp + i);
+    _mm256_storeu_ps(dp + i, _mm256_mul_ps(_mm256_loadu_ps(gp + i), silu_grad_v8(v, sigmoid_v8(v))));
+  });
 #else
-  elementwise("silu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x,
-              [&](int64_t i) { dp[i] = gp[i] * silu_grad(xp[i]); });
+  elementwise("silu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x, f);
 #endif
 }
 

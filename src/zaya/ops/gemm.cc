@@ -455,7 +455,7 @@ Pieces pieces_of(const Dims& d, bool m_only = false) {
 // oneDNN 2.6's AVX2 no-copy sgemm reads op(A) = Aᵀ straight from A's rows, and with rows a
 // multiple of 512 bytes apart (every power-of-two width from 128 floats) they share a few L1 sets:
 // a one-thread 8192×256×2048 Aᵀ·B ran at 30 GFLOP/s on a Zen 3 core, 62–78 with both operands'
-// rows 64 bytes further apart (a throwaway probe, 2026-11-25; NN and NT products gained little).
+// rows 64 bytes further apart (tools/onednn_piece_probe.cc, 2026-11-25; NN and NT gained little).
 // Those are the weight gradients (dYᵀ·X), so for ta = T each piece on the no-copy kernels first
 // copies its blocks of A and B whose row stride is such a multiple into per-thread scratch with a
 // padded stride (a copy of K·(m + n) floats against the piece's K·m·n multiply-adds; pieces on the

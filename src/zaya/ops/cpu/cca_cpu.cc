@@ -115,6 +115,32 @@ inline void grouped_head(float* out, const float* dd, int64_t c0, int64_t hd, co
 constexpr int64_t kRows = 64;  // tokens per forward task
 constexpr int64_t kTok = 64;   // tokens per backward block: its depthwise pairs and E rows stay in L1/L2
 
+// The blocked forward's inputs (its AVX-512 and AVX2 forms share them). The grouped weight's rows
+// copied to 64-byte-aligned rows of K2p, zero-padded like dd's: the products past K2 are 0·0 = +0,
+// which leaves every partial sum's bits as dotf's, and the loop needs no masks (the parameter views
+// are not aligned to a cache line).
+[[maybe_unused]] AlignedVector<float> padded_weight_rows(const float* gw, int64_t C, int64_t K2, int64_t K2p) {
+  AlignedVector<float> gwa(static_cast<size_t>(C * K2p), 0.0f);
+  for (int64_t o = 0; o < C; ++o) std::copy_n(gw + o * K2, K2, gwa.data() + o * K2p);
+  return gwa;
+}
+
+// dd rows [0, nr) = the interleaved depthwise pairs of head g for tokens r0.., zero-padded to K2p;
+// rows [nr, nr4) all zero (past the block's end: computed, never stored).
+[[maybe_unused]] void depthwise_rows(float* dd, int64_t K2p, const float* z, int64_t r0, int64_t nr, int64_t nr4,
+                                     int64_t T, int64_t C, int64_t g, int64_t hd, const Taps& taps, const float* db) {
+  for (int64_t r = 0; r < nr4; ++r) {
+    float* d = dd + r * K2p;
+    if (r < nr) {
+      const TokenRows zr = token_rows(z, r0 + r, T, C);
+      depthwise_pair<true>(d, zr.zm2, zr.zm1, zr.z0, g * hd, hd, taps, db);
+      std::fill(d + 2 * hd, d + K2p, 0.0f);
+    } else {
+      std::fill(d, d + K2p, 0.0f);
+    }
+  }
+}
+
 }  // namespace
 
 // Forward: out_t[o] = gb[o] + dotf(gw[o, :, :], dd_t) per head, dd_t the interleaved depthwise pair.
@@ -135,11 +161,7 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
 #if defined(__AVX512F__)
   const int64_t nblk = (N + kRows - 1) / kRows;
   const int64_t J = (K2 + 15) / 16, K2p = 16 * J;  // vectors per dot; dd rows padded with zeros to K2p
-  // The grouped weight's rows copied to 64-byte-aligned rows of K2p, zero-padded like dd's: the
-  // products past K2 are 0·0 = +0, which leaves every partial sum's bits as dotf's, and the loop
-  // needs no masks (the parameter views are not aligned to a cache line).
-  AlignedVector<float> gwa(static_cast<size_t>(C * K2p), 0.0f);
-  for (int64_t o = 0; o < C; ++o) std::copy_n(gw + o * K2, K2, gwa.data() + o * K2p);
+  const AlignedVector<float> gwa = padded_weight_rows(gw, C, K2, K2p);
 #pragma omp parallel
   {
     float* dd = scratch<0>(kRows * K2p);
@@ -148,16 +170,7 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
     for (int64_t task = 0; task < nblk * heads; ++task) {
       const int64_t g = task % heads, r0 = (task / heads) * kRows, nr = std::min(kRows, N - r0);
       const int64_t nr4 = (nr + 3) / 4 * 4;
-      for (int64_t r = 0; r < nr4; ++r) {
-        float* d = dd + r * K2p;
-        if (r < nr) {
-          const TokenRows zr = token_rows(z, r0 + r, T, C);
-          depthwise_pair<true>(d, zr.zm2, zr.zm1, zr.z0, g * hd, hd, taps, db);
-          std::fill(d + K2, d + K2p, 0.0f);
-        } else {
-          std::fill(d, d + K2p, 0.0f);  // rows past the block's end: computed, never stored
-        }
-      }
+      depthwise_rows(dd, K2p, z, r0, nr, nr4, T, C, g, hd, taps, db);
       for (int64_t r4 = 0; r4 < nr; r4 += 4) {
         const float* x = dd + r4 * K2p;
         for (int64_t o0 = 0; o0 < hd; o0 += 16) {
@@ -193,8 +206,7 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
   // × 2 outputs, 8 accumulators each); sum16_x8 then adds 8 outputs' partials in sum16's tree.
   const int64_t nblk = (N + kRows - 1) / kRows;
   const int64_t J = (K2 + 15) / 16, K2p = 16 * J;
-  AlignedVector<float> gwa(static_cast<size_t>(C * K2p), 0.0f);
-  for (int64_t o = 0; o < C; ++o) std::copy_n(gw + o * K2, K2, gwa.data() + o * K2p);
+  const AlignedVector<float> gwa = padded_weight_rows(gw, C, K2, K2p);
 #pragma omp parallel
   {
     float* dd = scratch<0>(kRows * K2p);
@@ -203,16 +215,7 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
     for (int64_t task = 0; task < nblk * heads; ++task) {
       const int64_t g = task % heads, r0 = (task / heads) * kRows, nr = std::min(kRows, N - r0);
       const int64_t nr4 = (nr + 3) / 4 * 4;
-      for (int64_t r = 0; r < nr4; ++r) {
-        float* d = dd + r * K2p;
-        if (r < nr) {
-          const TokenRows zr = token_rows(z, r0 + r, T, C);
-          depthwise_pair<true>(d, zr.zm2, zr.zm1, zr.z0, g * hd, hd, taps, db);
-          std::fill(d + K2, d + K2p, 0.0f);
-        } else {
-          std::fill(d, d + K2p, 0.0f);
-        }
-      }
+      depthwise_rows(dd, K2p, z, r0, nr, nr4, T, C, g, hd, taps, db);
       for (int64_t r4 = 0; r4 < nr; r4 += 4) {
         const float* x = dd + r4 * K2p;
         for (int64_t o0 = 0; o0 < hd; o0 += 8) {

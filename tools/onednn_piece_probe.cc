@@ -1,0 +1,67 @@
+// One-thread oneDNN (the system's libdnnl 2.6) f32 matmul rate for C[M,N] = op(A)·op(B) run as P
+// row pieces of M/P rows, with the operands' row strides padded by PAD_A / PAD_B floats: the probe
+// behind the GEMM piece rules in src/zaya/ops/gemm.cc (no-copy threshold, padded copies). Operands
+// are 64-byte aligned, like zaya's tensors. Prints the best of 5 passes and oneDNN's kernel name.
+//   g++ -O2 -std=c++20 tools/onednn_piece_probe.cc -ldnnl -fopenmp -o /tmp/onednn_piece_probe
+//   OMP_NUM_THREADS=1 /tmp/onednn_piece_probe M N K TA TB PAD_A PAD_B P    (TA, TB: n or t)
+//   e.g. OMP_NUM_THREADS=1 /tmp/onednn_piece_probe 8192 256 2048 t n 0 0 1   (the demo LM head's dW)
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+using dnnl::memory;
+
+int main(int argc, char** argv) {
+  if (argc != 9) {
+    std::fprintf(stderr, "usage: %s M N K TA TB PAD_A PAD_B P\n", argv[0]);
+    return 2;
+  }
+  const int64_t M = std::atol(argv[1]), N = std::atol(argv[2]), K = std::atol(argv[3]);
+  const char ta = argv[4][0], tb = argv[5][0];
+  const int64_t pad_a = std::atol(argv[6]), pad_b = std::atol(argv[7]);
+  const int P = std::atoi(argv[8]);
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream st(eng);
+  // Stored shapes: A is [M, K] (n) or [K, M] (t); B is [K, N] (n) or [N, K] (t).
+  const int64_t a_rows = ta == 'n' ? M : K, lda = (ta == 'n' ? K : M) + pad_a;
+  const int64_t b_rows = tb == 'n' ? K : N, ldb = (tb == 'n' ? N : K) + pad_b;
+  auto random_buffer = [](int64_t n) {
+    auto* p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((n + 16) * 4 + 63) / 64 * 64));
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(std::rand()) / RAND_MAX * 2 - 1;
+    return p;
+  };
+  float *A = random_buffer(a_rows * lda), *B = random_buffer(b_rows * ldb), *C = random_buffer(M * N);
+  const int64_t pm = M / P;
+  auto desc = [](int64_t r, int64_t c, char t, int64_t ld) {
+    return t == 'n' ? memory::desc({r, c}, memory::data_type::f32, {ld, 1})
+                    : memory::desc({r, c}, memory::data_type::f32, {1, ld});
+  };
+  memory::desc a = desc(pm, K, ta, lda), b = desc(K, N, tb, ldb), c({pm, N}, memory::data_type::f32, {N, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
+  dnnl::matmul mm(pd);
+  std::vector<uint8_t> scratch(pd.scratchpad_desc().get_size() + 64);
+  memory sm(pd.scratchpad_desc(), eng, scratch.data());
+  double best = 0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < P; ++i) {
+      memory am(a, eng, A + (ta == 'n' ? i * pm * lda : i * pm)), bm(b, eng, B), cm(c, eng, C + i * pm * N);
+      mm.execute(st, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
+    }
+    st.wait();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * M * N * K / s / 1e9);
+  }
+  std::printf("%ldx%ldx%ld %c%c pad %ld/%ld pieces %d: %.1f GFLOP/s (%s)\n", static_cast<long>(M),
+              static_cast<long>(N), static_cast<long>(K), ta, tb, static_cast<long>(pad_a), static_cast<long>(pad_b), P,
+              best, pd.impl_info_str());
+  std::free(A);
+  std::free(B);
+  std::free(C);
+}
