@@ -495,14 +495,18 @@ TEST(Gemm, DeterministicAcrossRunsAndThreadCounts) {
 // The AVX2-only paths (gemm.cc: bf16 widened to f32; every GEMM as pieces fixed by its shape, each on
 // a one-thread primitive), forced on whatever CPU runs the tests. Shapes cut into 1, 2 and 4 pieces,
 // along M and along N (N > M), every transpose (the pieces are strided views of op(A), op(B), C),
-// the padded copies of Aᵀ·B pieces' operands (A's rows 2048 floats apart in 2048×64×128; B's 128
-// or 256 apart when it is transposed) and of a grouped dy·W's weight (rows 1024 floats apart), batched, and grouped in all three MoE forms: each right against float64 (1e-5: f32 accumulation
+// the padded copies of pieces' operands (Aᵀ·B: A's rows 2048 floats apart in 2048×64×128, B's 128
+// or 256 apart when it is transposed; A·B: B's 256 apart in 300×256×64), among them the operand
+// every piece reads, copied once per call (B when the cut is along M, as in 300×256×64; A along N,
+// as in Aᵀ·B 128×520×100), and of a grouped dy·W's weight (rows 1024 floats apart), batched, and
+// grouped in all three MoE forms: each right against float64 (1e-5: f32 accumulation
 // of ≤ 300 exact products, as above; bf16 inputs are exact in double), and bitwise the same on 1
 // and 2 threads.
 TEST(Gemm, Avx2PathsMatchReferenceAndAreThreadCountFree) {
   const int saved = num_threads();
   gemm_force_avx2_paths(true);
-  for (Dims d : {Dims{64, 48, 33}, Dims{300, 72, 256}, Dims{40, 520, 300}, Dims{2048, 64, 128}}) {
+  for (Dims d : {Dims{64, 48, 33}, Dims{300, 72, 256}, Dims{40, 520, 300}, Dims{2048, 64, 128}, Dims{128, 520, 100},
+                 Dims{300, 256, 64}}) {
     for (DType dt : {DType::f32, DType::bf16})
       for (Trans ta : {Trans::N, Trans::T})
         for (Trans tb : {Trans::N, Trans::T}) {

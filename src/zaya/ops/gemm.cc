@@ -452,30 +452,67 @@ Pieces pieces_of(const Dims& d, bool m_only = false) {
   return {along_m, step, (dim + step - 1) / step};
 }
 
-// oneDNN 2.6's AVX2 no-copy sgemm reads op(A) = Aᵀ straight from A's rows, and with rows a
-// multiple of 512 bytes apart (every power-of-two width from 128 floats) they share a few L1 sets:
-// a one-thread 8192×256×2048 Aᵀ·B ran at 30 GFLOP/s on a Zen 3 core, 62–78 with both operands'
-// rows 64 bytes further apart (tools/onednn_piece_probe.cc, 2026-11-25; NN and NT gained little).
-// Those are the weight gradients (dYᵀ·X), so for ta = T each piece on the no-copy kernels first
-// copies its blocks of A and B whose row stride is such a multiple into per-thread scratch with a
-// padded stride (a copy of K·(m + n) floats against the piece's K·m·n multiply-adds; pieces on the
-// packing kernels pack their operands anyway).
+// oneDNN 2.6's AVX2 no-copy sgemm reads its operands in place, and with rows a multiple of 512
+// bytes apart (every power-of-two width from 128 floats) they share a few L1 sets
+// (tools/onednn_piece_probe.cc, one Zen 3 core, 2026-11-25):
+//  * Aᵀ·B (the weight gradients dYᵀ·X), both operands: an 8192×256×2048 product ran at 30–43
+//    GFLOP/s, at 92–94 with both operands' rows 64 bytes further apart; 256×256×2048: 70 → 93.
+//  * A·B, B's rows: 256×512×256 ran at 62–67 GFLOP/s with B's rows 2 KiB apart and 94–98 padded,
+//    256×2048×2048 at 43 → 93, and by 5–20% at 512 B–3 KiB strides (512×256×8192: 85 → 94).
+//  * A·Bᵀ gained nothing (256×4096×2048: 74–75 either way).
+// So such operands of pieces on the no-copy kernels are read from a copy with a padded stride:
+// the operand every piece reads whole (B when the cut is along M, A along N) once per call, the
+// other one per piece (a copy of K·(m + n) floats in all against K·m·n multiply-adds; pieces on
+// the packing kernels pack their operands anyway).
 constexpr int64_t kAliasedLd = 128;  // floats: 512 bytes
-// A·B (NN) suffers the same from B's rows once they are 4 KiB multiples apart: 36–39 GFLOP/s
-// against 68–92 padded for 64–128-row pieces of N = 1024–2048 (same probe; at 1–2 KiB no gain).
-// Muon's X_next = B·X on an expert stack is such a product.
-constexpr int64_t kAliasedLdNN = 1024;  // floats: 4 KiB
 
-// The block rows × cols at src (row stride ld elements of es bytes) copied into this thread's
-// scratch slot with a padded row stride, which is returned; *dst points at the copy.
-int64_t copy_padded(const char* src, int64_t rows, int64_t cols, int64_t ld, int64_t es, int slot, const char** dst) {
-  thread_local std::vector<char> buf[2];
+// Whether op(X) (X = A when is_a) of a no-copy product with these transposes is read from a padded
+// copy when its row stride is ld (see above).
+bool pads_operand(Trans ta, Trans tb, bool is_a, int64_t ld) {
+  if (ld % kAliasedLd != 0) return false;
+  if (ta == Trans::T) return true;
+  return !is_a && tb == Trans::N;
+}
+
+// The block rows × cols at src (row stride ld elements of es bytes) copied with a padded row
+// stride, which is returned; *dst points at the copy. Slots 0 and 1 are this thread's per-piece
+// copies of A and B; slot 2 (shared_copy_padded) is read by every thread of a call.
+std::vector<char>& padded_slot(int slot) {
+  thread_local std::vector<char> buf[3];
+  return buf[slot];
+}
+int64_t padded_ld(int64_t cols) {
   int64_t pld = (cols + 15) / 16 * 16;
   if (pld % kAliasedLd == 0) pld += 16;
-  std::vector<char>& b = buf[slot];
+  return pld;
+}
+int64_t copy_padded(const char* src, int64_t rows, int64_t cols, int64_t ld, int64_t es, int slot, const char** dst) {
+  const int64_t pld = padded_ld(cols);
+  std::vector<char>& b = padded_slot(slot);
   if (b.size() < static_cast<size_t>(rows * pld * es)) b.resize(static_cast<size_t>(rows * pld * es));
   for (int64_t r = 0; r < rows; ++r) std::memcpy(b.data() + r * pld * es, src + r * ld * es, static_cast<size_t>(cols * es));
   *dst = b.data();
+  return pld;
+}
+
+// C = alpha·op(A)·op(B) + beta·C as pieces (pieces_of, per batch entry), each through a fixed
+// primitive built for one thread over its block of the operands (strided views: Key's ld fields),
+// taken by `threads` threads in turn (one thread, or inside a parallel region: in order here).
+// copy_padded into slot 2 of the calling thread, its rows shared out among `threads` threads: the
+// operand every piece of a call reads, copied before the pieces start.
+int64_t shared_copy_padded(const char* src, int64_t rows, int64_t cols, int64_t ld, int64_t es, int threads,
+                           const char** dst) {
+  const int64_t pld = padded_ld(cols);
+  std::vector<char>& b = padded_slot(2);
+  if (b.size() < static_cast<size_t>(rows * pld * es)) b.resize(static_cast<size_t>(rows * pld * es));
+  char* out = b.data();
+  const int64_t chunks = std::min<int64_t>(threads, std::max<int64_t>(1, rows * cols * es >> 16));  // ≥ 64 KiB each
+  const int64_t per = (rows + chunks - 1) / chunks;
+  run_pieces_in_turn(static_cast<size_t>(chunks), threads, [&](size_t j) {
+    for (int64_t r = static_cast<int64_t>(j) * per, end = std::min(rows, r + per); r < end; ++r)
+      std::memcpy(out + r * pld * es, src + r * ld * es, static_cast<size_t>(cols * es));
+  });
+  *dst = out;
   return pld;
 }
 
@@ -495,28 +532,48 @@ void run_pieces(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans
   const auto* a0 = static_cast<const char*>(A.raw());
   const auto* b0 = static_cast<const char*>(B.raw());
   auto* c0 = static_cast<char*>(C.raw());
+  auto no_copy = [](int64_t m, int64_t n) {
+    return 1.0 / static_cast<double>(m) + 1.0 / static_cast<double>(n) >= kForceNoCopy;
+  };
+  // The operand every piece reads whole, padded once here when some piece (the last is the
+  // smallest) runs on the no-copy kernels: B when cutting along M, A along N. One batch entry only
+  // (a batch's pieces are mostly whole entries, each with its own operands).
+  const char* shared = nullptr;
+  int64_t shared_ld = 0;
+  const int64_t last = pc.along_m ? d.m - (pc.count - 1) * pc.step : d.n - (pc.count - 1) * pc.step;
+  if (d.batch == 1 && pc.count > 1 && no_copy(pc.along_m ? last : d.m, pc.along_m ? d.n : last)) {
+    if (pc.along_m && pads_operand(ta, tb, false, ldb))
+      shared_ld = tb == Trans::N ? shared_copy_padded(b0, d.k, d.n, ldb, es, threads, &shared)
+                                 : shared_copy_padded(b0, d.n, d.k, ldb, es, threads, &shared);
+    if (!pc.along_m && pads_operand(ta, tb, true, lda))
+      shared_ld = ta == Trans::N ? shared_copy_padded(a0, d.m, d.k, lda, es, threads, &shared)
+                                 : shared_copy_padded(a0, d.k, d.m, lda, es, threads, &shared);
+  }
   const size_t count = static_cast<size_t>(d.batch * pc.count);
   auto run_one = [&](size_t j) {
     const int64_t bt = static_cast<int64_t>(j) / pc.count, i0 = (static_cast<int64_t>(j) % pc.count) * pc.step;
     const char* a = a0 + bt * d.m * d.k * es;
     const char* b = b0 + (d.batch_b > 1 ? bt * d.k * d.n * es : 0);
     char* c = c0 + bt * d.m * d.n * static_cast<int64_t>(sizeof(float));
+    int64_t pa = lda, pb = ldb;  // this piece's row strides (padded copies: pads_operand)
+    if (shared != nullptr && pc.along_m) b = shared, pb = shared_ld;
+    if (shared != nullptr && !pc.along_m) a = shared, pa = shared_ld;
     Dims pd{1, 1, d.m, d.n, d.k};
     if (pc.along_m) {  // rows i0.. of op(A) and of C
       pd.m = std::min(pc.step, d.m - i0);
-      a += (ta == Trans::N ? i0 * d.k : i0) * es;
+      a += (ta == Trans::N ? i0 * pa : i0) * es;
       c += i0 * d.n * static_cast<int64_t>(sizeof(float));
     } else {  // columns i0.. of op(B) and of C
       pd.n = std::min(pc.step, d.n - i0);
-      b += (tb == Trans::N ? i0 : i0 * d.k) * es;
+      b += (tb == Trans::N ? i0 : i0 * pb) * es;
       c += i0 * static_cast<int64_t>(sizeof(float));
     }
-    int64_t pa = lda, pb = ldb;  // this piece's row strides (padded copies: kAliasedLd, kAliasedLdNN)
-    if (1.0 / static_cast<double>(pd.m) + 1.0 / static_cast<double>(pd.n) >= kForceNoCopy) {  // no-copy kernels
-      if (ta == Trans::T && lda % kAliasedLd == 0) pa = copy_padded(a, pd.k, pd.m, lda, es, 0, &a);
-      if (ta == Trans::T && ldb % kAliasedLd == 0)
-        pb = tb == Trans::N ? copy_padded(b, pd.k, pd.n, ldb, es, 1, &b) : copy_padded(b, pd.n, pd.k, ldb, es, 1, &b);
-      if (ta == Trans::N && tb == Trans::N && ldb % kAliasedLdNN == 0) pb = copy_padded(b, pd.k, pd.n, ldb, es, 1, &b);
+    if (no_copy(pd.m, pd.n)) {  // the operands not already padded above
+      const bool a_whole = shared != nullptr && !pc.along_m, b_whole = shared != nullptr && pc.along_m;
+      if (!a_whole && pads_operand(ta, tb, true, pa))
+        pa = ta == Trans::N ? copy_padded(a, pd.m, pd.k, pa, es, 0, &a) : copy_padded(a, pd.k, pd.m, pa, es, 0, &a);
+      if (!b_whole && pads_operand(ta, tb, false, pb))
+        pb = tb == Trans::N ? copy_padded(b, pd.k, pd.n, pb, es, 1, &b) : copy_padded(b, pd.n, pd.k, pb, es, 1, &b);
     }
     Key key = make_key(pd, ta, tb, dtype, alpha, beta, 1);
     key.lda = pa;
@@ -929,9 +986,10 @@ void run_grouped_pieces(const GemmProblem& p, const Dims& d, Trans ta, Trans tb,
   }
   const Pieces pc = pieces_of(d, /*m_only=*/true);
   const int64_t es = static_cast<int64_t>(dtype_size(p.A.dtype()));
-  if (tb == Trans::N && p.A.dtype() == DType::f32 && d.n % kAliasedLdNN == 0 &&
+  if (tb == Trans::N && p.A.dtype() == DType::f32 && pads_operand(Trans::N, Trans::N, false, d.n) &&
       1.0 / static_cast<double>(pc.step) + 1.0 / static_cast<double>(d.n) >= kForceNoCopy) {
-    // dy·W on the no-copy kernels with W's rows 4 KiB multiples apart (ZAYA1's experts: 8 KiB):
+    // dy·W on the no-copy kernels with W's rows a multiple of 512 bytes apart (pads_operand; the
+    // demo's down projection: 2 KiB, ZAYA1's experts: 8 KiB):
     // W copied once, here, to a padded stride that every piece reads; the token count stays a
     // runtime dim (a fixed-shape primitive per row count only where oneDNN has no runtime one).
     const char* w = nullptr;
