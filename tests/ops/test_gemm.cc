@@ -498,10 +498,10 @@ TEST(Gemm, DeterministicAcrossRunsAndThreadCounts) {
 // the padded copies of pieces' operands (Aᵀ·B: A's rows 2048 floats apart in 2048×64×128, B's 128
 // or 256 apart when it is transposed; A·B: B's 256 apart in 300×256×64), among them the operand
 // every piece reads, copied once per call (B when the cut is along M, as in 300×256×64; A along N,
-// as in Aᵀ·B 128×520×100), and of a grouped dy·W's weight (rows 1024 floats apart), batched, and
-// grouped in all three MoE forms: each right against float64 (1e-5: f32 accumulation
-// of ≤ 300 exact products, as above; bf16 inputs are exact in double), and bitwise the same on 1
-// and 2 threads.
+// as in Aᵀ·B 128×520×100), and of a grouped dy·W's weight (rows 1024 floats apart), a grouped x·Wᵀ
+// with a large weight (cut along W's rows), batched, and grouped in all three MoE forms: each right
+// against float64 (1e-5: f32 accumulation of ≤ 512 exact products, as above; bf16 inputs are exact
+// in double), and bitwise the same on 1 and 2 threads.
 TEST(Gemm, Avx2PathsMatchReferenceAndAreThreadCountFree) {
   const int saved = num_threads();
   gemm_force_avx2_paths(true);
@@ -575,6 +575,23 @@ TEST(Gemm, Avx2PathsMatchReferenceAndAreThreadCountFree) {
       }
     }
     for (size_t g = 0; g < ms2.size(); ++g) EXPECT_TRUE(same_bits(outs[0][g], outs[1][g])) << "padded weight " << g;
+  }
+  {  // x·Wᵀ with a large weight (N·K ≥ 2^20, N above the token count): pieces along W's rows
+    const std::vector<int64_t> ms3 = {300, 45, 7};
+    const GroupedForm f{Trans::N, Trans::T, 0.0f};
+    std::vector<std::vector<Tensor>> outs;
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      auto [problems, refs] = make_grouped_case(f, ms3, 2048, 512, DType::f32, 950);
+      gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
+      outs.emplace_back();
+      for (size_t g = 0; g < ms3.size(); ++g) {
+        // f32 accumulation of 512 exact products: ~sqrt(512)·2^-24 ≈ 1.4e-6 in norm.
+        EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5) << "large weight, group " << g;
+        outs.back().push_back(problems[g].C);
+      }
+    }
+    for (size_t g = 0; g < ms3.size(); ++g) EXPECT_TRUE(same_bits(outs[0][g], outs[1][g])) << "large weight " << g;
   }
   gemm_force_avx2_paths(false);
   set_num_threads(saved);

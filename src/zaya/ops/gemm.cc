@@ -174,8 +174,9 @@ memory::desc operand_desc_2d(int64_t rows, int64_t cols, Trans t, memory::data_t
 // for the same product described in 2-D (Zen 3, ONEDNN_VERBOSE times).
 memory::desc block_desc(int64_t rows, int64_t cols, Trans t, int64_t ld, memory::data_type dt) {
   if (ld == 0) return operand_desc(1, rows, cols, t, dt);
-  if (t == Trans::N) return memory::desc({rows, cols}, dt, {ld, 1});
-  return memory::desc({rows, cols}, dt, {1, ld});
+  auto d = [](int64_t v) { return v == kRuntime ? DNNL_RUNTIME_DIM_VAL : v; };
+  if (t == Trans::N) return memory::desc({d(rows), d(cols)}, dt, {ld, 1});
+  return memory::desc({d(rows), d(cols)}, dt, {1, ld});
 }
 
 bool has_runtime_dims(const Key& k) { return k.m == kRuntime || k.k == kRuntime; }
@@ -984,8 +985,32 @@ void run_grouped_pieces(const GemmProblem& p, const Dims& d, Trans ta, Trans tb,
     run_pieces(d, p.A, ta, p.B, tb, p.C, alpha, beta, threads);
     return;
   }
-  const Pieces pc = pieces_of(d, /*m_only=*/true);
   const int64_t es = static_cast<int64_t>(dtype_size(p.A.dtype()));
+  if (tb == Trans::T && p.A.dtype() == DType::f32 && d.n * d.k >= kLargeWeight && d.n > d.m) {
+    // x·Wᵀ with a large weight (ZAYA1's experts: 4096 × 2048): pieces along N, W's rows, so the
+    // weight is streamed once in all and the token count stays a runtime dim.
+    const Pieces pc = pieces_of(d);
+    const auto dt = memory::data_type::f32;
+    auto run_one = [&](size_t j) {
+      const int64_t j0 = static_cast<int64_t>(j) * pc.step, cols = std::min(pc.step, d.n - j0);
+      Dims pd{1, 1, kRuntime, cols, d.k};
+      Key key = make_key(pd, Trans::N, Trans::T, DType::f32, alpha, beta, 1);
+      key.ldb = d.k;
+      key.ldc = d.n;
+      Primitive prim = lookup(key);
+      if (!prim) {
+        key.m = d.m;
+        key.lda = d.k;
+        prim = lookup(key);
+      }
+      execute(prim, block_desc(d.m, d.k, Trans::N, d.k, dt), p.A.data<float>(),
+              block_desc(d.k, cols, Trans::T, d.k, dt), p.B.data<float>() + j0 * d.k,
+              block_desc(d.m, cols, Trans::N, d.n, memory::data_type::f32), p.C.data<float>() + j0);
+    };
+    run_pieces_in_turn(static_cast<size_t>(pc.count), threads, run_one);
+    return;
+  }
+  const Pieces pc = pieces_of(d, /*m_only=*/true);
   if (tb == Trans::N && p.A.dtype() == DType::f32 && pads_operand(Trans::N, Trans::N, false, d.n) &&
       1.0 / static_cast<double>(pc.step) + 1.0 / static_cast<double>(d.n) >= kForceNoCopy) {
     // dy·W on the no-copy kernels with W's rows a multiple of 512 bytes apart (pads_operand; the
