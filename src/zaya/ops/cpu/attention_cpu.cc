@@ -115,9 +115,11 @@ inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_
 }
 
 // One row's softmax over its jn visible keys of a chunk, in place: s[j] becomes
-// exp(scale·s[j] − mx) with mx = max(m_old, max_j scale·s[j]), and the entries past jn up to the
-// next multiple of 16 become 0 (the causal P·V product reads them: tile_mm's k_le_row runs a row
-// block of 4 up to its last row's key). Returns mx; *sum receives Σ_j s[j] (16 lanes, sum16's tree).
+// exp(scale·s[j] − mx) with mx = max(m_old, max_j scale·s[j]), and the entries past jn become 0 up
+// to the next multiple of 16 at or past jn + kMaxRowBlock − 1 (the causal P·V product reads them:
+// tile_mm's k_le_row runs a row block of up to kMaxRowBlock rows up to its last row's key; the
+// extra entries are masked out of the max and add +0 to the sum, so the bits do not change).
+// Returns mx; *sum receives Σ_j s[j] (16 lanes, sum16's tree).
 inline float row_softmax(float* s, int64_t jn, float scale, float m_old, float* sum) {
 #if defined(__AVX512F__)
   const __m512 sc = _mm512_set1_ps(scale);
@@ -147,7 +149,7 @@ inline float row_softmax(float* s, int64_t jn, float scale, float m_old, float* 
   // The AVX-512 form on pairs of 8-lane vectors: lo holds lanes 0-7 of each 16, hi lanes 8-15, so
   // every lane sums the same terms in the same order and sum16 gives the same bits.
   const __m256 sc = _mm256_set1_ps(scale);
-  const int64_t nv = 2 * ((jn + 15) / 16);  // 8-lane vectors up to the next multiple of 16
+  const int64_t nv = 2 * ((jn + kMaxRowBlock - 1 + 15) / 16);  // 8-lane vectors (see above)
   __m256 vmax = _mm256_set1_ps(-INFINITY);
   for (int64_t v = 0; v < nv; ++v) {
     const __m256 keep = _mm256_castsi256_ps(first_lanes8(jn - 8 * v));
