@@ -263,31 +263,46 @@ TEST(Gemm, GroupedLargeWeightMatchesReference) {
 }
 
 // The bf16 weight gradient dW += dyᵀ·x with a large dW (M·N >= 2^20 in gemm.cc) runs on zaya's
-// AMX kernel where the CPU has one, and otherwise on oneDNN with the token dim K zero-padded to a
-// multiple of 32: both paths (the second forced by gemm_use_amx(false)), with token counts
-// below, at and above a multiple of 32.
+// AMX kernel where the CPU has one, and otherwise on oneDNN: with the token dim K zero-padded to a
+// multiple of 32 where oneDNN has AMX, at a runtime K elsewhere. Every path (the oneDNN ones
+// forced by gemm_use_amx(false) and gemm_force_bf16_fixed_shapes), with token counts below, at
+// and above a multiple of 32, against float64 and bitwise between 2 threads and 1.
 TEST(Gemm, GroupedBf16LargeWeightGradientMatchesReference) {
   const int64_t n_out = 1024, n_in = 1024;
   const std::vector<int64_t> tokens = {5, 0, 32, 37};
-  for (bool amx : {true, false}) {
-    gemm_use_amx(amx);
-    std::vector<GemmProblem> problems;
-    std::vector<std::vector<double>> refs;
-    for (size_t g = 0; g < tokens.size(); ++g) {
-      Tensor dy = random_tensor({tokens[g], n_out}, 170 + g, 1.0f, DType::bf16);
-      Tensor x = random_tensor({tokens[g], n_in}, 180 + g, 1.0f, DType::bf16);
-      Tensor dW = random_tensor({n_out, n_in}, 190 + g);
-      refs.push_back(gemm_reference(to_f64(dy), Trans::T, to_f64(x), Trans::N, to_f64(dW), 1, n_out, n_in,
-                                    tokens[g], 1, 1));
-      problems.push_back({dy, x, dW});
+  const int saved = num_threads();
+  for (auto [amx, fixed] : {std::pair{true, false}, std::pair{false, false}, std::pair{false, true}}) {
+    std::vector<std::vector<Tensor>> outs;  // on 2 threads, then 1: the same bits
+    for (int threads : {2, 1}) {
+      set_num_threads(threads);
+      gemm_use_amx(amx);
+      gemm_force_bf16_fixed_shapes(fixed);
+      std::vector<GemmProblem> problems;
+      std::vector<std::vector<double>> refs;
+      for (size_t g = 0; g < tokens.size(); ++g) {
+        Tensor dy = random_tensor({tokens[g], n_out}, 170 + g, 1.0f, DType::bf16);
+        Tensor x = random_tensor({tokens[g], n_in}, 180 + g, 1.0f, DType::bf16);
+        Tensor dW = random_tensor({n_out, n_in}, 190 + g);
+        refs.push_back(gemm_reference(to_f64(dy), Trans::T, to_f64(x), Trans::N, to_f64(dW), 1, n_out, n_in,
+                                      tokens[g], 1, 1));
+        problems.push_back({dy, x, dW});
+      }
+      gemm_grouped(problems, Trans::T, Trans::N, 1.0f, 1.0f);
+      outs.emplace_back();
+      for (size_t g = 0; g < tokens.size(); ++g) {
+        // Exact bf16 inputs, f32 accumulation over <= 37 terms plus the old dW: 1e-5 as above.
+        EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5)
+            << "group " << g << (amx ? " (AMX allowed)" : "") << (fixed ? " (fixed shapes)" : "");
+        outs.back().push_back(problems[g].C);
+      }
     }
-    gemm_grouped(problems, Trans::T, Trans::N, 1.0f, 1.0f);
-    for (size_t g = 0; g < tokens.size(); ++g) {
-      // Exact bf16 inputs, f32 accumulation over <= 37 terms plus the old dW: 1e-5 as above.
-      EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5) << "group " << g << (amx ? " (AMX allowed)" : "");
-    }
+    for (size_t g = 0; g < tokens.size(); ++g)
+      EXPECT_TRUE(same_bits(outs[0][g], outs[1][g]))
+          << "group " << g << (amx ? " (AMX allowed)" : "") << (fixed ? " (fixed shapes)" : "");
   }
+  set_num_threads(saved);
   gemm_use_amx(true);
+  gemm_force_bf16_fixed_shapes(false);
 }
 
 // A new token count must not build a new primitive (0.4–2 ms each): with a small weight, f32
@@ -320,30 +335,37 @@ TEST(Gemm, GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise) {
   // Eight similar experts on 2 threads run side by side, one whole GEMM per thread (gemm.cc,
   // split_problems); each must be right, and bit-identical to the same call on 1 thread (where they
   // run one after another). bf16 with these small weights runs on the AMX kernel where the CPU has
-  // one (x·Wᵀ and dy·W need K a multiple of 32 for it: here only dyᵀ·x does), side by side too.
+  // one (x·Wᵀ and dy·W need K a multiple of 32 for it: here only dyᵀ·x does), side by side too;
+  // otherwise on oneDNN, in row blocks where it has AMX and at a runtime M elsewhere: both are run
+  // here (the first forced by gemm_force_bf16_fixed_shapes).
   const int saved = num_threads();
   const std::vector<int64_t> ms = {61, 47, 70, 52, 66, 58, 44, 63};
   const int64_t n = 48, k = 80;
-  for (DType dt : {DType::f32, DType::bf16})
-    for (GroupedForm f : {GroupedForm{Trans::N, Trans::T, 0.0f}, GroupedForm{Trans::N, Trans::N, 1.0f},
-                          GroupedForm{Trans::T, Trans::N, 1.0f}}) {
-      std::vector<std::vector<Tensor>> outs;
-      for (int threads : {2, 1, 2}) {
-        set_num_threads(threads);
-        auto [problems, refs] = make_grouped_case(f, ms, n, k, dt, 900);
-        gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
-        outs.emplace_back();
-        for (size_t g = 0; g < ms.size(); ++g) {
-          // f32 accumulation over <= 80 terms of exact products: 1e-5 as in the tests above.
-          EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5)
-              << dtype_name(dt) << " ta " << int(f.ta) << " tb " << int(f.tb) << " expert " << g;
-          outs.back().push_back(problems[g].C);
+  for (bool fixed : {false, true}) {
+    for (DType dt : {DType::f32, DType::bf16})
+      for (GroupedForm f : {GroupedForm{Trans::N, Trans::T, 0.0f}, GroupedForm{Trans::N, Trans::N, 1.0f},
+                            GroupedForm{Trans::T, Trans::N, 1.0f}}) {
+        std::vector<std::vector<Tensor>> outs;
+        for (int threads : {2, 1, 2}) {
+          set_num_threads(threads);
+          auto [problems, refs] = make_grouped_case(f, ms, n, k, dt, 900);
+          gemm_force_bf16_fixed_shapes(fixed);
+          gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
+          gemm_force_bf16_fixed_shapes(false);
+          outs.emplace_back();
+          for (size_t g = 0; g < ms.size(); ++g) {
+            // f32 accumulation over <= 80 terms of exact products: 1e-5 as in the tests above.
+            EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5)
+                << dtype_name(dt) << " ta " << int(f.ta) << " tb " << int(f.tb) << " expert " << g;
+            outs.back().push_back(problems[g].C);
+          }
         }
+        for (size_t r = 1; r < outs.size(); ++r)
+          for (size_t g = 0; g < ms.size(); ++g)
+            EXPECT_TRUE(same_bits(outs[0][g], outs[r][g]))
+                << dtype_name(dt) << (fixed ? " fixed shapes" : "") << " run " << r << " expert " << g;
       }
-      for (size_t r = 1; r < outs.size(); ++r)
-        for (size_t g = 0; g < ms.size(); ++g)
-          EXPECT_TRUE(same_bits(outs[0][g], outs[r][g])) << dtype_name(dt) << " run " << r << " expert " << g;
-    }
+  }
   set_num_threads(saved);
 }
 

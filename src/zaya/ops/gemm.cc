@@ -627,23 +627,41 @@ Tensor widen_bf16(const Tensor& x, int slot) {
 //    the primitive for that row count (at most tokens / kRowBlock of them over a run), and a tail
 //    of fewer than kRowBlock rows, copied into a zero-padded kRowBlock-row scratch and run through
 //    the kRowBlock-row primitive. Rows of C are independent, so the padding never reaches a
-//    result. Used for bf16 with small expert weights when zaya's AMX kernel does not run (N·K <
-//    2^20, the demo's: ~1.4× the runtime-M GEMM, which does not use AMX there) and f32 with large
-//    ones (ZAYA1's 4096 × 2048: ~1.2×).
+//    result. Used for bf16 with small expert weights when zaya's AMX kernel does not run on an AMX
+//    CPU (N·K < 2^20, the demo's: ~1.4× the runtime-M GEMM, which does not use AMX there; see
+//    bf16_fixed_shapes) and f32 with large ones (ZAYA1's 4096 × 2048: ~1.2×).
 //    When the next problem's C starts where this one's ends and is overwritten (beta = 0), which
 //    is how the model lays out its experts' tokens, the problem instead runs as one GEMM of M
 //    rounded up to kRowBlock rows, in place: the extra rows read A's memory past its end (the next
 //    expert's tokens) and write rows of C that the next problem then replaces. One execution
 //    instead of two halves a small expert's weight reads (demo bf16 gate_up: 3.66 → 3.14 ms).
 //  * A runtime-M primitive (oneDNN's jit GEMM), one for every token count: bf16 with large
-//    weights (~1.1–1.4× the row blocks at ZAYA1's shapes) and f32 with small ones (~1.2×).
+//    weights (~1.1–1.4× the row blocks at ZAYA1's shapes), f32 with small ones (~1.2×), and every
+//    bf16 x·Wᵀ and dy·W on a CPU whose oneDNN has no AMX.
 //  * Zero-padded K (token count in K, the weight gradient dyᵀ·x) for bf16 with a large weight
-//    gradient (M·N >= 2^20) where the AMX kernel does not run: run_k_padded. f32, and bf16 with a
-//    small one without AMX (where the copies cost more than they gain: ~1.1× for the runtime-K
-//    primitive), use a runtime-K one.
+//    gradient (M·N >= 2^20) on an AMX CPU where zaya's AMX kernel does not run: run_k_padded. f32,
+//    bf16 with a small one (where the copies cost more than they gain: ~1.1× for the runtime-K
+//    primitive), and every bf16 one on a CPU whose oneDNN has no AMX use a runtime-K one.
 // Every choice depends only on the problem's shape, so results stay deterministic.
 constexpr int64_t kRowBlock = 32;
 constexpr int64_t kLargeWeight = int64_t{1} << 20;
+
+// The two bf16 fixed-shape ways (row blocks, zero-padded K) exist because on AMX CPUs oneDNN 2.6
+// runs a fixed-shape bf16 primitive on AMX and the runtime-dims jit GEMM without it. Where its
+// bf16 kernels are AVX-512 BF16 only (AMD Zen 4), both primitives run the same kernels and the
+// copies only cost: on 2 Zen 4 cores (bench_ops_gemm vs_square, 2026-11-25) the demo's grouped
+// gate_up ran at 76–81% of the bf16 square in row blocks and 92–98% at a runtime M, ZAYA1's
+// weight gradient at 72–76% with K padded and 86–90% at a runtime K.
+std::atomic<bool> g_force_bf16_fixed_shapes{false};
+bool bf16_fixed_shapes() {
+  if (g_force_bf16_fixed_shapes.load(std::memory_order_relaxed)) return true;
+  static const bool amx = [] {
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto amx_isa = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+    return (isa & amx_isa) == amx_isa;
+  }();
+  return amx;
+}
 
 // Scratch for the padded tail, per thread and reused (grows to the largest tail seen).
 template <class T>
@@ -957,16 +975,17 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
     run_plain(d, p.A, ta, p.B, tb, p.C, alpha, beta, threads);
     return;
   }
-  if (ta == Trans::N && (p.A.dtype() == DType::bf16) == (d.n * d.k < kLargeWeight)) {
+  const bool is_bf16 = p.A.dtype() == DType::bf16;
+  if (ta == Trans::N && (is_bf16 ? d.n * d.k < kLargeWeight && bf16_fixed_shapes() : d.n * d.k >= kLargeWeight)) {
     const GemmProblem* next = next_after ? &problems[i + 1] : nullptr;
     const bool past_end_ok = may_run_past_end(d, p, next, (d.m + kRowBlock - 1) / kRowBlock * kRowBlock, beta);
-    if (p.A.dtype() == DType::bf16)
+    if (is_bf16)
       run_row_blocked<bf16>(d, p.A, p.B, tb, p.C, alpha, beta, past_end_ok, threads);
     else
       run_row_blocked<float>(d, p.A, p.B, tb, p.C, alpha, beta, past_end_ok, threads);
     return;
   }
-  if (p.A.dtype() == DType::bf16 && ta == Trans::T && tb == Trans::N && d.m * d.n >= kLargeWeight) {
+  if (is_bf16 && ta == Trans::T && tb == Trans::N && d.m * d.n >= kLargeWeight && bf16_fixed_shapes()) {
     run_k_padded(d, p.A, p.B, p.C, alpha, beta, threads);
     return;
   }
@@ -1161,6 +1180,8 @@ void gemm_force_avx2_paths(bool on) { g_force_avx2_paths = on; }
 bool gemm_bf16_native() { return bf16_matmul_native(); }
 
 void gemm_grouped_side_by_side(bool on) { g_side_by_side = on; }
+
+void gemm_force_bf16_fixed_shapes(bool on) { g_force_bf16_fixed_shapes = on; }
 
 GemmCacheStats gemm_cache_stats() {
   Cache& c = cache();

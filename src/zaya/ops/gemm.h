@@ -58,6 +58,14 @@ bool gemm_bf16_native();
 // On by default; the switch is for benchmarks that compare the two.
 void gemm_grouped_side_by_side(bool on);
 
+// bf16 grouped calls that zaya's AMX kernel does not take run on oneDNN through fixed-shape
+// primitives (row blocks for x·Wᵀ and dy·W with small weights, a zero-padded token dim for large
+// weight gradients) where oneDNN's own bf16 kernels use AMX, since only its fixed-shape primitives
+// do; elsewhere (AVX-512 BF16 without AMX, e.g. AMD Zen 4) through runtime-dims primitives, which
+// run the same kernels there without the copies (docs/ops-gemm.md). This switch forces the
+// fixed-shape paths on any CPU, so that tests check them everywhere. Off by default (automatic).
+void gemm_force_bf16_fixed_shapes(bool on);
+
 // Primitive cache statistics, for tests and benchmarks.
 struct GemmCacheStats {
   int64_t hits = 0;
