@@ -148,54 +148,70 @@ constexpr int64_t kTok = 64;   // tokens per backward block: its depthwise pairs
 // ill-conditioned, and the HF parity test's 1e-4 bound on it holds with this order (2e-5) but not
 // with a single FMA chain over the 2·hd inputs (1.3e-4; both are fp32 rounding, and HF in float64
 // is 1.3e-4 from HF in fp32 there too: docs/results/model-cpu.md). dotf keeps 16 partial sums, lane
-// l an FMA chain over the inputs k ≡ l (mod 16), then adds them in sum16's tree. With AVX-512 those
-// 16 lanes are one register: acc = fma(gw_o[16j..], dd[16j..], acc) for j = 0, 1, ... (both
-// zero-padded to whole vectors, which adds exact zeros), 4 tokens × 4 outputs at a time so 16
-// chains hide the FMA latency and each load feeds 4 FMAs; sum16_x16 then applies the tree to 16
-// outputs' registers at once. The decode step calls dotf itself, and
-// CcaConv.DecodeEqualsFullForwardAtEveryPosition checks the two bitwise.
+// l an FMA chain over the inputs k ≡ l (mod 16) (zero-padded to whole 16s, which adds exact zeros),
+// then adds them in sum16's tree. The decode step calls dotf itself, and
+// CcaConv.DecodeEqualsFullForwardAtEveryPosition checks it against this forward bitwise.
+// With AVX-512 the chains run as outer products, outputs across the lanes: for each class l,
+// P_l[t][o] = Σ_j dd_t[16j+l]·gw[o][16j+l] (an FMA chain in j, from zero) for 4 tokens × 64
+// outputs in 16 registers, the weight transposed to [input][output] so 16 outputs are one load and
+// the token's input one broadcast; sum16's tree then adds the 16 P_l elementwise, 15 vector adds
+// for 16 outputs instead of dot products' horizontal sums (1.9× the per-output dot form at the
+// demo's shape on a Zen 4, the same bits).
 void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, const float* gw,
                   const float* gb, int64_t B, int64_t T, int64_t heads, int64_t hd) {
   const int64_t C = heads * hd, N = B * T, K2 = 2 * hd;
   const Taps taps(dw, C);
 #if defined(__AVX512F__)
   const int64_t nblk = (N + kRows - 1) / kRows;
-  const int64_t J = (K2 + 15) / 16, K2p = 16 * J;  // vectors per dot; dd rows padded with zeros to K2p
-  const AlignedVector<float> gwa = padded_weight_rows(gw, C, K2, K2p);
+  const int64_t J = (K2 + 15) / 16, K2p = 16 * J;  // chain length; dd rows padded with zeros to K2p
+  constexpr int64_t kOut = 64;                     // outputs per pass: 4 vectors
+  const int64_t hdp = (hd + kOut - 1) / kOut * kOut;
+  // gwt[g][i][o] = gw[g·hd + o][i] for i < K2, o < hd; zero past them (computed, never stored).
+  AlignedVector<float> gwt(static_cast<size_t>(heads * K2p * hdp), 0.0f);
+  for (int64_t g = 0; g < heads; ++g)
+    for (int64_t o = 0; o < hd; ++o)
+      for (int64_t i = 0; i < K2; ++i) gwt[(g * K2p + i) * hdp + o] = gw[(g * hd + o) * K2 + i];
 #pragma omp parallel
   {
     float* dd = scratch<0>(kRows * K2p);
-    float* acc = scratch<1>(4 * 16 * 16);  // [token][output][lane] of 4 tokens × 16 outputs
+    float* part = scratch<1>(16 * 4 * kOut);  // P_l of 4 tokens × kOut outputs: [l][token][output]
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < nblk * heads; ++task) {
       const int64_t g = task % heads, r0 = (task / heads) * kRows, nr = std::min(kRows, N - r0);
       const int64_t nr4 = (nr + 3) / 4 * 4;
       depthwise_rows(dd, K2p, z, r0, nr, nr4, T, C, g, hd, taps, db);
+      const float* wg = gwt.data() + g * K2p * hdp;
       for (int64_t r4 = 0; r4 < nr; r4 += 4) {
         const float* x = dd + r4 * K2p;
-        for (int64_t o0 = 0; o0 < hd; o0 += 16) {
-          for (int64_t og = 0; og < 16; og += 4) {
-            const float* wr[4];  // outputs past hd reuse the last row: computed, never stored
-            for (int q = 0; q < 4; ++q) wr[q] = gwa.data() + (g * hd + std::min(o0 + og + q, hd - 1)) * K2p;
+        for (int64_t o0 = 0; o0 < hd; o0 += kOut) {
+          for (int64_t l = 0; l < 16; ++l) {
             __m512 a[4][4];
             for (auto& row : a)
               for (__m512& v : row) v = _mm512_setzero_ps();
             for (int64_t j = 0; j < J; ++j) {
+              const int64_t i = 16 * j + l;
+              const float* wi = wg + i * hdp + o0;
               __m512 w[4];
-              for (int q = 0; q < 4; ++q) w[q] = _mm512_load_ps(wr[q] + 16 * j);
+              for (int v = 0; v < 4; ++v) w[v] = _mm512_load_ps(wi + 16 * v);
               for (int r = 0; r < 4; ++r) {
-                const __m512 xv = _mm512_load_ps(x + r * K2p + 16 * j);
-                for (int q = 0; q < 4; ++q) a[r][q] = _mm512_fmadd_ps(w[q], xv, a[r][q]);
+                const __m512 xv = _mm512_set1_ps(x[r * K2p + i]);
+                for (int v = 0; v < 4; ++v) a[r][v] = _mm512_fmadd_ps(w[v], xv, a[r][v]);
               }
             }
             for (int r = 0; r < 4; ++r)
-              for (int q = 0; q < 4; ++q) _mm512_storeu_ps(acc + (r * 16 + og + q) * 16, a[r][q]);
+              for (int v = 0; v < 4; ++v) _mm512_store_ps(part + (l * 4 + r) * kOut + 16 * v, a[r][v]);
           }
-          const __mmask16 mo = first_lanes(hd - o0);
-          const __m512 bias = _mm512_maskz_loadu_ps(mo, gb + g * hd + o0);
           for (int64_t r = 0; r < std::min<int64_t>(4, nr - r4); ++r)
-            _mm512_mask_storeu_ps(out + (r0 + r4 + r) * C + g * hd + o0, mo,
-                                  _mm512_add_ps(bias, sum16_x16(acc + r * 256)));
+            for (int64_t v = 0; v < kOut && o0 + v < hd; v += 16) {
+              auto P = [&](int l) { return _mm512_load_ps(part + (l * 4 + r) * kOut + v); };
+              __m512 s[8];
+              for (int l = 0; l < 8; ++l) s[l] = _mm512_add_ps(P(l), P(l + 8));  // l += l+8
+              for (int l = 0; l < 4; ++l) s[l] = _mm512_add_ps(s[l], s[l + 4]);  // l += l+4
+              const __m512 sum = _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]));
+              const __mmask16 mo = first_lanes(hd - o0 - v);
+              const __m512 bias = _mm512_maskz_loadu_ps(mo, gb + g * hd + o0 + v);
+              _mm512_mask_storeu_ps(out + (r0 + r4 + r) * C + g * hd + o0 + v, mo, _mm512_add_ps(bias, sum));
+            }
         }
       }
     }
