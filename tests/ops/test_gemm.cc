@@ -369,6 +369,32 @@ TEST(Gemm, GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise) {
   set_num_threads(saved);
 }
 
+// Large bf16 expert weights (N·K >= 2^20) in x·Wᵀ and dy·W run side by side where oneDNN has no
+// AMX (gemm.cc, split_problems) and one after another on every thread where it has: against
+// float64, and bitwise between 2 threads and 1 on this CPU's path.
+TEST(Gemm, GroupedBf16LargeWeightsMatchReferenceAndOneThreadBitwise) {
+  const int saved = num_threads();
+  const std::vector<int64_t> ms = {20, 17, 23, 19};
+  const int64_t n = 1024, k = 1024;
+  for (GroupedForm f : {GroupedForm{Trans::N, Trans::T, 0.0f}, GroupedForm{Trans::N, Trans::N, 1.0f}}) {
+    std::vector<std::vector<Tensor>> outs;
+    for (int threads : {2, 1}) {
+      set_num_threads(threads);
+      auto [problems, refs] = make_grouped_case(f, ms, n, k, DType::bf16, 990);
+      gemm_grouped(problems, f.ta, f.tb, 1.0f, f.beta);
+      outs.emplace_back();
+      for (size_t g = 0; g < ms.size(); ++g) {
+        // Exact bf16 inputs, f32 accumulation over 1024 terms: ~sqrt(1024)·2^-24 ≈ 2e-6 in norm.
+        EXPECT_LT(test::rel_error(problems[g].C, refs[g]), 1e-5) << "tb " << int(f.tb) << " expert " << g;
+        outs.back().push_back(problems[g].C);
+      }
+    }
+    for (size_t g = 0; g < ms.size(); ++g)
+      EXPECT_TRUE(same_bits(outs[0][g], outs[1][g])) << "tb " << int(f.tb) << " expert " << g;
+  }
+  set_num_threads(saved);
+}
+
 TEST(Gemm, GroupedProblemsSharingAnOutputAccumulateInOrder) {
   // Four weight-gradient problems adding into ONE C (beta = 1), as gradient accumulation over
   // micro-batches could: they must not run side by side (two threads adding into the same C lose

@@ -776,7 +776,11 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
 // problems largest first (by FLOPs); when even that plan leaves the busiest thread more than
 // kMaxImbalance above the mean (few or very uneven experts), the call stays serial. Large expert
 // weights (ZAYA1's, ≥ kLargeWeight elements) stay serial too: they fit no core's L2 either way, and
-// side by side measured 0.92× (gate_up) to 1.03× (weight gradient) there.
+// side by side measured 0.92× (gate_up) to 1.03× (weight gradient) there; on 2 Zen 4 cores, f32
+// 0.93–0.94× (gate_up, dx) and 1.03× (dW). The exception is bf16 x·Wᵀ and dy·W at a runtime M
+// (oneDNN without AMX, bf16_fixed_shapes): ZAYA1's gate_up ran 1.03–1.18× side by side there
+// (4 alternations of bench_ops_gemm gemm_grouped/zaya1, 2026-11-25), its dx 0.89–1.31× (median
+// 1.06×).
 constexpr double kMaxImbalance = 1.2;
 std::atomic<bool> g_side_by_side{true};
 bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& dims, const std::vector<size_t>& todo,
@@ -797,7 +801,9 @@ bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& di
   double total = 0;
   for (size_t j = 0; j < todo.size(); ++j) {
     const Dims& d = dims[todo[j]];
-    if ((ta == Trans::N ? d.n * d.k : d.m * d.n) >= kLargeWeight) return false;  // see above
+    const bool large = (ta == Trans::N ? d.n * d.k : d.m * d.n) >= kLargeWeight;
+    const bool bf16_runtime_m = ta == Trans::N && problems[todo[j]].A.dtype() == DType::bf16 && !bf16_fixed_shapes();
+    if (large && !bf16_runtime_m) return false;  // see above
     work[j] = flops_of(d.batch, d.m, d.n, d.k);
     total += work[j];
   }
