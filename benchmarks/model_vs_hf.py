@@ -116,6 +116,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--attn", default="sdpa", help="transformers attention implementation (sdpa or eager)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three measurements")
+    ap.add_argument("--warmup-rounds", type=int, default=1,
+                    help="untimed transformers measurements before the rounds (see main)")
     ap.add_argument("--max-steal", type=float, default=5.0,
                     help="rounds in which the hypervisor stole more than this percentage of the CPU time during "
                          "any of the three measurements are printed but left out of the median")
@@ -125,6 +127,14 @@ def main():
     print(f"model {cfg}")
     print(f"batch {a.batch} x {a.seq} = {tokens} tokens/step, {a.steps} timed steps, {a.threads} threads, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    # transformers' first measurement in a process runs ~1.5× slower than the later ones even after
+    # its own warm-up step (1000-1250 against 630-870 ms per step in every one of ten runs on a Zen
+    # 4, 2026-11-25), which made round 1 flatter zaya. One untimed measurement first, so every round
+    # times the steady state; zaya runs as a new process each round and its warm-up step is enough.
+    if a.warmup_rounds > 0:
+        for _ in range(a.warmup_rounds):
+            w = run_hf(cfg, a.threads, a.batch, a.seq, a.steps, a.attn)
+        print(f"transformers warm-up (untimed for the ratios): step {w['step']:.1f} ms")
     rounds = []
     for r in range(a.rounds):
         z = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps)
