@@ -382,21 +382,23 @@ TEST(Activations, ErfFastVectorEqualsScalar) {
 }
 
 #if defined(__AVX512F__)
-TEST(SeqVec, Sum16x16EqualsSum16) {
-  // The CCA conv forward reduces 16 outputs' partial sums at once; the decode step (and the HF
+TEST(SeqVec, Sum16LanesEqualsSum16) {
+  // The CCA conv forward adds 16 outputs' partial sums at once; the decode step (and the HF
   // parity of the key temperature's gradient) rely on its bits being sum16's. Values spread over
-  // 12 binades so that the additions round differently in any other order.
+  // 12 binades so that the additions round differently in any other order; partials 20 floats
+  // apart, as a row stride other than 16 would be.
   std::mt19937 gen(7);
   std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
   std::uniform_int_distribution<int> expo(-6, 6);
+  constexpr int64_t ld = 20;
   for (int trial = 0; trial < 200; ++trial) {
-    alignas(64) float acc[256];
-    for (float& v : acc) v = std::ldexp(mant(gen), expo(gen));
+    float p[16 * ld];
+    for (float& v : p) v = std::ldexp(mant(gen), expo(gen));
     float got[16];
-    _mm512_storeu_ps(got, cpu::sum16_x16(acc));
+    _mm512_storeu_ps(got, cpu::sum16_lanes(p, ld));
     for (int o = 0; o < 16; ++o) {
       float lanes[16];
-      std::copy(acc + 16 * o, acc + 16 * o + 16, lanes);
+      for (int l = 0; l < 16; ++l) lanes[l] = p[l * ld + o];
       ASSERT_EQ(std::bit_cast<uint32_t>(got[o]), std::bit_cast<uint32_t>(cpu::sum16(lanes))) << "output " << o;
     }
   }

@@ -343,7 +343,8 @@ TEST(Gemm, GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise) {
   const std::vector<int64_t> ms = {61, 47, 70, 52, 66, 58, 44, 63};
   const int64_t n = 48, k = 80;
   for (bool fixed : {false, true}) {
-    for (DType dt : {DType::f32, DType::bf16})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      if (fixed && dt == DType::f32) continue;  // the switch only moves bf16 calls
       for (GroupedForm f : {GroupedForm{Trans::N, Trans::T, 0.0f}, GroupedForm{Trans::N, Trans::N, 1.0f},
                             GroupedForm{Trans::T, Trans::N, 1.0f}}) {
         std::vector<std::vector<Tensor>> outs;
@@ -366,6 +367,7 @@ TEST(Gemm, GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise) {
             EXPECT_TRUE(same_bits(outs[0][g], outs[r][g]))
                 << dtype_name(dt) << (fixed ? " fixed shapes" : "") << " run " << r << " expert " << g;
       }
+    }
   }
   set_num_threads(saved);
 }

@@ -363,13 +363,16 @@ bool bf16_matmul_native() {
   return native;
 }
 
+// Whether the ISA oneDNN runs on includes `want` (its cpu_isa values are bit sets).
+bool onednn_isa_includes(dnnl::cpu_isa want) {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto w = static_cast<unsigned>(want);
+  return (isa & w) == w;
+}
+
 bool threads_change_bits() {
   if (g_force_avx2_paths.load(std::memory_order_relaxed)) return true;
-  static const bool change = [] {
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
-    return (isa & avx512) != avx512;
-  }();
+  static const bool change = !onednn_isa_includes(dnnl::cpu_isa::avx512_core);
   return change;
 }
 
@@ -651,15 +654,12 @@ constexpr int64_t kLargeWeight = int64_t{1} << 20;
 // bf16 kernels are AVX-512 BF16 only (AMD Zen 4), both primitives run the same kernels and the
 // copies only cost: on 2 Zen 4 cores (bench_ops_gemm vs_square, 2026-11-25) the demo's grouped
 // gate_up ran at 76–81% of the bf16 square in row blocks and 92–98% at a runtime M, ZAYA1's
-// weight gradient at 72–76% with K padded and 86–90% at a runtime K.
+// weight gradient at 72–76% with K padded and 86–90% at a runtime K (each way forced by a
+// temporary switch; the kept code's runs are in docs/results/ops-cpu.md).
 std::atomic<bool> g_force_bf16_fixed_shapes{false};
 bool bf16_fixed_shapes() {
   if (g_force_bf16_fixed_shapes.load(std::memory_order_relaxed)) return true;
-  static const bool amx = [] {
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto amx_isa = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
-    return (isa & amx_isa) == amx_isa;
-  }();
+  static const bool amx = onednn_isa_includes(dnnl::cpu_isa::avx512_core_amx);
   return amx;
 }
 
@@ -779,8 +779,8 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
 // side by side measured 0.92× (gate_up) to 1.03× (weight gradient) there; on 2 Zen 4 cores, f32
 // 0.93–0.94× (gate_up, dx) and 1.03× (dW). The exception is bf16 x·Wᵀ and dy·W at a runtime M
 // (oneDNN without AMX, bf16_fixed_shapes): ZAYA1's gate_up ran 1.03–1.18× side by side there
-// (4 alternations of bench_ops_gemm gemm_grouped/zaya1, 2026-11-25), its dx 0.89–1.31× (median
-// 1.06×).
+// (4 alternations of bench_ops_gemm gemm_grouped/zaya1 with a temporary switch, 2026-11-25), its
+// dx 0.89–1.31× (median 1.06×).
 constexpr double kMaxImbalance = 1.2;
 std::atomic<bool> g_side_by_side{true};
 bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& dims, const std::vector<size_t>& todo,

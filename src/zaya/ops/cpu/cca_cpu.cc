@@ -115,8 +115,8 @@ inline void grouped_head(float* out, const float* dd, int64_t c0, int64_t hd, co
 constexpr int64_t kRows = 64;  // tokens per forward task
 constexpr int64_t kTok = 64;   // tokens per backward block: its depthwise pairs and E rows stay in L1/L2
 
-// The blocked forward's inputs (its AVX-512 and AVX2 forms share them). The grouped weight's rows
-// copied to 64-byte-aligned rows of K2p, zero-padded like dd's: the products past K2 are 0·0 = +0,
+// The blocked forwards' inputs: the depthwise rows below (AVX-512 and AVX2) and, for the AVX2
+// form's dot products, the grouped weight's rows copied to 64-byte-aligned rows of K2p, zero-padded like dd's: the products past K2 are 0·0 = +0,
 // which leaves every partial sum's bits as dotf's, and the loop needs no masks (the parameter views
 // are not aligned to a cache line).
 [[maybe_unused]] AlignedVector<float> padded_weight_rows(const float* gw, int64_t C, int64_t K2, int64_t K2p) {
@@ -154,9 +154,9 @@ constexpr int64_t kTok = 64;   // tokens per backward block: its depthwise pairs
 // With AVX-512 the chains run as outer products, outputs across the lanes: for each class l,
 // P_l[t][o] = Σ_j dd_t[16j+l]·gw[o][16j+l] (an FMA chain in j, from zero) for 4 tokens × 64
 // outputs in 16 registers, the weight transposed to [input][output] so 16 outputs are one load and
-// the token's input one broadcast; sum16's tree then adds the 16 P_l elementwise, 15 vector adds
-// for 16 outputs instead of dot products' horizontal sums (1.9× the per-output dot form at the
-// demo's shape on a Zen 4, the same bits).
+// the token's input one broadcast; sum16_lanes then adds the 16 P_l in sum16's tree, 15 vector
+// adds for 16 outputs instead of dot products' horizontal sums (1.4–1.5× the per-output dot form at
+// the demo's shape on a Zen 4, the same bits).
 void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, const float* gw,
                   const float* gb, int64_t B, int64_t T, int64_t heads, int64_t hd) {
   const int64_t C = heads * hd, N = B * T, K2 = 2 * hd;
@@ -203,11 +203,7 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
           }
           for (int64_t r = 0; r < std::min<int64_t>(4, nr - r4); ++r)
             for (int64_t v = 0; v < kOut && o0 + v < hd; v += 16) {
-              auto P = [&](int l) { return _mm512_load_ps(part + (l * 4 + r) * kOut + v); };
-              __m512 s[8];
-              for (int l = 0; l < 8; ++l) s[l] = _mm512_add_ps(P(l), P(l + 8));  // l += l+8
-              for (int l = 0; l < 4; ++l) s[l] = _mm512_add_ps(s[l], s[l + 4]);  // l += l+4
-              const __m512 sum = _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]));
+              const __m512 sum = sum16_lanes(part + r * kOut + v, 4 * kOut);
               const __mmask16 mo = first_lanes(hd - o0 - v);
               const __m512 bias = _mm512_maskz_loadu_ps(mo, gb + g * hd + o0 + v);
               _mm512_mask_storeu_ps(out + (r0 + r4 + r) * C + g * hd + o0 + v, mo, _mm512_add_ps(bias, sum));

@@ -86,26 +86,15 @@ inline __m512 shuffle_quarters(__m512 a, __m512 b) {
   return _mm512_mask_shuffle_f32x4(a, 0xFFFF, a, b, Imm);
 }
 
-// sum16 of 16 vectors at once: lane o of the result is sum16(acc + 16·o), the 16 partial sums of
-// output o ([output][lane] in memory), with the same additions in the same tree, so the bits equal
-// sum16's (tests/ops/test_dense.cc, Sum16x16EqualsSum16). Each stage adds the two halves of every
-// output's remaining partials after moving them into matching lanes: 30 shuffles and 15 adds for 16
-// outputs, where 16 separate horizontal sums would take ~4× the instructions.
-inline __m512 sum16_x16(const float* acc) {
-  __m512 h[8], q[4], e[2];
-  for (int k = 0; k < 8; ++k) {  // l += l+8: output 2k's 8 sums in 128-bit lanes 0-1, 2k+1's in 2-3
-    const __m512 a = _mm512_loadu_ps(acc + 32 * k), b = _mm512_loadu_ps(acc + 32 * k + 16);
-    h[k] = _mm512_add_ps(shuffle_quarters<0x44>(a, b), shuffle_quarters<0xEE>(a, b));
-  }
-  for (int k = 0; k < 4; ++k)  // l += l+4: output 4k+c's 4 sums in 128-bit lane c
-    q[k] = _mm512_add_ps(shuffle_quarters<0x88>(h[2 * k], h[2 * k + 1]),
-                         shuffle_quarters<0xDD>(h[2 * k], h[2 * k + 1]));
-  for (int k = 0; k < 2; ++k)  // lane c of e[k]: [0+2, 1+3] of output 8k+c, then of 8k+4+c
-    e[k] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * k], q[2 * k + 1], 0x44), _mm512_shuffle_ps(q[2 * k], q[2 * k + 1], 0xEE));
-  // (0+2) + (1+3): element 4c + j now holds output c + 4j; the permute puts output o at element o.
-  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));
-  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-  return _mm512_mask_permutexvar_ps(t, 0xFFFF, order, t);
+// sum16 on 16 lanes at once: lane o of the result is sum16 of p[l·ld + o], l = 0..15 (the 16
+// partial sums of output o lie ld floats apart), with sum16's additions in sum16's order, so the
+// same bits (tests/ops/test_dense.cc, Sum16LanesEqualsSum16): 15 vector adds for 16 outputs.
+inline __m512 sum16_lanes(const float* p, int64_t ld) {
+  auto P = [&](int l) { return _mm512_loadu_ps(p + l * ld); };
+  __m512 s[8];
+  for (int l = 0; l < 8; ++l) s[l] = _mm512_add_ps(P(l), P(l + 8));  // l += l+8
+  for (int l = 0; l < 4; ++l) s[l] = _mm512_add_ps(s[l], s[l + 4]);  // l += l+4
+  return _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]));
 }
 
 // dst[c·ldd + r] = src[r·lds + c] for r, c < 16: a 16×16 transpose in registers (4 rounds of
