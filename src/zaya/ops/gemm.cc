@@ -1212,6 +1212,24 @@ void gemm_time_reset() {
   t.shapes.clear();
 }
 
+void gemm_time_record(const std::string& shape, double seconds, double flops) {
+  TimeCounters& t = time_counters();
+  const auto ns = static_cast<int64_t>(seconds * 1e9);
+  t.calls.fetch_add(1, std::memory_order_relaxed);
+  t.nanoseconds.fetch_add(ns, std::memory_order_relaxed);
+  double cur = t.flops.load(std::memory_order_relaxed);
+  while (!t.flops.compare_exchange_weak(cur, cur + flops, std::memory_order_relaxed)) {
+  }
+  if (t.per_shape.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(t.mu);
+    GemmShapeTime& row = t.shapes[shape];
+    row.shape = shape;
+    row.calls += 1;
+    row.seconds += static_cast<double>(ns) * 1e-9;
+    row.flops += flops;
+  }
+}
+
 void gemm_profile_shapes(bool on) { time_counters().per_shape = on; }
 
 std::vector<GemmShapeTime> gemm_shape_times() {

@@ -88,6 +88,9 @@ struct GemmTimeStats {
 };
 GemmTimeStats gemm_time_stats();
 void gemm_time_reset();
+// Adds one call of a GEMM that ran outside gemm() / gemm_grouped() (the loss's fused tied head) to
+// the counters above, under `shape` when profiling shapes.
+void gemm_time_record(const std::string& shape, double seconds, double flops);
 
 // The same per shape, when enabled (off by default: a map lookup under a lock per call). A plain
 // GEMM's shape is "NT 2048x768x256 f32" (op letters, M x N x K, A's dtype); a grouped call's is

@@ -2,10 +2,12 @@
 #include "zaya/ops/loss.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "zaya/ops/cpu/op_checks.h"
 #include "zaya/ops/cpu/seq_vec.h"
+#include "zaya/ops/cpu/tied_head_cpu.h"
 #include "zaya/ops/gemm.h"
 
 namespace zaya::ops {
@@ -17,6 +19,21 @@ using detail::require_f32;
 struct Dims {
   int64_t n, h, vocab, chunk;
 };
+
+bool g_fused_head = true;  // cross_entropy_use_fused_head
+
+// The kept-exps case (one chunk covers V) runs on the fused head (cpu/tied_head_cpu.h) where the
+// build has it: e in the strip layout, which may need a little more room than [N, V] (N and V
+// rounded up to 16).
+bool fused_head_fits(int64_t vocab, int64_t chunk) {
+  return chunk >= vocab && cpu::tied_head_fused_built();
+}
+
+// f32 elements of the workspace before its two [N] row buffers.
+int64_t logits_area(int64_t n, int64_t vocab, int64_t chunk) {
+  const int64_t rows = n * std::min(chunk, vocab);
+  return fused_head_fits(vocab, chunk) ? std::max(rows, cpu::tied_head_strip_elems(n, vocab)) : rows;
+}
 
 Dims check_args(const char* op, const Tensor& h, const Tensor& E, const Tensor& targets, const Tensor& lse,
                 const Tensor& workspace, const CrossEntropyOptions& opt) {
@@ -65,19 +82,42 @@ inline float flush_tiny(float p) { return p < kTinyProbability ? 0.0f : p; }
 // it again: the workspace's logits become e = exp(logit − row max) in place and `sum` holds Σ_j e.
 bool keeps_exps(const Dims& d) { return d.chunk == d.vocab; }
 
+// Kept exps on the fused head: e in the strip layout instead of row-major [N, V].
+bool fused(const Dims& d) { return keeps_exps(d) && g_fused_head && cpu::tied_head_fused_built(); }
+
+// The fused head's products in ops::gemm_time_stats (the step's GEMM share): `products` [N × V × H]
+// products that ran since t0.
+void record_fused(const std::string& shape, std::chrono::steady_clock::time_point t0, int products, const Dims& d) {
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  gemm_time_record(shape, seconds,
+                   2.0 * products * static_cast<double>(d.n) * static_cast<double>(d.vocab) * static_cast<double>(d.h));
+}
+
+// The two [N] row buffers after the logits area: Σexp per row, then the target's logit.
+float* row_sums(const Tensor& workspace, const Dims& d) {
+  return workspace.data<float>() + logits_area(d.n, d.vocab, d.chunk);
+}
+
 CrossEntropyResult forward_impl(const Tensor& h, const Tensor& E, const Tensor& targets, const Tensor& lse,
                                 const Tensor& workspace, const CrossEntropyOptions& opt, const Dims& d) {
   const int32_t* tgt = targets.data<int32_t>();
   // Row state between chunks: running max in lse (until the end), running Σexp in `sum`, the
   // target's logit in `picked`. Both [N] buffers live after the logits chunk in the workspace.
   float* run_max = lse.data<float>();
-  float* sum = workspace.data<float>() + d.n * d.chunk;
+  float* sum = row_sums(workspace, d);
   float* picked = sum + d.n;
   std::fill_n(run_max, d.n, -INFINITY);
   std::fill_n(sum, d.n, 0.0f);
   std::fill_n(picked, d.n, 0.0f);
   const bool keep = keeps_exps(d);
-  for (int64_t v0 = 0; v0 < d.vocab; v0 += d.chunk) {
+  if (fused(d)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cpu::tied_head_forward(workspace.data<float>(), run_max, sum, picked, h.data<float>(), E.data<float>(), tgt, d.n,
+                           d.h, d.vocab, kTinyProbability);
+    // Counted with the step's GEMMs (its softmax included: the two are interleaved).
+    record_fused(str("fused head NT ", d.n, "x", d.vocab, "x", d.h, " f32 (+ softmax)"), t0, 1, d);
+  }
+  for (int64_t v0 = 0; v0 < d.vocab && !fused(d); v0 += d.chunk) {
     // One GEMM for the whole chunk: 256-row blocks (so the softmax would read rows still in
     // cache) cost 88 instead of 60 ms at 2 threads for the demo head.
     const int64_t c = std::min(d.chunk, d.vocab - v0);
@@ -120,21 +160,29 @@ CrossEntropyResult forward_impl(const Tensor& h, const Tensor& E, const Tensor& 
 void backward_kept(const Tensor& h, const Tensor& E, const Tensor& targets, const Tensor& dh, const Tensor& dE,
                    const Tensor& workspace, const CrossEntropyOptions& opt, const Dims& d, int64_t count) {
   const int32_t* tgt = targets.data<int32_t>();
-  const Tensor e = workspace.window(0, Shape{d.n, d.vocab});
-  const float* sum = workspace.data<float>() + d.n * d.vocab;
+  const float* sum = row_sums(workspace, d);
   const float inv_count = 1.0f / static_cast<float>(count);
   const float* hp = h.data<float>();
   const float* Ep = E.data<float>();
   float* dhp = dh.data<float>();
   float* dEp = dE.data<float>();
   const int64_t H = d.h;
-  // dh's storage first holds r ⊙ h (the dE GEMM's right operand), then dh itself.
+  if (fused(d)) {  // both products from the strip layout; r in the (no longer needed) picked buffer
+    float* r = row_sums(workspace, d) + d.n;
+    for (int64_t i = 0; i < d.n; ++i) r[i] = tgt[i] == opt.ignore_index ? 0.0f : inv_count / sum[i];
+    const auto t0 = std::chrono::steady_clock::now();
+    cpu::tied_head_backward_gemms(dEp, dhp, workspace.data<float>(), hp, r, Ep, d.n, H, d.vocab);
+    record_fused(str("fused head TN ", d.vocab, "x", H, "x", d.n, " + NN ", d.n, "x", H, "x", d.vocab, " f32"), t0, 2,
+                 d);
+  } else {
+    // dh's storage first holds r ⊙ h (the dE GEMM's right operand), then dh itself.
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < d.n; ++i) {
-    const float r = tgt[i] == opt.ignore_index ? 0.0f : inv_count / sum[i];
-    for (int64_t k = 0; k < H; ++k) dhp[i * H + k] = r * hp[i * H + k];
+    for (int64_t i = 0; i < d.n; ++i) {
+      const float r = tgt[i] == opt.ignore_index ? 0.0f : inv_count / sum[i];
+      for (int64_t k = 0; k < H; ++k) dhp[i * H + k] = r * hp[i * H + k];
+    }
+    gemm(workspace.window(0, Shape{d.n, d.vocab}), Trans::T, dh, Trans::N, dE, 1.0f, 1.0f);
   }
-  gemm(e, Trans::T, dh, Trans::N, dE, 1.0f, 1.0f);
   // Rows in order, one writer per column block: deterministic when two tokens share a target.
 #pragma omp parallel for schedule(static)
   for (int64_t k0 = 0; k0 < H; k0 += 16)
@@ -142,7 +190,7 @@ void backward_kept(const Tensor& h, const Tensor& E, const Tensor& targets, cons
       if (tgt[i] == opt.ignore_index) continue;
       for (int64_t k = k0; k < std::min(H, k0 + 16); ++k) dEp[tgt[i] * H + k] -= hp[i * H + k] * inv_count;
     }
-  gemm(e, Trans::N, E, Trans::N, dh, 1.0f, 0.0f);
+  if (!fused(d)) gemm(workspace.window(0, Shape{d.n, d.vocab}), Trans::N, E, Trans::N, dh, 1.0f, 0.0f);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < d.n; ++i) {
     float* row = dhp + i * H;
@@ -159,8 +207,10 @@ void backward_kept(const Tensor& h, const Tensor& E, const Tensor& targets, cons
 }  // namespace
 
 int64_t cross_entropy_workspace_elems(int64_t n, int64_t vocab, const CrossEntropyOptions& opt) {
-  return n * std::min(opt.chunk, vocab) + 2 * n;
+  return logits_area(n, vocab, opt.chunk) + 2 * n;
 }
+
+void cross_entropy_use_fused_head(bool on) { g_fused_head = on; }
 
 CrossEntropyResult cross_entropy_tied_forward(const Tensor& h, const Tensor& E, const Tensor& targets,
                                               const Tensor& lse, const Tensor& workspace,

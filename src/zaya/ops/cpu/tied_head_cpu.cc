@@ -1,0 +1,271 @@
+// The fused tied head (see tied_head_cpu.h for the layout and why).
+#include "zaya/ops/cpu/tied_head_cpu.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+
+#include "zaya/core/error.h"
+#include "zaya/ops/cpu/seq_vec.h"
+
+namespace zaya::ops::cpu {
+
+// One tile of padding after each strip: strips then start 1 KiB apart in the cache's set index, so
+// the 16-strip runs of tiles that dh's product reads for one token block do not all land in the
+// same L1/L2 sets (a strip of the demo's 2048 tokens is 128 KiB, a multiple of both caches' way size).
+namespace {
+int64_t strip_stride(int64_t n) { return ((n + 15) / 16 + 1) * 256; }
+}  // namespace
+
+int64_t tied_head_strip_elems(int64_t n, int64_t vocab) { return strip_stride(n) * ((vocab + 15) / 16); }
+
+#if defined(__AVX512F__)
+
+bool tied_head_fused_built() { return true; }
+
+namespace {
+
+int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
+__mmask16 first_n(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+
+// Packed operands, per calling thread, kept between calls (8.5 MiB for the demo's head).
+float* scratch(int64_t elems) {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<float, Free> buf;
+  thread_local int64_t have = 0;
+  if (elems > have) {
+    buf.reset(
+        static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(round16(elems)) * sizeof(float))));
+    ZAYA_CHECK(buf, "tied head: cannot allocate ", elems * 4, " bytes of packing scratch");
+    have = elems;
+  }
+  return buf.get();
+}
+
+// A 16 × 16 tile of C, out[i·16 + j] = Σ_k a[k·16 + i] · b[k·16 + j] over k < kc: both operands
+// k-major panels 16 wide. One FMA chain per element in k order (16 accumulators, one B vector and
+// one broadcast per step: the FMA unit's rate with the panels in L1/L2).
+__attribute__((noinline)) void tile_panels(float* out, const float* a, const float* b, int64_t kc) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 bv = _mm512_load_ps(b + k * 16);
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[k * 16 + i]), bv, acc[i]);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_store_ps(out + i * 16, acc[i]);
+}
+
+// dst[k·16 + i] = src[i·ld + k] for i < rows (0 for rows ≤ i < 16), k < kc: 16 rows of a row-major
+// matrix as a k-major panel, 16 × 16 blocks transposed in registers.
+void pack_rows_transposed(float* dst, const float* src, int64_t ld, int64_t rows, int64_t kc) {
+  alignas(64) float block[256];
+  for (int64_t k0 = 0; k0 < kc; k0 += 16) {
+    const __mmask16 m = first_n(kc - k0);
+    for (int64_t i = 0; i < 16; ++i)
+      _mm512_store_ps(block + i * 16,
+                      i < rows ? _mm512_maskz_loadu_ps(m, src + i * ld + k0) : _mm512_setzero_ps());
+    if (kc - k0 >= 16) {
+      transpose16(dst + k0 * 16, 16, block, 16);
+    } else {
+      alignas(64) float t[256];
+      transpose16(t, 16, block, 16);
+      std::copy_n(t, (kc - k0) * 16, dst + k0 * 16);
+    }
+  }
+}
+
+// Tokens per k block of dE's product and vocabulary rows per k block of dh's: the B block of all
+// 16-column panels (hd · 512 floats, 512 KiB for hd = 256) stays in L2 while the tiles of e stream.
+constexpr int64_t kTokenBlock = 2048;
+constexpr int64_t kVocabBlock = 512;
+
+// Token blocks of 16 whose logits the forward makes together: each 16 KiB panel of Eᵀ is read
+// from L3 once per group instead of once per block.
+constexpr int64_t kGroup = 4;
+
+// The softmax of one token block (16 rows, `rows` of them real, the first at token t0) whose logits
+// are in `logits` (tile s at logits + s·ls) and whose per-lane maxima are mx: picks the targets'
+// logits, then e = exp(logit − row max) with values below tiny stored as 0 into e's tiles (tile s at
+// e + s·es), summed per lane in strip order (lane l of a row adds columns l, 16 + l, ... as
+// exp_store_sum's acc[l] does) and reduced with sum16's tree. e is written with streaming stores
+// when 64-byte aligned: nothing reads it before the backward, and it is far larger than the caches.
+void block_softmax(float* e, int64_t es, const float* logits, int64_t ls, int64_t strips, const __m512* mx,
+                   int64_t rows, int64_t t0, const int32_t* targets, int64_t vocab, float tiny,
+                   float* row_max, float* row_sum, float* picked) {
+  float m[16];
+  for (int i = 0; i < 16; ++i) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, mx[i]);
+    m[i] = *std::max_element(lanes, lanes + 16);
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    const int32_t tg = targets[t0 + i];
+    if (tg >= 0 && tg < vocab) picked[t0 + i] = logits[(tg / 16) * ls + i * 16 + tg % 16];
+  }
+  const bool stream = reinterpret_cast<uintptr_t>(e) % 64 == 0 && es % 16 == 0;
+  const __m512 tiny_v = _mm512_set1_ps(tiny);
+  __m512 sum[16];
+  for (int i = 0; i < 16; ++i) sum[i] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < strips; ++s) {
+    const float* src = logits + s * ls;
+    float* dst = e + s * es;
+    for (int i = 0; i < 16; ++i) {
+      __m512 v = expf_fast_v(_mm512_sub_ps(_mm512_load_ps(src + i * 16), _mm512_set1_ps(m[i])));
+      v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, tiny_v, _CMP_NLT_UQ), v);  // below tiny → 0, NaN kept
+      if (i >= rows) v = _mm512_setzero_ps();  // padded rows: 0, for the products that read them
+      if (stream)
+        _mm512_stream_ps(dst + i * 16, v);
+      else
+        _mm512_storeu_ps(dst + i * 16, v);
+      sum[i] = _mm512_add_ps(sum[i], v);
+    }
+  }
+  for (int64_t i = 0; i < rows; ++i) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sum[i]);
+    row_sum[t0 + i] = sum16(lanes);
+    row_max[t0 + i] = m[i];
+  }
+}
+
+}  // namespace
+
+void tied_head_forward(float* e, float* row_max, float* row_sum, float* picked, const float* h,
+                       const float* E, const int32_t* targets, int64_t n, int64_t hd, int64_t vocab,
+                       float tiny) {
+  const int64_t n16 = round16(n), strips = round16(vocab) / 16, tail = vocab - (strips - 1) * 16;
+  const int64_t strip = strip_stride(n);  // floats from one strip to the next
+  // Eᵀ as k-major panels, one per strip: bt[s·hd·16 + k·16 + j] = E[16s + j][k].
+  // Per thread after Eᵀ: the group's A panels and its logits (tile (s, b) at (s·kGroup + b)·256).
+  const int64_t per_thread = kGroup * 16 * hd + strips * kGroup * 256;
+  float* bt = scratch(strips * hd * 16 + per_thread * omp_get_max_threads());
+  const int64_t blocks = n16 / 16, groups = (blocks + kGroup - 1) / kGroup;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t s = 0; s < strips; ++s)
+      pack_rows_transposed(bt + s * hd * 16, E + s * 16 * hd, hd, std::min<int64_t>(16, vocab - s * 16), hd);
+    float* ap = bt + strips * hd * 16 + per_thread * omp_get_thread_num();
+    float* logits = ap + kGroup * 16 * hd;
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t b0 = g * kGroup, nb = std::min(kGroup, blocks - b0);
+      for (int64_t b = 0; b < nb; ++b)
+        pack_rows_transposed(ap + b * 16 * hd, h + (b0 + b) * 16 * hd, hd,
+                             std::min<int64_t>(16, n - (b0 + b) * 16), hd);
+      // Logits tile by tile, each B panel used for the group's blocks in turn (from L1 after the
+      // first), with a running max per row and lane (max is exact: any order).
+      __m512 mx[kGroup * 16];
+      for (int i = 0; i < kGroup * 16; ++i) mx[i] = _mm512_set1_ps(-INFINITY);
+      for (int64_t s = 0; s < strips; ++s) {
+        const __mmask16 cols = s == strips - 1 ? first_n(tail) : __mmask16(0xFFFF);
+        for (int64_t b = 0; b < nb; ++b) {
+          float* tile = logits + (s * kGroup + b) * 256;
+          tile_panels(tile, ap + b * 16 * hd, bt + s * hd * 16, hd);
+          for (int i = 0; i < 16; ++i) {
+            // Columns past V hold −inf: no part in the max, and exp makes them 0.
+            const __m512 v =
+                _mm512_mask_blend_ps(cols, _mm512_set1_ps(-INFINITY), _mm512_load_ps(tile + i * 16));
+            _mm512_store_ps(tile + i * 16, v);
+            mx[b * 16 + i] =
+                _mm512_mask_max_ps(v, 0xFFFF, v, mx[b * 16 + i]);  // masked: GCC 12 warns on the plain one
+          }
+        }
+      }
+      for (int64_t b = 0; b < nb; ++b)
+        block_softmax(e + (b0 + b) * 256, strip, logits + b * 256, kGroup * 256, strips, mx + b * 16,
+                      std::min<int64_t>(16, n - (b0 + b) * 16), (b0 + b) * 16, targets, vocab, tiny, row_max,
+                      row_sum, picked);
+    }
+  }
+  _mm_sfence();  // the streaming stores are visible before anyone reads e
+}
+
+void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float* h, const float* r,
+                              const float* E, int64_t n, int64_t hd, int64_t vocab) {
+  const int64_t n16 = round16(n), v16 = round16(vocab), strips = v16 / 16, panels = round16(hd) / 16;
+  const int64_t strip = strip_stride(n), rstride = n16 * 16;
+  // k-major panels of the two right operands, 16 columns of hd each (0 past hd, n or V):
+  // rh[p·n16·16 + t·16 + j] = r[t]·h[t][16p + j], ep[p·v16·16 + v·16 + j] = E[v][16p + j].
+  float* rh = scratch(panels * (n16 + v16) * 16 + kVocabBlock * 16 * omp_get_max_threads());
+  float* ep = rh + panels * rstride;
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n16; ++t)
+      for (int64_t p = 0; p < panels; ++p) {
+        const __m512 v =
+            t < n ? _mm512_maskz_loadu_ps(first_n(hd - p * 16), h + t * hd + p * 16) : _mm512_setzero_ps();
+        _mm512_store_ps(rh + p * rstride + t * 16, _mm512_mul_ps(v, _mm512_set1_ps(t < n ? r[t] : 0.0f)));
+      }
+#pragma omp for schedule(static)
+    for (int64_t v = 0; v < v16; ++v)
+      for (int64_t p = 0; p < panels; ++p)
+        _mm512_store_ps(ep + p * v16 * 16 + v * 16,
+                        v < vocab ? _mm512_maskz_loadu_ps(first_n(hd - p * 16), E + v * hd + p * 16)
+                                  : _mm512_setzero_ps());
+    alignas(64) float tile[256];
+    float* at = ep + panels * v16 * 16 + kVocabBlock * 16 * omp_get_thread_num();  // dh's A panel
+    // dE += eᵀ·rh: tile (strip s, panel p) sums tokens in blocks of kTokenBlock, block after block.
+    for (int64_t t0 = 0; t0 < n16; t0 += kTokenBlock) {
+      const int64_t kt = std::min(kTokenBlock, n16 - t0);
+#pragma omp for schedule(static)
+      for (int64_t s = 0; s < strips; ++s) {
+        const int64_t rows = std::min<int64_t>(16, vocab - s * 16);
+        for (int64_t p = 0; p < panels; ++p) {
+          tile_panels(tile, e + s * strip + t0 * 16, rh + p * rstride + t0 * 16, kt);
+          const __mmask16 cols = first_n(hd - p * 16);
+          for (int64_t i = 0; i < rows; ++i) {
+            float* c = dE + (s * 16 + i) * hd + p * 16;
+            _mm512_mask_storeu_ps(
+                c, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, c), _mm512_load_ps(tile + i * 16)));
+          }
+        }
+      }
+    }
+    // dh = e·E: tile (token block b, panel p) sums vocabulary rows in blocks of kVocabBlock.
+    for (int64_t v0 = 0; v0 < v16; v0 += kVocabBlock) {
+      const int64_t kv = std::min(kVocabBlock, v16 - v0);
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < n16 / 16; ++b) {
+        const int64_t rows = std::min<int64_t>(16, n - b * 16);
+        // This block's tiles as one k-major panel: broadcasting straight from the tiles (16 loads
+        // from 16 lines at the same offset per k) ran at ~190 instead of ~220 GFLOP/s.
+        for (int64_t s = 0; s < kv / 16; ++s)
+          transpose16(at + s * 256, 16, e + (v0 / 16 + s) * strip + b * 256, 16);
+        for (int64_t p = 0; p < panels; ++p) {
+          tile_panels(tile, at, ep + p * v16 * 16 + v0 * 16, kv);
+          const __mmask16 cols = first_n(hd - p * 16);
+          for (int64_t i = 0; i < rows; ++i) {
+            float* c = dh + (b * 16 + i) * hd + p * 16;
+            const __m512 old = v0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cols, c);
+            _mm512_mask_storeu_ps(c, cols, _mm512_add_ps(old, _mm512_load_ps(tile + i * 16)));
+          }
+        }
+      }
+    }
+  }
+}
+
+#else  // no AVX-512: loss.cc keeps its row-major path
+
+bool tied_head_fused_built() { return false; }
+
+void tied_head_forward(float*, float*, float*, float*, const float*, const float*, const int32_t*, int64_t,
+                       int64_t, int64_t, float) {
+  ZAYA_CHECK(false, "tied_head_forward: this build has no AVX-512");
+}
+
+void tied_head_backward_gemms(float*, float*, const float*, const float*, const float*, const float*, int64_t,
+                              int64_t, int64_t) {
+  ZAYA_CHECK(false, "tied_head_backward_gemms: this build has no AVX-512");
+}
+
+#endif
+
+}  // namespace zaya::ops::cpu
