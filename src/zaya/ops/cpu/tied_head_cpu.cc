@@ -86,7 +86,7 @@ constexpr int64_t kVocabBlock = 512;
 
 // Token blocks of 16 whose logits the forward makes together: each 16 KiB panel of Eᵀ is read
 // from L3 once per group instead of once per block.
-constexpr int64_t kGroup = 4;
+constexpr int64_t kGroup = 2;
 
 // The softmax of one token block (16 rows, `rows` of them real, the first at token t0) whose logits
 // are in `logits` (tile s at logits + s·ls) and whose per-lane maxima are mx: picks the targets'
