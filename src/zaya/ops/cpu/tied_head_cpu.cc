@@ -31,7 +31,7 @@ namespace {
 int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
 __mmask16 first_n(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
 
-// Packed operands, per calling thread, kept between calls (8.5 MiB for the demo's head).
+// Packed operands, per calling thread, kept between calls (about 10 MiB for the demo's head).
 float* scratch(int64_t elems) {
   struct Free {
     void operator()(float* p) const { std::free(p); }
@@ -235,7 +235,7 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
       for (int64_t b = 0; b < n16 / 16; ++b) {
         const int64_t rows = std::min<int64_t>(16, n - b * 16);
         // This block's tiles as one k-major panel: broadcasting straight from the tiles (16 loads
-        // from 16 lines at the same offset per k) ran at ~190 instead of ~220 GFLOP/s.
+        // from 16 lines at the same offset per k) ran at ~190 instead of ~200 GFLOP/s.
         for (int64_t s = 0; s < kv / 16; ++s)
           transpose16(at + s * 256, 16, e + (v0 / 16 + s) * strip + b * 256, 16);
         for (int64_t p = 0; p < panels; ++p) {
