@@ -2,6 +2,7 @@
 #include "zaya/ops/loss.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 
@@ -20,7 +21,7 @@ struct Dims {
   int64_t n, h, vocab, chunk;
 };
 
-bool g_fused_head = true;  // cross_entropy_use_fused_head
+std::atomic<bool> g_fused_head{true};  // cross_entropy_use_fused_head
 
 // The kept-exps case (one chunk covers V) runs on the fused head (cpu/tied_head_cpu.h) where the
 // build has it: e in the strip layout, which may need a little more room than [N, V] (N and V
@@ -83,7 +84,9 @@ inline float flush_tiny(float p) { return p < kTinyProbability ? 0.0f : p; }
 bool keeps_exps(const Dims& d) { return d.chunk == d.vocab; }
 
 // Kept exps on the fused head: e in the strip layout instead of row-major [N, V].
-bool fused(const Dims& d) { return keeps_exps(d) && g_fused_head && cpu::tied_head_fused_built(); }
+bool fused(const Dims& d) {
+  return keeps_exps(d) && g_fused_head.load(std::memory_order_relaxed) && cpu::tied_head_fused_built();
+}
 
 // The fused head's products in ops::gemm_time_stats (the step's GEMM share): `products` [N × V × H]
 // products that ran since t0.
@@ -210,7 +213,7 @@ int64_t cross_entropy_workspace_elems(int64_t n, int64_t vocab, const CrossEntro
   return logits_area(n, vocab, opt.chunk) + 2 * n;
 }
 
-void cross_entropy_use_fused_head(bool on) { g_fused_head = on; }
+void cross_entropy_use_fused_head(bool on) { g_fused_head.store(on, std::memory_order_relaxed); }
 
 CrossEntropyResult cross_entropy_tied_forward(const Tensor& h, const Tensor& E, const Tensor& targets,
                                               const Tensor& lse, const Tensor& workspace,
