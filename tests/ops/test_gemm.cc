@@ -707,6 +707,20 @@ TEST(Gemm, ShapeTimesAddUpToTheTotals) {
   EXPECT_EQ(by["grouped NT ?x8x10 f32"].calls, 1);
   EXPECT_EQ(by["grouped NT ?x8x10 f32"].flops, 2.0 * (5 + 3) * 8 * 10);
   EXPECT_EQ(gemm_time_stats().calls, 4);
+  // A GEMM run outside gemm() (the loss's fused head) joins the totals, and its row when profiling.
+  gemm_time_record("fused 1x2x3", 0.25, 12.0);
+  gemm_profile_shapes(true);
+  gemm_time_record("fused 1x2x3", 0.5, 12.0);
+  gemm_profile_shapes(false);
+  EXPECT_EQ(gemm_time_stats().calls, 6);
+  EXPECT_EQ(gemm_time_stats().flops, 3 * 2.0 * 2 * 6 * 12 * 10 + 2.0 * (5 + 3) * 8 * 10 + 24.0);
+  rows = gemm_shape_times();
+  ASSERT_EQ(rows.size(), 3u);
+  by.clear();
+  for (const auto& r : rows) by[r.shape] = r;
+  EXPECT_EQ(by["fused 1x2x3"].calls, 1);
+  EXPECT_EQ(by["fused 1x2x3"].flops, 12.0);
+  EXPECT_NEAR(by["fused 1x2x3"].seconds, 0.5, 1e-9);  // whole nanoseconds
   gemm_time_reset();
   EXPECT_TRUE(gemm_shape_times().empty());
 }

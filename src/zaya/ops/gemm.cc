@@ -89,6 +89,25 @@ std::string shape_label(bool grouped, Trans ta, Trans tb, int64_t batch, int64_t
   return s + " " + dim(m) + "x" + dim(n) + "x" + dim(k) + (dt == DType::bf16 ? " bf16" : " f32");
 }
 
+// Adds one call's wall time and FLOPs to the counters, and to its shape's row when `label` is not
+// empty.
+void record_call(int64_t ns, double flops, const std::string& label) {
+  TimeCounters& t = time_counters();
+  t.calls.fetch_add(1, std::memory_order_relaxed);
+  t.nanoseconds.fetch_add(ns, std::memory_order_relaxed);
+  double cur = t.flops.load(std::memory_order_relaxed);
+  while (!t.flops.compare_exchange_weak(cur, cur + flops, std::memory_order_relaxed)) {
+  }
+  if (!label.empty()) {
+    std::lock_guard<std::mutex> lock(t.mu);
+    GemmShapeTime& row = t.shapes[label];
+    row.shape = label;
+    row.calls += 1;
+    row.seconds += static_cast<double>(ns) * 1e-9;
+    row.flops += flops;
+  }
+}
+
 // Adds one call's wall time and FLOPs on scope exit (and to its shape's row when profiling;
 // the label is only built then).
 class TimedCall {
@@ -98,22 +117,9 @@ class TimedCall {
   bool wants_label() const { return time_counters().per_shape.load(std::memory_order_relaxed); }
   void set_label(std::string s) { label_ = std::move(s); }
   ~TimedCall() {
-    TimeCounters& t = time_counters();
-    const int64_t ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
-    t.calls.fetch_add(1, std::memory_order_relaxed);
-    t.nanoseconds.fetch_add(ns, std::memory_order_relaxed);
-    double cur = t.flops.load(std::memory_order_relaxed);
-    while (!t.flops.compare_exchange_weak(cur, cur + flops_, std::memory_order_relaxed)) {
-    }
-    if (!label_.empty()) {
-      std::lock_guard<std::mutex> lock(t.mu);
-      GemmShapeTime& row = t.shapes[label_];
-      row.shape = label_;
-      row.calls += 1;
-      row.seconds += static_cast<double>(ns) * 1e-9;
-      row.flops += flops_;
-    }
+    record_call(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count(),
+        flops_, label_);
   }
 
  private:
@@ -1213,21 +1219,8 @@ void gemm_time_reset() {
 }
 
 void gemm_time_record(const std::string& shape, double seconds, double flops) {
-  TimeCounters& t = time_counters();
-  const auto ns = static_cast<int64_t>(seconds * 1e9);
-  t.calls.fetch_add(1, std::memory_order_relaxed);
-  t.nanoseconds.fetch_add(ns, std::memory_order_relaxed);
-  double cur = t.flops.load(std::memory_order_relaxed);
-  while (!t.flops.compare_exchange_weak(cur, cur + flops, std::memory_order_relaxed)) {
-  }
-  if (t.per_shape.load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> lock(t.mu);
-    GemmShapeTime& row = t.shapes[shape];
-    row.shape = shape;
-    row.calls += 1;
-    row.seconds += static_cast<double>(ns) * 1e-9;
-    row.flops += flops;
-  }
+  const bool per_shape = time_counters().per_shape.load(std::memory_order_relaxed);
+  record_call(static_cast<int64_t>(seconds * 1e9), flops, per_shape ? shape : std::string());
 }
 
 void gemm_profile_shapes(bool on) { time_counters().per_shape = on; }
