@@ -13,11 +13,11 @@
 
 namespace zaya::ops::cpu {
 
-// One tile of padding after each strip: strips then start 1 KiB apart in the cache's set index, so
-// the 16-strip runs of tiles that dh's product reads for one token block do not all land in the
-// same L1/L2 sets (a strip of the demo's 2048 tokens is 128 KiB, a multiple of both caches' way size).
+// Floats from one strip to the next: every token's 16-float row, tokens rounded up to 16. (One
+// extra tile per strip, to keep strips 128 KiB apart off the same cache sets, measured 0.97× on
+// the demo head: tools/bench_ab.py, 8 rounds, 0.88–1.12.)
 namespace {
-int64_t strip_stride(int64_t n) { return ((n + 15) / 16 + 1) * 256; }
+int64_t strip_stride(int64_t n) { return (n + 15) / 16 * 256; }
 }  // namespace
 
 int64_t tied_head_strip_elems(int64_t n, int64_t vocab) { return strip_stride(n) * ((vocab + 15) / 16); }
@@ -79,8 +79,10 @@ void pack_rows_transposed(float* dst, const float* src, int64_t ld, int64_t rows
   }
 }
 
-// Tokens per k block of dE's product and vocabulary rows per k block of dh's: the B block of all
-// 16-column panels (hd · 512 floats, 512 KiB for hd = 256) stays in L2 while the tiles of e stream.
+// Tokens per k block of dE's product: a demo batch in one block, so each strip is read once and
+// reused from L2 by all 16 column panels (2048 tokens ran at 211–224 GFLOP/s in a sweep, 256–512
+// at 187–203). Vocabulary rows per k block of dh's: the B block of all 16-column panels
+// (hd · 512 floats, 512 KiB for hd = 256) stays in L2 while the token blocks pass over it.
 constexpr int64_t kTokenBlock = 2048;
 constexpr int64_t kVocabBlock = 512;
 

@@ -8,8 +8,7 @@
 // Here e lives in a *strip layout* that every product reads as it is:
 //
 //   strip s holds columns 16s..16s+15 of every row, row after row: element (t, v) is at
-//   e[(v / 16) · (n16 + 16) · 16 + t · 16 + v % 16], n16 = N rounded up to 16 (padded rows and
-//   columns 0; one unused 16 × 16 tile after each strip keeps strips off the same cache sets).
+//   e[(v / 16) · n16 · 16 + t · 16 + v % 16], n16 = N rounded up to 16 (padded rows and columns 0).
 //
 //   * The forward writes each 16 × 16 tile of logits (16 tokens × 16 vocabulary rows) as one
 //     contiguous KiB, and takes the softmax of 16 tokens while their 512 KiB of tiles are still
