@@ -184,8 +184,8 @@ void tied_head_forward(float* e, float* row_max, float* row_sum, float* picked, 
                       std::min<int64_t>(16, n - (b0 + b) * 16), (b0 + b) * 16, targets, vocab, tiny, row_max,
                       row_sum, picked);
     }
+    _mm_sfence();  // each thread's streaming stores are visible before anyone reads e
   }
-  _mm_sfence();  // the streaming stores are visible before anyone reads e
 }
 
 void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float* h, const float* r,
