@@ -9,13 +9,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "stream_ref.h"
 #include "zaya/core/random.h"
 #include "zaya/core/threads.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/loss.h"
 #include "zaya/ops/newton_schulz.h"
 #include "zaya/ops/optim_ops.h"
+#include "stream_ref.h"
 
 namespace {
 
@@ -53,7 +53,8 @@ void BM_rmsnorm_backward(benchmark::State& state) {
 }
 
 void BM_residual_scale_forward(benchmark::State& state) {
-  Tensor h = randn({kRows, kCols}, 1), x = randn({kRows, kCols}, 2), y = out({kRows, kCols});
+  Tensor h = randn({kRows, kCols}, 1), x = randn({kRows, kCols}, 2),
+         y = out({kRows, kCols});
   ops::ResidualScaleParams p{randn({kCols}, 3), randn({kCols}, 4), randn({kCols}, 5), randn({kCols}, 6)};
   for (auto _ : state) ops::residual_scale_forward(h, x, p, y);
   set_bytes(state, 3 * kRows * kCols * 4);
@@ -92,7 +93,8 @@ void BM_swiglu_forward(benchmark::State& state) {
 }
 
 void BM_swiglu_backward(benchmark::State& state) {
-  Tensor gu = randn({kRows, kCols}, 1), g = randn({kRows, kCols / 2}, 2), dgu = out({kRows, kCols});
+  Tensor gu = randn({kRows, kCols}, 1), g = randn({kRows, kCols / 2}, 2),
+         dgu = out({kRows, kCols});
   for (auto _ : state) ops::swiglu_backward(g, gu, dgu);
   set_bytes(state, (2 * kRows * kCols + kRows * kCols / 2) * 4);
 }
@@ -129,10 +131,10 @@ void BM_grad_norm(benchmark::State& state) {
   set_bytes(state, kRows * kCols * 4);
 }
 
-// Demo LM head: 2048 tokens, H 256, V 8192, chunk 4096.
-// The demo's tied head and loss, forward and backward. Args: vocabulary chunk (4096: two chunks,
-// logits recomputed; 8192: one chunk, exponentials kept), fused head on/off (the kept-exps case on
-// AVX-512: the strip-layout kernels of ops/cpu/tied_head_cpu.h, or row-major logits and oneDNN).
+// The demo's tied head and loss (2048 tokens, H 256, V 8192), forward and backward. Args: vocabulary
+// chunk (4096: two chunks, logits recomputed; 8192: one chunk, exponentials kept), fused head on/off
+// (the kept-exps case on AVX-512: the strip-layout kernels of ops/cpu/tied_head_cpu.h, or row-major
+// logits and oneDNN).
 void BM_cross_entropy_tied(benchmark::State& state) {
   const int64_t n = 2048, h = 256, vocab = 8192;
   ops::CrossEntropyOptions opt{.chunk = state.range(0)};
@@ -170,16 +172,12 @@ void BM_newton_schulz(benchmark::State& state) {
   for (auto _ : state) ops::newton_schulz_orthogonalize(g, o, ws, 5, DType::bf16);
   const double r = static_cast<double>(std::min(rows, cols)), c = static_cast<double>(std::max(rows, cols));
   const double flops = 5.0 * static_cast<double>(batch) * (4.0 * r * r * c + 2.0 * r * r * r);
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate);
 }
 
 BENCHMARK(BM_adamw_update)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_newton_schulz)
-    ->Args({8, 1024, 256})
-    ->Args({8, 256, 512})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+BENCHMARK(BM_newton_schulz)->Args({8, 1024, 256})->Args({8, 256, 512})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_grad_norm)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_cross_entropy_tied)
     ->Args({4096, 1})

@@ -19,6 +19,7 @@ using detail::require_f32;
 
 struct Dims {
   int64_t n, h, vocab, chunk;
+  bool fused;  // the kept-exps case on the fused head: decided once per call (check_args)
 };
 
 std::atomic<bool> g_fused_head{true};  // cross_entropy_use_fused_head
@@ -43,7 +44,8 @@ Dims check_args(const char* op, const Tensor& h, const Tensor& E, const Tensor& 
   ZAYA_CHECK(h.ndim() == 2, op, ": h must be [N, H], found ", h.str());
   ZAYA_CHECK(E.ndim() == 2 && E.size(1) == h.size(1), op, ": E must be [V, ", h.size(1), "] to match h ",
              h.shape().str(), ", found ", E.shape().str());
-  Dims d{h.size(0), h.size(1), E.size(0), std::min(opt.chunk, E.size(0))};
+  Dims d{h.size(0), h.size(1), E.size(0), std::min(opt.chunk, E.size(0)),
+         fused_head_fits(E.size(0), opt.chunk) && g_fused_head.load(std::memory_order_relaxed)};
   ZAYA_CHECK(d.vocab > 0, op, ": empty vocabulary, E is ", E.shape().str());
   ZAYA_CHECK(opt.chunk > 0, op, ": chunk must be positive, found ", opt.chunk);
   require_cpu(op, targets);
@@ -83,11 +85,6 @@ inline float flush_tiny(float p) { return p < kTinyProbability ? 0.0f : p; }
 // it again: the workspace's logits become e = exp(logit − row max) in place and `sum` holds Σ_j e.
 bool keeps_exps(const Dims& d) { return d.chunk == d.vocab; }
 
-// Kept exps on the fused head: e in the strip layout instead of row-major [N, V].
-bool fused(const Dims& d) {
-  return keeps_exps(d) && g_fused_head.load(std::memory_order_relaxed) && cpu::tied_head_fused_built();
-}
-
 // The fused head's products in ops::gemm_time_stats (the step's GEMM share): `products` [N × V × H]
 // products that ran since t0.
 void record_fused(const std::string& shape, std::chrono::steady_clock::time_point t0, int products, const Dims& d) {
@@ -101,26 +98,12 @@ float* row_sums(const Tensor& workspace, const Dims& d) {
   return workspace.data<float>() + logits_area(d.n, d.vocab, d.chunk);
 }
 
-CrossEntropyResult forward_impl(const Tensor& h, const Tensor& E, const Tensor& targets, const Tensor& lse,
-                                const Tensor& workspace, const CrossEntropyOptions& opt, const Dims& d) {
-  const int32_t* tgt = targets.data<int32_t>();
-  // Row state between chunks: running max in lse (until the end), running Σexp in `sum`, the
-  // target's logit in `picked`. Both [N] buffers live after the logits chunk in the workspace.
-  float* run_max = lse.data<float>();
-  float* sum = row_sums(workspace, d);
-  float* picked = sum + d.n;
-  std::fill_n(run_max, d.n, -INFINITY);
-  std::fill_n(sum, d.n, 0.0f);
-  std::fill_n(picked, d.n, 0.0f);
+// The row-major forward: logits chunk by chunk (oneDNN), each row's running max and Σexp carried
+// across chunks; with kept exps the single chunk's logits become e = exp(logit − max) in place.
+void row_major_forward(const Tensor& h, const Tensor& E, const int32_t* tgt, const Tensor& workspace, const Dims& d,
+                       float* run_max, float* sum, float* picked) {
   const bool keep = keeps_exps(d);
-  if (fused(d)) {
-    const auto t0 = std::chrono::steady_clock::now();
-    cpu::tied_head_forward(workspace.data<float>(), run_max, sum, picked, h.data<float>(), E.data<float>(), tgt, d.n,
-                           d.h, d.vocab, kTinyProbability);
-    // Counted with the step's GEMMs (its softmax included: the two are interleaved).
-    record_fused(str("fused head NT ", d.n, "x", d.vocab, "x", d.h, " f32 (+ softmax)"), t0, 1, d);
-  }
-  for (int64_t v0 = 0; v0 < d.vocab && !fused(d); v0 += d.chunk) {
+  for (int64_t v0 = 0; v0 < d.vocab; v0 += d.chunk) {
     // One GEMM for the whole chunk: 256-row blocks (so the softmax would read rows still in
     // cache) cost 88 instead of 60 ms at 2 threads for the demo head.
     const int64_t c = std::min(d.chunk, d.vocab - v0);
@@ -141,6 +124,28 @@ CrossEntropyResult forward_impl(const Tensor& h, const Tensor& E, const Tensor& 
       sum[i] += keep ? cpu::exp_store_sum(row, row, c, run_max[i], next, cpu::FlushBelow{kTinyProbability})
                      : cpu::sum_expf(row, c, run_max[i]);
     }
+  }
+}
+
+CrossEntropyResult forward_impl(const Tensor& h, const Tensor& E, const Tensor& targets, const Tensor& lse,
+                                const Tensor& workspace, const CrossEntropyOptions& opt, const Dims& d) {
+  const int32_t* tgt = targets.data<int32_t>();
+  // Row state between chunks: running max in lse (until the end), running Σexp in `sum`, the
+  // target's logit in `picked`. Both [N] buffers live after the logits chunk in the workspace.
+  float* run_max = lse.data<float>();
+  float* sum = row_sums(workspace, d);
+  float* picked = sum + d.n;
+  std::fill_n(run_max, d.n, -INFINITY);
+  std::fill_n(sum, d.n, 0.0f);
+  std::fill_n(picked, d.n, 0.0f);
+  if (d.fused) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cpu::tied_head_forward(workspace.data<float>(), run_max, sum, picked, h.data<float>(), E.data<float>(), tgt, d.n,
+                           d.h, d.vocab, kTinyProbability);
+    // Counted with the step's GEMMs (its softmax included: the two are interleaved).
+    record_fused(str("fused head NT ", d.n, "x", d.vocab, "x", d.h, " f32 (+ softmax)"), t0, 1, d);
+  } else {
+    row_major_forward(h, E, tgt, workspace, d, run_max, sum, picked);
   }
   CrossEntropyResult r;
   double total = 0;
@@ -170,7 +175,7 @@ void backward_kept(const Tensor& h, const Tensor& E, const Tensor& targets, cons
   float* dhp = dh.data<float>();
   float* dEp = dE.data<float>();
   const int64_t H = d.h;
-  if (fused(d)) {  // both products from the strip layout; r in the (no longer needed) picked buffer
+  if (d.fused) {  // both products from the strip layout; r in the (no longer needed) picked buffer
     float* r = row_sums(workspace, d) + d.n;
     for (int64_t i = 0; i < d.n; ++i) r[i] = tgt[i] == opt.ignore_index ? 0.0f : inv_count / sum[i];
     const auto t0 = std::chrono::steady_clock::now();
@@ -193,7 +198,7 @@ void backward_kept(const Tensor& h, const Tensor& E, const Tensor& targets, cons
       if (tgt[i] == opt.ignore_index) continue;
       for (int64_t k = k0; k < std::min(H, k0 + 16); ++k) dEp[tgt[i] * H + k] -= hp[i * H + k] * inv_count;
     }
-  if (!fused(d)) gemm(workspace.window(0, Shape{d.n, d.vocab}), Trans::N, E, Trans::N, dh, 1.0f, 0.0f);
+  if (!d.fused) gemm(workspace.window(0, Shape{d.n, d.vocab}), Trans::N, E, Trans::N, dh, 1.0f, 0.0f);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < d.n; ++i) {
     float* row = dhp + i * H;

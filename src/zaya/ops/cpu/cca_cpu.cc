@@ -116,9 +116,9 @@ constexpr int64_t kRows = 64;  // tokens per forward task
 constexpr int64_t kTok = 64;   // tokens per backward block: its depthwise pairs and E rows stay in L1/L2
 
 // The blocked forwards' inputs: the depthwise rows below (AVX-512 and AVX2) and, for the AVX2
-// form's dot products, the grouped weight's rows copied to 64-byte-aligned rows of K2p, zero-padded like dd's: the products past K2 are 0·0 = +0,
-// which leaves every partial sum's bits as dotf's, and the loop needs no masks (the parameter views
-// are not aligned to a cache line).
+// form's dot products, the grouped weight's rows copied to 64-byte-aligned rows of K2p, zero-padded
+// like dd's: the products past K2 are 0·0 = +0, which leaves every partial sum's bits as dotf's, and
+// the loop needs no masks (the parameter views are not aligned to a cache line).
 [[maybe_unused]] AlignedVector<float> padded_weight_rows(const float* gw, int64_t C, int64_t K2, int64_t K2p) {
   AlignedVector<float> gwa(static_cast<size_t>(C * K2p), 0.0f);
   for (int64_t o = 0; o < C; ++o) std::copy_n(gw + o * K2, K2, gwa.data() + o * K2p);

@@ -79,6 +79,23 @@ void pack_rows_transposed(float* dst, const float* src, int64_t ld, int64_t rows
   }
 }
 
+// dst[p·ldp + r·16 + j] = scale_r · src[r·ld + 16p + j] for r < rows16, 16p + j < cols: a row-major
+// [rows, cols] matrix as k-major panels of 16 columns (k = the row), 0 past rows or cols; scale
+// null means 1. Called inside a parallel region: the rows are shared out among its threads.
+void pack_column_panels(float* dst, int64_t ldp, const float* src, int64_t ld, int64_t rows, int64_t rows16,
+                        int64_t cols, const float* scale) {
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < rows16; ++r)
+    for (int64_t p = 0; p < (cols + 15) / 16; ++p) {
+      __m512 v = _mm512_setzero_ps();
+      if (r < rows) {
+        v = _mm512_maskz_loadu_ps(first_n(cols - p * 16), src + r * ld + p * 16);
+        if (scale) v = _mm512_mul_ps(v, _mm512_set1_ps(scale[r]));
+      }
+      _mm512_store_ps(dst + p * ldp + r * 16, v);
+    }
+}
+
 // Tokens per k block of dE's product: a demo batch in one block, so each strip is read once and
 // reused from L2 by all 16 column panels (2048 tokens ran at 211–224 GFLOP/s in a sweep, 256–512
 // at 187–203). Vocabulary rows per k block of dh's: the B block of all 16-column panels
@@ -165,15 +182,16 @@ void tied_head_forward(float* e, float* row_max, float* row_sum, float* picked, 
       __m512 mx[kGroup * 16];
       for (int i = 0; i < kGroup * 16; ++i) mx[i] = _mm512_set1_ps(-INFINITY);
       for (int64_t s = 0; s < strips; ++s) {
-        const __mmask16 cols = s == strips - 1 ? first_n(tail) : __mmask16(0xFFFF);
+        const bool partial = s == strips - 1 && tail < 16;
         for (int64_t b = 0; b < nb; ++b) {
           float* tile = logits + (s * kGroup + b) * 256;
           tile_panels(tile, ap + b * 16 * hd, bt + s * hd * 16, hd);
           for (int i = 0; i < 16; ++i) {
-            // Columns past V hold −inf: no part in the max, and exp makes them 0.
-            const __m512 v =
-                _mm512_mask_blend_ps(cols, _mm512_set1_ps(-INFINITY), _mm512_load_ps(tile + i * 16));
-            _mm512_store_ps(tile + i * 16, v);
+            __m512 v = _mm512_load_ps(tile + i * 16);
+            if (partial) {  // columns past V hold −inf: no part in the max, and exp makes them 0
+              v = _mm512_mask_blend_ps(first_n(tail), _mm512_set1_ps(-INFINITY), v);
+              _mm512_store_ps(tile + i * 16, v);
+            }
             mx[b * 16 + i] =
                 _mm512_mask_max_ps(v, 0xFFFF, v, mx[b * 16 + i]);  // masked: GCC 12 warns on the plain one
           }
@@ -198,19 +216,8 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
   float* ep = rh + panels * rstride;
 #pragma omp parallel
   {
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < n16; ++t)
-      for (int64_t p = 0; p < panels; ++p) {
-        const __m512 v =
-            t < n ? _mm512_maskz_loadu_ps(first_n(hd - p * 16), h + t * hd + p * 16) : _mm512_setzero_ps();
-        _mm512_store_ps(rh + p * rstride + t * 16, _mm512_mul_ps(v, _mm512_set1_ps(t < n ? r[t] : 0.0f)));
-      }
-#pragma omp for schedule(static)
-    for (int64_t v = 0; v < v16; ++v)
-      for (int64_t p = 0; p < panels; ++p)
-        _mm512_store_ps(ep + p * v16 * 16 + v * 16,
-                        v < vocab ? _mm512_maskz_loadu_ps(first_n(hd - p * 16), E + v * hd + p * 16)
-                                  : _mm512_setzero_ps());
+    pack_column_panels(rh, rstride, h, hd, n, n16, hd, r);
+    pack_column_panels(ep, v16 * 16, E, hd, vocab, v16, hd, nullptr);
     alignas(64) float tile[256];
     float* at = ep + panels * v16 * 16 + kVocabBlock * 16 * omp_get_thread_num();  // dh's A panel
     // dE += eᵀ·rh: tile (strip s, panel p) sums tokens in blocks of kTokenBlock, block after block.
