@@ -175,7 +175,7 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
   {
     float* dd = scratch<0>(kRows * K2p);
     float* part = scratch<1>(16 * 4 * kOut);  // P_l of 4 tokens × kOut outputs: [l][token][output]
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)  // tasks own their outputs (docs/CONTRIBUTING.md, "Adding an op")
     for (int64_t task = 0; task < nblk * heads; ++task) {
       const int64_t g = task % heads, r0 = (task / heads) * kRows, nr = std::min(kRows, N - r0);
       const int64_t nr4 = (nr + 3) / 4 * 4;
@@ -223,7 +223,7 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
   {
     float* dd = scratch<0>(kRows * K2p);
     float* acc = scratch<1>(4 * 8 * 16);  // [token][output][lane] of 4 tokens × 8 outputs
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < nblk * heads; ++task) {
       const int64_t g = task % heads, r0 = (task / heads) * kRows, nr = std::min(kRows, N - r0);
       const int64_t nr4 = (nr + 3) / 4 * 4;
@@ -303,7 +303,7 @@ void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, con
     float* state = scratch<5>(6 * hd);
     float *Gp = state, *E1 = state + hd, *sdb = state + 2 * hd, *sw0 = state + 3 * hd, *sw1 = state + 4 * hd,
           *sgb = state + 5 * hd;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)  // a head's gradients are its own: any thread may take it
     for (int64_t g = 0; g < heads; ++g) {
       const int64_t c0 = g * hd;
       for (int64_t i = 0; i < hd; ++i)  // the gradients accumulate: their chains continue from there

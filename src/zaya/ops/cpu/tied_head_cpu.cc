@@ -166,12 +166,15 @@ void tied_head_forward(float* e, float* row_max, float* row_sum, float* picked, 
   const int64_t blocks = n16 / 16, groups = (blocks + kGroup - 1) / kGroup;
 #pragma omp parallel
   {
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (int64_t s = 0; s < strips; ++s)
       pack_rows_transposed(bt + s * hd * 16, E + s * 16 * hd, hd, std::min<int64_t>(16, vocab - s * 16), hd);
     float* ap = bt + strips * hd * 16 + per_thread * omp_get_thread_num();
     float* logits = ap + kGroup * 16 * hd;
-#pragma omp for schedule(static)
+    // Dynamic schedules here and below: every iteration writes only its own outputs, so the bits do
+    // not depend on who runs it, and the two threads of a shared VM often run at different speeds
+    // (a static split left one idle ~9% of the forward; docs/CONTRIBUTING.md, "Adding an op").
+#pragma omp for schedule(dynamic, 1)
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t b0 = g * kGroup, nb = std::min(kGroup, blocks - b0);
       for (int64_t b = 0; b < nb; ++b)
@@ -223,7 +226,7 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
     // dE += eᵀ·rh: tile (strip s, panel p) sums tokens in blocks of kTokenBlock, block after block.
     for (int64_t t0 = 0; t0 < n16; t0 += kTokenBlock) {
       const int64_t kt = std::min(kTokenBlock, n16 - t0);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 4)
       for (int64_t s = 0; s < strips; ++s) {
         const int64_t rows = std::min<int64_t>(16, vocab - s * 16);
         for (int64_t p = 0; p < panels; ++p) {
@@ -240,7 +243,7 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
     // dh = e·E: tile (token block b, panel p) sums vocabulary rows in blocks of kVocabBlock.
     for (int64_t v0 = 0; v0 < v16; v0 += kVocabBlock) {
       const int64_t kv = std::min(kVocabBlock, v16 - v0);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 2)
       for (int64_t b = 0; b < n16 / 16; ++b) {
         const int64_t rows = std::min<int64_t>(16, n - b * 16);
         // This block's tiles as one k-major panel: broadcasting straight from the tiles (16 loads
