@@ -648,6 +648,44 @@ TEST(Gemm, Avx2PathsMatchReferenceAndAreThreadCountFree) {
   set_num_threads(saved);
 }
 
+// Taken pieces (gemm.cc: large f32 products on the avx512_core paths cut by their shape and taken
+// by the threads in turn): cut along M (1000 × 200) and along N (200 × 1000) into three pieces,
+// the last one shorter, in every transpose. Each right against float64 (1e-5: f32 accumulation of
+// 256 exact products, ~sqrt(256)·2^-24 ≈ 1e-6 in norm), bitwise the same on 1 and 2 threads, and
+// within the same bound of the uncut path (a different blocking may round differently).
+TEST(Gemm, TakenPiecesMatchReferenceAndAreThreadCountFree) {
+  if (gemm_avx2_paths()) GTEST_SKIP() << "this CPU runs every GEMM as shape pieces (AVX2 paths)";
+  const int saved = num_threads();
+  for (Dims d : {Dims{1000, 200, 256}, Dims{200, 1000, 256}})
+    for (Trans ta : {Trans::N, Trans::T})
+      for (Trans tb : {Trans::N, Trans::T}) {
+        Tensor A = random_tensor(operand_shape(d.m, d.k, ta), 41);
+        Tensor B = random_tensor(operand_shape(d.k, d.n, tb), 42);
+        Tensor C0 = random_tensor({d.m, d.n}, 43);
+        auto ref = gemm_reference(to_f64(A), ta, to_f64(B), tb, to_f64(C0), 1, d.m, d.n, d.k, 0.5, 1.0);
+        std::vector<Tensor> outs;
+        for (int threads : {1, 2}) {
+          set_num_threads(threads);
+          Tensor C = C0.clone();
+          const GemmCacheStats before = gemm_cache_stats();
+          gemm(A, ta, B, tb, C, 0.5f, 1.0f);
+          // Three pieces of two sizes: two one-thread primitives, built on the first call.
+          if (threads == 1) {
+            EXPECT_EQ(gemm_cache_stats().misses - before.misses, 2);
+          }
+          EXPECT_LT(test::rel_error(C, ref), 1e-5) << d.m << "x" << d.n << " ta " << int(ta) << " tb " << int(tb);
+          outs.push_back(C);
+        }
+        EXPECT_TRUE(same_bits(outs[0], outs[1])) << d.m << "x" << d.n << " ta " << int(ta) << " tb " << int(tb);
+        gemm_taken_pieces(false);
+        Tensor whole = C0.clone();
+        gemm(A, ta, B, tb, whole, 0.5f, 1.0f);
+        gemm_taken_pieces(true);
+        EXPECT_LT(test::rel_error(outs[0], to_f64(whole)), 1e-5) << "pieces against the uncut path";
+      }
+  set_num_threads(saved);
+}
+
 TEST(Gemm, PrimitivesAreCached) {
   Tensor A = random_tensor({6, 10}, 71), B = random_tensor({10, 12}, 72),
          C = Tensor::empty({6, 12}, DType::f32);

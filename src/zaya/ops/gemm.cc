@@ -596,12 +596,77 @@ void run_pieces(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans
   run_pieces_in_turn(count, threads, run_one);
 }
 
-// One problem, checked and non-trivial: run_fixed where oneDNN's results do not depend on the
-// thread count, run_pieces where they do.
+// Taken pieces: an f32 2-D product on the avx512_core paths cut along its larger output dim into
+// up to kTakenPieces spans of at least kMinTakenSpan rows or columns and kMinTakenFlops, each run
+// through a primitive built for one thread over its block of the operands and taken by the
+// threads as they free up. oneDNN's own threading splits a product evenly in advance, and on a
+// shared VM the two vCPUs often run at different speeds, so one of them waits. One-thread brgemm
+// pieces cost little (tools/onednn_piece_probe.cc, one Intel Xeon core, whole vs 8 pieces:
+// 2048×512×256 NT 142–145 vs 143 GFLOP/s, 2048×256×512 NN 151–160 vs 152–158; a TN product's
+// 64-row pieces fall off brgemm to the jit gemm, 3–5% slower, hence 128; the router's 2048×64×256
+// in 8 pieces of 8 MFLOP ran at 158–190 against 200–215 GFLOP/s whole, hence 32). The demo step: 1.015×
+// and 1.016× (paired medians of 16 and 12 alternations, docs/results/model-cpu.md, session 14).
+// The cut depends on the shape alone, so the bits do not depend on the thread count.
+constexpr int64_t kTakenPieces = 8, kMinTakenSpan = 128;
+constexpr double kMinTakenFlops = 32e6;
+std::atomic<bool> g_taken_pieces{true};
+Pieces taken_pieces_of(const Dims& d, DType dtype) {
+  if (!g_taken_pieces.load(std::memory_order_relaxed) || d.batch != 1 || dtype != DType::f32)
+    return {true, d.m, 1};
+  const bool along_m = d.m >= d.n;
+  const int64_t dim = along_m ? d.m : d.n;
+  const double flops = flops_of(1, d.m, d.n, d.k);
+  int64_t count = std::min<int64_t>(kTakenPieces, dim / kMinTakenSpan);
+  count = std::min<int64_t>(count, static_cast<int64_t>(flops / kMinTakenFlops));
+  if (count < 3) return {true, d.m, 1};  // two pieces on two threads is the even split again
+  const int64_t step = ((dim + count - 1) / count + 15) / 16 * 16;
+  return {along_m, step, (dim + step - 1) / step};
+}
+
+void run_taken_pieces(const Dims& d, const Pieces& pc, const Tensor& A, Trans ta, const Tensor& B, Trans tb,
+                      const Tensor& C, float alpha, float beta, int threads) {
+  const auto dt = dnnl_type(static_cast<uint8_t>(A.dtype()));
+  const int64_t es = static_cast<int64_t>(dtype_size(A.dtype()));
+  const int64_t lda = ta == Trans::N ? d.k : d.m, ldb = tb == Trans::N ? d.n : d.k;
+  const auto* a0 = static_cast<const char*>(A.raw());
+  const auto* b0 = static_cast<const char*>(B.raw());
+  auto* c0 = static_cast<char*>(C.raw());
+  run_pieces_in_turn(static_cast<size_t>(pc.count), threads, [&](size_t j) {
+    const int64_t i0 = static_cast<int64_t>(j) * pc.step;
+    const char* a = a0;
+    const char* b = b0;
+    char* c = c0;
+    Dims pd{1, 1, d.m, d.n, d.k};
+    if (pc.along_m) {  // rows i0.. of op(A) and of C
+      pd.m = std::min(pc.step, d.m - i0);
+      a += (ta == Trans::N ? i0 * lda : i0) * es;
+      c += i0 * d.n * static_cast<int64_t>(sizeof(float));
+    } else {  // columns i0.. of op(B) and of C
+      pd.n = std::min(pc.step, d.n - i0);
+      b += (tb == Trans::N ? i0 : i0 * ldb) * es;
+      c += i0 * static_cast<int64_t>(sizeof(float));
+    }
+    Key key = make_key(pd, ta, tb, A.dtype(), alpha, beta, 1);
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = d.n;
+    Primitive prim = lookup(key);
+    execute(prim, block_desc(pd.m, pd.k, ta, lda, dt), a, block_desc(pd.k, pd.n, tb, ldb, dt), b,
+            block_desc(pd.m, pd.n, Trans::N, d.n, memory::data_type::f32), c);
+  });
+}
+
+// One problem, checked and non-trivial: run_pieces where oneDNN's results depend on the thread
+// count; otherwise taken pieces where the product is large enough to cut, run_fixed where not.
 void run_plain(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha,
                float beta, int threads) {
-  if (threads_change_bits())
+  if (threads_change_bits()) {
     run_pieces(d, A, ta, B, tb, C, alpha, beta, threads);
+    return;
+  }
+  const Pieces pc = taken_pieces_of(d, A.dtype());
+  if (pc.count > 1)
+    run_taken_pieces(d, pc, A, ta, B, tb, C, alpha, beta, threads);
   else
     run_fixed(d, A, ta, B, tb, C, alpha, beta, threads);
 }
@@ -1188,6 +1253,10 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
 void gemm_use_amx(bool on) { g_amx_enabled = on; }
 
 void gemm_force_avx2_paths(bool on) { g_force_avx2_paths = on; }
+
+void gemm_taken_pieces(bool on) { g_taken_pieces = on; }
+
+bool gemm_avx2_paths() { return threads_change_bits(); }
 
 bool gemm_bf16_native() { return bf16_matmul_native(); }
 

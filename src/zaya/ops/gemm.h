@@ -48,6 +48,9 @@ void gemm_use_amx(bool on);
 // default (automatic).
 void gemm_force_avx2_paths(bool on);
 
+// Whether those AVX2-only paths are in use (automatically or forced).
+bool gemm_avx2_paths();
+
 // Whether bf16 operands reach a bf16 kernel (false: gemm widens them to f32 first, exactly). A
 // caller that rounds its own inputs to bf16 can then keep them as f32 holding bf16 values and skip
 // both the narrowing and the widening: the same products, the same bits.
@@ -57,6 +60,11 @@ bool gemm_bf16_native();
 // single-thread GEMM per thread (docs/ops-gemm.md); off, each problem runs on all threads in turn.
 // On by default; the switch is for benchmarks that compare the two.
 void gemm_grouped_side_by_side(bool on);
+
+// Plain f32 products on the avx512_core paths that are large enough run as pieces fixed by their
+// shape, taken by the threads as they free up, instead of oneDNN's even split (docs/ops-gemm.md,
+// "Taken pieces"). On by default; off for A/B runs and for the test that compares the two.
+void gemm_taken_pieces(bool on);
 
 // bf16 grouped calls that zaya's AMX kernel does not take run on oneDNN through fixed-shape
 // primitives (row blocks for x·Wᵀ and dy·W with small weights, a zero-padded token dim for large
