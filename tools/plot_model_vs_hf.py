@@ -27,6 +27,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("-o", "--out", required=True, help="PNG to write")
+    ap.add_argument("--change-before", action="append", default=[], metavar="LABEL:TEXT",
+                    help="a dotted line before the run labelled LABEL (its start time), captioned TEXT: "
+                         "where the code changed between runs")
     args = ap.parse_args()
     import matplotlib
     matplotlib.use("Agg")
@@ -51,14 +54,24 @@ def main():
             ax.scatter([x] * len(left), left, s=14, marker="x", color="grey", alpha=0.7, zorder=2)
         if kept:
             ax.hlines(statistics.median(kept), x - 0.3, x + 0.3, color="tab:red", linewidth=2, zorder=3)
+    labels = [label for label, _ in runs]
+    for mark in args.change_before:
+        where, _, text = mark.partition(":")
+        if where not in labels:
+            sys.exit(f"--change-before: no run labelled {where} (labels: {', '.join(labels)})")
+        x = labels.index(where) - 0.5
+        ax.axvline(x, color="tab:green", linestyle=":", linewidth=1.5)
+        ax.annotate(text, (x, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
+                    textcoords="offset points", va="top", fontsize=8, color="tab:green")
     ax.axhline(2.0, color="black", linestyle="--", linewidth=1, label="bar: 2×")
     ax.set_xticks(range(len(runs)))
     ax.set_xticklabels([label for label, _ in runs], rotation=60, ha="right", fontsize=8)
     ax.set_xlabel("run (start time, UTC)")
     ax.set_ylabel("zaya / transformers, fp32 tokens/s")
-    ax.set_title("Training step, demo shapes, 2 threads: rounds (dots; x: left out for steal) and run medians")
+    ax.set_title("Training step, demo shapes, 2 threads\nrounds (dots; x: left out for steal) and run medians",
+                 fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(loc="upper left")
+    ax.legend(loc="lower left")
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out} ({len(runs)} runs)")
