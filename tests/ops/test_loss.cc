@@ -230,13 +230,15 @@ TEST(CrossEntropy, KeptExpsBackwardMatchesRecomputingBackward) {
 // AVX-512 (cpu/tied_head_cpu.h) and on row-major logits with library GEMMs otherwise or when
 // switched off. Both against the closed form in double, and against each other, on shapes that
 // leave partial 16-token blocks, 16-column strips and 16-wide panels (n, V, hd not multiples of
-// 16), span several of the fused path's vocabulary blocks (512), token groups (64) and token
-// blocks (2048), and have ignored rows and tokens sharing a target (dE's one-hot correction).
+// 16), span several of the fused path's vocabulary blocks (512 rows), token groups (32 tokens),
+// dE's strip groups (256 rows) and token blocks (256 tokens; both at once in 300 × 300), and have
+// ignored rows and tokens sharing a target (dE's one-hot correction).
 TEST(CrossEntropy, FusedHeadMatchesRowMajorPathAndReference) {
   struct Case {
     int64_t n, hd, v;
   };
-  for (const Case c : {Case{7, 13, 50}, Case{70, 40, 600}, Case{150, 16, 33}, Case{2100, 8, 20}}) {
+  for (const Case c :
+       {Case{7, 13, 50}, Case{70, 40, 600}, Case{150, 16, 33}, Case{2100, 8, 20}, Case{300, 24, 300}}) {
     std::vector<int32_t> t(c.n);
     for (int64_t i = 0; i < c.n; ++i) t[i] = i % 11 == 5 ? -100 : static_cast<int32_t>((i % 13) * 7 % c.v);
     Tensor h = random_tensor({c.n, c.hd}, 21, 1.5f), E = random_tensor({c.v, c.hd}, 22, 1.5f), tg = make_targets(t);

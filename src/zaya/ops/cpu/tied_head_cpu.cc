@@ -101,11 +101,16 @@ void pack_column_panels(float* dst, int64_t ldp, const float* src, int64_t ld, i
     }
 }
 
-// Tokens per k block of dE's product: a demo batch in one block, so each strip is read once and
-// reused from L2 by all 16 column panels (2048 tokens ran at 211–224 GFLOP/s in a sweep, 256–512
-// at 187–203). Vocabulary rows per k block of dh's: the B block of all 16-column panels
-// (hd · 512 floats, 512 KiB for hd = 256) stays in L2 while the token blocks pass over it.
-constexpr int64_t kTokenBlock = 2048;
+// dE's product runs in tasks of kStripGroup strips (their dE rows: 256 × hd floats, 256 KiB for
+// hd = 256), each summing tokens in blocks of kTokenBlock: per block, the 16 column panels of r ⊙ h
+// (hd · 256 floats, 256 KiB) are read from L2 by every strip of the task, each strip's 16 KiB
+// piece stays in L1 across the panels, and the task's dE rows stay in L2 across the blocks. With
+// the whole batch as one block (2048 tokens: r ⊙ h's 2 MiB of panels read from L3 once per strip)
+// a one-core harness of the loop ran at 107–114 GFLOP/s against 133–142 with 256-token blocks
+// (Intel Xeon, 4 alternations). Vocabulary rows per k block of dh's: the B block of all 16-column
+// panels (hd · 512 floats, 512 KiB for hd = 256) stays in L2 while the token blocks pass over it.
+constexpr int64_t kTokenBlock = 256;
+constexpr int64_t kStripGroup = 16;
 constexpr int64_t kVocabBlock = 512;
 
 // Token blocks of 16 whose logits the forward makes together: each 16 KiB panel of Eᵀ is read
@@ -235,23 +240,26 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
     pack_column_panels(ep, v16 * 16, E, hd, vocab, v16, hd, nullptr);
     alignas(64) float tile[256];
     float* at = ep + panels * v16 * 16 + kVocabBlock * 16 * omp_get_thread_num();  // dh's A panel
-    // dE += eᵀ·rh: tile (strip s, panel p) sums tokens in blocks of kTokenBlock, block after block.
-    for (int64_t t0 = 0; t0 < n16; t0 += kTokenBlock) {
-      const int64_t kt = std::min(kTokenBlock, n16 - t0);
-#pragma omp for schedule(dynamic, 4)
-      for (int64_t s = 0; s < strips; ++s) {
-        const int64_t rows = std::min<int64_t>(16, vocab - s * 16);
-        for (int64_t p = 0; p < panels; ++p) {
-          tile_panels(tile, e + s * strip + t0 * 16, rh + p * rstride + t0 * 16, kt);
-          const __mmask16 cols = first_n(hd - p * 16);
-          for (int64_t i = 0; i < rows; ++i) {
-            float* c = dE + (s * 16 + i) * hd + p * 16;
-            _mm512_mask_storeu_ps(
-                c, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, c), _mm512_load_ps(tile + i * 16)));
+    // dE += eᵀ·rh: tile (strip s, panel p) sums tokens in blocks of kTokenBlock, each block's
+    // partial added to dE in block order (one task owns a strip's rows: the same bits on any
+    // thread count).
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t s0 = 0; s0 < strips; s0 += kStripGroup)
+      for (int64_t t0 = 0; t0 < n16; t0 += kTokenBlock) {
+        const int64_t kt = std::min(kTokenBlock, n16 - t0);
+        for (int64_t s = s0; s < std::min(strips, s0 + kStripGroup); ++s) {
+          const int64_t rows = std::min<int64_t>(16, vocab - s * 16);
+          for (int64_t p = 0; p < panels; ++p) {
+            tile_panels(tile, e + s * strip + t0 * 16, rh + p * rstride + t0 * 16, kt);
+            const __mmask16 cols = first_n(hd - p * 16);
+            for (int64_t i = 0; i < rows; ++i) {
+              float* c = dE + (s * 16 + i) * hd + p * 16;
+              _mm512_mask_storeu_ps(
+                  c, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, c), _mm512_load_ps(tile + i * 16)));
+            }
           }
         }
       }
-    }
     // dh = e·E: tile (token block b, panel p) sums vocabulary rows in blocks of kVocabBlock.
     for (int64_t v0 = 0; v0 < v16; v0 += kVocabBlock) {
       const int64_t kv = std::min(kVocabBlock, v16 - v0);
