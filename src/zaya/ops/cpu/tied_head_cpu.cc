@@ -108,10 +108,13 @@ void pack_column_panels(float* dst, int64_t ldp, const float* src, int64_t ld, i
 // the whole batch as one block (2048 tokens: r ⊙ h's 2 MiB of panels read from L3 once per strip)
 // a one-core harness of the loop ran at 107–114 GFLOP/s against 133–142 with 256-token blocks
 // (Intel Xeon, 4 alternations). Vocabulary rows per k block of dh's: the B block of all 16-column
-// panels (hd · 512 floats, 512 KiB for hd = 256) stays in L2 while the token blocks pass over it.
+// panels (hd · 256 floats, 256 KiB for hd = 256) stays in L2 while the token blocks pass over it,
+// and a token block's transposed tiles (16 KiB) stay in L1 beside each 16 KiB B panel piece; with
+// 512 rows (32 KiB, the L1 shared with 32 KiB pieces) the backward took 68–71 against 63–64 ms
+// (tools/tied_head_probe.cc, best of 8, five alternations; the demo step 1.02×).
 constexpr int64_t kTokenBlock = 256;
 constexpr int64_t kStripGroup = 16;
-constexpr int64_t kVocabBlock = 512;
+constexpr int64_t kVocabBlock = 256;
 
 // Token blocks of 16 whose logits the forward makes together: each 16 KiB panel of Eᵀ is read
 // from L3 once per group instead of once per block.
