@@ -526,6 +526,24 @@ int64_t shared_copy_padded(const char* src, int64_t rows, int64_t cols, int64_t 
   return pld;
 }
 
+// The piece of a 2-D product starting at i0 of the cut dim: rows i0.. of op(A) and of C (along M)
+// or columns i0.. of op(B) and of C (along N). Moves a, b and c (operand row strides lda, ldb in
+// elements of es bytes; C's rows d.n floats apart) to its block and returns its dims.
+Dims piece_block(const Dims& d, const Pieces& pc, int64_t i0, Trans ta, Trans tb, int64_t lda, int64_t ldb,
+                 int64_t es, const char*& a, const char*& b, char*& c) {
+  Dims pd{1, 1, d.m, d.n, d.k};
+  if (pc.along_m) {
+    pd.m = std::min(pc.step, d.m - i0);
+    a += (ta == Trans::N ? i0 * lda : i0) * es;
+    c += i0 * d.n * static_cast<int64_t>(sizeof(float));
+  } else {
+    pd.n = std::min(pc.step, d.n - i0);
+    b += (tb == Trans::N ? i0 : i0 * ldb) * es;
+    c += i0 * static_cast<int64_t>(sizeof(float));
+  }
+  return pd;
+}
+
 // C = alpha·op(A)·op(B) + beta·C as pieces (pieces_of, per batch entry), each through a fixed
 // primitive built for one thread over its block of the operands (strided views: Key's ld fields),
 // taken by `threads` threads in turn (one thread, or inside a parallel region: in order here).
@@ -568,16 +586,7 @@ void run_pieces(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans
     int64_t pa = lda, pb = ldb;  // this piece's row strides (padded copies: pads_operand)
     if (shared != nullptr && pc.along_m) b = shared, pb = shared_ld;
     if (shared != nullptr && !pc.along_m) a = shared, pa = shared_ld;
-    Dims pd{1, 1, d.m, d.n, d.k};
-    if (pc.along_m) {  // rows i0.. of op(A) and of C
-      pd.m = std::min(pc.step, d.m - i0);
-      a += (ta == Trans::N ? i0 * pa : i0) * es;
-      c += i0 * d.n * static_cast<int64_t>(sizeof(float));
-    } else {  // columns i0.. of op(B) and of C
-      pd.n = std::min(pc.step, d.n - i0);
-      b += (tb == Trans::N ? i0 : i0 * pb) * es;
-      c += i0 * static_cast<int64_t>(sizeof(float));
-    }
+    const Dims pd = piece_block(d, pc, i0, ta, tb, pa, pb, es, a, b, c);
     if (no_copy(pd.m, pd.n)) {  // the operands not already padded above
       const bool a_whole = shared != nullptr && !pc.along_m, b_whole = shared != nullptr && pc.along_m;
       if (!a_whole && pads_operand(ta, tb, true, pa))
@@ -636,16 +645,7 @@ void run_taken_pieces(const Dims& d, const Pieces& pc, const Tensor& A, Trans ta
     const char* a = a0;
     const char* b = b0;
     char* c = c0;
-    Dims pd{1, 1, d.m, d.n, d.k};
-    if (pc.along_m) {  // rows i0.. of op(A) and of C
-      pd.m = std::min(pc.step, d.m - i0);
-      a += (ta == Trans::N ? i0 * lda : i0) * es;
-      c += i0 * d.n * static_cast<int64_t>(sizeof(float));
-    } else {  // columns i0.. of op(B) and of C
-      pd.n = std::min(pc.step, d.n - i0);
-      b += (tb == Trans::N ? i0 : i0 * ldb) * es;
-      c += i0 * static_cast<int64_t>(sizeof(float));
-    }
+    const Dims pd = piece_block(d, pc, i0, ta, tb, lda, ldb, es, a, b, c);
     Key key = make_key(pd, ta, tb, A.dtype(), alpha, beta, 1);
     key.lda = lda;
     key.ldb = ldb;
