@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "zaya/core/error.h"
 #include "zaya/core/tensor.h"
@@ -100,7 +99,8 @@ void pack_column_panels(float* dst, int64_t ldp, const float* src, int64_t ld, i
 // piece stays in L1 across the panels, and the task's dE rows stay in L2 across the blocks. With
 // the whole batch as one block (2048 tokens: r ⊙ h's 2 MiB of panels read from L3 once per strip)
 // a one-core harness of the loop ran at 107–114 GFLOP/s against 133–142 with 256-token blocks
-// (Intel Xeon, 4 alternations). Vocabulary rows per k block of dh's: the B block of all 16-column
+// (Intel Xeon, 4 alternations; session 13's Zen 4 sweep had short blocks slower, but in one pass
+// over all of dE per block, not this layout, which is unmeasured there). Vocabulary rows per k block of dh's: the B block of all 16-column
 // panels (hd · 256 floats, 256 KiB for hd = 256) stays in L2 while the token blocks pass over it,
 // and a token block's transposed tiles (16 KiB) stay in L1 beside each 16 KiB B panel piece; with
 // 512 rows (32 KiB, the L1 shared with 32 KiB pieces) the backward took 68–71 against 63–64 ms
