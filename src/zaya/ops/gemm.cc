@@ -612,7 +612,8 @@ void run_pieces(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans
 // shared VM the two vCPUs often run at different speeds, so one of them waits. One-thread brgemm
 // pieces cost little (tools/onednn_piece_probe.cc, one Intel Xeon core, whole vs 8 pieces:
 // 2048×512×256 NT 142–145 vs 143 GFLOP/s, 2048×256×512 NN 151–160 vs 152–158). A TN product's
-// 64-row pieces fall off brgemm to the jit gemm, 3–5% slower: hence 128 rows. The router's
+// pieces run on oneDNN's jit gemm instead of brgemm: 128-row pieces of 512×256×2048 at 0–2% below
+// the whole, 64-row ones 3–5%, hence 128 rows. The router's
 // 2048×64×256 in 8 pieces of 8 MFLOP ran at 158–190 against 200–215 GFLOP/s whole: hence 32 MFLOP.
 // The demo step: 1.015× and 1.016× (paired medians of 16 and 12 alternations; docs/ops-gemm.md).
 // The cut depends on the shape alone, so the bits do not depend on the thread count.
