@@ -5,9 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <memory>
 
 #include "zaya/core/error.h"
-#include "zaya/core/tensor.h"
 #include "zaya/ops/cpu/seq_vec.h"
 
 namespace zaya::ops::cpu {
@@ -30,13 +31,22 @@ namespace {
 int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
 __mmask16 first_n(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
 
-// Packed operands, per calling thread, kept between calls (about 10 MiB for the demo's head), in a
-// tensor's storage like every large buffer (2 MiB-aligned, transparent huge pages: core/tensor.cc;
-// against plain 64-byte-aligned memory 1.006× on the demo step, 12 alternations: neutral).
+// Packed operands, per calling thread, kept between calls (about 10 MiB for the demo's head). (On
+// the project's huge-page tensor storage instead, the demo step read 1.006× over 12 alternations:
+// not worth tying this kernel file to the tensor library and, through it, the CUDA runtime.)
 float* scratch(int64_t elems) {
-  thread_local Tensor buf;
-  if (!buf.defined() || buf.numel() < elems) buf = Tensor::empty({round16(elems)}, DType::f32);
-  return buf.data<float>();
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<float, Free> buf;
+  thread_local int64_t have = 0;
+  if (elems > have) {
+    buf.reset(
+        static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(round16(elems)) * sizeof(float))));
+    ZAYA_CHECK(buf, "tied head: cannot allocate ", elems * 4, " bytes of packing scratch");
+    have = elems;
+  }
+  return buf.get();
 }
 
 // A 16 × 16 tile of C, out[i·16 + j] = Σ_k a[k·16 + i] · b[k·16 + j] over k < kc: both operands
@@ -98,9 +108,10 @@ void pack_column_panels(float* dst, int64_t ldp, const float* src, int64_t ld, i
 // (hd · 256 floats, 256 KiB) are read from L2 by every strip of the task, each strip's 16 KiB
 // piece stays in L1 across the panels, and the task's dE rows stay in L2 across the blocks. With
 // the whole batch as one block (2048 tokens: r ⊙ h's 2 MiB of panels read from L3 once per strip)
-// a one-core harness of the loop ran at 107–114 GFLOP/s against 133–142 with 256-token blocks
-// (Intel Xeon, 4 alternations; session 13's Zen 4 sweep had short blocks slower, but in one pass
-// over all of dE per block, not this layout, which is unmeasured there). Vocabulary rows per k block of dh's: the B block of all 16-column
+// the loop alone ran at 107–114 GFLOP/s against 133–142 with 256-token blocks on one Intel Xeon
+// core (tools/tile_loop_probe.cc de 2048 / de 256, 4 alternations; session 13's Zen 4 sweep had
+// short blocks slower, but in one pass over all of dE per block, not this layout, which is
+// unmeasured there). Vocabulary rows per k block of dh's: the B block of all 16-column
 // panels (hd · 256 floats, 256 KiB for hd = 256) stays in L2 while the token blocks pass over it,
 // and a token block's transposed tiles (16 KiB) stay in L1 beside each 16 KiB B panel piece; with
 // 512 rows (32 KiB, the L1 shared with 32 KiB pieces) the backward took 68–71 against 63–64 ms
@@ -196,8 +207,9 @@ void tied_head_forward(float* e, float* row_max, float* row_sum, float* picked, 
         for (int64_t b = 0; b < nb; ++b) {
           float* tile = logits + (s * kGroup + b) * 256;
           // Eᵀ's panels (8 MiB for the demo) stream from L3 once per group; each of the group's
-          // tiles asks for its share of the next strip's panel meanwhile (one Intel Xeon core, a
-          // harness of this loop: 123–137 against 113–127 GFLOP/s without, 133–142 with Eᵀ in L2).
+          // tiles asks for its share of the next strip's panel meanwhile (one Intel Xeon core,
+          // tools/tile_loop_probe.cc forward 512 2 [prefetch]: 123–137 against 113–127 GFLOP/s
+          // without, 133–142 with Eᵀ in L2).
           if (s + 1 < strips)
             tile_panels<true>(tile, ap + b * 16 * hd, bt + s * hd * 16, hd, bt + (s + 1) * hd * 16 + b * hd * 8);
           else

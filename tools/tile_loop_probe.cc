@@ -1,0 +1,120 @@
+// One core running the fused tied head's tile loops on synthetic panels, to see what the memory
+// hierarchy costs them apart from everything else in the head (the kernel is the head's 16 × 16
+// FMA-chain tile, as in src/zaya/ops/cpu/tied_head_cpu.cc). Two patterns, best of 5 passes:
+//
+//   forward STRIPS GROUP [prefetch|ksplit]: for each of STRIPS 16 KiB panels of Eᵀ (hd = 256), the
+//     GROUP token blocks' tiles against it, as the forward's loop for one token group. STRIPS 512
+//     streams 8 MiB of panels (the demo's Eᵀ) from L3, 64 keeps 1 MiB in L2. `prefetch` has each
+//     tile ask for its share of the next panel (the kept code); `ksplit` makes each tile in two
+//     halves of k so the panels touched at once fit a 48 KiB L1.
+//   de TOKEN_BLOCK: dE's loop over 256 strips × 16 panels of r ⊙ h (2048 tokens), summing tokens in
+//     blocks of TOKEN_BLOCK, all strips per block (session 13's arrangement): 2048 reads r ⊙ h's
+//     2 MiB of panels once per strip.
+//
+//   g++ -std=c++20 -O3 -march=native tools/tile_loop_probe.cc -o /tmp/tile_loop_probe
+//   taskset -c 0 /tmp/tile_loop_probe forward 512 2 prefetch
+//   taskset -c 0 /tmp/tile_loop_probe de 256
+// Alternate the variants a few times: on a shared VM the minute moves every figure.
+#include <immintrin.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+template <bool kPrefetch, bool kAccumulate>
+__attribute__((noinline)) void tile(float* out, const float* a, const float* b, int64_t kc, const float* next) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = kAccumulate ? _mm512_load_ps(out + i * 16) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    if (kPrefetch && k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + k * 8), _MM_HINT_T1);
+    const __m512 bv = _mm512_load_ps(b + k * 16);
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[k * 16 + i]), bv, acc[i]);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_store_ps(out + i * 16, acc[i]);
+}
+
+float* filled(int64_t n, int mod) {
+  auto* p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(n + 64) * sizeof(float)));
+  for (int64_t i = 0; i < n + 64; ++i) p[i] = static_cast<float>(i % mod) * 0.1f;
+  return p;
+}
+
+template <class F>
+double best_seconds(F&& pass) {
+  double best = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pass();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+void forward(int64_t strips, int64_t group, const char* mode) {
+  constexpr int64_t hd = 256;
+  const bool prefetch = std::strcmp(mode, "prefetch") == 0, ksplit = std::strcmp(mode, "ksplit") == 0;
+  float* bt = filled((strips + 1) * hd * 16, 7);
+  float* ap = filled(group * 16 * hd, 5);
+  float* lg = filled(strips * group * 256, 3);
+  const int64_t reps = 8192 / strips * 8;  // the same FLOPs whatever STRIPS
+  const double s = best_seconds([&] {
+    for (int64_t r = 0; r < reps; ++r)
+      for (int64_t st = 0; st < strips; ++st)
+        for (int64_t q = 0; q < (ksplit ? 2 : 1); ++q)
+          for (int64_t b = 0; b < group; ++b) {
+            float* out = lg + (st * group + b) * 256;
+            const int64_t kc = ksplit ? hd / 2 : hd, k0 = q * kc;
+            const float* a = ap + b * 16 * hd + k0 * 16;
+            const float* bp = bt + st * hd * 16 + k0 * 16;
+            if (prefetch)
+              tile<true, false>(out, a, bp, kc, bt + (st + 1) * hd * 16 + b * (hd * 16 / group));
+            else if (q > 0)
+              tile<false, true>(out, a, bp, kc, nullptr);
+            else
+              tile<false, false>(out, a, bp, kc, nullptr);
+          }
+  });
+  std::printf("forward strips %ld (Eᵀ %ld KiB) group %ld %s: %.1f GFLOP/s\n", static_cast<long>(strips),
+              static_cast<long>(strips * 16), static_cast<long>(group), mode,
+              2.0 * 256 * hd * strips * group * reps / s / 1e9);
+}
+
+void de(int64_t token_block) {
+  constexpr int64_t n16 = 2048, panels = 16, strips = 256;
+  float* e = filled(strips * n16 * 16, 7);
+  float* rh = filled(panels * n16 * 16, 5);
+  std::vector<float> dE(static_cast<size_t>(strips * 16 * 256));
+  alignas(64) float t[256];
+  const double s = best_seconds([&] {
+    for (int64_t t0 = 0; t0 < n16; t0 += token_block)
+      for (int64_t st = 0; st < strips; ++st)
+        for (int64_t p = 0; p < panels; ++p) {
+          tile<false, false>(t, e + st * n16 * 16 + t0 * 16, rh + p * n16 * 16 + t0 * 16, token_block, nullptr);
+          for (int i = 0; i < 16; ++i) {
+            float* c = dE.data() + (st * 16 + i) * 256 + p * 16;
+            _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), _mm512_load_ps(t + i * 16)));
+          }
+        }
+  });
+  std::printf("dE token block %ld: %.1f GFLOP/s\n", static_cast<long>(token_block),
+              2.0 * strips * 16 * 256 * n16 / s / 1e9);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 4 && std::strcmp(argv[1], "forward") == 0) {
+    forward(std::atol(argv[2]), std::atol(argv[3]), argc > 4 ? argv[4] : "plain");
+  } else if (argc == 3 && std::strcmp(argv[1], "de") == 0 && std::atol(argv[2]) > 0 && 2048 % std::atol(argv[2]) == 0) {
+    de(std::atol(argv[2]));
+  } else {
+    std::fprintf(stderr, "usage: %s forward STRIPS GROUP [prefetch|ksplit] | de TOKEN_BLOCK (a divisor of 2048)\n",
+                 argv[0]);
+    return 2;
+  }
+}
