@@ -7,12 +7,15 @@
 //     streams 8 MiB of panels (the demo's Eᵀ) from L3, 64 keeps 1 MiB in L2. `prefetch` has each
 //     tile ask for its share of the next panel (the kept code); `ksplit` makes each tile in two
 //     halves of k so the panels touched at once fit a 48 KiB L1.
+//   blocks LDA: the forward in vocabulary blocks, outermost, with an 8 × 32 register block; its
+//     8-token A panels are halves of 16-wide panels (16) or packed 8 wide (8).
 //   de TOKEN_BLOCK: dE's loop over 256 strips × 16 panels of r ⊙ h (2048 tokens), summing tokens in
 //     blocks of TOKEN_BLOCK, all strips per block (session 13's arrangement): 2048 reads r ⊙ h's
 //     2 MiB of panels once per strip.
 //
 //   g++ -std=c++20 -O3 -march=native tools/tile_loop_probe.cc -o /tmp/tile_loop_probe
 //   taskset -c 0 /tmp/tile_loop_probe forward 512 2 prefetch
+//   taskset -c 0 /tmp/tile_loop_probe blocks 8
 //   taskset -c 0 /tmp/tile_loop_probe de 256
 // Alternate the variants a few times: on a shared VM the minute moves every figure.
 #include <immintrin.h>
@@ -84,6 +87,45 @@ void forward(int64_t strips, int64_t group, const char* mode) {
               2.0 * 256 * hd * strips * group * reps / s / 1e9);
 }
 
+// The forward as it is now (tied_head_cpu.cc): vocabulary blocks of 2 strips outermost, their Eᵀ
+// panels (32 KiB) held in L1 while all 2048 tokens pass in 8-token halves of 16-token panels, an
+// 8 × 32 register block per call, stored into the strip layout (the softmax left out).
+void blocks(int64_t lda) {
+  constexpr int64_t hd = 256, n16 = 2048, strips = 512;
+  float* bt = filled(strips * hd * 16, 7);
+  float* ap = filled((n16 + 16) * hd, 5);
+  float* e = filled(strips * n16 * 16, 3);
+  const double s = best_seconds([&] {
+    for (int64_t s0 = 0; s0 < strips; s0 += 2)
+      for (int64_t p = 0; p < n16 / 16; ++p)
+        for (int64_t half = 0; half < 2; ++half) {
+          // lda 16: the halves of a 16-token panel; 8: compact 8-token panels, one after the other.
+          const float* a = lda == 16 ? ap + p * hd * 16 + half * 8 : ap + (2 * p + half) * hd * 8;
+          const float* b = bt + s0 * hd * 16;
+          const float* next = lda == 16 ? ap + (p + 1) * hd * 16 + half * hd * 8 : a + 2 * hd * 8;
+          __m512 acc[8][2];
+          for (auto& row : acc)
+            for (__m512& v : row) v = _mm512_setzero_ps();
+          for (int64_t k = 0; k < hd; ++k) {
+            if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + k * 8), _MM_HINT_T0);
+            const __m512 b0 = _mm512_load_ps(b + k * 16), b1 = _mm512_load_ps(b + hd * 16 + k * 16);
+            for (int i = 0; i < 8; ++i) {
+              const __m512 x = _mm512_set1_ps(a[k * lda + i]);
+              acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
+              acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
+            }
+          }
+          float* et = e + s0 * n16 * 16 + (p * 16 + half * 8) * 16;
+          for (int i = 0; i < 8; ++i) {
+            _mm512_stream_ps(et + i * 16, acc[i][0]);
+            _mm512_stream_ps(et + n16 * 16 + i * 16, acc[i][1]);
+          }
+        }
+  });
+  std::printf("forward in vocabulary blocks (8 x 32 register block, A panels %ld wide): %.1f GFLOP/s\n",
+              static_cast<long>(lda), 2.0 * strips * 16 * hd * n16 / s / 1e9);
+}
+
 void de(int64_t token_block) {
   constexpr int64_t n16 = 2048, panels = 16, strips = 256;
   float* e = filled(strips * n16 * 16, 7);
@@ -110,10 +152,12 @@ void de(int64_t token_block) {
 int main(int argc, char** argv) {
   if (argc >= 4 && std::strcmp(argv[1], "forward") == 0) {
     forward(std::atol(argv[2]), std::atol(argv[3]), argc > 4 ? argv[4] : "plain");
+  } else if (argc == 3 && std::strcmp(argv[1], "blocks") == 0 && (std::atol(argv[2]) == 8 || std::atol(argv[2]) == 16)) {
+    blocks(std::atol(argv[2]));
   } else if (argc == 3 && std::strcmp(argv[1], "de") == 0 && std::atol(argv[2]) > 0 && 2048 % std::atol(argv[2]) == 0) {
     de(std::atol(argv[2]));
   } else {
-    std::fprintf(stderr, "usage: %s forward STRIPS GROUP [prefetch|ksplit] | de TOKEN_BLOCK (a divisor of 2048)\n",
+    std::fprintf(stderr, "usage: %s forward STRIPS GROUP [prefetch|ksplit] | blocks 8|16 | de TOKEN_BLOCK (a divisor of 2048)\n",
                  argv[0]);
     return 2;
   }

@@ -230,8 +230,9 @@ TEST(CrossEntropy, KeptExpsBackwardMatchesRecomputingBackward) {
 // AVX-512 (cpu/tied_head_cpu.h) and on row-major logits with library GEMMs otherwise or when
 // switched off. Both against the closed form in double, and against each other, on shapes that
 // leave partial 16-token blocks, 16-column strips and 16-wide panels (n, V, hd not multiples of
-// 16), span several of the fused path's vocabulary blocks (256 rows), token groups (32 tokens),
-// dE's strip groups (256 rows) and token blocks (256 tokens; both at once in 300 × 300), and have
+// 16), span several of the fused path's forward blocks (32 vocabulary rows, the last one a single
+// partial strip for V = 33 and 300; 8-token panels), dh's vocabulary blocks (256 rows), dE's strip
+// groups (256 rows) and token blocks (256 tokens; both at once in 300 × 300), and have
 // ignored rows and tokens sharing a target (dE's one-hot correction).
 TEST(CrossEntropy, FusedHeadMatchesRowMajorPathAndReference) {
   struct Case {
