@@ -274,17 +274,20 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
 #endif
 }
 
-// Backward, one head per task (tokens in order, so every sum below is one chain in a fixed order:
-// bitwise deterministic for any thread count). In a planar layout, per token, [tap][i]:
+// Backward, one task per (head, batch row): a sequence's steps are chained (G_{s-1} and E_{s-1}[1]
+// carry from token to token), sequences are not, so the B·heads tasks share out evenly however
+// fast each thread runs (one task per head, 6 for the demo, left the faster of two unequal vCPUs
+// idle for up to a task). In a planar layout, per token, [tap][i]:
 // gwp[o][tap][i] = gw[o][i][tap], dd[n][tap][i] = d_{t+tap}[g·hd + i]. Per block of kTok tokens:
-//   dgw_g += doutᵀ · dd  (one FMA chain per element over all tokens; added in the weight's order
-//                         at the end),
+//   dgw_g += doutᵀ · dd  (one FMA chain per element over the row's tokens),
 //   E = dout · gwp       (E[n][tap][i]: the gradient reaching depthwise slot t+tap),
-// and then elementwise, 16 channels per vector, over the block's (b, s) in order:
+// and then elementwise, 16 channels per vector, over the block's s in order:
 //   G_s      = E_s[0] + E_{s-1}[1]           (total gradient of depthwise slot s, s ∈ [0, T])
 //   ddb += G_s, ddw[·,0] += G_s·z_{s-2}, ddw[·,1] += G_s·z_{s-1},
 //   dz_t = G_{t+1}·dw[·,1] + G_{t+2}·dw[·,0],  dgb += dout_t,
-// with G_{s-1} and E_{s-1}[1] carried from block to block.
+// with G_{s-1} and E_{s-1}[1] carried from block to block. Each task's weight and bias sums start
+// from zero in its own slot; they are then added to the gradients row by row in batch order, so
+// every result is bitwise the same for any thread count.
 void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, const float* dout,
                   const float* z, const float* dw, const float* db, const float* gw, int64_t B,
                   int64_t T, int64_t heads, int64_t hd) {
@@ -294,72 +297,83 @@ void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, con
     for (int64_t i = 0; i < hd; ++i)
       for (int64_t tap = 0; tap < 2; ++tap) gwp[o * K2 + tap * hd + i] = gw[o * K2 + 2 * i + tap];
   const Taps taps(dw, C);
+  // Per task (g, b) = g·B + b: its dgw block [hd][2·hd] (planar), then ddb, ddw[·,0], ddw[·,1], dgb.
+  const int64_t slot = hd * K2 + 4 * hd;
+  float* part = scratch<8>(heads * B * slot);
 #pragma omp parallel
   {
     float* dd = scratch<2>(kTok * K2);
     float* E = scratch<3>(kTok * K2);
-    float* dgwp = scratch<4>(hd * K2);
-    // Per channel of the head: carried G_{s-1} and E_{s-1}[1], and the four bias/tap gradient sums.
-    float* state = scratch<5>(6 * hd);
-    float *Gp = state, *E1 = state + hd, *sdb = state + 2 * hd, *sw0 = state + 3 * hd, *sw1 = state + 4 * hd,
-          *sgb = state + 5 * hd;
-#pragma omp for schedule(dynamic, 1)  // a head's gradients are its own: any thread may take it
-    for (int64_t g = 0; g < heads; ++g) {
-      const int64_t c0 = g * hd;
-      for (int64_t i = 0; i < hd; ++i)  // the gradients accumulate: their chains continue from there
-        sdb[i] = ddb[c0 + i], sw0[i] = ddw[2 * (c0 + i)], sw1[i] = ddw[2 * (c0 + i) + 1], sgb[i] = dgb[c0 + i];
-      for (int64_t b = 0; b < B; ++b) {
-        std::fill(Gp, Gp + 2 * hd, 0.0f);  // G_{-1} and E_{-1}[1]: nothing before the sequence
-        const float* zb = z + b * T * C + c0;
-        const float* doutb = dout + b * T * C + c0;
-        float* dzb = dz + b * T * C + c0;
-        // One elementwise step at slot s (s ≤ T+1) from G_s; 16 channels [i, i+16) of the head.
-        auto step = [&](int64_t s, int64_t i, VecF G, VecF& gp, VecF& s_db, VecF& s_w0, VecF& s_w1,
-                        VecF w0, VecF w1, int64_t n) {
-          if (s <= T) {
-            const VecF a = s >= 2 ? VecF::load(zb + (s - 2) * C + i, n) : VecF::zero();
-            const VecF p = s >= 1 ? VecF::load(zb + (s - 1) * C + i, n) : VecF::zero();
-            s_db = s_db + G;
-            s_w0 = fma(G, a, s_w0);
-            s_w1 = fma(G, p, s_w1);
-          }
-          if (s >= 2) fma(G, w0, gp * w1).store(dzb + (s - 2) * C + i, n);
-          gp = G;
-        };
-        for (int64_t t0 = 0; t0 < T; t0 += kTok) {
-          const int64_t nt = std::min(kTok, T - t0), n0 = b * T + t0;
+    float* state = scratch<5>(2 * hd);  // carried G_{s-1} and E_{s-1}[1] per channel of the head
+    float *Gp = state, *E1 = state + hd;
+#pragma omp for schedule(dynamic, 1)  // a task's outputs are its own: any thread may take it
+    for (int64_t task = 0; task < heads * B; ++task) {
+      const int64_t g = task / B, b = task % B, c0 = g * hd;
+      float* dgwp = part + task * slot;
+      float *sdb = dgwp + hd * K2, *sw0 = sdb + hd, *sw1 = sw0 + hd, *sgb = sw1 + hd;
+      std::fill(sdb, sdb + 4 * hd, 0.0f);
+      std::fill(Gp, Gp + 2 * hd, 0.0f);  // G_{-1} and E_{-1}[1]: nothing before the sequence
+      const float* zb = z + b * T * C + c0;
+      const float* doutb = dout + b * T * C + c0;
+      float* dzb = dz + b * T * C + c0;
+      // One elementwise step at slot s (s ≤ T+1) from G_s; 16 channels [i, i+16) of the head.
+      auto step = [&](int64_t s, int64_t i, VecF G, VecF& gp, VecF& s_db, VecF& s_w0, VecF& s_w1, VecF w0,
+                      VecF w1, int64_t n) {
+        if (s <= T) {
+          const VecF a = s >= 2 ? VecF::load(zb + (s - 2) * C + i, n) : VecF::zero();
+          const VecF p = s >= 1 ? VecF::load(zb + (s - 1) * C + i, n) : VecF::zero();
+          s_db = s_db + G;
+          s_w0 = fma(G, a, s_w0);
+          s_w1 = fma(G, p, s_w1);
+        }
+        if (s >= 2) fma(G, w0, gp * w1).store(dzb + (s - 2) * C + i, n);
+        gp = G;
+      };
+      for (int64_t t0 = 0; t0 < T; t0 += kTok) {
+        const int64_t nt = std::min(kTok, T - t0), n0 = b * T + t0;
+        for (int64_t r = 0; r < nt; ++r) {
+          const TokenRows zr = token_rows(z, n0 + r, T, C);
+          depthwise_pair<false>(dd + r * K2, zr.zm2, zr.zm1, zr.z0, c0, hd, taps, db);
+        }
+        mm(dgwp, K2, dout + n0 * C + c0, 1, C, dd, K2, hd, K2, nt, t0 > 0);
+        mm(E, K2, dout + n0 * C + c0, C, 1, gwp.data() + c0 * K2, K2, nt, K2, hd, false);
+        for (int64_t i = 0; i < hd; i += VecF::kLanes) {
+          const int64_t n = std::min<int64_t>(VecF::kLanes, hd - i);
+          VecF gp = VecF::load(Gp + i, n), e1 = VecF::load(E1 + i, n), s_db = VecF::load(sdb + i, n),
+               s_w0 = VecF::load(sw0 + i, n), s_w1 = VecF::load(sw1 + i, n), s_gb = VecF::load(sgb + i, n);
+          const VecF w0 = VecF::load(taps.w0.data() + c0 + i, n), w1 = VecF::load(taps.w1.data() + c0 + i, n);
           for (int64_t r = 0; r < nt; ++r) {
-            const TokenRows zr = token_rows(z, n0 + r, T, C);
-            depthwise_pair<false>(dd + r * K2, zr.zm2, zr.zm1, zr.z0, c0, hd, taps, db);
+            const int64_t s = t0 + r;
+            const VecF G = VecF::load(E + r * K2 + i, n) + e1;
+            e1 = VecF::load(E + r * K2 + hd + i, n);
+            step(s, i, G, gp, s_db, s_w0, s_w1, w0, w1, n);
+            s_gb = s_gb + VecF::load(doutb + s * C + i, n);
           }
-          mm(dgwp, K2, dout + n0 * C + c0, 1, C, dd, K2, hd, K2, nt, n0 > 0);
-          mm(E, K2, dout + n0 * C + c0, C, 1, gwp.data() + c0 * K2, K2, nt, K2, hd, false);
-          for (int64_t i = 0; i < hd; i += VecF::kLanes) {
-            const int64_t n = std::min<int64_t>(VecF::kLanes, hd - i);
-            VecF gp = VecF::load(Gp + i, n), e1 = VecF::load(E1 + i, n), s_db = VecF::load(sdb + i, n),
-                 s_w0 = VecF::load(sw0 + i, n), s_w1 = VecF::load(sw1 + i, n), s_gb = VecF::load(sgb + i, n);
-            const VecF w0 = VecF::load(taps.w0.data() + c0 + i, n), w1 = VecF::load(taps.w1.data() + c0 + i, n);
-            for (int64_t r = 0; r < nt; ++r) {
-              const int64_t s = t0 + r;
-              const VecF G = VecF::load(E + r * K2 + i, n) + e1;
-              e1 = VecF::load(E + r * K2 + hd + i, n);
-              step(s, i, G, gp, s_db, s_w0, s_w1, w0, w1, n);
-              s_gb = s_gb + VecF::load(doutb + s * C + i, n);
-            }
-            if (t0 + nt == T) {  // the sequence's end: slot T (G = E_{T-1}[1]) and T+1 (G = 0) for dz
-              step(T, i, VecF::zero() + e1, gp, s_db, s_w0, s_w1, w0, w1, n);
-              step(T + 1, i, VecF::zero(), gp, s_db, s_w0, s_w1, w0, w1, n);
-            }
-            gp.store(Gp + i, n), e1.store(E1 + i, n), s_db.store(sdb + i, n), s_w0.store(sw0 + i, n);
-            s_w1.store(sw1 + i, n), s_gb.store(sgb + i, n);
+          if (t0 + nt == T) {  // the sequence's end: slot T (G = E_{T-1}[1]) and T+1 (G = 0) for dz
+            step(T, i, VecF::zero() + e1, gp, s_db, s_w0, s_w1, w0, w1, n);
+            step(T + 1, i, VecF::zero(), gp, s_db, s_w0, s_w1, w0, w1, n);
           }
+          gp.store(Gp + i, n), e1.store(E1 + i, n), s_db.store(sdb + i, n), s_w0.store(sw0 + i, n);
+          s_w1.store(sw1 + i, n), s_gb.store(sgb + i, n);
         }
       }
-      for (int64_t i = 0; i < hd; ++i)
-        ddb[c0 + i] = sdb[i], ddw[2 * (c0 + i)] = sw0[i], ddw[2 * (c0 + i) + 1] = sw1[i], dgb[c0 + i] = sgb[i];
-      for (int64_t o = 0; o < hd; ++o)
+    }
+    // The gradients, each element adding the batch rows' sums in row order.
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < C; ++o) {
+      const int64_t g = o / hd, oo = o % hd;
+      const float* p0 = part + g * B * slot;
+      for (int64_t b = 0; b < B; ++b) {
+        const float* pb = p0 + b * slot;
+        const float* row = pb + oo * K2;
         for (int64_t i = 0; i < hd; ++i)
-          for (int64_t tap = 0; tap < 2; ++tap) dgw[(c0 + o) * K2 + 2 * i + tap] += dgwp[o * K2 + tap * hd + i];
+          for (int64_t tap = 0; tap < 2; ++tap) dgw[o * K2 + 2 * i + tap] += row[tap * hd + i];
+        const float* sums = pb + hd * K2;
+        ddb[o] += sums[oo];
+        ddw[2 * o] += sums[hd + oo];
+        ddw[2 * o + 1] += sums[2 * hd + oo];
+        dgb[o] += sums[3 * hd + oo];
+      }
     }
   }
 }

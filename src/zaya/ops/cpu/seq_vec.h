@@ -48,7 +48,7 @@ using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
 // Scratch of at least n floats that keeps its pages from call to call (one buffer per calling
 // thread and slot). A fresh vector of 128 KiB or more per call is mmap'ed and unmapped each time
 // (glibc) and page-faults in again on the next call. Contents are unspecified: callers write
-// before they read. Slots in use: 0-5 the CCA conv, 6-7 the attention forward.
+// before they read. Slots in use: 0-5 and 8 the CCA conv, 6-7 the attention forward.
 template <int Slot>
 float* scratch(int64_t n) {
   thread_local AlignedVector<float> buf;
