@@ -1148,6 +1148,40 @@ void run_grouped_pieces(const GemmProblem& p, const Dims& d, Trans ta, Trans tb,
   run_pieces_in_turn(count, threads, run_one);
 }
 
+// The work items of a side-by-side grouped call, largest first: whole problems, except that f32
+// x·Wᵀ and dy·W problems (tokens in M) of at least 2·kMinHalfRows rows go as two row halves.
+// Threads take the items as they free up, so the one that finishes first then waits for at most
+// about one item: halving the items halves that wait (the demo's 24 grouped calls per step had the
+// two threads finish 0.14–0.26 ms apart with whole experts). A half is the whole problem's rows
+// computed on one thread by the same runtime-M kernel (the bits do not depend on the cut:
+// Gemm.GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise).
+struct GroupedItem {
+  size_t i;          // the problem
+  int64_t r0, rows;  // its rows [r0, r0 + rows)
+  double work;
+};
+constexpr int64_t kMinHalfRows = 64;
+std::vector<GroupedItem> grouped_items(std::span<GemmProblem> problems, const std::vector<Dims>& dims,
+                                       const std::vector<size_t>& todo, const std::vector<size_t>& order, Trans ta) {
+  std::vector<GroupedItem> items;
+  for (size_t j : order) {
+    const size_t i = todo[j];
+    const Dims& d = dims[i];
+    const GemmProblem& p = problems[i];
+    const bool halve = ta == Trans::N && d.batch == 1 && p.A.dtype() == DType::f32 && p.A.ndim() == 2 &&
+                       p.B.ndim() == 2 && d.n * d.k < kLargeWeight && d.m >= 2 * kMinHalfRows;
+    if (!halve) {
+      items.push_back({i, 0, d.m, flops_of(d.batch, d.m, d.n, d.k)});
+      continue;
+    }
+    const int64_t half = (d.m / 2 + 7) / 8 * 8;
+    items.push_back({i, 0, half, flops_of(1, half, d.n, d.k)});
+    items.push_back({i, half, d.m - half, flops_of(1, d.m - half, d.n, d.k)});
+  }
+  std::stable_sort(items.begin(), items.end(), [](const GroupedItem& a, const GroupedItem& b) { return a.work > b.work; });
+  return items;
+}
+
 // A grouped call with bf16 operands on a CPU without a bf16 matmul: every problem widened to f32
 // into one buffer of this thread's (kept from call to call).
 std::vector<GemmProblem> widen_problems(std::span<GemmProblem> problems) {
@@ -1233,12 +1267,26 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
     // Each problem whole on one thread: a primitive built for 1 thread, the same bits as with
     // ZAYA_THREADS=1 whichever thread runs it. No problem may run past its end here (which thread
     // runs the next one is not known).
-    run_side_by_side(order.size(), threads, [] {}, [&](size_t j) {
-      const size_t i = todo[order[j]];
-      if (threads_change_bits())
-        run_grouped_pieces(problems[i], dims[i], ta, tb, alpha, beta, 1);
-      else
-        run_grouped_problem(problems, i, dims[i], ta, tb, alpha, beta, 1, false);
+    if (threads_change_bits()) {
+      run_side_by_side(order.size(), threads, [] {}, [&](size_t j) {
+        run_grouped_pieces(problems[todo[order[j]]], dims[todo[order[j]]], ta, tb, alpha, beta, 1);
+      }, [] {});
+      return;
+    }
+    const std::vector<GroupedItem> items = grouped_items(problems, dims, todo, order, ta);
+    run_side_by_side(items.size(), threads, [] {}, [&](size_t j) {
+      const GroupedItem& it = items[j];
+      if (it.rows == dims[it.i].m) {
+        run_grouped_problem(problems, it.i, dims[it.i], ta, tb, alpha, beta, 1, false);
+        return;
+      }
+      const GemmProblem& p = problems[it.i];
+      const Dims& d = dims[it.i];
+      GemmProblem piece{Tensor::borrow(p.A.data<float>() + it.r0 * d.k, {it.rows, d.k}, DType::f32), p.B,
+                        Tensor::borrow(p.C.data<float>() + it.r0 * d.n, {it.rows, d.n}, DType::f32)};
+      Dims pd = d;
+      pd.m = it.rows;
+      run_grouped_problem(std::span<GemmProblem>(&piece, 1), 0, pd, ta, tb, alpha, beta, 1, false);
     }, [] {});
     return;
   }
