@@ -1,6 +1,6 @@
 // One core running the fused tied head's tile loops on synthetic panels, to see what the memory
 // hierarchy costs them apart from everything else in the head (the kernel is the head's 16 × 16
-// FMA-chain tile, as in src/zaya/ops/cpu/tied_head_cpu.cc). Two patterns, best of 5 passes:
+// FMA-chain tile, as in src/zaya/ops/cpu/tied_head_cpu.cc). Best of 5 passes each:
 //
 //   forward STRIPS GROUP [prefetch|ksplit]: for each of STRIPS 16 KiB panels of Eᵀ (hd = 256), the
 //     GROUP token blocks' tiles against it, as the forward's loop for one token group. STRIPS 512
@@ -9,6 +9,11 @@
 //     halves of k so the panels touched at once fit a 48 KiB L1.
 //   blocks LDA: the forward in vocabulary blocks, outermost, with an 8 × 32 register block; its
 //     8-token A panels are halves of 16-wide panels (16) or packed 8 wide (8).
+//   de-tasks KERNEL: dE's loop as kept (tasks of 16 strips over 256-token blocks, each strip's piece
+//     held in L1 while the 16 panels of r ⊙ h pass), with 16 × 16 tiles (16, the kept kernel), 8 × 32
+//     blocks (8), 8 × 32 blocks with two panels held in L1 and the strip pieces streamed (0), or
+//     16 × 16 tiles of two strips in turn per 8 KiB panel piece over 128-token blocks (2): session
+//     15's tries at the forward's gain for dE, none faster than 16.
 //   de TOKEN_BLOCK: dE's loop over 256 strips × 16 panels of r ⊙ h (2048 tokens), summing tokens in
 //     blocks of TOKEN_BLOCK, all strips per block (session 13's arrangement): 2048 reads r ⊙ h's
 //     2 MiB of panels once per strip.
@@ -16,6 +21,7 @@
 //   g++ -std=c++20 -O3 -march=native tools/tile_loop_probe.cc -o /tmp/tile_loop_probe
 //   taskset -c 0 /tmp/tile_loop_probe forward 512 2 prefetch
 //   taskset -c 0 /tmp/tile_loop_probe blocks 8
+//   taskset -c 0 /tmp/tile_loop_probe de-tasks 16
 //   taskset -c 0 /tmp/tile_loop_probe de 256
 // Alternate the variants a few times: on a shared VM the minute moves every figure.
 #include <immintrin.h>
@@ -126,6 +132,106 @@ void blocks(int64_t lda) {
               static_cast<long>(lda), 2.0 * strips * 16 * hd * n16 / s / 1e9);
 }
 
+// dE's loop as it is now (tied_head_cpu.cc): tasks of 16 strips, 256-token blocks, each strip's
+// piece (16 KiB) held in L1 while the block's 16 panels of r ⊙ h (256 KiB, L2) pass, either as
+// 16 × 16 tiles (kernel 16) or as 8 × 32 blocks, half a strip against two panels (kernel 8).
+void de_tasks(int kernel) {
+  constexpr int64_t n16 = 2048, panels = 16, strips = 512, group = 16, tb = 256;
+  float* e = filled(strips * n16 * 16, 7);
+  float* rh = filled(panels * n16 * 16, 5);
+  std::vector<float> dE(static_cast<size_t>(strips * 16 * 256));
+  alignas(64) float t[256];
+  const double s = best_seconds([&] {
+    for (int64_t s0 = 0; s0 < strips; s0 += group)
+      for (int64_t t0 = 0; t0 < n16; t0 += tb)
+        for (int64_t st = s0; st < s0 + group; ++st) {
+          const float* a = e + st * n16 * 16 + t0 * 16;
+          if (kernel == 16) {
+            for (int64_t p = 0; p < panels; ++p) {
+              tile<false, false>(t, a, rh + p * n16 * 16 + t0 * 16, tb, nullptr);
+              for (int i = 0; i < 16; ++i) {
+                float* c = dE.data() + (st * 16 + i) * 256 + p * 16;
+                _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), _mm512_load_ps(t + i * 16)));
+              }
+            }
+            continue;
+          }
+          if (kernel == 0 || kernel == 2) continue;  // the arrangements below
+          for (int64_t half = 0; half < 2; ++half)
+            for (int64_t p = 0; p < panels; p += 2) {
+              const float* b0 = rh + p * n16 * 16 + t0 * 16;
+              const float* b1 = b0 + n16 * 16;
+              __m512 acc[8][2];
+              for (auto& row : acc)
+                for (__m512& v : row) v = _mm512_setzero_ps();
+              for (int64_t k = 0; k < tb; ++k) {
+                const __m512 x0 = _mm512_load_ps(b0 + k * 16), x1 = _mm512_load_ps(b1 + k * 16);
+                for (int i = 0; i < 8; ++i) {
+                  const __m512 av = _mm512_set1_ps(a[k * 16 + half * 8 + i]);
+                  acc[i][0] = _mm512_fmadd_ps(av, x0, acc[i][0]);
+                  acc[i][1] = _mm512_fmadd_ps(av, x1, acc[i][1]);
+                }
+              }
+              for (int i = 0; i < 8; ++i)
+                for (int v = 0; v < 2; ++v) {
+                  float* c = dE.data() + (st * 16 + half * 8 + i) * 256 + (p + v) * 16;
+                  _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), acc[i][v]));
+                }
+            }
+        }
+  });
+  // kernel 2: 16 × 16 tiles over 128-token blocks, two strips' tiles in turn against each panel
+  // piece (8 KiB), which the second reads from L1.
+  const double s2 = kernel != 2 ? s : best_seconds([&] {
+    constexpr int64_t tb2 = 128;
+    for (int64_t g0 = 0; g0 < strips; g0 += group)
+      for (int64_t t0 = 0; t0 < n16; t0 += tb2)
+        for (int64_t st = g0; st < g0 + group; st += 2)
+          for (int64_t p = 0; p < panels; ++p)
+            for (int64_t q = 0; q < 2; ++q) {
+              tile<false, false>(t, e + (st + q) * n16 * 16 + t0 * 16, rh + p * n16 * 16 + t0 * 16, tb2, nullptr);
+              for (int i = 0; i < 16; ++i) {
+                float* c = dE.data() + ((st + q) * 16 + i) * 256 + p * 16;
+                _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), _mm512_load_ps(t + i * 16)));
+              }
+            }
+  });
+  const double s0 = kernel != 0 ? s2 : best_seconds([&] {
+    for (int64_t g0 = 0; g0 < strips; g0 += group)
+      for (int64_t t0 = 0; t0 < n16; t0 += tb)
+        for (int64_t p = 0; p < panels; p += 2) {  // two panels (32 KiB) held in L1, the strips' halves streamed
+          const float* b0 = rh + p * n16 * 16 + t0 * 16;
+          const float* b1 = b0 + n16 * 16;
+          for (int64_t st = g0; st < g0 + group; ++st)
+            for (int64_t half = 0; half < 2; ++half) {
+              const float* a = e + st * n16 * 16 + t0 * 16 + half * 8;
+              __m512 acc[8][2];
+              for (auto& row : acc)
+                for (__m512& v : row) v = _mm512_setzero_ps();
+              for (int64_t k = 0; k < tb; ++k) {
+                const __m512 x0 = _mm512_load_ps(b0 + k * 16), x1 = _mm512_load_ps(b1 + k * 16);
+                for (int i = 0; i < 8; ++i) {
+                  const __m512 av = _mm512_set1_ps(a[k * 16 + i]);
+                  acc[i][0] = _mm512_fmadd_ps(av, x0, acc[i][0]);
+                  acc[i][1] = _mm512_fmadd_ps(av, x1, acc[i][1]);
+                }
+              }
+              for (int i = 0; i < 8; ++i)
+                for (int v = 0; v < 2; ++v) {
+                  float* c = dE.data() + (st * 16 + half * 8 + i) * 256 + (p + v) * 16;
+                  _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), acc[i][v]));
+                }
+            }
+        }
+  });
+  std::printf("dE in 16-strip tasks, %s: %.1f GFLOP/s\n",
+              kernel == 16 ? "16 x 16 tiles"
+              : kernel == 8 ? "8 x 32 blocks"
+              : kernel == 2 ? "16 x 16 tiles, strip pairs over 128 tokens"
+                            : "8 x 32 blocks, panels held",
+              2.0 * strips * 16 * 256 * n16 / s0 / 1e9);
+}
+
 void de(int64_t token_block) {
   constexpr int64_t n16 = 2048, panels = 16, strips = 256;
   float* e = filled(strips * n16 * 16, 7);
@@ -154,10 +260,14 @@ int main(int argc, char** argv) {
     forward(std::atol(argv[2]), std::atol(argv[3]), argc > 4 ? argv[4] : "plain");
   } else if (argc == 3 && std::strcmp(argv[1], "blocks") == 0 && (std::atol(argv[2]) == 8 || std::atol(argv[2]) == 16)) {
     blocks(std::atol(argv[2]));
+  } else if (argc == 3 && std::strcmp(argv[1], "de-tasks") == 0 && (std::atol(argv[2]) == 0 || std::atol(argv[2]) == 2 || std::atol(argv[2]) == 8 ||
+                                                                 std::atol(argv[2]) == 16)) {
+    de_tasks(static_cast<int>(std::atol(argv[2])));
   } else if (argc == 3 && std::strcmp(argv[1], "de") == 0 && std::atol(argv[2]) > 0 && 2048 % std::atol(argv[2]) == 0) {
     de(std::atol(argv[2]));
   } else {
-    std::fprintf(stderr, "usage: %s forward STRIPS GROUP [prefetch|ksplit] | blocks 8|16 | de TOKEN_BLOCK (a divisor of 2048)\n",
+    std::fprintf(stderr, "usage: %s forward STRIPS GROUP [prefetch|ksplit] | blocks 8|16 | de-tasks 16|8|0|2 | de TOKEN_BLOCK "
+                 "(a divisor of 2048)\n",
                  argv[0]);
     return 2;
   }
