@@ -64,6 +64,30 @@ double best_seconds(F&& pass) {
   return best;
 }
 
+// The 8 × 32 register block: acc[i][v] = Σ_k a[k·lda + i]·b_v[k·16 + lane] over k < kc (8 broadcasts
+// and 2 vector loads per 16 FMAs), optionally asking for `next` (one line per two k) into L1.
+void block8x32(__m512 (&acc)[8][2], const float* a, int64_t lda, const float* b0, const float* b1, int64_t kc,
+               const float* next = nullptr) {
+  for (auto& row : acc)
+    for (__m512& v : row) v = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    if (next && k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + k * 8), _MM_HINT_T0);
+    const __m512 x0 = _mm512_load_ps(b0 + k * 16), x1 = _mm512_load_ps(b1 + k * 16);
+    for (int i = 0; i < 8; ++i) {
+      const __m512 av = _mm512_set1_ps(a[k * lda + i]);
+      acc[i][0] = _mm512_fmadd_ps(av, x0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(av, x1, acc[i][1]);
+    }
+  }
+}
+
+// C rows (8, ldc apart) += acc: the dE loops' epilogue.
+void add_block(float* c, int64_t ldc, const __m512 (&acc)[8][2]) {
+  for (int i = 0; i < 8; ++i)
+    for (int v = 0; v < 2; ++v)
+      _mm512_storeu_ps(c + i * ldc + v * 16, _mm512_add_ps(_mm512_loadu_ps(c + i * ldc + v * 16), acc[i][v]));
+}
+
 void forward(int64_t strips, int64_t group, const char* mode) {
   constexpr int64_t hd = 256;
   const bool prefetch = std::strcmp(mode, "prefetch") == 0, ksplit = std::strcmp(mode, "ksplit") == 0;
@@ -110,17 +134,7 @@ void blocks(int64_t lda) {
           const float* b = bt + s0 * hd * 16;
           const float* next = lda == 16 ? ap + (p + 1) * hd * 16 + half * hd * 8 : a + 2 * hd * 8;
           __m512 acc[8][2];
-          for (auto& row : acc)
-            for (__m512& v : row) v = _mm512_setzero_ps();
-          for (int64_t k = 0; k < hd; ++k) {
-            if (k % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(next + k * 8), _MM_HINT_T0);
-            const __m512 b0 = _mm512_load_ps(b + k * 16), b1 = _mm512_load_ps(b + hd * 16 + k * 16);
-            for (int i = 0; i < 8; ++i) {
-              const __m512 x = _mm512_set1_ps(a[k * lda + i]);
-              acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
-              acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
-            }
-          }
+          block8x32(acc, a, lda, b, b + hd * 16, hd, next);
           float* et = e + s0 * n16 * 16 + (p * 16 + half * 8) * 16;
           for (int i = 0; i < 8; ++i) {
             _mm512_stream_ps(et + i * 16, acc[i][0]);
@@ -162,21 +176,8 @@ void de_tasks(int kernel) {
               const float* b0 = rh + p * n16 * 16 + t0 * 16;
               const float* b1 = b0 + n16 * 16;
               __m512 acc[8][2];
-              for (auto& row : acc)
-                for (__m512& v : row) v = _mm512_setzero_ps();
-              for (int64_t k = 0; k < tb; ++k) {
-                const __m512 x0 = _mm512_load_ps(b0 + k * 16), x1 = _mm512_load_ps(b1 + k * 16);
-                for (int i = 0; i < 8; ++i) {
-                  const __m512 av = _mm512_set1_ps(a[k * 16 + half * 8 + i]);
-                  acc[i][0] = _mm512_fmadd_ps(av, x0, acc[i][0]);
-                  acc[i][1] = _mm512_fmadd_ps(av, x1, acc[i][1]);
-                }
-              }
-              for (int i = 0; i < 8; ++i)
-                for (int v = 0; v < 2; ++v) {
-                  float* c = dE.data() + (st * 16 + half * 8 + i) * 256 + (p + v) * 16;
-                  _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), acc[i][v]));
-                }
+              block8x32(acc, a + half * 8, 16, b0, b1, tb);
+              add_block(dE.data() + (st * 16 + half * 8) * 256 + p * 16, 256, acc);
             }
         }
   });
@@ -206,21 +207,8 @@ void de_tasks(int kernel) {
             for (int64_t half = 0; half < 2; ++half) {
               const float* a = e + st * n16 * 16 + t0 * 16 + half * 8;
               __m512 acc[8][2];
-              for (auto& row : acc)
-                for (__m512& v : row) v = _mm512_setzero_ps();
-              for (int64_t k = 0; k < tb; ++k) {
-                const __m512 x0 = _mm512_load_ps(b0 + k * 16), x1 = _mm512_load_ps(b1 + k * 16);
-                for (int i = 0; i < 8; ++i) {
-                  const __m512 av = _mm512_set1_ps(a[k * 16 + i]);
-                  acc[i][0] = _mm512_fmadd_ps(av, x0, acc[i][0]);
-                  acc[i][1] = _mm512_fmadd_ps(av, x1, acc[i][1]);
-                }
-              }
-              for (int i = 0; i < 8; ++i)
-                for (int v = 0; v < 2; ++v) {
-                  float* c = dE.data() + (st * 16 + half * 8 + i) * 256 + (p + v) * 16;
-                  _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), acc[i][v]));
-                }
+              block8x32(acc, a, 16, b0, b1, tb);
+              add_block(dE.data() + (st * 16 + half * 8) * 256 + p * 16, 256, acc);
             }
         }
   });

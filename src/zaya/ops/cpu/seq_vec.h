@@ -230,6 +230,20 @@ inline float expf_fast(float x) {
 }
 
 #if defined(__AVX512F__)
+// expf_fast's reduction and polynomial on 16 lanes: with n the nearest integer to v·log2(e),
+// r = v − n·ln2 in two steps (Cody–Waite) and p = 1 + r + r²·P(r) ≈ exp(r); exp(v) = p·2^n.
+inline __m512 expf_reduced_v(__m512 v, __m512 n) {
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  return _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+}
+
 // expf_fast on 16 lanes, for kernels written with intrinsics: the same steps (clamp, round
 // x·log2(e) by the 1.5·2^23 trick, Cody–Waite reduction, the same polynomial, 2^n into the exponent
 // bits), with FMAs where the scalar form's `a * b + c` contracts to one.
@@ -242,18 +256,23 @@ inline __m512 expf_fast_v(__m512 x) {
   const __m512 t = _mm512_fmadd_ps(v, _mm512_set1_ps(1.44269504088896341f), magic);
   const __m512 nf = _mm512_sub_ps(t, magic);
   const __m512i ni = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000));
-  __m512 r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(0.693359375f), v);
-  r = _mm512_fnmadd_ps(nf, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512 p = expf_reduced_v(v, nf);
   const __m512i biased = _mm512_add_epi32(ni, _mm512_set1_epi32(127));
   const __m512i e = _mm512_mask_slli_epi32(biased, 0xFFFF, biased, 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+// exp(v) for v ≤ 0 on 16 lanes in fewer steps than expf_fast_v, for the softmax of scores minus
+// their max: v floored at −104 (exp is 0 in f32 below −103.3; a NaN stays NaN: vmaxps returns its
+// second operand when one is NaN), n = round(v·log2(e)) by roundscale, expf_fast's reduction and
+// polynomial, and 2^n applied by scalef, which needs no clamp at the top (v ≤ 0) and gives 0 or a
+// subnormal at the bottom (callers flush those). For v ≥ −87 the same values as expf_fast_v.
+inline __m512 expf_nonpositive_v(__m512 v) {
+  v = _mm512_mask_max_ps(v, 0xFFFF, _mm512_set1_ps(-104.0f), v);
+  const __m512 n = _mm512_mask_roundscale_ps(v, 0xFFFF, _mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 p = expf_reduced_v(v, n);
+  return _mm512_mask_scalef_ps(p, 0xFFFF, p, n);
 }
 #endif
 

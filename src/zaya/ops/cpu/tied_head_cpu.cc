@@ -192,28 +192,6 @@ inline __m512 reduce_8_rows(const __m512 (&x)[8], Op op) {
 // Lane of row i in reduce_8_rows' result.
 constexpr int kRowLane[8] = {0, 4, 8, 12, 1, 5, 9, 13};
 
-// exp(v) for v = x − m ≤ 0 on 16 lanes in fewer steps than expf_fast_v: v floored at −104 (exp
-// is 0 in f32 below −103.3; a NaN stays NaN: vmaxps returns its second operand when one is NaN),
-// n = round(v·log2(e)) by roundscale, expf_fast's Cody–Waite reduction r = v − n·ln2 and
-// polynomial, and 2^n applied by scalef, which needs no clamp at the top (v ≤ 0) and gives 0 or a
-// subnormal at the bottom (the caller flushes those). The same reduction and polynomial as
-// expf_fast_v: only the final scaling differs, exact in both.
-inline __m512 exp_nonpositive(__m512 v) {
-  v = _mm512_mask_max_ps(v, 0xFFFF, _mm512_set1_ps(-104.0f), v);
-  const __m512 n = _mm512_mask_roundscale_ps(v, 0xFFFF, _mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  return _mm512_mask_scalef_ps(p, 0xFFFF, p, n);
-}
-
 // One register block's softmax part: per token row, its max m over the block's columns (columns
 // past V are −inf), e = exp(logit − m) with values below tiny stored as 0 (padded token rows 0),
 // streamed into the strips, and the block's Σe. The scale of the block against the row's max comes
@@ -234,7 +212,7 @@ __attribute__((always_inline)) inline void block_exp(__m512 (&acc)[8][kStripsPer
     const __m512 mb = _mm512_mask_permutexvar_ps(m, 0xFFFF, _mm512_set1_epi32(kRowLane[i]), m);
     __m512 sum = _mm512_setzero_ps();
     for (int v = 0; v < NV; ++v) {
-      __m512 x = exp_nonpositive(_mm512_sub_ps(acc[i][v], mb));
+      __m512 x = expf_nonpositive_v(_mm512_sub_ps(acc[i][v], mb));
       x = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, tiny_v, _CMP_NLT_UQ), x);  // below tiny → 0, NaN kept
       if (i >= rows) x = _mm512_setzero_ps();  // padded rows: 0, for the products that read them
       if (stream)
