@@ -190,7 +190,8 @@ void de_tasks(int kernel) {
         for (int64_t st = g0; st < g0 + group; st += 2)
           for (int64_t p = 0; p < panels; ++p)
             for (int64_t q = 0; q < 2; ++q) {
-              tile<false, false>(t, e + (st + q) * n16 * 16 + t0 * 16, rh + p * n16 * 16 + t0 * 16, tb2, nullptr);
+              tile<false, false>(t, e + (st + q) * n16 * 16 + t0 * 16, rh + p * n16 * 16 + t0 * 16, tb2,
+                                 nullptr);
               for (int i = 0; i < 16; ++i) {
                 float* c = dE.data() + ((st + q) * 16 + i) * 256 + p * 16;
                 _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), _mm512_load_ps(t + i * 16)));
@@ -200,7 +201,8 @@ void de_tasks(int kernel) {
   const double s0 = kernel != 0 ? s2 : best_seconds([&] {
     for (int64_t g0 = 0; g0 < strips; g0 += group)
       for (int64_t t0 = 0; t0 < n16; t0 += tb)
-        for (int64_t p = 0; p < panels; p += 2) {  // two panels (32 KiB) held in L1, the strips' halves streamed
+        for (int64_t p = 0; p < panels;
+             p += 2) {  // two panels (32 KiB) held in L1, the strips' halves streamed
           const float* b0 = rh + p * n16 * 16 + t0 * 16;
           const float* b1 = b0 + n16 * 16;
           for (int64_t st = g0; st < g0 + group; ++st)
@@ -213,7 +215,7 @@ void de_tasks(int kernel) {
         }
   });
   std::printf("dE in 16-strip tasks, %s: %.1f GFLOP/s\n",
-              kernel == 16 ? "16 x 16 tiles"
+              kernel == 16  ? "16 x 16 tiles"
               : kernel == 8 ? "8 x 32 blocks"
               : kernel == 2 ? "16 x 16 tiles, strip pairs over 128 tokens"
                             : "8 x 32 blocks, panels held",
@@ -246,17 +248,22 @@ void de(int64_t token_block) {
 int main(int argc, char** argv) {
   if (argc >= 4 && std::strcmp(argv[1], "forward") == 0) {
     forward(std::atol(argv[2]), std::atol(argv[3]), argc > 4 ? argv[4] : "plain");
-  } else if (argc == 3 && std::strcmp(argv[1], "blocks") == 0 && (std::atol(argv[2]) == 8 || std::atol(argv[2]) == 16)) {
+  } else if (argc == 3 && std::strcmp(argv[1], "blocks") == 0 &&
+             (std::atol(argv[2]) == 8 || std::atol(argv[2]) == 16)) {
     blocks(std::atol(argv[2]));
-  } else if (argc == 3 && std::strcmp(argv[1], "de-tasks") == 0 && (std::atol(argv[2]) == 0 || std::atol(argv[2]) == 2 || std::atol(argv[2]) == 8 ||
-                                                                 std::atol(argv[2]) == 16)) {
+  } else if (argc == 3 && std::strcmp(argv[1], "de-tasks") == 0 &&
+             (std::atol(argv[2]) == 0 || std::atol(argv[2]) == 2 || std::atol(argv[2]) == 8 ||
+              std::atol(argv[2]) == 16)) {
     de_tasks(static_cast<int>(std::atol(argv[2])));
-  } else if (argc == 3 && std::strcmp(argv[1], "de") == 0 && std::atol(argv[2]) > 0 && 2048 % std::atol(argv[2]) == 0) {
+  } else if (argc == 3 && std::strcmp(argv[1], "de") == 0 && std::atol(argv[2]) > 0 &&
+             2048 % std::atol(argv[2]) == 0) {
     de(std::atol(argv[2]));
   } else {
-    std::fprintf(stderr, "usage: %s forward STRIPS GROUP [prefetch|ksplit] | blocks 8|16 | de-tasks 16|8|0|2 | de TOKEN_BLOCK "
-                 "(a divisor of 2048)\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s forward STRIPS GROUP [prefetch|ksplit] | blocks 8|16 | de-tasks 16|8|0|2 | de TOKEN_BLOCK "
+        "(a divisor of 2048)\n",
+        argv[0]);
     return 2;
   }
 }

@@ -1162,7 +1162,8 @@ struct GroupedItem {
 };
 constexpr int64_t kMinHalfRows = 64;
 std::vector<GroupedItem> grouped_items(std::span<GemmProblem> problems, const std::vector<Dims>& dims,
-                                       const std::vector<size_t>& todo, const std::vector<size_t>& order, Trans ta) {
+                                       const std::vector<size_t>& todo, const std::vector<size_t>& order,
+                                       Trans ta) {
   std::vector<GroupedItem> items;
   for (size_t j : order) {
     const size_t i = todo[j];
@@ -1178,7 +1179,8 @@ std::vector<GroupedItem> grouped_items(std::span<GemmProblem> problems, const st
     items.push_back({i, 0, half, flops_of(1, half, d.n, d.k)});
     items.push_back({i, half, d.m - half, flops_of(1, d.m - half, d.n, d.k)});
   }
-  std::stable_sort(items.begin(), items.end(), [](const GroupedItem& a, const GroupedItem& b) { return a.work > b.work; });
+  std::stable_sort(items.begin(), items.end(),
+                   [](const GroupedItem& a, const GroupedItem& b) { return a.work > b.work; });
   return items;
 }
 
@@ -1264,30 +1266,36 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   const int threads = num_threads();
   std::vector<size_t> order;
   if (split_problems(problems, dims, todo, ta, threads, order)) {
-    // Each problem whole on one thread: a primitive built for 1 thread, the same bits as with
-    // ZAYA_THREADS=1 whichever thread runs it. No problem may run past its end here (which thread
-    // runs the next one is not known).
+    // Each problem (or row half: grouped_items) whole on one thread: a primitive built for 1
+    // thread, the same bits as with ZAYA_THREADS=1 whichever thread runs it. No problem may run
+    // past its end here (which thread runs the next one is not known).
     if (threads_change_bits()) {
-      run_side_by_side(order.size(), threads, [] {}, [&](size_t j) {
-        run_grouped_pieces(problems[todo[order[j]]], dims[todo[order[j]]], ta, tb, alpha, beta, 1);
-      }, [] {});
+      run_side_by_side(
+          order.size(), threads, [] {},
+          [&](size_t j) {
+            run_grouped_pieces(problems[todo[order[j]]], dims[todo[order[j]]], ta, tb, alpha, beta, 1);
+          },
+          [] {});
       return;
     }
     const std::vector<GroupedItem> items = grouped_items(problems, dims, todo, order, ta);
-    run_side_by_side(items.size(), threads, [] {}, [&](size_t j) {
-      const GroupedItem& it = items[j];
-      if (it.rows == dims[it.i].m) {
-        run_grouped_problem(problems, it.i, dims[it.i], ta, tb, alpha, beta, 1, false);
-        return;
-      }
-      const GemmProblem& p = problems[it.i];
-      const Dims& d = dims[it.i];
-      GemmProblem piece{Tensor::borrow(p.A.data<float>() + it.r0 * d.k, {it.rows, d.k}, DType::f32), p.B,
-                        Tensor::borrow(p.C.data<float>() + it.r0 * d.n, {it.rows, d.n}, DType::f32)};
-      Dims pd = d;
-      pd.m = it.rows;
-      run_grouped_problem(std::span<GemmProblem>(&piece, 1), 0, pd, ta, tb, alpha, beta, 1, false);
-    }, [] {});
+    run_side_by_side(
+        items.size(), threads, [] {},
+        [&](size_t j) {
+          const GroupedItem& it = items[j];
+          if (it.rows == dims[it.i].m) {
+            run_grouped_problem(problems, it.i, dims[it.i], ta, tb, alpha, beta, 1, false);
+            return;
+          }
+          const GemmProblem& p = problems[it.i];
+          const Dims& d = dims[it.i];
+          GemmProblem piece{Tensor::borrow(p.A.data<float>() + it.r0 * d.k, {it.rows, d.k}, DType::f32), p.B,
+                            Tensor::borrow(p.C.data<float>() + it.r0 * d.n, {it.rows, d.n}, DType::f32)};
+          Dims pd = d;
+          pd.m = it.rows;
+          run_grouped_problem(std::span<GemmProblem>(&piece, 1), 0, pd, ta, tb, alpha, beta, 1, false);
+        },
+        [] {});
     return;
   }
   if (threads_change_bits()) {

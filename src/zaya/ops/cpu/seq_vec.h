@@ -269,8 +269,9 @@ inline __m512 expf_fast_v(__m512 x) {
 // subnormal at the bottom (callers flush those). For v ≥ −87 the same values as expf_fast_v.
 inline __m512 expf_nonpositive_v(__m512 v) {
   v = _mm512_mask_max_ps(v, 0xFFFF, _mm512_set1_ps(-104.0f), v);
-  const __m512 n = _mm512_mask_roundscale_ps(v, 0xFFFF, _mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 n =
+      _mm512_mask_roundscale_ps(v, 0xFFFF, _mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 p = expf_reduced_v(v, n);
   return _mm512_mask_scalef_ps(p, 0xFFFF, p, n);
 }

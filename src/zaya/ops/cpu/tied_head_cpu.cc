@@ -246,7 +246,8 @@ void tied_head_forward(float* e, float* row_max, float* row_sum, float* picked, 
   float* bmax = e + strips * strip;  // [block][n16]
   float* bsum = bmax + nvb * n16;
   // Eᵀ as k-major panels, one per strip (bt[s·hd·16 + k·16 + j] = E[16s + j][k]), then h as k-major
-  // panels of 16 tokens (ap[p·hd·16 + k·16 + i] = h[16p + i][k]), one spare panel for the prefetch.
+  // panels of 8 tokens (ap[q·hd·8 + k·8 + i] = h[8q + i][k]), with room past the last for the
+  // prefetch of the panel after it.
   float* bt = scratch(strips * hd * 16 + (n16 + 16) * hd);
   float* ap = bt + strips * hd * 16;
   const int64_t panels = n16 / 16;
@@ -262,9 +263,10 @@ void tied_head_forward(float* e, float* row_max, float* row_sum, float* picked, 
     for (int64_t p = 0; p < panels; ++p)
       pack_rows_transposed_halves(ap + 2 * p * hd * 8, ap + (2 * p + 1) * hd * 8, h + p * 16 * hd, hd,
                                   std::min<int64_t>(16, n - p * 16), hd);
-      // Dynamic schedules here and below: every iteration writes only its own outputs, so the bits do
-      // not depend on who runs it, and the two threads of a shared VM often run at different speeds
-      // (a static split left one idle ~9% of the forward; docs/CONTRIBUTING.md, "Adding an op").
+
+    // Dynamic schedules here and below: every iteration writes only its own outputs, so the bits do
+    // not depend on who runs it, and the two threads of a shared VM often run at different speeds
+    // (a static split left one idle ~9% of the forward; docs/CONTRIBUTING.md, "Adding an op").
 #pragma omp for schedule(dynamic, 1)
     for (int64_t vb = 0; vb < nvb; ++vb) {
       const int64_t s0 = vb * kStripsPerBlock, ns = std::min(kStripsPerBlock, strips - s0);
@@ -288,7 +290,8 @@ void tied_head_forward(float* e, float* row_max, float* row_sum, float* picked, 
       }
     }
     _mm_sfence();  // each thread's streaming stores are visible before anyone reads e
-                   // Per 16 tokens: M, the blocks' scales (over their maxima) and Σ in block order.
+
+    // Per 16 tokens: M, the blocks' scales (over their maxima) and Σ in block order.
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; ++p) {
       const int64_t t0 = p * 16;
