@@ -266,7 +266,10 @@ inline __m512 expf_fast_v(__m512 x) {
 // their max: v floored at −104 (exp is 0 in f32 below −103.3; a NaN stays NaN: vmaxps returns its
 // second operand when one is NaN), n = round(v·log2(e)) by roundscale, expf_fast's reduction and
 // polynomial, and 2^n applied by scalef, which needs no clamp at the top (v ≤ 0) and gives 0 or a
-// subnormal at the bottom (callers flush those). For v ≥ −87 the same values as expf_fast_v.
+// subnormal at the bottom (callers flush those). n comes from the rounded product v·log2(e) here and
+// from the exact one (one FMA) in expf_fast_v, so at a rounding tie the two can pick neighbouring n
+// and differ by about an ulp; otherwise they agree for v ≥ −87 (every 256th float of [−87, 0],
+// 4.4 million values, gave the same bits in both).
 inline __m512 expf_nonpositive_v(__m512 v) {
   v = _mm512_mask_max_ps(v, 0xFFFF, _mm512_set1_ps(-104.0f), v);
   const __m512 n =
