@@ -146,80 +146,73 @@ void blocks(int64_t lda) {
               static_cast<long>(lda), 2.0 * strips * 16 * hd * n16 / s / 1e9);
 }
 
-// dE's loop as it is now (tied_head_cpu.cc): tasks of 16 strips, 256-token blocks, each strip's
-// piece (16 KiB) held in L1 while the block's 16 panels of r ⊙ h (256 KiB, L2) pass, either as
-// 16 × 16 tiles (kernel 16) or as 8 × 32 blocks, half a strip against two panels (kernel 8).
+// dE row block (16 rows, 256 floats apart) += a 16 × 16 tile: the dE loops' epilogue.
+void add_tile(float* c, const float* t) {
+  for (int i = 0; i < 16; ++i)
+    _mm512_storeu_ps(c + i * 256, _mm512_add_ps(_mm512_loadu_ps(c + i * 256), _mm512_load_ps(t + i * 16)));
+}
+
+// dE's loop as kept (tied_head_cpu.cc): tasks of 16 strips over 256-token blocks, and the
+// arrangements session 15 tried against it (KERNEL):
+//   16  each strip's piece (16 KiB) held in L1 while the block's 16 panels of r ⊙ h (256 KiB, L2)
+//       pass, 16 × 16 tiles (the kept code);
+//   8   the same order, 8 × 32 blocks: half a strip against two panels;
+//   0   8 × 32 blocks with two panels (32 KiB) held in L1 and the strips' halves streamed;
+//   2   16 × 16 tiles over 128-token blocks, two strips' tiles in turn against each 8 KiB panel
+//       piece, which the second reads from L1.
 void de_tasks(int kernel) {
   constexpr int64_t n16 = 2048, panels = 16, strips = 512, group = 16, tb = 256;
   float* e = filled(strips * n16 * 16, 7);
   float* rh = filled(panels * n16 * 16, 5);
   std::vector<float> dE(static_cast<size_t>(strips * 16 * 256));
   alignas(64) float t[256];
+  auto piece = [&](int64_t st, int64_t t0) { return e + st * n16 * 16 + t0 * 16; };
+  auto panel = [&](int64_t p, int64_t t0) { return rh + p * n16 * 16 + t0 * 16; };
+  auto rows = [&](int64_t st, int64_t p) { return dE.data() + st * 16 * 256 + p * 16; };
+  auto block = [&](int64_t st, int64_t half, int64_t p, int64_t t0) {  // one 8 × 32 block
+    __m512 acc[8][2];
+    block8x32(acc, piece(st, t0) + half * 8, 16, panel(p, t0), panel(p + 1, t0), tb);
+    add_block(rows(st, p) + half * 8 * 256, 256, acc);
+  };
   const double s = best_seconds([&] {
-    for (int64_t s0 = 0; s0 < strips; s0 += group)
-      for (int64_t t0 = 0; t0 < n16; t0 += tb)
-        for (int64_t st = s0; st < s0 + group; ++st) {
-          const float* a = e + st * n16 * 16 + t0 * 16;
+    for (int64_t g0 = 0; g0 < strips; g0 += group) {
+      if (kernel == 2) {
+        for (int64_t t0 = 0; t0 < n16; t0 += tb / 2)
+          for (int64_t st = g0; st < g0 + group; st += 2)
+            for (int64_t p = 0; p < panels; ++p)
+              for (int64_t q = 0; q < 2; ++q) {
+                tile<false, false>(t, piece(st + q, t0), panel(p, t0), tb / 2, nullptr);
+                add_tile(rows(st + q, p), t);
+              }
+        continue;
+      }
+      for (int64_t t0 = 0; t0 < n16; t0 += tb) {
+        if (kernel == 0) {
+          for (int64_t p = 0; p < panels; p += 2)
+            for (int64_t st = g0; st < g0 + group; ++st)
+              for (int64_t half = 0; half < 2; ++half) block(st, half, p, t0);
+          continue;
+        }
+        for (int64_t st = g0; st < g0 + group; ++st) {
           if (kernel == 16) {
             for (int64_t p = 0; p < panels; ++p) {
-              tile<false, false>(t, a, rh + p * n16 * 16 + t0 * 16, tb, nullptr);
-              for (int i = 0; i < 16; ++i) {
-                float* c = dE.data() + (st * 16 + i) * 256 + p * 16;
-                _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), _mm512_load_ps(t + i * 16)));
-              }
+              tile<false, false>(t, piece(st, t0), panel(p, t0), tb, nullptr);
+              add_tile(rows(st, p), t);
             }
-            continue;
+          } else {
+            for (int64_t half = 0; half < 2; ++half)
+              for (int64_t p = 0; p < panels; p += 2) block(st, half, p, t0);
           }
-          if (kernel == 0 || kernel == 2) continue;  // the arrangements below
-          for (int64_t half = 0; half < 2; ++half)
-            for (int64_t p = 0; p < panels; p += 2) {
-              const float* b0 = rh + p * n16 * 16 + t0 * 16;
-              const float* b1 = b0 + n16 * 16;
-              __m512 acc[8][2];
-              block8x32(acc, a + half * 8, 16, b0, b1, tb);
-              add_block(dE.data() + (st * 16 + half * 8) * 256 + p * 16, 256, acc);
-            }
         }
-  });
-  // kernel 2: 16 × 16 tiles over 128-token blocks, two strips' tiles in turn against each panel
-  // piece (8 KiB), which the second reads from L1.
-  const double s2 = kernel != 2 ? s : best_seconds([&] {
-    constexpr int64_t tb2 = 128;
-    for (int64_t g0 = 0; g0 < strips; g0 += group)
-      for (int64_t t0 = 0; t0 < n16; t0 += tb2)
-        for (int64_t st = g0; st < g0 + group; st += 2)
-          for (int64_t p = 0; p < panels; ++p)
-            for (int64_t q = 0; q < 2; ++q) {
-              tile<false, false>(t, e + (st + q) * n16 * 16 + t0 * 16, rh + p * n16 * 16 + t0 * 16, tb2,
-                                 nullptr);
-              for (int i = 0; i < 16; ++i) {
-                float* c = dE.data() + ((st + q) * 16 + i) * 256 + p * 16;
-                _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), _mm512_load_ps(t + i * 16)));
-              }
-            }
-  });
-  const double s0 = kernel != 0 ? s2 : best_seconds([&] {
-    for (int64_t g0 = 0; g0 < strips; g0 += group)
-      for (int64_t t0 = 0; t0 < n16; t0 += tb)
-        for (int64_t p = 0; p < panels;
-             p += 2) {  // two panels (32 KiB) held in L1, the strips' halves streamed
-          const float* b0 = rh + p * n16 * 16 + t0 * 16;
-          const float* b1 = b0 + n16 * 16;
-          for (int64_t st = g0; st < g0 + group; ++st)
-            for (int64_t half = 0; half < 2; ++half) {
-              const float* a = e + st * n16 * 16 + t0 * 16 + half * 8;
-              __m512 acc[8][2];
-              block8x32(acc, a, 16, b0, b1, tb);
-              add_block(dE.data() + (st * 16 + half * 8) * 256 + p * 16, 256, acc);
-            }
-        }
+      }
+    }
   });
   std::printf("dE in 16-strip tasks, %s: %.1f GFLOP/s\n",
               kernel == 16  ? "16 x 16 tiles"
               : kernel == 8 ? "8 x 32 blocks"
               : kernel == 2 ? "16 x 16 tiles, strip pairs over 128 tokens"
                             : "8 x 32 blocks, panels held",
-              2.0 * strips * 16 * 256 * n16 / s0 / 1e9);
+              2.0 * strips * 16 * 256 * n16 / s / 1e9);
 }
 
 void de(int64_t token_block) {
@@ -233,10 +226,7 @@ void de(int64_t token_block) {
       for (int64_t st = 0; st < strips; ++st)
         for (int64_t p = 0; p < panels; ++p) {
           tile<false, false>(t, e + st * n16 * 16 + t0 * 16, rh + p * n16 * 16 + t0 * 16, token_block, nullptr);
-          for (int i = 0; i < 16; ++i) {
-            float* c = dE.data() + (st * 16 + i) * 256 + p * 16;
-            _mm512_storeu_ps(c, _mm512_add_ps(_mm512_loadu_ps(c), _mm512_load_ps(t + i * 16)));
-          }
+          add_tile(dE.data() + st * 16 * 256 + p * 16, t);
         }
   });
   std::printf("dE token block %ld: %.1f GFLOP/s\n", static_cast<long>(token_block),

@@ -335,12 +335,12 @@ TEST(Gemm, GroupedTokenCountsDoNotBuildAPrimitiveEach) {
 }
 
 TEST(Gemm, GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise) {
-  // Eight experts on 2 threads run side by side, whole GEMMs or row halves taken by the threads in
-  // turn (gemm.cc, split_problems); each must be right, and bit-identical to the same call on 1 thread (where
-  // they run one after another). bf16 with these small weights runs on the AMX kernel where the CPU has one
-  // (x·Wᵀ and dy·W need K a multiple of 32 for it: here only dyᵀ·x does), side by side too; otherwise on
-  // oneDNN, in row blocks where it has AMX and at a runtime M elsewhere: both are run here (the first forced
-  // by gemm_force_bf16_fixed_shapes).
+  // Eight experts on 2 threads run side by side, whole GEMMs or row halves taken by the threads
+  // in turn (gemm.cc, split_problems); each must be right, and bit-identical to the same call on 1
+  // thread (where they run one after another). bf16 with these small weights runs on the AMX
+  // kernel where the CPU has one (x·Wᵀ and dy·W need K a multiple of 32 for it: here only dyᵀ·x
+  // does), side by side too; otherwise on oneDNN, in row blocks where it has AMX and at a runtime M
+  // elsewhere: both are run here (the first forced by gemm_force_bf16_fixed_shapes).
   const int saved = num_threads();
   // Three experts of >= 128 tokens: in f32 x·Wᵀ and dy·W those run as two row halves each on 2
   // threads (gemm.cc, grouped_items), whole on 1.

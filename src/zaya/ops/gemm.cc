@@ -1071,6 +1071,19 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
     run_fixed(d, p.A, ta, p.B, tb, p.C, alpha, beta, threads);
 }
 
+// Rows [r0, r0 + rows) of a 2-D grouped problem with tokens in M (x·Wᵀ, dy·W), on one thread
+// through run_grouped_problem's paths: the token count stays a runtime dim, and each row's result
+// is the whole problem's.
+void run_grouped_rows(const GemmProblem& p, const Dims& d, int64_t r0, int64_t rows, Trans ta, Trans tb,
+                      float alpha, float beta) {
+  const int64_t es = static_cast<int64_t>(dtype_size(p.A.dtype()));
+  GemmProblem piece{Tensor::borrow(static_cast<char*>(p.A.raw()) + r0 * d.k * es, {rows, d.k}, p.A.dtype()), p.B,
+                    Tensor::borrow(p.C.data<float>() + r0 * d.n, {rows, d.n}, DType::f32)};
+  Dims pd = d;
+  pd.m = rows;
+  run_grouped_problem(std::span<GemmProblem>(&piece, 1), 0, pd, ta, tb, alpha, beta, 1, false);
+}
+
 // One grouped problem where oneDNN's results depend on the thread count (threads_change_bits):
 // x·Wᵀ and dy·W (tokens in M) as row pieces (pieces_of, fixed by the shape), each through
 // run_grouped_problem's paths on one thread, so the token count stays a runtime dim; weight
@@ -1137,19 +1150,16 @@ void run_grouped_pieces(const GemmProblem& p, const Dims& d, Trans ta, Trans tb,
     return;
   }
   auto run_one = [&](size_t j) {
-    const int64_t i0 = static_cast<int64_t>(j) * pc.step, rows = std::min(pc.step, d.m - i0);
-    GemmProblem piece{Tensor::borrow(static_cast<char*>(p.A.raw()) + i0 * d.k * es, {rows, d.k}, p.A.dtype()), p.B,
-                      Tensor::borrow(p.C.data<float>() + i0 * d.n, {rows, d.n}, DType::f32)};
-    Dims pd = d;
-    pd.m = rows;
-    run_grouped_problem(std::span<GemmProblem>(&piece, 1), 0, pd, ta, tb, alpha, beta, 1, false);
+    const int64_t i0 = static_cast<int64_t>(j) * pc.step;
+    run_grouped_rows(p, d, i0, std::min(pc.step, d.m - i0), ta, tb, alpha, beta);
   };
   const auto count = static_cast<size_t>(pc.count);
   run_pieces_in_turn(count, threads, run_one);
 }
 
 // The work items of a side-by-side grouped call, largest first: whole problems, except that f32
-// x·Wᵀ and dy·W problems (tokens in M) of at least 2·kMinHalfRows rows go as two row halves.
+// x·Wᵀ and dy·W problems (tokens in M) of at least 2·kMinHalfRows rows go as two row halves
+// (their weights are small: split_problems keeps large f32 weights out of side-by-side calls).
 // Threads take the items as they free up, so the one that finishes first then waits for at most
 // about one item: halving the items halves that wait (the demo's 24 grouped calls per step had the
 // two threads finish 0.14–0.26 ms apart with whole experts). A half is the whole problem's rows
@@ -1170,7 +1180,7 @@ std::vector<GroupedItem> grouped_items(std::span<GemmProblem> problems, const st
     const Dims& d = dims[i];
     const GemmProblem& p = problems[i];
     const bool halve = ta == Trans::N && d.batch == 1 && p.A.dtype() == DType::f32 && p.A.ndim() == 2 &&
-                       p.B.ndim() == 2 && d.n * d.k < kLargeWeight && d.m >= 2 * kMinHalfRows;
+                       p.B.ndim() == 2 && d.m >= 2 * kMinHalfRows;
     if (!halve) {
       items.push_back({i, 0, d.m, flops_of(d.batch, d.m, d.n, d.k)});
       continue;
@@ -1283,17 +1293,10 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
         items.size(), threads, [] {},
         [&](size_t j) {
           const GroupedItem& it = items[j];
-          if (it.rows == dims[it.i].m) {
+          if (it.rows == dims[it.i].m)
             run_grouped_problem(problems, it.i, dims[it.i], ta, tb, alpha, beta, 1, false);
-            return;
-          }
-          const GemmProblem& p = problems[it.i];
-          const Dims& d = dims[it.i];
-          GemmProblem piece{Tensor::borrow(p.A.data<float>() + it.r0 * d.k, {it.rows, d.k}, DType::f32), p.B,
-                            Tensor::borrow(p.C.data<float>() + it.r0 * d.n, {it.rows, d.n}, DType::f32)};
-          Dims pd = d;
-          pd.m = it.rows;
-          run_grouped_problem(std::span<GemmProblem>(&piece, 1), 0, pd, ta, tb, alpha, beta, 1, false);
+          else
+            run_grouped_rows(problems[it.i], dims[it.i], it.r0, it.rows, ta, tb, alpha, beta);
         },
         [] {});
     return;

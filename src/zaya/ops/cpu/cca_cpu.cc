@@ -299,7 +299,7 @@ void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, con
   const Taps taps(dw, C);
   // Per task (g, b) = g·B + b: its dgw block [hd][2·hd] (planar), then ddb, ddw[·,0], ddw[·,1], dgb.
   const int64_t slot = hd * K2 + 4 * hd;
-  float* part = scratch<8>(heads * B * slot);
+  float* part = scratch<4>(heads * B * slot);  // the calling thread's: shared by the team below
 #pragma omp parallel
   {
     float* dd = scratch<2>(kTok * K2);
