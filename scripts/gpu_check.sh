@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The GPU half of the test suite and the cuBLASLt GEMM table, run on a lent GPU machine.
+#
+# CI machines have no GPU, so the CUDA tests skip there. This script runs them where a GPU is:
+#
+#   scripts/gpu_check.sh pack          on the build machine: bundles build/cuda's test_core
+#                                      and zaya binaries with the shared libraries a bare
+#                                      CUDA image lacks, into build/gpu_check/
+#   scripts/gpu_check.sh run [OUTDIR]  on the GPU machine: unpacks them and runs the CUDA
+#                                      tests, `zaya sysinfo`, and `zaya bench gemm --backend
+#                                      cuda` over ZAYA1-base's training GEMMs (bf16 and f32);
+#                                      logs and the hardware profile go to OUTDIR
+#   scripts/gpu_check.sh model-vs-hf THREADS ROUNDS [OUTDIR]
+#                                      on the GPU machine: benchmarks/model_vs_hf.py on its
+#                                      CPU (a second, quieter machine for issue #4's ratio),
+#                                      with the machine's own torch and the pinned
+#                                      transformers (from a wheel in .whl/ when carried), then
+#                                      zaya's step split by part (--sections)
+#
+# The binaries are built with -march=native, so the GPU machine's CPU must have this one's
+# vector extensions; `run` prints both machines' flags first, for when a binary dies on an
+# illegal instruction. Results: docs/results/gpu-check.md and docs/results/model-cpu.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pack_dir=build/gpu_check
+
+case "${1:-}" in
+pack)
+  rm -rf "$pack_dir" && mkdir -p "$pack_dir/libs"
+  cp build/cuda/tests/test_core build/cuda/zaya "$pack_dir/"
+  # Everything zaya links except glibc, libstdc++ and CUDA's own libraries (the image has those).
+  ldd build/cuda/zaya build/cuda/tests/test_core | awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -v -e '/cuda' -e '/libc\.so' -e '/libm\.so' -e '/libdl\.so' -e '/libpthread\.so' \
+      -e '/librt\.so' -e '/libstdc++' -e '/libgcc_s' |
+    while read -r lib; do cp -L "$lib" "$pack_dir/libs/"; done
+  grep -o -w -e avx512f -e avx512_bf16 -e amx_tile /proc/cpuinfo | sort -u > "$pack_dir/build_cpu_flags.txt"
+  tar -C "$pack_dir" -cJf "$pack_dir/libs.tar.xz" libs && rm -rf "$pack_dir/libs"
+  du -sh "$pack_dir"
+  ;;
+run)
+  out="${2:-${OUT:-/tmp/gpu_check}}"
+  mkdir -p "$out"
+  tar -C "$pack_dir" -xJf "$pack_dir/libs.tar.xz"
+  export LD_LIBRARY_PATH="$PWD/$pack_dir/libs:${LD_LIBRARY_PATH:-}"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/nvidia-smi.txt"
+  echo "build machine's flags: $(tr '\n' ' ' < "$pack_dir/build_cpu_flags.txt")"
+  echo "this machine's flags:  $(grep -o -w -e avx512f -e avx512_bf16 -e amx_tile /proc/cpuinfo | sort -u | tr '\n' ' ')"
+  status=0
+  "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:Philox.*:Tensor.*' 2>&1 | tee "$out/test_core.txt" || status=1
+  "$pack_dir/zaya" sysinfo 2>&1 | tee "$out/sysinfo.txt" || status=1
+  for dtype in bf16 f32; do
+    "$pack_dir/zaya" bench gemm --backend cuda --dtype "$dtype" --shapes model:configs/zaya1-base.toml \
+      --ref-dim 8192 -w 3 -n 20 --name "h100-cublaslt-$dtype" --out "$out/profile-$dtype.json" 2>&1 |
+      tee "$out/gemm-$dtype.txt" || status=1
+  done
+  exit $status
+  ;;
+model-vs-hf)
+  threads="${2:?threads}" rounds="${3:?rounds}" out="${4:-${OUT:-/tmp/gpu_check}}"
+  mkdir -p "$out"
+  [[ -d "$pack_dir/libs" ]] || tar -C "$pack_dir" -xJf "$pack_dir/libs.tar.xz"
+  export LD_LIBRARY_PATH="$PWD/$pack_dir/libs:${LD_LIBRARY_PATH:-}"
+  source scripts/env.sh
+  # The transformers that scripts/requirements.txt pins, from its wheel when one was carried
+  # (pip download --no-deps --only-binary=:all: -d .whl transformers==PIN); else the machine's.
+  pin=$(sed -n 's/^transformers==//p' scripts/requirements.txt)
+  if compgen -G ".whl/transformers-$pin-*.whl" >/dev/null; then
+    python3 -m pip install -q --no-deps --target /tmp/zaya_hf ".whl/transformers-$pin-"*.whl
+    export PYTHONPATH="/tmp/zaya_hf:${PYTHONPATH:-}"
+  fi
+  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+  CUDA_VISIBLE_DEVICES= python3 benchmarks/model_vs_hf.py --zaya "$pack_dir/zaya" --threads "$threads" \
+    --rounds "$rounds" 2>&1 | tee "$out/model_vs_hf-t$threads.txt"
+  "$pack_dir/zaya" --threads "$threads" forward --init-config configs/demo.toml --seed 1 --bench-steps 5 \
+    --batch 8 --seq 256 --sections 2>&1 | tee "$out/sections-t$threads.txt"
+  ;;
+*)
+  echo "usage: $0 pack | run [OUTDIR] | model-vs-hf THREADS ROUNDS [OUTDIR]" >&2
+  exit 2
+  ;;
+esac
