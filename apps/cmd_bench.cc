@@ -88,7 +88,8 @@ int run_gemm(const GemmFlags& fl) {
   if (!fl.name.empty()) p.name = fl.name;
   if (p.name.empty()) p.name = "measured-" + fl.backend;
   if (membw > 0) p.memory_bandwidth = membw;
-  if (p.memory_bytes <= 0 && fl.backend == "cpu") p.memory_bytes = bench::query_sysinfo().memory_gib * 1073741824.0;
+  // A profile with memory_bytes 0 makes `zaya size --hw` warn that every model overflows the device.
+  if (p.memory_bytes <= 0) p.memory_bytes = bench::backend_memory_bytes(fl.backend);
   if (p.gpus_per_node <= 0) p.gpus_per_node = 1;
   p.source = "zaya bench gemm (" + fl.backend + ", " + fl.dtype + (fl.sweep ? ", sweep" : ", " + fl.shapes) + ")" +
              (fl.membw.empty() ? "" : " + zaya bench membw (" + fl.membw + ")") +

@@ -3,8 +3,8 @@
 #
 # CI machines have no GPU, so the CUDA tests skip there. This script runs them where a GPU is:
 #
-#   scripts/gpu_check.sh pack          on the build machine: bundles build/cuda's test_core
-#                                      and zaya binaries with the shared libraries a bare
+#   scripts/gpu_check.sh pack          on the build machine: bundles build/cuda's test_core,
+#                                      test_bench and zaya binaries with the shared libraries a bare
 #                                      CUDA image lacks, into build/gpu_check/
 #   scripts/gpu_check.sh run [OUTDIR]  on the GPU machine: unpacks them and runs the CUDA
 #                                      tests, `zaya sysinfo`, and `zaya bench gemm --backend
@@ -15,7 +15,10 @@
 #                                      CPU (a second, quieter machine for issue #4's ratio),
 #                                      with the machine's own torch and the pinned
 #                                      transformers (from a wheel in .whl/ when carried), then
-#                                      zaya's step split by part (--sections)
+#                                      zaya's step split by part (--sections), all appended
+#                                      to OUTDIR/model_vs_hf-tTHREADS.txt (the device tool
+#                                      brings back at most 8 files: run it again into the same
+#                                      OUTDIR rather than into new ones)
 #
 # The binaries are built with -march=native, so the GPU machine's CPU must have this one's
 # vector extensions; `run` prints both machines' flags first, for when a binary dies on an
@@ -27,9 +30,9 @@ pack_dir=build/gpu_check
 case "${1:-}" in
 pack)
   rm -rf "$pack_dir" && mkdir -p "$pack_dir/libs"
-  cp build/cuda/tests/test_core build/cuda/zaya "$pack_dir/"
+  cp build/cuda/tests/test_core build/cuda/tests/test_bench build/cuda/zaya "$pack_dir/"
   # Everything zaya links except glibc, libstdc++ and CUDA's own libraries (the image has those).
-  ldd build/cuda/zaya build/cuda/tests/test_core | awk '$3 ~ /^\// {print $3}' | sort -u |
+  ldd build/cuda/zaya build/cuda/tests/test_core build/cuda/tests/test_bench | awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -v -e '/cuda' -e '/libc\.so' -e '/libm\.so' -e '/libdl\.so' -e '/libpthread\.so' \
       -e '/librt\.so' -e '/libstdc++' -e '/libgcc_s' |
     while read -r lib; do cp -L "$lib" "$pack_dir/libs/"; done
@@ -46,7 +49,8 @@ run)
   echo "build machine's flags: $(tr '\n' ' ' < "$pack_dir/build_cpu_flags.txt")"
   echo "this machine's flags:  $(grep -o -w -e avx512f -e avx512_bf16 -e amx_tile /proc/cpuinfo | sort -u | tr '\n' ' ')"
   status=0
-  "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:Philox.*:Tensor.*' 2>&1 | tee "$out/test_core.txt" || status=1
+  "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:Philox.*:Tensor.*' 2>&1 | tee "$out/tests.txt" || status=1
+  "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   "$pack_dir/zaya" sysinfo 2>&1 | tee "$out/sysinfo.txt" || status=1
   for dtype in bf16 f32; do
     "$pack_dir/zaya" bench gemm --backend cuda --dtype "$dtype" --shapes model:configs/zaya1-base.toml \
@@ -70,9 +74,9 @@ model-vs-hf)
   fi
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
   CUDA_VISIBLE_DEVICES= python3 benchmarks/model_vs_hf.py --zaya "$pack_dir/zaya" --threads "$threads" \
-    --rounds "$rounds" 2>&1 | tee "$out/model_vs_hf-t$threads.txt"
+    --rounds "$rounds" 2>&1 | tee -a "$out/model_vs_hf-t$threads.txt"
   "$pack_dir/zaya" --threads "$threads" forward --init-config configs/demo.toml --seed 1 --bench-steps 5 \
-    --batch 8 --seq 256 --sections 2>&1 | tee "$out/sections-t$threads.txt"
+    --batch 8 --seq 256 --sections 2>&1 | tee -a "$out/model_vs_hf-t$threads.txt"
   ;;
 *)
   echo "usage: $0 pack | run [OUTDIR] | model-vs-hf THREADS ROUNDS [OUTDIR]" >&2

@@ -5,6 +5,8 @@
 #include <tuple>
 
 #include "zaya/bench/gemm_bench.h"
+#include "zaya/bench/sysinfo.h"
+#include "zaya/core/cuda_runtime.h"
 #include "zaya/core/error.h"
 
 namespace zaya::bench {
@@ -81,6 +83,20 @@ TEST(GemmBench, CudaBackendWithoutADeviceIsAClearError) {
 #endif
   o.backend = "tpu";
   EXPECT_THROW(o.validate(), Error);
+}
+
+// A profile's memory_bytes is what a model must fit in: the host's RAM for cpu, the GPU's memory
+// for cuda (a measured cuBLASLt profile once carried 0, and `zaya size --hw` then warned that
+// ZAYA1-base overflowed a 0 GiB device).
+TEST(GemmBench, ProfileMemoryIsTheBackendsOwn) {
+  EXPECT_NEAR(backend_memory_bytes("cpu"), query_sysinfo().memory_gib * 1073741824.0, 1.0);
+  EXPECT_GT(backend_memory_bytes("cpu"), 0.0);
+  if (cuda::device_count() == 0) {
+    EXPECT_THROW(backend_memory_bytes("cuda"), Error);
+    GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  }
+  EXPECT_EQ(backend_memory_bytes("cuda"), static_cast<double>(cuda::devices().at(0).total_memory));
+  EXPECT_GT(backend_memory_bytes("cuda"), 1e9);
 }
 
 }  // namespace

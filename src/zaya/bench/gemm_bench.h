@@ -52,6 +52,9 @@ std::string format_gemm_table(const std::vector<GemmResult>& rows);
 // peak_bf16_flops = `peak` when given (> 0), else kept from `base`, else the best measured rate.
 sizing::HardwareProfile profile_from_gemm(const std::vector<GemmResult>& rows, DType dtype, sizing::HardwareProfile base,
                                           double peak);
+// The memory a model must fit in on that backend, for a profile's memory_bytes: the host's RAM for
+// cpu, device 0's memory for cuda (throws "no CUDA device" without one).
+double backend_memory_bytes(const std::string& backend);
 // memory_bandwidth from a `zaya bench membw --json` file: the best triad rate at its largest array.
 double membw_from_json(const std::string& path);
 
