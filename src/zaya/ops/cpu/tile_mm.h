@@ -45,7 +45,7 @@ namespace tile_detail {
 #if defined(__AVX512F__)
 // C rows [0, R) × columns [c0, c0 + 16·NV) ∩ [0, n), over k in [k0, k1).
 template <int R, int NV>
-inline void mm_block(float* C, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
+[[gnu::always_inline]] inline void mm_block(float* C, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
                      int64_t c0, int64_t n, int64_t k0, int64_t k1, bool accumulate) {
   __mmask16 mk[NV];
   for (int v = 0; v < NV; ++v) mk[v] = first_lanes(n - c0 - 16 * v);
@@ -98,7 +98,7 @@ inline void mm_block(float* C, int64_t ldc, const float* a, int64_t a_rs, int64_
 #endif
 
 template <int R>
-inline void mm_rows(float* C, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* B,
+[[gnu::always_inline]] inline void mm_rows(float* C, int64_t ldc, const float* a, int64_t a_rs, int64_t a_cs, const float* B,
                     int64_t ldb, int64_t n, int64_t k0, int64_t k1, bool accumulate) {
 #if defined(__AVX512F__)
   for (int64_t c0 = 0; c0 < n; c0 += 64) {
