@@ -144,10 +144,13 @@ constexpr int64_t kTok = 64;   // tokens per backward block: its depthwise pairs
 }  // namespace
 
 // Forward: out_t[o] = gb[o] + dotf(gw[o, :, :], dd_t) per head, dd_t the interleaved depthwise pair.
-// The summation order is dotf's and must stay so: the qk_norm temperature's gradient downstream is
-// ill-conditioned, and the HF parity test's 1e-4 bound on it holds with this order (2e-5) but not
-// with a single FMA chain over the 2·hd inputs (1.3e-4; both are fp32 rounding, and HF in float64
-// is 1.3e-4 from HF in fp32 there too: docs/results/model-cpu.md). dotf keeps 16 partial sums, lane
+// The summation order is dotf's. It was kept when the HF parity test compared against HF in fp32:
+// the qk_norm temperature's gradient downstream is ill-conditioned, and a single FMA chain over the
+// 2·hd inputs moved it 1.3e-4 from HF's fp32 value (2e-5 with this order). The test now compares
+// against HF in float64 with a bound of max(1e-4, 10× torch's own fp32 error) per tensor, which may
+// admit the single chain (not rerun): a single chain through tile_mm measured only 1.03–1.10×
+// faster (`bench_ops_attention` CcaConvForward, 8 alternations, session 16), so the partial-sum
+// tree is not what bounds this kernel, and the order stays. dotf keeps 16 partial sums, lane
 // l an FMA chain over the inputs k ≡ l (mod 16) (zero-padded to whole 16s, which adds exact zeros),
 // then adds them in sum16's tree. The decode step calls dotf itself, and
 // CcaConv.DecodeEqualsFullForwardAtEveryPosition checks it against this forward bitwise.
