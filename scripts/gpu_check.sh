@@ -12,7 +12,7 @@
 #                                      logs and the hardware profile go to OUTDIR
 #   scripts/gpu_check.sh model-vs-hf THREADS ROUNDS [OUTDIR]
 #                                      on the GPU machine: benchmarks/model_vs_hf.py on its
-#                                      CPU (a second, quieter machine for issue #4's ratio),
+#                                      CPU (a second machine for issue #4's ratio),
 #                                      with the machine's own torch and the pinned
 #                                      transformers (from a wheel in .whl/ when carried), then
 #                                      zaya's step split by part (--sections), all appended

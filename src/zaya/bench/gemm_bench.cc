@@ -161,7 +161,8 @@ sizing::HardwareProfile profile_from_gemm(const std::vector<GemmResult>& rows, D
 double backend_memory_bytes(const std::string& backend) {
   if (backend == "cuda") {
     if (cuda::device_count() == 0)
-      throw Error("no CUDA device (" + cuda::no_device_reason() + ")", {.field = "--backend", .found = "cuda"});
+      throw Error("no CUDA device (" + cuda::no_device_reason() + ")",
+                  {.field = "--backend", .found = "cuda"});
     return static_cast<double>(cuda::devices().at(0).total_memory);
   }
   return query_sysinfo().memory_gib * 1073741824.0;
