@@ -29,6 +29,9 @@ pack_dir=build/gpu_check
 
 case "${1:-}" in
 pack)
+  for f in build/cuda/zaya build/cuda/tests/test_core build/cuda/tests/test_bench; do
+    [[ -x "$f" ]] || { echo "gpu_check: $f is missing: build the CUDA preset first (cmake --preset cuda && cmake --build build/cuda)" >&2; exit 1; }
+  done
   rm -rf "$pack_dir" && mkdir -p "$pack_dir/libs"
   cp build/cuda/tests/test_core build/cuda/tests/test_bench build/cuda/zaya "$pack_dir/"
   # Everything zaya links except glibc, libstdc++ and CUDA's own libraries (the image has those).
@@ -40,6 +43,9 @@ pack)
   tar -C "$pack_dir" -cJf "$pack_dir/libs.tar.xz" libs && rm -rf "$pack_dir/libs"
   du -sh "$pack_dir"
   ;;
+run | model-vs-hf)
+  [[ -f "$pack_dir/libs.tar.xz" ]] || { echo "gpu_check: no $pack_dir/libs.tar.xz: run '$0 pack' where the CUDA build is, and carry $pack_dir" >&2; exit 1; }
+  ;;&
 run)
   out="${2:-${OUT:-/tmp/gpu_check}}"
   mkdir -p "$out"
