@@ -26,6 +26,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack_dir=build/gpu_check
+# The vector extensions the -march=native binaries may use, as this machine reports them.
+cpu_flags() { grep -o -w -e avx512f -e avx512_bf16 -e amx_tile /proc/cpuinfo | sort -u | tr '\n' ' '; }
 
 case "${1:-}" in
 pack)
@@ -39,21 +41,21 @@ pack)
     grep -v -e '/cuda' -e '/libc\.so' -e '/libm\.so' -e '/libdl\.so' -e '/libpthread\.so' \
       -e '/librt\.so' -e '/libstdc++' -e '/libgcc_s' |
     while read -r lib; do cp -L "$lib" "$pack_dir/libs/"; done
-  grep -o -w -e avx512f -e avx512_bf16 -e amx_tile /proc/cpuinfo | sort -u > "$pack_dir/build_cpu_flags.txt"
+  cpu_flags > "$pack_dir/build_cpu_flags.txt"
   tar -C "$pack_dir" -cJf "$pack_dir/libs.tar.xz" libs && rm -rf "$pack_dir/libs"
   du -sh "$pack_dir"
   ;;
 run | model-vs-hf)
   [[ -f "$pack_dir/libs.tar.xz" ]] || { echo "gpu_check: no $pack_dir/libs.tar.xz: run '$0 pack' where the CUDA build is, and carry $pack_dir" >&2; exit 1; }
+  [[ -d "$pack_dir/libs" ]] || tar -C "$pack_dir" -xJf "$pack_dir/libs.tar.xz"
+  export LD_LIBRARY_PATH="$PWD/$pack_dir/libs:${LD_LIBRARY_PATH:-}"
   ;;&
 run)
   out="${2:-${OUT:-/tmp/gpu_check}}"
   mkdir -p "$out"
-  tar -C "$pack_dir" -xJf "$pack_dir/libs.tar.xz"
-  export LD_LIBRARY_PATH="$PWD/$pack_dir/libs:${LD_LIBRARY_PATH:-}"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/nvidia-smi.txt"
-  echo "build machine's flags: $(tr '\n' ' ' < "$pack_dir/build_cpu_flags.txt")"
-  echo "this machine's flags:  $(grep -o -w -e avx512f -e avx512_bf16 -e amx_tile /proc/cpuinfo | sort -u | tr '\n' ' ')"
+  echo "build machine's flags: $(cat "$pack_dir/build_cpu_flags.txt")"
+  echo "this machine's flags:  $(cpu_flags)"
   status=0
   "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:Philox.*:Tensor.*' 2>&1 | tee "$out/tests.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
@@ -68,8 +70,6 @@ run)
 model-vs-hf)
   threads="${2:?threads}" rounds="${3:?rounds}" out="${4:-${OUT:-/tmp/gpu_check}}"
   mkdir -p "$out"
-  [[ -d "$pack_dir/libs" ]] || tar -C "$pack_dir" -xJf "$pack_dir/libs.tar.xz"
-  export LD_LIBRARY_PATH="$PWD/$pack_dir/libs:${LD_LIBRARY_PATH:-}"
   source scripts/env.sh
   # The transformers that scripts/requirements.txt pins, from its wheel when one was carried
   # (pip download --no-deps --only-binary=:all: -d .whl transformers==PIN); else the machine's.

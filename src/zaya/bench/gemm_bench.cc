@@ -85,17 +85,22 @@ double time_gemm_cpu(const GemmCase& c, DType dt, int warmup, int repeats) {
   return median(t);
 }
 
+// --backend cuda needs a build with CUDA and a device: says which is missing.
+void require_cuda_device() {
+#ifndef ZAYA_HAVE_CUDA
+  throw Error("no CUDA device: this build has no CUDA (configure with -DZAYA_CUDA=ON)",
+              {.field = "--backend", .found = "cuda"});
+#else
+  if (cuda::device_count() == 0)
+    throw Error("no CUDA device (" + cuda::no_device_reason() + ")", {.field = "--backend", .found = "cuda"});
+#endif
+}
+
 }  // namespace
 
 std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& o, std::ostream& out) {
   o.validate();
-  if (o.backend == "cuda") {
-#ifndef ZAYA_HAVE_CUDA
-    throw Error("no CUDA device: this build has no CUDA (configure with -DZAYA_CUDA=ON)", {.field = "--backend", .found = "cuda"});
-#else
-    if (cuda::device_count() == 0) throw Error("no CUDA device (" + cuda::no_device_reason() + ")", {.field = "--backend", .found = "cuda"});
-#endif
-  }
+  if (o.backend == "cuda") require_cuda_device();
   // Model shapes repeat (every layer's projection, forward and backward): time each shape once.
   std::map<std::tuple<int64_t, int64_t, int64_t>, double> timed;
   std::vector<GemmResult> rows;
@@ -160,9 +165,7 @@ sizing::HardwareProfile profile_from_gemm(const std::vector<GemmResult>& rows, D
 
 double backend_memory_bytes(const std::string& backend) {
   if (backend == "cuda") {
-    if (cuda::device_count() == 0)
-      throw Error("no CUDA device (" + cuda::no_device_reason() + ")",
-                  {.field = "--backend", .found = "cuda"});
+    require_cuda_device();
     return static_cast<double>(cuda::devices().at(0).total_memory);
   }
   return query_sysinfo().memory_gib * 1073741824.0;

@@ -212,19 +212,24 @@ inline float dotf(const float* a, const float* b, int64_t n) {
 // x = n·ln2 + r with |r| ≤ ln2/2, a degree-7 polynomial for e^r (Cephes' coefficients, ~1 ulp) and
 // 2^n put into the exponent bits. x is clamped to [−87, 88] so 2^n stays a normal float: below
 // −87 the result is ~1.6e-38 instead of 0 or a denormal, above 88 it saturates at ~1.65e38.
+// The constants of expf_fast and of its vector forms, in one place: the forms give the same bits
+// only while they share them. ln2 in two parts for the Cody–Waite reduction r = v − n·ln2, and
+// P's coefficients from its highest power down (exp(r) ≈ 1 + r + r²·P(r)).
+namespace exp_detail {
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                            4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace exp_detail
+
 inline float expf_fast(float x) {
   const float v = std::min(std::max(x, -87.0f), 88.0f);
   // Round v·log2(e) to the nearest integer by adding and subtracting 1.5·2^23.
   const float t = v * 1.44269504088896341f + 12582912.0f;
   const float nf = t - 12582912.0f;
   const int32_t ni = std::bit_cast<int32_t>(t) - 0x4B400000;  // bits of 12582912.0f
-  const float r = v - nf * 0.693359375f - nf * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  const float r = v - nf * exp_detail::kLn2Hi - nf * exp_detail::kLn2Lo;
+  float p = exp_detail::kPoly[0];
+  for (int i = 1; i < 6; ++i) p = p * r + exp_detail::kPoly[i];
   p = p * r * r + r + 1.0f;
   return p * std::bit_cast<float>((ni + 127) << 23);
 }
@@ -233,14 +238,10 @@ inline float expf_fast(float x) {
 // expf_fast's reduction and polynomial on 16 lanes: with n the nearest integer to v·log2(e),
 // r = v − n·ln2 in two steps (Cody–Waite) and p = 1 + r + r²·P(r) ≈ exp(r); exp(v) = p·2^n.
 inline __m512 expf_reduced_v(__m512 v, __m512 n) {
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), v);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(exp_detail::kLn2Hi), v);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(exp_detail::kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(exp_detail::kPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(exp_detail::kPoly[i]));
   return _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
 }
 
@@ -288,14 +289,10 @@ inline __m256 expf_fast_v8(__m256 x) {
   const __m256 t = _mm256_fmadd_ps(v, _mm256_set1_ps(1.44269504088896341f), magic);
   const __m256 nf = _mm256_sub_ps(t, magic);
   const __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000));
-  __m256 r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(0.693359375f), v);
-  r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(exp_detail::kLn2Hi), v);
+  r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(exp_detail::kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(exp_detail::kPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(exp_detail::kPoly[i]));
   p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
