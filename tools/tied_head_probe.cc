@@ -36,7 +36,7 @@ int main() {
     const auto t0 = clock::now();
     tied_head_forward(e, mx.data(), sum.data(), picked.data(), h.data(), E.data(), tg.data(), n, hd, V, 0x1p-100f);
     const auto t1 = clock::now();
-    tied_head_backward_gemms(dE.data(), dh.data(), e, h.data(), r.data(), E.data(), n, hd, V);
+    tied_head_backward_gemms(dE.data(), dh.data(), e, h.data(), r.data(), E.data(), n, hd, V, 0x1p-100f);
     const auto t2 = clock::now();
     fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
     bwd.push_back(std::chrono::duration<double>(t2 - t1).count());

@@ -179,7 +179,8 @@ void backward_kept(const Tensor& h, const Tensor& E, const Tensor& targets, cons
     float* r = row_sums(workspace, d) + d.n;
     for (int64_t i = 0; i < d.n; ++i) r[i] = tgt[i] == opt.ignore_index ? 0.0f : inv_count / sum[i];
     const auto t0 = std::chrono::steady_clock::now();
-    cpu::tied_head_backward_gemms(dEp, dhp, workspace.data<float>(), hp, r, Ep, d.n, H, d.vocab);
+    cpu::tied_head_backward_gemms(dEp, dhp, workspace.data<float>(), hp, r, Ep, d.n, H, d.vocab,
+                                  kTinyProbability);
     record_fused(str("fused head TN ", d.vocab, "x", H, "x", d.n, " + NN ", d.n, "x", H, "x", d.vocab, " f32"), t0, 2,
                  d);
   } else {

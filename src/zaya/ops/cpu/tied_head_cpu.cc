@@ -319,8 +319,23 @@ void tied_head_forward(float* e, float* row_max, float* row_sum, float* picked, 
   }
 }
 
+namespace {
+
+// p = e·c with values below tiny stored as 0. e ≥ tiny holds per block, but a block whose max lies
+// far below the row's has a tiny scale c, and then so are its products: left in, they come out
+// below float's normal range, in the scaling and in the GEMM's FMAs, which x86 runs through
+// microcode assists (a random-weights head, logits spread over ±100, took 4× as long;
+// docs/results/ops-cpu.md, "Fused LM-head cross-entropy: denormals").
+inline __m512 scaled_flushed(__m512 e, __m512 c, __m512 tiny) {
+  const __m512 p = _mm512_mul_ps(e, c);
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(p, tiny, _CMP_NLT_UQ), p);  // below tiny → 0, NaN kept
+}
+
+}  // namespace
+
 void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float* h, const float* r,
-                              const float* E, int64_t n, int64_t hd, int64_t vocab) {
+                              const float* E, int64_t n, int64_t hd, int64_t vocab, float tiny) {
+  const __m512 tiny_v = _mm512_set1_ps(tiny);
   const int64_t n16 = round16(n), v16 = round16(vocab), strips = v16 / 16, panels = round16(hd) / 16;
   const int64_t strip = strip_stride(n), rstride = n16 * 16;
   // k-major panels of the two right operands, 16 columns of hd each (0 past hd, n or V):
@@ -352,7 +367,7 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
           const float* cs = scale + (s / kStripsPerBlock) * n16 + t0;
           for (int64_t k = 0; k < kt; ++k)
             _mm512_store_ps(es + k * 16,
-                            _mm512_mul_ps(_mm512_loadu_ps(es_src + k * 16), _mm512_set1_ps(cs[k])));
+                            scaled_flushed(_mm512_loadu_ps(es_src + k * 16), _mm512_set1_ps(cs[k]), tiny_v));
           for (int64_t p = 0; p < panels; ++p) {
             tile_panels(tile, es, rh + p * rstride + t0 * 16, kt);
             const __mmask16 cols = first_n(hd - p * 16);
@@ -376,7 +391,8 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
           transpose16(at + s * 256, 16, e + (v0 / 16 + s) * strip + b * 256, 16);
           const __m512 c = _mm512_loadu_ps(scale + ((v0 / 16 + s) / kStripsPerBlock) * n16 + b * 16);
           for (int64_t k = 0; k < 16; ++k)
-            _mm512_store_ps(at + s * 256 + k * 16, _mm512_mul_ps(_mm512_load_ps(at + s * 256 + k * 16), c));
+            _mm512_store_ps(at + s * 256 + k * 16,
+                            scaled_flushed(_mm512_load_ps(at + s * 256 + k * 16), c, tiny_v));
         }
         for (int64_t p = 0; p < panels; ++p) {
           tile_panels(tile, at, ep + p * v16 * 16 + v0 * 16, kv);
@@ -402,7 +418,7 @@ void tied_head_forward(float*, float*, float*, float*, const float*, const float
 }
 
 void tied_head_backward_gemms(float*, float*, const float*, const float*, const float*, const float*, int64_t,
-                              int64_t, int64_t) {
+                              int64_t, int64_t, float) {
   ZAYA_CHECK(false, "tied_head_backward_gemms: this build has no AVX-512");
 }
 

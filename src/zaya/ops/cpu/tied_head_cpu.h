@@ -43,10 +43,10 @@ void tied_head_forward(float* e, float* row_max, float* row_sum, float* picked, 
                        const float* E, const int32_t* targets, int64_t n, int64_t hd, int64_t vocab,
                        float tiny);
 
-// From tied_head_forward's e and block scales c (p = e·c, the softmax numerators over the row max):
-// dE += pᵀ·(r ⊙ h) ([vocab, hd], accumulated) and dh = p·E ([n, hd], written); r [n] scales row t
-// of h.
+// From tied_head_forward's e and block scales c (p = e·c, the softmax numerators over the row max,
+// stored as 0 below `tiny` as the forward's e): dE += pᵀ·(r ⊙ h) ([vocab, hd], accumulated) and
+// dh = p·E ([n, hd], written); r [n] scales row t of h.
 void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float* h, const float* r,
-                              const float* E, int64_t n, int64_t hd, int64_t vocab);
+                              const float* E, int64_t n, int64_t hd, int64_t vocab, float tiny);
 
 }  // namespace zaya::ops::cpu
