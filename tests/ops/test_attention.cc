@@ -138,6 +138,36 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes,
                                            Dims{1, 67, 4, 2, 64}, Dims{1, 130, 4, 2, 16},
                                            Dims{1, 600, 4, 2, 16}));
 
+// Peaky rows (q scaled ×40: scores spread over ±100s) drive most probabilities below float's
+// normal range; the kernels store those below 2^-100 as 0 (they would otherwise run the tile
+// products through microcode assists). The result must still be the float64 softmax's: a dropped
+// term is < 2^-100 of its row's largest.
+TEST(Attention, PeakyScoresMatchFloat64) {
+  const Dims d{2, 130, 4, 2, 32};
+  AttnRun r;
+  r.q = test::random_tensor(Shape{d.B, d.T, d.nq, d.hd}, 7, 40.0f);
+  r.k = test::random_tensor(Shape{d.B, d.T, d.nkv, d.hd}, 8);
+  r.v = test::random_tensor(Shape{d.B, d.T, d.nkv, d.hd}, 9);
+  r.dout = test::random_tensor(Shape{d.B, d.T, d.nq, d.hd}, 10);
+  r.o = Tensor::empty(r.q.shape(), DType::f32);
+  r.lse = Tensor::empty(Shape{d.B, d.nq, d.T}, DType::f32);
+  r.dq = Tensor::empty(r.q.shape(), DType::f32);
+  r.dk = Tensor::empty(r.k.shape(), DType::f32);
+  r.dv = Tensor::empty(r.v.shape(), DType::f32);
+  ops::attention_forward(r.o, r.lse, r.q, r.k, r.v, d.B, d.T, d.nq, d.nkv, d.hd);
+  ops::attention_backward(r.dq, r.dk, r.dv, r.dout, r.q, r.k, r.v, r.o, r.lse, d.B, d.T, d.nq, d.nkv, d.hd);
+  V o, lse, dq, dk, dv;
+  ref_forward(d, to_f64(r.q), to_f64(r.k), to_f64(r.v), o, lse);
+  ref_backward(d, to_f64(r.q), to_f64(r.k), to_f64(r.v), to_f64(r.dout), dq, dk, dv);
+  // Scores of size ~100 carry fp32 rounding of ~1e-5 absolute, which exp turns into that much
+  // relative error in each probability: bounds 10× the unit-scale test's for everything.
+  EXPECT_LT(rel_error(r.o, o), 2e-5);
+  EXPECT_LT(test::max_abs_diff(to_f64(r.lse), lse), 2e-4);
+  EXPECT_LT(rel_error(r.dq, dq), 2e-4);
+  EXPECT_LT(rel_error(r.dk, dk), 2e-4);
+  EXPECT_LT(rel_error(r.dv, dv), 2e-4);
+}
+
 TEST(Attention, Float64ReferenceGradientMatchesFiniteDifferences) {
   // Validates ref_backward (hence the analytic gradients above) on a small problem.
   const Dims d{1, 5, 4, 2, 16};

@@ -136,6 +136,29 @@ TEST(CcaConv, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// accumulate_dz adds the gradient to what dz holds (the model puts the mean skip's part there
+// first): exactly prior + the written gradient, element by element, since that is one float add.
+TEST(CcaConv, BackwardAccumulateDzAddsToWhatIsThere) {
+  for (ConvCase c : {ConvCase{2, 5, 4, 2, 16}, ConvCase{1, 70, 2, 1, 24}}) {
+    ConvSetup s = conv_setup(c, 40 + c.T);
+    auto grads = [&] {
+      ops::CcaConvWeights g{Tensor::zeros(s.dw.shape(), DType::f32), Tensor::zeros(s.db.shape(), DType::f32),
+                            Tensor::zeros(s.gw.shape(), DType::f32), Tensor::zeros(s.gb.shape(), DType::f32)};
+      return g;
+    };
+    ops::CcaConvWeights g1 = grads(), g2 = grads();
+    Tensor written = Tensor::empty(s.z.shape(), DType::f32);
+    ops::cca_conv_backward(written, g1, s.g, s.z, s.w(), c.B, c.T, s.dims);
+    Tensor prior = test::random_tensor(s.z.shape(), 77), acc = prior.clone();
+    ops::cca_conv_backward(acc, g2, s.g, s.z, s.w(), c.B, c.T, s.dims, /*accumulate_dz=*/true);
+    const float *w = written.data<float>(), *p = prior.data<float>(), *a = acc.data<float>();
+    for (int64_t i = 0; i < acc.numel(); ++i) ASSERT_EQ(a[i], p[i] + w[i]) << "element " << i;
+    // The weight gradients do not depend on the flag.
+    for (auto [x, y] : {std::pair{&g1.dw_weight, &g2.dw_weight}, {&g1.gw_weight, &g2.gw_weight}})
+      for (int64_t i = 0; i < x->numel(); ++i) ASSERT_EQ(x->data<float>()[i], y->data<float>()[i]);
+  }
+}
+
 TEST(CcaConv, DecodeEqualsFullForwardAtEveryPosition) {
   // hd 80: two passes of 64 outputs in the AVX-512 forward, the second partial.
   for (const ConvCase c : {ConvCase{2, 9, 4, 2, 32}, ConvCase{2, 70, 2, 1, 24}, ConvCase{1, 6, 4, 2, 12},
@@ -247,8 +270,14 @@ TEST(MeanSkip, ForwardAndBackwardMatchFloat64) {
 TEST(ValueShift, ForwardBackwardAndDecode) {
   const int64_t B = 3, T = 5, half = 16;
   Tensor vc = test::random_tensor(Shape{B, T, half}, 1), vd = test::random_tensor(Shape{B, T, half}, 2);
+  // The training ops take [vc | vd] rows (one product's output); the decode step takes them apart.
+  Tensor vcd = Tensor::empty(Shape{B, T, 2 * half}, DType::f32);
+  for (int64_t bt = 0; bt < B * T; ++bt) {
+    std::memcpy(vcd.data<float>() + bt * 2 * half, vc.data<float>() + bt * half, half * 4);
+    std::memcpy(vcd.data<float>() + bt * 2 * half + half, vd.data<float>() + bt * half, half * 4);
+  }
   Tensor v = Tensor::empty(Shape{B, T, 2 * half}, DType::f32);
-  ops::value_shift_forward(v, vc, vd, B, T, half);
+  ops::value_shift_forward(v, vcd, B, T, half);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t x = 0; x < half; ++x) {
@@ -257,14 +286,14 @@ TEST(ValueShift, ForwardBackwardAndDecode) {
         EXPECT_EQ(row[half + x], t == 0 ? 0.0f : vd.data<float>()[(b * T + t - 1) * half + x]);
       }
   // Backward is the transpose: ⟨dv, shift(vc, vd)⟩ = ⟨dvc, vc⟩ + ⟨dvd, vd⟩ for all inputs.
-  Tensor dv = test::random_tensor(v.shape(), 3), dvc = vc.clone(), dvd = vd.clone();
-  dvd.fill_(9.0);
-  ops::value_shift_backward(dvc, dvd, dv, B, T, half);
+  Tensor dv = test::random_tensor(v.shape(), 3), dvcd = vcd.clone();
+  dvcd.fill_(9.0);  // written, not accumulated: stale contents must vanish
+  ops::value_shift_backward(dvcd, dv, B, T, half);
   double lhs = test::dot(to_f64(dv), to_f64(v));
-  double rhs = test::dot(to_f64(dvc), to_f64(vc)) + test::dot(to_f64(dvd), to_f64(vd));
+  double rhs = test::dot(to_f64(dvcd), to_f64(vcd));
   EXPECT_NEAR(lhs, rhs, 1e-9 * std::fabs(lhs) + 1e-9);  // both sides are the same products in double
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t x = 0; x < half; ++x) EXPECT_EQ(dvd.data<float>()[(b * T + T - 1) * half + x], 0.0f);
+    for (int64_t x = 0; x < half; ++x) EXPECT_EQ(dvcd.data<float>()[(b * T + T - 1) * 2 * half + half + x], 0.0f);
   // Decode with the previous vd as state reproduces the forward.
   Tensor state = Tensor::zeros(Shape{B, half}, DType::f32), vt = Tensor::empty(Shape{B, 2 * half}, DType::f32);
   Tensor ct = Tensor::empty(Shape{B, half}, DType::f32), dt = ct.clone();

@@ -75,9 +75,9 @@ struct ScratchActs {
   Tensor emb;                        // Embed[t], saved for the input scale's gradient
   std::vector<Tensor> xs;            // residual stream x^0..x^L [N, H]
   Tensor hf, rstd_f, dh, lse_ce, ce_ws;  // final norm and loss
-  Tensor proj, vc, vd, conv, logits;  // forward temporaries
+  Tensor vcd, conv, logits;          // forward temporaries; vcd: [vc | vd] per row
   Tensor dxa, dxb, dxmid, dtmp, dm, dy, dweight, dact, dgu, dxp, dw, dlogits, dg2, dg1, dzr, dr, drc;
-  Tensor dout_proj, datt, dqr, dkr, dv, dconv, dzs, dz, dvc, dvd, dproj, du;  // dzs: dL/dz via the mean skip
+  Tensor dout_proj, datt, dqr, dkr, dv, dconv, dz, dvcd, du;
   Tensor dy16, dgu16, hf16, g16;  // bf16 GEMM path: bf16 copies of GEMM inputs
 };
 

@@ -20,54 +20,6 @@ namespace zaya::model {
 
 namespace {
 
-// A column range [c0, c0 + dst width) of a row-major matrix, copied into (or from) a contiguous dst.
-struct ColSlice {
-  const Tensor& t;
-  int64_t c0;
-};
-
-// A slice's data pointer and row width, read once before the row loop (Tensor::data checks the
-// dtype and may throw, which inside the loop kept the compiler from vectorizing it).
-struct SliceRows {
-  float* p;
-  int64_t c0, w;
-};
-std::vector<SliceRows> slice_rows(std::initializer_list<ColSlice> slices, int64_t n) {
-  std::vector<SliceRows> r;
-  for (const ColSlice& sl : slices) r.push_back({sl.t.data<float>(), sl.c0, sl.t.numel() / n});
-  return r;
-}
-
-// dst_k = src[:, c0_k : c0_k + width_k] for every slice, in one pass over src's rows (and one
-// parallel region: the fork/join, not the bytes, is what costs on a loaded machine).
-void copy_col_slices(const Tensor& src, std::initializer_list<ColSlice> slices) {
-  const int64_t n = src.size(0), ld = src.size(1);
-  const float* s = src.data<float>();
-  const std::vector<SliceRows> sl = slice_rows(slices, n);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    for (const SliceRows& r : sl) std::copy_n(s + i * ld + r.c0, r.w, r.p + i * r.w);
-}
-
-// dst[j] += x[j]: restrict-qualified so that it vectorizes.
-inline void add_row(float* __restrict__ dst, const float* __restrict__ x, int64_t w) {
-  for (int64_t j = 0; j < w; ++j) dst[j] += x[j];
-}
-
-// The inverse for the gradient, summing where two slices overlap the same columns: dst = 0, then
-// dst[:, c0_k : c0_k + width_k] += slice_k in the order given, row by row in one pass.
-void add_col_slices(const Tensor& dst, std::initializer_list<ColSlice> slices) {
-  const int64_t n = dst.size(0), ld = dst.size(1);
-  float* d = dst.data<float>();
-  const std::vector<SliceRows> sl = slice_rows(slices, n);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    float* row = d + i * ld;
-    std::fill_n(row, ld, 0.0f);
-    for (const SliceRows& r : sl) add_row(row + r.c0, r.p + i * r.w, r.w);
-  }
-}
-
 // The router input's gradient at layer l: dr += carried (what reached r_l through layer l+1's
 // EDA); then, where layer l has EDA (r_l = h_l + s ⊙ r_{l−1}; r_prev non-null), ds += Σ_rows
 // dr ⊙ r_{l−1} and carried = dr ⊙ s for layer l−1. One pass over the rows: [N, R] is read row by
@@ -116,15 +68,17 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   // --- attention -------------------------------------------------------------------------
   clock.part("forward: input norm, qkv projection");
   ops::rmsnorm_forward(x, p.w_in, eps, t.u, t.rstd_in);
-  // proj = u·[W_q; W_k; W_vc; W_vd]ᵀ, columns [q̃ | k̃ | vc | vd].
-  ops::linear_forward(t.u, p.w_qkv, Tensor{}, s.proj);
-  // z = concat(q̃, k̃) (the conv input); q̃, k̃ (the mean skip's); vc, vd (the value shift's).
+  // u·[W_q; W_k; W_vc; W_vd]ᵀ as one product per consumer, each on its rows of the fused weight
+  // and into its own contiguous buffer: z = concat(q̃, k̃) (the conv's input, whose rows the mean
+  // skip reads too) and [vc | vd] (the value shift's). One product into [N, C + kv] and a copy of
+  // its column slices moved 8 MiB per layer for nothing.
+  ops::linear_forward(t.u, p.w_qkv.slice(0, C), Tensor{}, t.z);
+  ops::linear_forward(t.u, p.w_qkv.slice(C, C + kv), Tensor{}, s.vcd);
   clock.part("forward: CCA (conv, mean skip, value shift, QK norm, RoPE)");
-  copy_col_slices(s.proj, {{t.z, 0}, {s.vc, C}, {s.vd, C + kv / 2}});
   ops::cca_conv_forward(s.conv, t.z, p.conv, B_, T_, dims);
   // Mean skip → QK norm → RoPE, one token at a time (bitwise the three ops in turn).
   ops::cca_qk_forward(t.qr, t.kr, t.qpre, t.kpre, s.conv, t.z, p.temp, rope_, B_, T_, dims);
-  ops::value_shift_forward(t.v, s.vc, s.vd, B_, T_, kv / 2);
+  ops::value_shift_forward(t.v, s.vcd, B_, T_, kv / 2);
   clock.part("forward: attention");
   ops::attention_forward(t.att, t.lse, t.qr, t.kr, t.v, B_, T_, nq, nkv, hd);
   clock.part("forward: out projection, residual");
@@ -210,13 +164,17 @@ void ZayaModel::layer_backward(int l) {
   clock.part("backward: attention");
   ops::attention_backward(s.dqr, s.dkr, s.dv, s.datt, t.qr, t.kr, t.v, t.att, t.lse, B_, T_, nq, nkv, hd);
   clock.part("backward: CCA (RoPE, QK norm, mean skip, conv, value shift)");
-  ops::cca_qk_backward(s.dconv, s.dzs, g.temp, s.dqr, s.dkr, t.qpre, t.kpre, p.temp, rope_, B_, T_, dims);
-  ops::cca_conv_backward(s.dz, g.conv, s.dconv, t.z, p.conv, B_, T_, dims);
-  ops::value_shift_backward(s.dvc, s.dvd, s.dv, B_, T_, kv / 2);
-  // proj columns [q̃ | k̃ | vc | vd]: q̃, k̃ reach the loss through the conv and the mean skip.
-  add_col_slices(s.dproj, {{s.dz, 0}, {s.dzs, 0}, {s.dvc, C}, {s.dvd, C + kv / 2}});
+  // dz: z reaches the loss through the mean skip (cca_qk_backward writes that part) and the conv
+  // (added to it).
+  ops::cca_qk_backward(s.dconv, s.dz, g.temp, s.dqr, s.dkr, t.qpre, t.kpre, p.temp, rope_, B_, T_, dims);
+  ops::cca_conv_backward(s.dz, g.conv, s.dconv, t.z, p.conv, B_, T_, dims, /*accumulate_dz=*/true);
+  ops::value_shift_backward(s.dvcd, s.dv, B_, T_, kv / 2);
   clock.part("backward: qkv projection, input norm");
-  ops::linear_backward(s.dproj, t.u, p.w_qkv, s.du, g.w_qkv, Tensor{});
+  // The forward's two products on row blocks of W_qkv: their weight gradients are the same row
+  // blocks of g.w_qkv, and du sums the two.
+  ops::linear_backward(s.dz, t.u, p.w_qkv.slice(0, C), s.du, g.w_qkv.slice(0, C), Tensor{});
+  ops::linear_backward(s.dvcd, t.u, p.w_qkv.slice(C, C + kv), s.du, g.w_qkv.slice(C, C + kv), Tensor{}, {},
+                       /*accumulate_dx=*/true);
   ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dxb, g.w_in, /*accumulate_dx=*/true);  // + the residual path
   std::swap(s.dxa, s.dxb);  // s.dxa = dL/dx_in
 }

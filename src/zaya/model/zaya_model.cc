@@ -215,15 +215,13 @@ void ZayaModel::plan() {
     s.emb = a({N, H});
     s.hf = a({N, H}); s.rstd_f = a({N}); s.dh = a({N, H}); s.lse_ce = a({N});
     s.ce_ws = a({ops::cross_entropy_workspace_elems(N, V)});
-    s.proj = a({N, C + kv}); s.vc = a({N, kv / 2}); s.vd = a({N, kv / 2});
-    s.conv = a({N, C}); s.logits = a({N, E + 1});
+    s.vcd = a({N, kv}); s.conv = a({N, C}); s.logits = a({N, E + 1});
     for (Tensor* g : {&s.dxa, &s.dxb, &s.dxmid, &s.dtmp, &s.dm, &s.dy, &s.dxp, &s.dw, &s.dout_proj, &s.du})
       *g = a({N, H});
     s.dweight = a({N}); s.dact = a({N, I}); s.dgu = a({N, 2 * I}); s.dlogits = a({N, E + 1});
     for (Tensor* g : {&s.dg2, &s.dg1, &s.dzr, &s.dr, &s.drc}) *g = a({N, R});
     s.datt = a({N, q}); s.dqr = a({N, q}); s.dkr = a({N, kv}); s.dv = a({N, kv});
-    s.dconv = a({N, C}); s.dzs = a({N, C});
-    s.dz = a({N, C}); s.dvc = a({N, kv / 2}); s.dvd = a({N, kv / 2}); s.dproj = a({N, C + kv});
+    s.dconv = a({N, C}); s.dz = a({N, C}); s.dvcd = a({N, kv});
     if (b16) {
       s.dy16 = a({N, H}, DType::bf16); s.dgu16 = a({N, 2 * I}, DType::bf16);
       if (V <= ops::CrossEntropyOptions{}.chunk) { s.hf16 = a({N, H}, DType::bf16); s.g16 = a({N, V}, DType::bf16); }

@@ -48,7 +48,8 @@ void cca_conv_forward(Tensor& out, const Tensor& z, const CcaConvWeights& w, int
 }
 
 void cca_conv_backward(Tensor& dz, CcaConvWeights& grads, const Tensor& dout, const Tensor& z,
-                       const CcaConvWeights& w, int64_t B, int64_t T, const CcaDims& dims) {
+                       const CcaConvWeights& w, int64_t B, int64_t T, const CcaDims& dims,
+                       bool accumulate_dz) {
   constexpr std::string_view op = "cca_conv_backward";
   check_dims(op, dims);
   require_positive(op, "B", B);
@@ -61,7 +62,7 @@ void cca_conv_backward(Tensor& dz, CcaConvWeights& grads, const Tensor& dout, co
   cpu::cca_conv_bwd(dz.data<float>(), grads.dw_weight.data<float>(), grads.dw_bias.data<float>(),
                     grads.gw_weight.data<float>(), grads.gw_bias.data<float>(), dout.data<float>(),
                     z.data<float>(), w.dw_weight.data<float>(), w.dw_bias.data<float>(),
-                    w.gw_weight.data<float>(), B, T, dims.heads(), dims.hd);
+                    w.gw_weight.data<float>(), B, T, dims.heads(), dims.hd, accumulate_dz);
 }
 
 void cca_conv_decode(Tensor& out, Tensor& state, const Tensor& z_new, const CcaConvWeights& w, int64_t B,
@@ -107,26 +108,24 @@ void mean_skip_backward(Tensor& dconv, Tensor& dq_tilde, Tensor& dk_tilde, const
                      dk.data<float>(), N, dims.nq, dims.nkv, dims.hd);
 }
 
-void value_shift_forward(Tensor& v, const Tensor& vc, const Tensor& vd, int64_t B, int64_t T, int64_t half) {
+void value_shift_forward(Tensor& v, const Tensor& vcd, int64_t B, int64_t T, int64_t half) {
   constexpr std::string_view op = "value_shift_forward";
   require_positive(op, "B", B);
   require_positive(op, "T", T);
   require_positive(op, "half", half);
-  require_rows(op, "vc", vc, B, T, half);
-  require_rows(op, "vd", vd, B, T, half);
+  require_rows(op, "vcd", vcd, B, T, 2 * half);
   require_rows(op, "v", v, B, T, 2 * half);
-  cpu::value_shift_fwd(v.data<float>(), vc.data<float>(), vd.data<float>(), B, T, half);
+  cpu::value_shift_fwd(v.data<float>(), vcd.data<float>(), B, T, half);
 }
 
-void value_shift_backward(Tensor& dvc, Tensor& dvd, const Tensor& dv, int64_t B, int64_t T, int64_t half) {
+void value_shift_backward(Tensor& dvcd, const Tensor& dv, int64_t B, int64_t T, int64_t half) {
   constexpr std::string_view op = "value_shift_backward";
   require_positive(op, "B", B);
   require_positive(op, "T", T);
   require_positive(op, "half", half);
-  require_rows(op, "dvc", dvc, B, T, half);
-  require_rows(op, "dvd", dvd, B, T, half);
+  require_rows(op, "dvcd", dvcd, B, T, 2 * half);
   require_rows(op, "dv", dv, B, T, 2 * half);
-  cpu::value_shift_bwd(dvc.data<float>(), dvd.data<float>(), dv.data<float>(), B, T, half);
+  cpu::value_shift_bwd(dvcd.data<float>(), dv.data<float>(), B, T, half);
 }
 
 void value_shift_decode(Tensor& v, Tensor& state, const Tensor& vc, const Tensor& vd, int64_t B, int64_t half) {

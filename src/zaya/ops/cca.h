@@ -36,9 +36,11 @@ struct CcaConvWeights {
 // feeds the grouped conv at t = 0; token t sees z_{t-2}, z_{t-1}, z_t.
 void cca_conv_forward(Tensor& out, const Tensor& z, const CcaConvWeights& w, int64_t B, int64_t T,
                       const CcaDims& dims);
-// dz written; the four weight gradients (same shapes as the weights) accumulated.
+// dz written (or, with accumulate_dz, added to dz: the mean skip's part of z's gradient already
+// there); the four weight gradients (same shapes as the weights) accumulated.
 void cca_conv_backward(Tensor& dz, CcaConvWeights& grads, const Tensor& dout, const Tensor& z,
-                       const CcaConvWeights& w, int64_t B, int64_t T, const CcaDims& dims);
+                       const CcaConvWeights& w, int64_t B, int64_t T, const CcaDims& dims,
+                       bool accumulate_dz = false);
 // One decode step. state [B, 2, C] holds the last two pre-conv columns of z (oldest first; zeros
 // before the first token, which is exactly the padding). z_new [B, C] → out [B, C]; state shifts.
 void cca_conv_decode(Tensor& out, Tensor& state, const Tensor& z_new, const CcaConvWeights& w,
@@ -53,10 +55,12 @@ void mean_skip_forward(Tensor& q, Tensor& k, const Tensor& conv, const Tensor& q
 void mean_skip_backward(Tensor& dconv, Tensor& dq_tilde, Tensor& dk_tilde, const Tensor& dq,
                         const Tensor& dk, int64_t N, const CcaDims& dims);
 
-// Value shift: v_t = concat(vc_t, vd_{t-1}), vd_{-1} = 0. vc, vd [B, T, half] → v [B, T, 2·half]
+// Value shift: v_t = concat(vc_t, vd_{t-1}), vd_{-1} = 0. vcd [B, T, 2·half] holds the row
+// [vc_t | vd_t] (the value projections side by side, as one product writes them) → v [B, T, 2·half]
 // (half = nkv·hd/2). No state crosses batch rows.
-void value_shift_forward(Tensor& v, const Tensor& vc, const Tensor& vd, int64_t B, int64_t T, int64_t half);
-void value_shift_backward(Tensor& dvc, Tensor& dvd, const Tensor& dv, int64_t B, int64_t T, int64_t half);
+void value_shift_forward(Tensor& v, const Tensor& vcd, int64_t B, int64_t T, int64_t half);
+// dvcd [B, T, 2·half] written: [dvc_t | dvd_t] = [dv_t[:half] | dv_{t+1}[half:]], dvd 0 at a row's end.
+void value_shift_backward(Tensor& dvcd, const Tensor& dv, int64_t B, int64_t T, int64_t half);
 // Decode: state [B, half] is the previous token's vd (zeros before the first token); vc, vd [B, half]
 // → v [B, 2·half]; state ← vd.
 void value_shift_decode(Tensor& v, Tensor& state, const Tensor& vc, const Tensor& vd, int64_t B, int64_t half);

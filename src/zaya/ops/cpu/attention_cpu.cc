@@ -30,10 +30,19 @@ constexpr int64_t kChunk = 8 * kBlock;
 // blocks of Q pass over the panel.
 constexpr int64_t kChunkLd = kChunk + 16;
 
-// exp over an array (arguments here are ≤ 0: scores minus their running max or minus the lse;
-// expf_fast's floor at −87 gives ~1e-38, which is 0 for every sum it enters).
+// Probabilities below this are stored as exactly 0, as the loss does with its softmax. Peaky
+// attention (a row's scores spread over more than ~70) otherwise gives values near float's
+// smallest normal (expf_fast floors at ~1.6e-38), and their products with values and gradients in
+// the tile products fall below the normal range, which x86 runs through microcode assists: at the
+// demo's shape, scores spread ×30 made the backward 10× slower and ×100 the forward 10× and the
+// backward 24× (docs/results/ops-cpu.md, "Attention: denormals"). A dropped term is < 2^-100 of the
+// row's largest, far below float's resolution of the sums it would enter.
+constexpr float kTinyProb = 0x1p-100f;
+
+// exp over an array (arguments here are ≤ 0: scores minus their running max or minus the lse),
+// flushed below kTinyProb.
 inline void exp_inplace(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = expf_fast(x[i]);
+  for (int64_t i = 0; i < n; ++i) x[i] = FlushBelow{kTinyProb}(expf_fast(x[i]));
 }
 
 // Copies the key (or value) block rows j0..j0+nj of kv head hk ([T, nkv, hd] for one batch row)
@@ -93,20 +102,27 @@ inline void copy_rows(float* dst, const float* src, int64_t rows, int64_t ld, in
   for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * ld, cols, dst + r * cols);
 }
 
+// y = s·x, restrict-qualified so it vectorizes without a runtime overlap check (as a loop over
+// out's rows, perf put ~15% of the one-thread forward's samples on the stack spills right after
+// it; the A/B: 1.03× on one thread, 1.01× on two, bench_ops_attention, 8 alternations).
+inline void scale_row(float* __restrict y, const float* __restrict x, float s, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) y[d] = x[d] * s;
+}
+
 // P[ii][j] = exp(scale·S[ii][j] − L_i) for the causal, in-range keys of a tile and exactly 0 for the
 // others (masked or padded), so they add nothing to any product.
 inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_t j0, int64_t nj, float scale) {
 #if defined(__AVX512F__)
   static_assert(kBlock == 64);
-  const __m512 sc = _mm512_set1_ps(scale);
+  const __m512 sc = _mm512_set1_ps(scale), tiny = _mm512_set1_ps(kTinyProb);
   for (int64_t ii = 0; ii < ni; ++ii) {  // 4 masked vectors per row: no scalar tails on diagonal tiles
     float* p = P + ii * kBlock;
     const int64_t jn = std::min(nj, i0 + ii - j0 + 1);
     const __m512 L = _mm512_set1_ps(lse_row[i0 + ii]);
     for (int64_t v = 0; v < 4; ++v) {
       const __mmask16 mk = first_lanes(jn - 16 * v);
-      const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(p + 16 * v), sc, L);
-      _mm512_storeu_ps(p + 16 * v, _mm512_maskz_mov_ps(mk, expf_fast_v(x)));
+      const __m512 e = expf_fast_v(_mm512_fmsub_ps(_mm512_loadu_ps(p + 16 * v), sc, L));
+      _mm512_storeu_ps(p + 16 * v, _mm512_maskz_mov_ps(mk & _mm512_cmp_ps_mask(e, tiny, _CMP_NLT_UQ), e));
     }
   }
 #elif ZAYA_AVX2
@@ -118,7 +134,7 @@ inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_
     for (int64_t v = 0; v < kBlock / 8; ++v) {
       const __m256 keep = _mm256_castsi256_ps(first_lanes8(jn - 8 * v));
       const __m256 x = _mm256_fmsub_ps(_mm256_loadu_ps(p + 8 * v), sc, L);
-      _mm256_storeu_ps(p + 8 * v, _mm256_and_ps(keep, expf_fast_v8(x)));
+      _mm256_storeu_ps(p + 8 * v, _mm256_and_ps(keep, apply_post(FlushBelow{kTinyProb}, expf_fast_v8(x))));
     }
   }
 #else
@@ -153,11 +169,12 @@ inline float row_softmax(float* s, int64_t jn, float scale, float m_old, float* 
   float lane[16];
   _mm512_storeu_ps(lane, vmax);
   const float mx = std::max(m_old, *std::max_element(lane, lane + 16));
-  const __m512 mv = _mm512_set1_ps(mx);
+  const __m512 mv = _mm512_set1_ps(mx), tiny = _mm512_set1_ps(kTinyProb);
   __m512 lanes = _mm512_setzero_ps();
   for (int64_t v = 0; v < nv; ++v) {
     const __mmask16 mk = first_lanes(jn - 16 * v);
-    const __m512 e = _mm512_maskz_mov_ps(mk, expf_fast_v(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), mv)));
+    const __m512 x = expf_fast_v(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), mv));
+    const __m512 e = _mm512_maskz_mov_ps(mk & _mm512_cmp_ps_mask(x, tiny, _CMP_NLT_UQ), x);
     _mm512_storeu_ps(s + 16 * v, e);
     lanes = _mm512_add_ps(lanes, e);
   }
@@ -183,7 +200,8 @@ inline float row_softmax(float* s, int64_t jn, float scale, float m_old, float* 
   __m256 lanes[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t v = 0; v < nv; ++v) {
     const __m256 keep = _mm256_castsi256_ps(first_lanes8(jn - 8 * v));
-    const __m256 e = _mm256_and_ps(keep, expf_fast_v8(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * v), mv)));
+    const __m256 e = _mm256_and_ps(
+        keep, apply_post(FlushBelow{kTinyProb}, expf_fast_v8(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * v), mv))));
     _mm256_storeu_ps(s + 8 * v, e);
     lanes[v % 2] = _mm256_add_ps(lanes[v % 2], e);
   }
@@ -194,7 +212,7 @@ inline float row_softmax(float* s, int64_t jn, float scale, float m_old, float* 
 #else
   for (int64_t j = 0; j < jn; ++j) s[j] *= scale;
   const float mx = std::max(m_old, maxf(s, jn));  // 16 lanes: a scalar max chain does not vectorize
-  *sum = exp_store_sum(s, s, jn, mx);
+  *sum = exp_store_sum(s, s, jn, mx, nullptr, FlushBelow{kTinyProb});
   std::fill(s + jn, s + (jn + 15) / 16 * 16, 0.0f);
   return mx;
 #endif
@@ -257,9 +275,7 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
       }
       for (int64_t ii = 0; ii < ni; ++ii) {
         const int64_t i = i0 + ii;
-        const float inv = 1.0f / l[ii];
-        float* o = out + ((b * T + i) * nq + h) * hd;
-        for (int64_t d = 0; d < hd; ++d) o[d] = acc[ii * hd + d] * inv;
+        scale_row(out + ((b * T + i) * nq + h) * hd, acc.data() + ii * hd, 1.0f / l[ii], hd);
         lse[(b * nq + h) * T + i] = m[ii] + std::log(l[ii]);
       }
     }
@@ -367,7 +383,7 @@ void attention_decode(float* out, const float* q, const float* kc, const float* 
         s[j] = dotf(qi, kb_ + (j * nkv + hk) * hd, hd) * scale;
         mx = std::max(mx, s[j]);
       }
-      const float sum = exp_store_sum(s.data(), s.data(), S, mx);
+      const float sum = exp_store_sum(s.data(), s.data(), S, mx, nullptr, FlushBelow{kTinyProb});
       float* o = out + bh * hd;
       std::fill_n(o, hd, 0.0f);
       for (int64_t j = 0; j < S; ++j) axpyf(o, s[j], vb_ + (j * nkv + hk) * hd, hd);

@@ -287,13 +287,13 @@ void cca_conv_fwd(float* out, const float* z, const float* dw, const float* db, 
 // and then elementwise, 16 channels per vector, over the block's s in order:
 //   G_s      = E_s[0] + E_{s-1}[1]           (total gradient of depthwise slot s, s ∈ [0, T])
 //   ddb += G_s, ddw[·,0] += G_s·z_{s-2}, ddw[·,1] += G_s·z_{s-1},
-//   dz_t = G_{t+1}·dw[·,1] + G_{t+2}·dw[·,0],  dgb += dout_t,
+//   dz_t (+)= G_{t+1}·dw[·,1] + G_{t+2}·dw[·,0],  dgb += dout_t,
 // with G_{s-1} and E_{s-1}[1] carried from block to block. Each task's weight and bias sums start
 // from zero in its own slot; they are then added to the gradients row by row in batch order, so
 // every result is bitwise the same for any thread count.
 void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, const float* dout,
-                  const float* z, const float* dw, const float* db, const float* gw, int64_t B,
-                  int64_t T, int64_t heads, int64_t hd) {
+                  const float* z, const float* dw, const float* db, const float* gw, int64_t B, int64_t T,
+                  int64_t heads, int64_t hd, bool accumulate_dz) {
   const int64_t C = heads * hd, K2 = 2 * hd;
   std::vector<float> gwp(static_cast<size_t>(C * K2));
   for (int64_t o = 0; o < C; ++o)
@@ -329,7 +329,11 @@ void cca_conv_bwd(float* dz, float* ddw, float* ddb, float* dgw, float* dgb, con
           s_w0 = fma(G, a, s_w0);
           s_w1 = fma(G, p, s_w1);
         }
-        if (s >= 2) fma(G, w0, gp * w1).store(dzb + (s - 2) * C + i, n);
+        if (s >= 2) {
+          float* dzp = dzb + (s - 2) * C + i;
+          const VecF g = fma(G, w0, gp * w1);
+          (accumulate_dz ? VecF::load(dzp, n) + g : g).store(dzp, n);
+        }
         gp = G;
       };
       for (int64_t t0 = 0; t0 < T; t0 += kTok) {
@@ -472,24 +476,31 @@ void mean_skip_bwd(float* dconv, float* dqt, float* dkt, const float* dq, const 
                         nq, nkv, hd);
 }
 
-void value_shift_fwd(float* v, const float* vc, const float* vd, int64_t B, int64_t T, int64_t half) {
+// Rows of 2·half: [vc_t | vd_t] in, [vc_t | vd_{t-1}] out.
+void value_shift_fwd(float* v, const float* vcd, int64_t B, int64_t T, int64_t half) {
+  const int64_t w = 2 * half;
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
-    float* vo = v + bt * 2 * half;
-    std::copy(vc + bt * half, vc + (bt + 1) * half, vo);
-    if (bt % T == 0) std::fill(vo + half, vo + 2 * half, 0.0f);  // vd_{-1} = 0 at each row's start
-    else std::copy(vd + (bt - 1) * half, vd + bt * half, vo + half);
+    float* vo = v + bt * w;
+    std::copy_n(vcd + bt * w, half, vo);
+    if (bt % T == 0)
+      std::fill_n(vo + half, half, 0.0f);  // vd_{-1} = 0 at each row's start
+    else
+      std::copy_n(vcd + (bt - 1) * w + half, half, vo + half);
   }
 }
 
-void value_shift_bwd(float* dvc, float* dvd, const float* dv, int64_t B, int64_t T, int64_t half) {
+void value_shift_bwd(float* dvcd, const float* dv, int64_t B, int64_t T, int64_t half) {
+  const int64_t w = 2 * half;
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < B * T; ++bt) {
-    const float* g = dv + bt * 2 * half;
-    std::copy(g, g + half, dvc + bt * half);
+    float* d = dvcd + bt * w;
+    std::copy_n(dv + bt * w, half, d);
     // vd_t feeds v_{t+1}; the last token's vd is used by no one (in this sequence).
-    if (bt % T == T - 1) std::fill(dvd + bt * half, dvd + (bt + 1) * half, 0.0f);
-    else std::copy(g + 2 * half + half, g + 4 * half, dvd + bt * half);
+    if (bt % T == T - 1)
+      std::fill_n(d + half, half, 0.0f);
+    else
+      std::copy_n(dv + (bt + 1) * w + half, half, d + half);
   }
 }
 
