@@ -9,13 +9,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "stream_ref.h"
 #include "zaya/core/random.h"
 #include "zaya/core/threads.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/loss.h"
 #include "zaya/ops/newton_schulz.h"
 #include "zaya/ops/optim_ops.h"
-#include "stream_ref.h"
 
 namespace {
 
@@ -117,11 +117,26 @@ void BM_embedding_forward(benchmark::State& state) {
   set_bytes(state, 2 * kRows * kCols * 4);
 }
 
+// Arg 0: random gradients from zero moments. Arg 1: the parameters no batch touches late in a
+// run: gradient 0 and both moments decayed into float's subnormal range (1e-39, what ~700 steps of
+// β1 = 0.9 leave of 1e-10), then one untimed step, then the timed one: the steady state of such
+// parameters (refilled before every timed step).
 void BM_adamw_update(benchmark::State& state) {
-  Tensor p = randn({kRows, kCols}, 1), g = randn({kRows, kCols}, 2);
+  const bool decayed = state.range(0) != 0;
+  Tensor p = randn({kRows, kCols}, 1),
+         g = decayed ? Tensor::zeros({kRows, kCols}, DType::f32) : randn({kRows, kCols}, 2);
   Tensor m = Tensor::zeros({kRows, kCols}, DType::f32), v = Tensor::zeros({kRows, kCols}, DType::f32);
   int64_t t = 0;
-  for (auto _ : state) ops::adamw_update(p, g, m, v, ops::AdamWHyper{}, ++t);
+  for (auto _ : state) {
+    if (decayed) {
+      state.PauseTiming();
+      m.fill_(1e-39);
+      v.fill_(1e-39);
+      ops::adamw_update(p, g, m, v, ops::AdamWHyper{}, ++t);
+      state.ResumeTiming();
+    }
+    ops::adamw_update(p, g, m, v, ops::AdamWHyper{}, ++t);
+  }
   set_bytes(state, 7 * kRows * kCols * 4);  // p, g, m, v in; p, m, v out
 }
 
@@ -164,10 +179,13 @@ BENCHMARK(BM_softmax_forward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->Us
 BENCHMARK(BM_embedding_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
 // Muon's orthogonalization of one expert stack of the demo model, 5 steps in bf16 compute (the
 // trainer's setting), in FLOP/s: per step 4·r²·c + 2·r³ per matrix (X·Xᵀ, A·A, B·X), r ≤ c.
-// Args: batch, rows, cols (the demo's gate_up [8, 1024, 256] and down [8, 256, 512] stacks).
+// Args: batch, rows, cols (the demo's gate_up [8, 1024, 256] and down [8, 256, 512] stacks), and
+// 1 to scale the stack's last matrix by 1e-20: an expert no token has reached for ~900 steps, its
+// momentum decayed by Muon's β = 0.95 per step.
 void BM_newton_schulz(benchmark::State& state) {
   const int64_t batch = state.range(0), rows = state.range(1), cols = state.range(2);
   Tensor g = randn({batch, rows, cols}, 1), o = out({batch, rows, cols});
+  if (state.range(3) != 0) ops::scale_inplace(g.select(batch - 1), 1e-20f);
   Tensor ws = Tensor::zeros({ops::newton_schulz_workspace_elems(rows, cols, batch, DType::bf16)}, DType::f32);
   for (auto _ : state) ops::newton_schulz_orthogonalize(g, o, ws, 5, DType::bf16);
   const double r = static_cast<double>(std::min(rows, cols)), c = static_cast<double>(std::max(rows, cols));
@@ -176,8 +194,13 @@ void BM_newton_schulz(benchmark::State& state) {
                                                  benchmark::Counter::kIsRate);
 }
 
-BENCHMARK(BM_adamw_update)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_newton_schulz)->Args({8, 1024, 256})->Args({8, 256, 512})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_adamw_update)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_newton_schulz)
+    ->Args({8, 1024, 256, 0})
+    ->Args({8, 256, 512, 0})
+    ->Args({8, 1024, 256, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_grad_norm)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_cross_entropy_tied)
     ->Args({4096, 1})

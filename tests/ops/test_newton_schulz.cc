@@ -138,5 +138,75 @@ TEST(NewtonSchulz, BatchedMatchesSeparateAndBf16StaysInTheBand) {
   EXPECT_THROW(newton_schulz_orthogonalize(G, out, small, 5, DType::bf16), Error);  // no room for bf16 copies
 }
 
+// The full iteration in double for one [rows, cols] matrix (transposed when rows > cols, as the
+// kernel does): X₀ = G/(‖G‖ + 1e-7), then `steps` quintic steps with every term.
+Vec orthogonalize_f64(const Vec& g, int64_t rows, int64_t cols, int steps) {
+  const bool t = rows > cols;
+  const int64_t r = t ? cols : rows, c = t ? rows : cols;
+  double nrm = 0;
+  for (double v : g) nrm += v * v;
+  nrm = std::sqrt(nrm);
+  Vec x(r * c);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) x[i * c + j] = (t ? g[j * cols + i] : g[i * cols + j]) / (nrm + 1e-7);
+  const double a = kNewtonSchulzA, b = kNewtonSchulzB, cc = kNewtonSchulzC;
+  for (int s = 0; s < steps; ++s) {
+    Vec A(r * r, 0.0), B(r * r, 0.0), xn(r * c, 0.0);
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < r; ++j)
+        for (int64_t k = 0; k < c; ++k) A[i * r + j] += x[i * c + k] * x[j * c + k];
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < r; ++j) {
+        double aa = 0;
+        for (int64_t k = 0; k < r; ++k) aa += A[i * r + k] * A[k * r + j];
+        B[i * r + j] = b * A[i * r + j] + cc * aa;
+      }
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) {
+        double bx = 0;
+        for (int64_t k = 0; k < r; ++k) bx += B[i * r + k] * x[k * c + j];
+        xn[i * c + j] = a * x[i * c + j] + bx;
+      }
+    x = xn;
+  }
+  Vec out(rows * cols);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) (t ? out[j * cols + i] : out[i * cols + j]) = x[i * c + j];
+  return out;
+}
+
+// A nearly zero G (an expert no token reached: Muon's momentum decays) takes the linear path,
+// X₀·a^steps, instead of GEMMs whose products would underflow. It must be what the iteration gives:
+// against the double iteration with all its terms, G of norm 1e-14 (X₀ of norm ~1e-7, inside the
+// path) and 1e-30, both orientations, batched beside a normal matrix (which must come out as it
+// does alone) and beside an all-zero one (which must come out 0). Bound: a handful of float
+// roundings, 1e-6 relative.
+TEST(NewtonSchulz, NearlyZeroMatricesTakeTheLinearPath) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{8, 16}, {16, 8}}) {
+    for (float scale : {1e-14f, 1e-30f}) {
+      Tensor G = Tensor::empty({3, rows, cols}, DType::f32);
+      Tensor tiny = random_tensor({rows, cols}, 5), normal = random_tensor({rows, cols}, 6);
+      double tn = 0;
+      for (int64_t i = 0; i < tiny.numel(); ++i) tn += double(tiny.data<float>()[i]) * tiny.data<float>()[i];
+      const float k = scale / static_cast<float>(std::sqrt(tn));
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        G.data<float>()[i] = tiny.data<float>()[i] * k;
+        G.data<float>()[rows * cols + i] = normal.data<float>()[i];
+        G.data<float>()[2 * rows * cols + i] = 0.0f;
+      }
+      Tensor out = Tensor::empty(G.shape(), DType::f32);
+      Tensor ws = Tensor::empty({newton_schulz_workspace_elems(rows, cols, 3)}, DType::f32);
+      newton_schulz_orthogonalize(G, out, ws, 5);
+      Vec g0 = to_f64(G.select(0)), want = orthogonalize_f64(g0, rows, cols, 5);
+      EXPECT_LT(test::rel_error(out.select(0), want), 1e-6) << rows << "x" << cols << " scale " << scale;
+      Tensor alone = Tensor::empty({rows, cols}, DType::f32);
+      Tensor ws1 = Tensor::empty({newton_schulz_workspace_elems(rows, cols)}, DType::f32);
+      newton_schulz_orthogonalize(normal, alone, ws1, 5);
+      EXPECT_LT(test::rel_error(out.select(1), to_f64(alone)), 1e-6);
+      for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(out.select(2).data<float>()[i], 0.0f);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zaya::ops

@@ -116,5 +116,37 @@ TEST(AdamW, VectorAndScalarPathsAgreeBitwise) {
   }
 }
 
+// A moment that would fall below float's normal range is stored as 0 (x86 runs arithmetic on
+// subnormals through microcode assists: the embedding rows of tokens no batch holds decay into that
+// range in ~650 steps). Normal moments are untouched, and the scalar path agrees (one element).
+TEST(AdamW, SubnormalMomentsAreStoredAsZero) {
+  AdamWHyper hp{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.0f};
+  for (int64_t n : {int64_t{32}, int64_t{1}}) {
+    Tensor p = Tensor::empty({n}, DType::f32), g = Tensor::zeros({n}, DType::f32);
+    Tensor m = Tensor::empty({n}, DType::f32), v = Tensor::empty({n}, DType::f32);
+    p.fill_(0.5);
+    for (int64_t i = 0; i < n; ++i) {
+      // even elements: just above the normal minimum, so 0.9·m (0.95·v) is subnormal; odd: normal after the
+      // step
+      const float mag = i % 2 == 0 ? 1.05f * FLT_MIN : 1e-20f;
+      m.data<float>()[i] = i % 4 == 0 ? -mag : mag;
+      v.data<float>()[i] = mag;
+    }
+    adamw_update(p, g, m, v, hp, 10);
+    for (int64_t i = 0; i < n; ++i) {
+      const float mi = m.data<float>()[i], vi = v.data<float>()[i];
+      if (i % 2 == 0) {
+        EXPECT_EQ(mi, 0.0f) << i;
+        EXPECT_EQ(vi, 0.0f) << i;
+        EXPECT_EQ(p.data<float>()[i], 0.5f) << i;  // a zero moment moves nothing (no decay here)
+      } else {
+        EXPECT_EQ(mi, 0.9f * 1e-20f) << i;
+        EXPECT_EQ(vi, 0.95f * 1e-20f) << i;
+        EXPECT_TRUE(std::isnormal(mi) && std::isnormal(vi)) << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zaya::ops

@@ -113,6 +113,16 @@ int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch,
   return f32;
 }
 
+// The linear path. A step is X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ; the cubic and quintic terms
+// are at most (|b|‖X‖² + c‖X‖⁴)/a of the linear one (Frobenius norms bound the spectral ones).
+// While ‖X‖ stays below kLinearNorm, that is < 2^-25, under half an ulp of float: the iteration is
+// X₀·a^steps to rounding, and it is computed so. Such a matrix arises when a gradient is all but 0
+// for many steps (an expert no token reaches: Muon's momentum decays by β every step), and running
+// the GEMMs on it was the slow part: A·A's products fall below float's normal range, which x86
+// runs through microcode assists (a [256, 1024] matrix of entries ~1e-20 took 127 ms instead of
+// 6.8, of ~1e-30 512 ms; docs/results/ops-cpu.md, "Muon: a decayed momentum").
+constexpr double kLinearNorm = 1e-4;
+
 void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps,
                                  DType compute) {
   const char* op = "newton_schulz_orthogonalize";
@@ -156,12 +166,22 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
   }
 
   // X₀ = G/(‖G‖_F + 1e-7) per matrix: every singular value then lies in [0, 1], where the quintic works.
+  // A matrix whose X₀ is tiny takes the linear path instead: `linear[e]` = a^steps/(‖G‖_F + 1e-7),
+  // and its X₀ is 0 in the iteration (see kLinearNorm).
+  std::vector<float> linear(static_cast<size_t>(batch), 0.0f);
   for (int64_t e = 0; e < batch; ++e) {
     const Tensor ge = G.ndim() == 3 ? G.select(e) : G;
     const float* g = ge.data<float>();
     // ‖G‖_F through the optimizer's norm (double accumulation, fixed blocks, vectorized).
-    const float inv = static_cast<float>(1.0 / (global_grad_norm(std::span<const Tensor>(&ge, 1)) + 1e-7));
+    const double norm = global_grad_norm(std::span<const Tensor>(&ge, 1));
+    const float inv = static_cast<float>(1.0 / (norm + 1e-7));
     float* x = X.data<float>() + e * rc;
+    const double grown = norm / (norm + 1e-7) * std::pow(static_cast<double>(kNewtonSchulzA), steps);
+    if (grown < kLinearNorm) {
+      linear[e] = static_cast<float>(std::pow(static_cast<double>(kNewtonSchulzA), steps) / (norm + 1e-7));
+      std::fill_n(x, rc, 0.0f);
+      continue;
+    }
     if (transpose) {
       transpose_scaled(x, c, g, cols, rows, cols, inv);  // G is [rows = c, cols = r]
       continue;
@@ -177,6 +197,13 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
   for (int64_t e = 0; e < batch; ++e) {
     const float* xs = X.data<float>() + e * rc;
     float* o = out.data<float>() + e * rc;
+    if (linear[e] != 0.0f) {  // the linear path, in G's own layout (a zero G gives 0)
+      const float* g = G.data<float>() + e * rc;
+      const float s = linear[e];
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < rc; ++i) o[i] = g[i] * s;
+      continue;
+    }
     if (transpose) {
       transpose_scaled(o, cols, xs, c, r, c, 1.0f);
       continue;

@@ -24,9 +24,11 @@ int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch 
                                       DType compute = DType::f32);
 
 // out ≈ U·Vᵀ for G = U·S·Vᵀ: X₀ = G/(‖G‖_F + 1e-7) (transposed when rows > cols so the Gram
-// matrix is the small side), `steps` quintic steps, transposed back. G and out are [rows, cols],
-// or [batch, rows, cols]: then every matrix is normalized and orthogonalized on its own (MoE
-// experts are separate functions), with batched GEMMs so that small matrices still fill the cores.
+// matrix is the small side), `steps` quintic steps, transposed back. A matrix so small that
+// ‖X₀‖·a^steps < 1e-4 (a nearly zero gradient) gets X₀·a^steps: what the steps give to float
+// rounding, without GEMMs on values that underflow (newton_schulz.cc, kLinearNorm). G and out are [rows,
+// cols], or [batch, rows, cols]: then every matrix is normalized and orthogonalized on its own (MoE experts
+// are separate functions), with batched GEMMs so that small matrices still fill the cores.
 //
 // compute = bf16 runs the three GEMMs of each step with bf16 inputs and f32 accumulation, as
 // Muon's reference implementation does (it iterates entirely in bfloat16); X itself is kept in

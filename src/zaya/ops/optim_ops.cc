@@ -58,9 +58,15 @@ struct AdamWConsts {
 // C++, and might pick different pairs in the two bodies). The explicit vectors are there because
 // GCC does not vectorize the scalar loop: with errno-setting math (its default) each sqrt carries
 // a branch for negative input.
+//
+// Moments that fall below float's normal range are stored as 0 (flush_subnormal: by value, no FP
+// mode is set). A parameter whose gradient stays 0 (the embedding row of a token no batch holds)
+// has its first moment decay by β1 every step, subnormal after ~650 steps from 1e-10, and then
+// every step on it ran through microcode assists. A flushed moment is < 2^-126, whose part of the
+// update, m̂/(√v̂ + eps) with eps = 1e-8, is below 1e-30.
 inline void adamw_one(float& p, float g, float& m, float& v, const AdamWConsts& k) {
-  const float mi = std::fma(k.b1, m, k.c1 * g);
-  const float vi = std::fma(k.b2, v, (k.c2 * g) * g);
+  const float mi = flush_subnormal(std::fma(k.b1, m, k.c1 * g));
+  const float vi = flush_subnormal(std::fma(k.b2, v, (k.c2 * g) * g));
   m = mi;
   v = vi;
   const float upd = (mi * k.inv_bc1) / std::fma(std::sqrt(vi), k.inv_sqrt_bc2, k.eps);
@@ -74,10 +80,15 @@ void adamw_chunk(float* p, const float* g, float* mp, float* vp, int64_t n, cons
   const __m512 c2 = _mm512_set1_ps(k.c2), ib1 = _mm512_set1_ps(k.inv_bc1),
                isb2 = _mm512_set1_ps(k.inv_sqrt_bc2);
   const __m512 nlr = _mm512_set1_ps(-k.lr), eps = _mm512_set1_ps(k.eps), wd = _mm512_set1_ps(k.wd);
+  const __m512 normal_min = _mm512_set1_ps(FLT_MIN);
+  auto flush = [&](__m512 x) {  // flush_subnormal: |x| < FLT_MIN → 0, NaN kept
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_abs_ps(x), normal_min, _CMP_NLT_UQ), x);
+  };
   for (; i + 16 <= n; i += 16) {
     const __m512 gi = _mm512_loadu_ps(g + i), pi = _mm512_loadu_ps(p + i);
-    const __m512 mi = _mm512_fmadd_ps(b1, _mm512_loadu_ps(mp + i), _mm512_mul_ps(c1, gi));
-    const __m512 vi = _mm512_fmadd_ps(b2, _mm512_loadu_ps(vp + i), _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi));
+    const __m512 mi = flush(_mm512_fmadd_ps(b1, _mm512_loadu_ps(mp + i), _mm512_mul_ps(c1, gi)));
+    const __m512 vi =
+        flush(_mm512_fmadd_ps(b2, _mm512_loadu_ps(vp + i), _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi)));
     _mm512_storeu_ps(mp + i, mi);
     _mm512_storeu_ps(vp + i, vi);
     // All-lanes masked sqrt = _mm512_sqrt_ps, whose _mm512_undefined_ps() trips GCC 12's

@@ -2,6 +2,8 @@
 // Newton–Schulz iteration is in newton_schulz.h). f32 CPU tensors; in place.
 #pragma once
 
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <span>
 
@@ -29,8 +31,14 @@ struct AdamWHyper {
   float weight_decay = 0.0f;
 };
 
+// x, or 0 where |x| is below float's normal range (NaN kept): optimizer state that would decay
+// into subnormals is stored as 0 instead (x86 runs arithmetic on subnormals through microcode
+// assists, ~20× slower; docs/results/ops-cpu.md, "AdamW: subnormal moments").
+inline float flush_subnormal(float x) { return std::fabs(x) < FLT_MIN ? 0.0f : x; }
+
 // One AdamW step t >= 1 (decoupled weight decay, bias-corrected moments):
-//   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²;  m̂ = m/(1−β1^t);  v̂ = v/(1−β2^t)
+//   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²  (each through flush_subnormal);
+//   m̂ = m/(1−β1^t);  v̂ = v/(1−β2^t)
 //   p ← p − lr·(m̂/(√v̂ + eps) + wd·p)
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWHyper& hp,
                   int64_t step);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "zaya/ops/newton_schulz.h"
+#include "zaya/ops/optim_ops.h"
 
 namespace zaya::optim {
 
@@ -36,7 +37,8 @@ void muon_update_stack(const Tensor& param, const Tensor& grad, const Tensor& m,
   const float beta = hp.momentum;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    float mi = beta * mp[i] + g[i];
+    // Flushed as AdamW's moments: an expert no token reaches has g = 0 and its momentum decays.
+    float mi = ops::flush_subnormal(beta * mp[i] + g[i]);
     mp[i] = mi;
     g[i] = g[i] + beta * mi;  // Nesterov: look one momentum step ahead
   }
