@@ -177,17 +177,19 @@ BENCHMARK(BM_swiglu_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_swiglu_backward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_softmax_forward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_embedding_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
-// Muon's orthogonalization of one expert stack of the demo model, 5 steps in bf16 compute (the
-// trainer's setting), in FLOP/s: per step 4·r²·c + 2·r³ per matrix (X·Xᵀ, A·A, B·X), r ≤ c.
-// Args: batch, rows, cols (the demo's gate_up [8, 1024, 256] and down [8, 256, 512] stacks), and
-// 1 to scale the stack's last matrix by 1e-20: an expert no token has reached for ~900 steps, its
-// momentum decayed by Muon's β = 0.95 per step.
+// Muon's orthogonalization of one expert stack of the demo model, 5 steps, in FLOP/s: per step
+// 4·r²·c + 2·r³ per matrix (X·Xᵀ, A·A, B·X), r ≤ c. Args: batch, rows, cols (the demo's gate_up
+// [8, 1024, 256] and down [8, 256, 512] stacks); 1 to scale the stack's last matrix by 1e-20 (an
+// expert no token has reached for ~900 steps, its momentum decayed by Muon's β = 0.95 per step);
+// 0 for bf16 compute (the trainer's default), 1 for f32 (muon_ns_bf16 = false, and what bf16
+// becomes on CPUs without native bf16 GEMMs).
 void BM_newton_schulz(benchmark::State& state) {
   const int64_t batch = state.range(0), rows = state.range(1), cols = state.range(2);
+  const DType compute = state.range(4) != 0 ? DType::f32 : DType::bf16;
   Tensor g = randn({batch, rows, cols}, 1), o = out({batch, rows, cols});
   if (state.range(3) != 0) ops::scale_inplace(g.select(batch - 1), 1e-20f);
-  Tensor ws = Tensor::zeros({ops::newton_schulz_workspace_elems(rows, cols, batch, DType::bf16)}, DType::f32);
-  for (auto _ : state) ops::newton_schulz_orthogonalize(g, o, ws, 5, DType::bf16);
+  Tensor ws = Tensor::zeros({ops::newton_schulz_workspace_elems(rows, cols, batch, compute)}, DType::f32);
+  for (auto _ : state) ops::newton_schulz_orthogonalize(g, o, ws, 5, compute);
   const double r = static_cast<double>(std::min(rows, cols)), c = static_cast<double>(std::max(rows, cols));
   const double flops = 5.0 * static_cast<double>(batch) * (4.0 * r * r * c + 2.0 * r * r * r);
   state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()),
@@ -196,9 +198,11 @@ void BM_newton_schulz(benchmark::State& state) {
 
 BENCHMARK(BM_adamw_update)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_newton_schulz)
-    ->Args({8, 1024, 256, 0})
-    ->Args({8, 256, 512, 0})
-    ->Args({8, 1024, 256, 1})
+    ->Args({8, 1024, 256, 0, 0})
+    ->Args({8, 256, 512, 0, 0})
+    ->Args({8, 1024, 256, 1, 0})
+    ->Args({8, 1024, 256, 0, 1})
+    ->Args({8, 1024, 256, 1, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_grad_norm)->Unit(benchmark::kMillisecond)->UseRealTime();
