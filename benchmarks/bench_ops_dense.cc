@@ -86,17 +86,26 @@ void BM_gelu_forward(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * rows * kCols);
 }
 
+// Arg 0: unit-normal gates; arg 1: gates shifted by −100 (a token with a massive activation: the
+// far tail where σ would be subnormal).
+Tensor swiglu_input(int64_t shift) {
+  Tensor gu = randn({kRows, kCols}, 1);
+  if (shift != 0)
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t j = 0; j < kCols / 2; ++j) gu.data<float>()[r * kCols + j] -= 100.0f;
+  return gu;
+}
+
 void BM_swiglu_forward(benchmark::State& state) {
-  Tensor gu = randn({kRows, kCols}, 1), y = out({kRows, kCols / 2});
+  Tensor gu = swiglu_input(state.range(0)), y = out({kRows, kCols / 2});
   for (auto _ : state) ops::swiglu_forward(gu, y);
   set_bytes(state, (kRows * kCols + kRows * kCols / 2) * 4);
 }
 
 void BM_swiglu_backward(benchmark::State& state) {
-  Tensor gu = randn({kRows, kCols}, 1), g = randn({kRows, kCols / 2}, 2),
-         dgu = out({kRows, kCols});
-  for (auto _ : state) ops::swiglu_backward(g, gu, dgu);
-  set_bytes(state, (2 * kRows * kCols + kRows * kCols / 2) * 4);
+  Tensor gu = swiglu_input(state.range(0)), dy = randn({kRows, kCols / 2}, 2), dgu = out({kRows, kCols});
+  for (auto _ : state) ops::swiglu_backward(dy, gu, dgu);
+  set_bytes(state, (2 * kRows * kCols + kRows * kCols / 2) * 4);  // gu, dy in; dgu out
 }
 
 // Arg 0: as the model calls it (streaming stores for an output beyond the caches); 1: plain stores.
@@ -173,8 +182,8 @@ BENCHMARK(BM_residual_scale_forward)->Unit(benchmark::kMillisecond)->UseRealTime
 BENCHMARK(BM_residual_scale_backward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_silu_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_gelu_forward)->Arg(kRows)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_swiglu_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_swiglu_backward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_swiglu_forward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_swiglu_backward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_softmax_forward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_embedding_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
 // Muon's orthogonalization of one expert stack of the demo model, 5 steps, in FLOP/s: per step

@@ -551,6 +551,52 @@ TEST(Activations, SwiGlu) {
   EXPECT_THROW(swiglu_forward(odd, y), Error);
 }
 
+// Far tails: σ(x) for x < −80 and the normal pdf φ(x) for x² > 160 are exactly 0 (the kernels
+// clamp before they could compute a subnormal, which x86 runs through microcode assists), and
+// inside the tail's edge they follow the double reference. NaN still propagates.
+TEST(Activations, FarNegativeTailsAreExactZeros) {
+  const float xs[] = {-1000.0f, -100.0f, -88.5f, -80.5f, -79.5f, -60.0f, -13.0f, -12.0f, -5.0f, 0.5f};
+  const int64_t n = std::size(xs);
+  // SwiGLU with these as gates and values of 1: y = silu(g), dv = dy·silu(g), dg = dy·silu'(g).
+  Tensor gu = Tensor::empty({1, 2 * n}, DType::f32), y = Tensor::empty({1, n}, DType::f32);
+  Tensor dy = Tensor::empty({1, n}, DType::f32), dgu = Tensor::empty({1, 2 * n}, DType::f32);
+  for (int64_t j = 0; j < n; ++j) {
+    gu.data<float>()[j] = xs[j];
+    gu.data<float>()[n + j] = 1.0f;
+    dy.data<float>()[j] = 1.0f;
+  }
+  swiglu_forward(gu, y);
+  swiglu_backward(dy, gu, dgu);
+  Tensor x = Tensor::empty({1, n}, DType::f32), gx = x.clone();
+  std::copy_n(xs, n, x.data<float>());
+  gelu_backward(dy, x, gx);
+  for (int64_t j = 0; j < n; ++j) {
+    const double v = xs[j], sig = 1.0 / (1.0 + std::exp(-v));
+    const double silu = v * sig, silu_grad = sig * (1.0 + v * (1.0 - sig));
+    const double gelu_grad =
+        0.5 * (1.0 + std::erf(v / std::sqrt(2.0))) + v * std::exp(-0.5 * v * v) / std::sqrt(2 * M_PI);
+    if (v < -80.0) {
+      EXPECT_EQ(y.data<float>()[j], 0.0f) << v;
+      EXPECT_EQ(dgu.data<float>()[j], 0.0f) << v;
+      EXPECT_EQ(dgu.data<float>()[n + j], 0.0f) << v;
+    } else {  // ~2 ulp of expf_fast and the division, relative
+      EXPECT_NEAR(y.data<float>()[j], silu, 1e-6 * std::fabs(silu)) << v;
+      EXPECT_NEAR(dgu.data<float>()[n + j], silu, 1e-6 * std::fabs(silu)) << v;
+      EXPECT_NEAR(dgu.data<float>()[j], silu_grad, 1e-6 * std::fabs(silu_grad) + 1e-37) << v;
+    }
+    // ½(1 + erf) is formed at the scale of 1, so it carries ~ulp(1) absolute error (float, like
+    // torch's): the bound is 1e-7 absolute besides 1e-6 relative.
+    if (0.5 * v * v > 80.0)
+      EXPECT_EQ(gx.data<float>()[j], 0.0f) << v;
+    else
+      EXPECT_NEAR(gx.data<float>()[j], gelu_grad, 1e-6 * std::fabs(gelu_grad) + 1e-7) << v;
+  }
+  Tensor nan_in = Tensor::empty({1, 2}, DType::f32), nan_out = Tensor::empty({1, 1}, DType::f32);
+  nan_in.data<float>()[0] = NAN, nan_in.data<float>()[1] = 1.0f;
+  swiglu_forward(nan_in, nan_out);
+  EXPECT_TRUE(std::isnan(nan_out.data<float>()[0]));
+}
+
 TEST(Softmax, ForwardBackward) {
   for (Rows s : kShapes) {
     Tensor x = random_tensor({s.n, s.f}, 1, 3.0f);

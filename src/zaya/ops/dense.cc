@@ -397,8 +397,18 @@ void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x,
 // erf is cpu::erf_fast (≤ ~1 ulp, seq_vec.h), exp is cpu::expf_fast.
 
 namespace {
+// Below kTail, σ(x) < 1.9e-35 and φ(x) < 1e-35 (for x² > 2·80) are taken as exactly 0, and their
+// arguments are clamped to it first, so no lane computes a subnormal on the way: 1/(1 + e^{-x})
+// with x < −88 (expf_fast saturates at ~1.7e38) came out below float's normal range, and x86 runs
+// such operations through microcode assists. SwiGLU with gate pre-activations near −100 (a token
+// with a massive activation in one channel) ran 10× slower forward and 12× backward, GELU's
+// backward at −30 3.3× (docs/results/ops-cpu.md, "Activations: subnormal tails").
+constexpr float kTail = -80.0f;
 // expf_fast (vectorizable; libm's expf is a scalar call) — SwiGLU runs over every expert row.
-inline float sigmoid(float x) { return 1.0f / (1.0f + cpu::expf_fast(-x)); }
+inline float sigmoid(float x) {
+  const float s = 1.0f / (1.0f + cpu::expf_fast(-std::max(x, kTail)));
+  return x < kTail ? 0.0f : s;
+}
 inline float silu_grad(float x) {
   float s = sigmoid(x);
   return s * (1.0f + x * (1.0f - s));
@@ -407,8 +417,12 @@ inline float silu_grad(float x) {
 // sigmoid and silu_grad on 8 lanes, the scalar forms' operations (GCC does not vectorize the plain
 // loops below on AVX2: the clamp in expf_fast stays a branch there).
 inline __m256 sigmoid_v8(__m256 x) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  return _mm256_div_ps(one, _mm256_add_ps(one, cpu::expf_fast_v8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+  const __m256 one = _mm256_set1_ps(1.0f), tail = _mm256_set1_ps(kTail);
+  // max(tail, x) is std::max(x, kTail): x where x is NaN (the second operand wins).
+  const __m256 xm = _mm256_max_ps(tail, x);
+  const __m256 s =
+      _mm256_div_ps(one, _mm256_add_ps(one, cpu::expf_fast_v8(_mm256_sub_ps(_mm256_setzero_ps(), xm))));
+  return _mm256_blendv_ps(s, _mm256_setzero_ps(), _mm256_cmp_ps(x, tail, _CMP_LT_OQ));
 }
 // s·(1 + x·(1 − s)) with the inner product-sum as one FMA, as GCC contracts the scalar form.
 inline __m256 silu_grad_v8(__m256 x, __m256 s) {
@@ -534,7 +548,8 @@ void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
     for (int64_t i = 0; i < len; ++i) {
       const float v = xb[i];
       const float cdf = 0.5f * (1.0f + e[i]);
-      const float pdf = kInvSqrt2Pi * cpu::expf_fast(-0.5f * v * v);
+      const float a = -0.5f * v * v;  // φ(v) = e^a/√(2π), 0 below kTail (see sigmoid)
+      const float pdf = a < kTail ? 0.0f : kInvSqrt2Pi * cpu::expf_fast(std::max(a, kTail));
       dp[i0 + i] = gp[i0 + i] * (cdf + v * pdf);
     }
   });
