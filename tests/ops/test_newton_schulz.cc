@@ -139,7 +139,7 @@ TEST(NewtonSchulz, BatchedMatchesSeparateAndBf16StaysInTheBand) {
 }
 
 // The full iteration in double for one [rows, cols] matrix (transposed when rows > cols, as the
-// kernel does): X₀ = G/(‖G‖ + 1e-7), then `steps` quintic steps with every term.
+// kernel does): X₀ = G/(‖G‖ + 1e-7), then `steps` quintic steps with every term (gradcheck.h's).
 Vec orthogonalize_f64(const Vec& g, int64_t rows, int64_t cols, int steps) {
   const bool t = rows > cols;
   const int64_t r = t ? cols : rows, c = t ? rows : cols;
@@ -149,26 +149,7 @@ Vec orthogonalize_f64(const Vec& g, int64_t rows, int64_t cols, int steps) {
   Vec x(r * c);
   for (int64_t i = 0; i < r; ++i)
     for (int64_t j = 0; j < c; ++j) x[i * c + j] = (t ? g[j * cols + i] : g[i * cols + j]) / (nrm + 1e-7);
-  const double a = kNewtonSchulzA, b = kNewtonSchulzB, cc = kNewtonSchulzC;
-  for (int s = 0; s < steps; ++s) {
-    Vec A(r * r, 0.0), B(r * r, 0.0), xn(r * c, 0.0);
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < r; ++j)
-        for (int64_t k = 0; k < c; ++k) A[i * r + j] += x[i * c + k] * x[j * c + k];
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < r; ++j) {
-        double aa = 0;
-        for (int64_t k = 0; k < r; ++k) aa += A[i * r + k] * A[k * r + j];
-        B[i * r + j] = b * A[i * r + j] + cc * aa;
-      }
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < c; ++j) {
-        double bx = 0;
-        for (int64_t k = 0; k < r; ++k) bx += B[i * r + k] * x[k * c + j];
-        xn[i * c + j] = a * x[i * c + j] + bx;
-      }
-    x = xn;
-  }
+  for (int s = 0; s < steps; ++s) x = test::newton_schulz_step_f64(x, r, c);
   Vec out(rows * cols);
   for (int64_t i = 0; i < r; ++i)
     for (int64_t j = 0; j < c; ++j) (t ? out[j * cols + i] : out[i * cols + j]) = x[i * c + j];
