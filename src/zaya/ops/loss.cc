@@ -72,14 +72,15 @@ Tensor chunk_logits(const Tensor& h, const Tensor& E, const Tensor& workspace, c
   return logits;
 }
 
-// Probabilities (exp(logit − max), ≤ 1) below 2^-100 are stored as 0 wherever they feed the head's
-// GEMMs. Kept, they make those GEMMs multiply numbers whose products fall below float's normal range
-// (2^-126), which x86 cores run through microcode assists: the demo head's backward GEMMs ran at
-// 7 instead of ~150 GFLOP/s with logits spread over ~90 nats (bench_ops_dense's random head).
-// Dropped, each changes a gradient sum whose largest term is ≥ 1/V of the row's by < 2^-100: far
-// below float resolution. It is a per-op, deterministic flush-to-zero; no FP mode is changed.
-constexpr float kTinyProbability = 0x1p-100f;
-inline float flush_tiny(float p) { return p < kTinyProbability ? 0.0f : p; }
+// Probabilities (exp(logit − max), ≤ 1) below cpu::kTinyProbability (2^-100) are stored as 0
+// wherever they feed the head's GEMMs. Kept, they make those GEMMs multiply numbers whose products
+// fall below float's normal range (2^-126), which x86 cores run through microcode assists: the demo
+// head's backward GEMMs ran at 7 instead of ~150 GFLOP/s with logits spread over ~90 nats
+// (bench_ops_dense's random head). Dropped, each changes a gradient sum whose largest term is ≥ 1/V
+// of the row's by < 2^-100: far below float resolution. It is a per-op, deterministic
+// flush-to-zero; no FP mode is changed.
+using cpu::kTinyProbability;
+constexpr cpu::FlushBelow flush_tiny{kTinyProbability};
 
 // When one chunk covers the vocabulary, the forward keeps what the backward needs instead of making
 // it again: the workspace's logits become e = exp(logit − row max) in place and `sum` holds Σ_j e.

@@ -169,6 +169,7 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
   // A matrix whose X₀ is tiny takes the linear path instead: `linear[e]` = a^steps/(‖G‖_F + 1e-7),
   // and its X₀ is 0 in the iteration (see kLinearNorm).
   std::vector<float> linear(static_cast<size_t>(batch), 0.0f);
+  const double growth = std::pow(static_cast<double>(kNewtonSchulzA), steps);  // the linear term's a^steps
   for (int64_t e = 0; e < batch; ++e) {
     const Tensor ge = G.ndim() == 3 ? G.select(e) : G;
     const float* g = ge.data<float>();
@@ -176,9 +177,8 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
     const double norm = global_grad_norm(std::span<const Tensor>(&ge, 1));
     const float inv = static_cast<float>(1.0 / (norm + 1e-7));
     float* x = X.data<float>() + e * rc;
-    const double grown = norm / (norm + 1e-7) * std::pow(static_cast<double>(kNewtonSchulzA), steps);
-    if (grown < kLinearNorm) {
-      linear[e] = static_cast<float>(std::pow(static_cast<double>(kNewtonSchulzA), steps) / (norm + 1e-7));
+    if (norm / (norm + 1e-7) * growth < kLinearNorm) {  // ‖X₀‖·a^steps
+      linear[e] = static_cast<float>(growth / (norm + 1e-7));
       std::fill_n(x, rc, 0.0f);
       continue;
     }

@@ -30,19 +30,19 @@ constexpr int64_t kChunk = 8 * kBlock;
 // blocks of Q pass over the panel.
 constexpr int64_t kChunkLd = kChunk + 16;
 
-// Probabilities below this are stored as exactly 0, as the loss does with its softmax. Peaky
-// attention (a row's scores spread over more than ~70) otherwise gives values near float's
-// smallest normal (expf_fast floors at ~1.6e-38), and their products with values and gradients in
-// the tile products fall below the normal range, which x86 runs through microcode assists: at the
-// demo's shape, scores spread ×30 made the backward 10× slower and ×100 the forward 10× and the
-// backward 24× (docs/results/ops-cpu.md, "Attention: denormals"). A dropped term is < 2^-100 of the
-// row's largest, far below float's resolution of the sums it would enter.
-constexpr float kTinyProb = 0x1p-100f;
+// Probabilities below kTinyProbability are stored as exactly 0 (`flush`), as the loss does with its
+// softmax. Peaky attention (a row's scores spread over more than ~70) otherwise gives values near
+// float's smallest normal (expf_fast floors at ~1.6e-38), and their products with values and
+// gradients in the tile products fall below the normal range, which x86 runs through microcode
+// assists: at the demo's shape, scores spread ×30 made the backward 10× slower and ×100 the forward
+// 10× and the backward 24× (docs/results/ops-cpu.md, "Attention: denormals"). A dropped term is
+// < 2^-100 of the row's largest, far below float's resolution of the sums it would enter.
+constexpr FlushBelow flush{kTinyProbability};
 
 // exp over an array (arguments here are ≤ 0: scores minus their running max or minus the lse),
-// flushed below kTinyProb.
+// flushed.
 inline void exp_inplace(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = FlushBelow{kTinyProb}(expf_fast(x[i]));
+  for (int64_t i = 0; i < n; ++i) x[i] = flush(expf_fast(x[i]));
 }
 
 // Copies the key (or value) block rows j0..j0+nj of kv head hk ([T, nkv, hd] for one batch row)
@@ -114,7 +114,7 @@ inline void scale_row(float* __restrict y, const float* __restrict x, float s, i
 inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_t j0, int64_t nj, float scale) {
 #if defined(__AVX512F__)
   static_assert(kBlock == 64);
-  const __m512 sc = _mm512_set1_ps(scale), tiny = _mm512_set1_ps(kTinyProb);
+  const __m512 sc = _mm512_set1_ps(scale);
   for (int64_t ii = 0; ii < ni; ++ii) {  // 4 masked vectors per row: no scalar tails on diagonal tiles
     float* p = P + ii * kBlock;
     const int64_t jn = std::min(nj, i0 + ii - j0 + 1);
@@ -122,7 +122,7 @@ inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_
     for (int64_t v = 0; v < 4; ++v) {
       const __mmask16 mk = first_lanes(jn - 16 * v);
       const __m512 e = expf_fast_v(_mm512_fmsub_ps(_mm512_loadu_ps(p + 16 * v), sc, L));
-      _mm512_storeu_ps(p + 16 * v, _mm512_maskz_mov_ps(mk & _mm512_cmp_ps_mask(e, tiny, _CMP_NLT_UQ), e));
+      _mm512_storeu_ps(p + 16 * v, _mm512_maskz_mov_ps(mk, apply_post(flush, e)));
     }
   }
 #elif ZAYA_AVX2
@@ -134,7 +134,7 @@ inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_
     for (int64_t v = 0; v < kBlock / 8; ++v) {
       const __m256 keep = _mm256_castsi256_ps(first_lanes8(jn - 8 * v));
       const __m256 x = _mm256_fmsub_ps(_mm256_loadu_ps(p + 8 * v), sc, L);
-      _mm256_storeu_ps(p + 8 * v, _mm256_and_ps(keep, apply_post(FlushBelow{kTinyProb}, expf_fast_v8(x))));
+      _mm256_storeu_ps(p + 8 * v, _mm256_and_ps(keep, apply_post(flush, expf_fast_v8(x))));
     }
   }
 #else
@@ -169,12 +169,12 @@ inline float row_softmax(float* s, int64_t jn, float scale, float m_old, float* 
   float lane[16];
   _mm512_storeu_ps(lane, vmax);
   const float mx = std::max(m_old, *std::max_element(lane, lane + 16));
-  const __m512 mv = _mm512_set1_ps(mx), tiny = _mm512_set1_ps(kTinyProb);
+  const __m512 mv = _mm512_set1_ps(mx);
   __m512 lanes = _mm512_setzero_ps();
   for (int64_t v = 0; v < nv; ++v) {
     const __mmask16 mk = first_lanes(jn - 16 * v);
-    const __m512 x = expf_fast_v(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), mv));
-    const __m512 e = _mm512_maskz_mov_ps(mk & _mm512_cmp_ps_mask(x, tiny, _CMP_NLT_UQ), x);
+    const __m512 e = _mm512_maskz_mov_ps(
+        mk, apply_post(flush, expf_fast_v(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), mv))));
     _mm512_storeu_ps(s + 16 * v, e);
     lanes = _mm512_add_ps(lanes, e);
   }
@@ -200,8 +200,8 @@ inline float row_softmax(float* s, int64_t jn, float scale, float m_old, float* 
   __m256 lanes[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int64_t v = 0; v < nv; ++v) {
     const __m256 keep = _mm256_castsi256_ps(first_lanes8(jn - 8 * v));
-    const __m256 e = _mm256_and_ps(
-        keep, apply_post(FlushBelow{kTinyProb}, expf_fast_v8(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * v), mv))));
+    const __m256 e =
+        _mm256_and_ps(keep, apply_post(flush, expf_fast_v8(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * v), mv))));
     _mm256_storeu_ps(s + 8 * v, e);
     lanes[v % 2] = _mm256_add_ps(lanes[v % 2], e);
   }
@@ -212,7 +212,7 @@ inline float row_softmax(float* s, int64_t jn, float scale, float m_old, float* 
 #else
   for (int64_t j = 0; j < jn; ++j) s[j] *= scale;
   const float mx = std::max(m_old, maxf(s, jn));  // 16 lanes: a scalar max chain does not vectorize
-  *sum = exp_store_sum(s, s, jn, mx, nullptr, FlushBelow{kTinyProb});
+  *sum = exp_store_sum(s, s, jn, mx, nullptr, flush);
   std::fill(s + jn, s + (jn + 15) / 16 * 16, 0.0f);
   return mx;
 #endif
@@ -383,7 +383,7 @@ void attention_decode(float* out, const float* q, const float* kc, const float* 
         s[j] = dotf(qi, kb_ + (j * nkv + hk) * hd, hd) * scale;
         mx = std::max(mx, s[j]);
       }
-      const float sum = exp_store_sum(s.data(), s.data(), S, mx, nullptr, FlushBelow{kTinyProb});
+      const float sum = exp_store_sum(s.data(), s.data(), S, mx, nullptr, flush);
       float* o = out + bh * hd;
       std::fill_n(o, hd, 0.0f);
       for (int64_t j = 0; j < S; ++j) axpyf(o, s[j], vb_ + (j * nkv + hk) * hd, hd);

@@ -485,6 +485,16 @@ struct FlushBelow {
   float tiny;
   float operator()(float v) const { return v < tiny ? 0.0f : v; }
 };
+// The probability below which the softmax kernels (the loss and the fused head, attention) store
+// exact 0 through FlushBelow: far below float's resolution of any sum such a term enters, and it
+// keeps their products with values and gradients clear of subnormals, which x86 runs through
+// microcode assists (docs/CONTRIBUTING.md, "Adding an op").
+constexpr float kTinyProbability = 0x1p-100f;
+#if defined(__AVX512F__)
+inline __m512 apply_post(FlushBelow f, __m512 v) {
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, _mm512_set1_ps(f.tiny), _CMP_NLT_UQ), v);
+}
+#endif
 #if ZAYA_AVX2
 inline __m256 apply_post(Identity, __m256 v) { return v; }
 inline __m256 apply_post(FlushBelow f, __m256 v) {

@@ -200,7 +200,7 @@ template <int NV>
 __attribute__((always_inline)) inline void block_exp(__m512 (&acc)[8][kStripsPerBlock], float* e,
                                                      int64_t strip, int64_t rows, __mmask16 last_cols,
                                                      float tiny, bool stream, float* bmax, float* bsum) {
-  const __m512 tiny_v = _mm512_set1_ps(tiny);
+  const FlushBelow flush{tiny};
   __m512 rowv[8];
   for (int i = 0; i < 8; ++i) {
     acc[i][NV - 1] = _mm512_mask_blend_ps(last_cols, _mm512_set1_ps(-INFINITY), acc[i][NV - 1]);
@@ -213,7 +213,7 @@ __attribute__((always_inline)) inline void block_exp(__m512 (&acc)[8][kStripsPer
     __m512 sum = _mm512_setzero_ps();
     for (int v = 0; v < NV; ++v) {
       __m512 x = expf_nonpositive_v(_mm512_sub_ps(acc[i][v], mb));
-      x = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, tiny_v, _CMP_NLT_UQ), x);  // below tiny → 0, NaN kept
+      x = apply_post(flush, x);                // below tiny → 0, NaN kept
       if (i >= rows) x = _mm512_setzero_ps();  // padded rows: 0, for the products that read them
       if (stream)
         _mm512_stream_ps(e + v * strip + i * 16, x);
@@ -326,16 +326,15 @@ namespace {
 // below float's normal range, in the scaling and in the GEMM's FMAs, which x86 runs through
 // microcode assists (a random-weights head, logits spread over ±100, took 4× as long;
 // docs/results/ops-cpu.md, "Fused LM-head cross-entropy: denormals").
-inline __m512 scaled_flushed(__m512 e, __m512 c, __m512 tiny) {
-  const __m512 p = _mm512_mul_ps(e, c);
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(p, tiny, _CMP_NLT_UQ), p);  // below tiny → 0, NaN kept
+inline __m512 scaled_flushed(__m512 e, __m512 c, FlushBelow flush) {
+  return apply_post(flush, _mm512_mul_ps(e, c));
 }
 
 }  // namespace
 
 void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float* h, const float* r,
                               const float* E, int64_t n, int64_t hd, int64_t vocab, float tiny) {
-  const __m512 tiny_v = _mm512_set1_ps(tiny);
+  const FlushBelow flush{tiny};
   const int64_t n16 = round16(n), v16 = round16(vocab), strips = v16 / 16, panels = round16(hd) / 16;
   const int64_t strip = strip_stride(n), rstride = n16 * 16;
   // k-major panels of the two right operands, 16 columns of hd each (0 past hd, n or V):
@@ -367,7 +366,7 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
           const float* cs = scale + (s / kStripsPerBlock) * n16 + t0;
           for (int64_t k = 0; k < kt; ++k)
             _mm512_store_ps(es + k * 16,
-                            scaled_flushed(_mm512_loadu_ps(es_src + k * 16), _mm512_set1_ps(cs[k]), tiny_v));
+                            scaled_flushed(_mm512_loadu_ps(es_src + k * 16), _mm512_set1_ps(cs[k]), flush));
           for (int64_t p = 0; p < panels; ++p) {
             tile_panels(tile, es, rh + p * rstride + t0 * 16, kt);
             const __mmask16 cols = first_n(hd - p * 16);
@@ -392,7 +391,7 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
           const __m512 c = _mm512_loadu_ps(scale + ((v0 / 16 + s) / kStripsPerBlock) * n16 + b * 16);
           for (int64_t k = 0; k < 16; ++k)
             _mm512_store_ps(at + s * 256 + k * 16,
-                            scaled_flushed(_mm512_load_ps(at + s * 256 + k * 16), c, tiny_v));
+                            scaled_flushed(_mm512_load_ps(at + s * 256 + k * 16), c, flush));
         }
         for (int64_t p = 0; p < panels; ++p) {
           tile_panels(tile, at, ep + p * v16 * 16 + v0 * 16, kv);
