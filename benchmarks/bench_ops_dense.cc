@@ -86,6 +86,16 @@ void BM_gelu_forward(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * rows * kCols);
 }
 
+// Args: rows, and a shift added to the unit-normal inputs (0, or −30: the far tail, where the normal
+// pdf φ in the gradient would be subnormal without the kernel's cut).
+void BM_gelu_backward(benchmark::State& state) {
+  const int64_t rows = state.range(0);
+  Tensor x = randn({rows, kCols}, 1), dy = randn({rows, kCols}, 2), dx = out({rows, kCols});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += static_cast<float>(state.range(1));
+  for (auto _ : state) ops::gelu_backward(dy, x, dx);
+  set_bytes(state, 3 * rows * kCols * 4);  // dy, x in; dx out
+}
+
 // Arg 0: unit-normal gates; arg 1: gates shifted by −100 (a token with a massive activation: the
 // far tail where σ would be subnormal).
 Tensor swiglu_input(int64_t shift) {
@@ -182,6 +192,11 @@ BENCHMARK(BM_residual_scale_forward)->Unit(benchmark::kMillisecond)->UseRealTime
 BENCHMARK(BM_residual_scale_backward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_silu_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_gelu_forward)->Arg(kRows)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_gelu_backward)
+    ->Args({kRows, 0})
+    ->Args({kRows, -30})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_swiglu_forward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_swiglu_backward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_softmax_forward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();

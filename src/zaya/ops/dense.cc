@@ -402,7 +402,7 @@ namespace {
 // with x < −88 (expf_fast saturates at ~1.7e38) came out below float's normal range, and x86 runs
 // such operations through microcode assists. SwiGLU with gate pre-activations near −100 (a token
 // with a massive activation in one channel) ran 10× slower forward and 12× backward, GELU's
-// backward at −30 3.3× (docs/results/ops-cpu.md, "Activations: subnormal tails").
+// backward at −30 ~6× (docs/results/ops-cpu.md, "Activations: subnormal tails").
 constexpr float kTail = -80.0f;
 // expf_fast (vectorizable; libm's expf is a scalar call) — SwiGLU runs over every expert row.
 inline float sigmoid(float x) {

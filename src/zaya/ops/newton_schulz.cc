@@ -119,8 +119,9 @@ int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch,
 // X₀·a^steps to rounding, and it is computed so. Such a matrix arises when a gradient is all but 0
 // for many steps (an expert no token reaches: Muon's momentum decays by β every step), and running
 // the GEMMs on it was the slow part: A·A's products fall below float's normal range, which x86
-// runs through microcode assists (a [256, 1024] matrix of entries ~1e-20 took 127 ms instead of
-// 6.8, of ~1e-30 512 ms; docs/results/ops-cpu.md, "Muon: a decayed momentum").
+// runs through microcode assists (in f32 compute the demo's gate_up stack of 8 [1024, 256]
+// matrices with one at ~1e-20 took 318 instead of ~71 ms: BM_newton_schulz/8/1024/256/1/1;
+// docs/results/ops-cpu.md, "Muon: a decayed momentum").
 constexpr double kLinearNorm = 1e-4;
 
 void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps,

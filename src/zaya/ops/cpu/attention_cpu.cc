@@ -34,8 +34,9 @@ constexpr int64_t kChunkLd = kChunk + 16;
 // softmax. Peaky attention (a row's scores spread over more than ~70) otherwise gives values near
 // float's smallest normal (expf_fast floors at ~1.6e-38), and their products with values and
 // gradients in the tile products fall below the normal range, which x86 runs through microcode
-// assists: at the demo's shape, scores spread ×30 made the backward 10× slower and ×100 the forward
-// 10× and the backward 24× (docs/results/ops-cpu.md, "Attention: denormals"). A dropped term is
+// assists: at the demo's shape, q scaled ×30 made the backward ~12× slower and ×100 the forward
+// ~10× and the backward ~30× (bench_ops_attention's q-scale arg; docs/results/ops-cpu.md,
+// "Attention: denormals"). A dropped term is
 // < 2^-100 of the row's largest, far below float's resolution of the sums it would enter.
 constexpr FlushBelow flush{kTinyProbability};
 
