@@ -4,12 +4,15 @@
 # CI machines have no GPU, so the CUDA tests skip there. This script runs them where a GPU is:
 #
 #   scripts/gpu_check.sh pack          on the build machine: bundles build/cuda's test_core,
-#                                      test_bench and zaya binaries with the shared libraries a bare
-#                                      CUDA image lacks, into build/gpu_check/
+#                                      test_bench, test_dist and zaya binaries with the shared
+#                                      libraries a bare CUDA image lacks (Open MPI's plugins and
+#                                      help texts among them), into build/gpu_check/
 #   scripts/gpu_check.sh run [OUTDIR]  on the GPU machine: unpacks them and runs the CUDA
-#                                      tests, `zaya sysinfo`, and `zaya bench gemm --backend
-#                                      cuda` over ZAYA1-base's training GEMMs (bf16 and f32);
-#                                      logs and the hardware profile go to OUTDIR
+#                                      tests, the NCCL backend's tests and `zaya bench collectives
+#                                      --backend nccl` (a world of one: MPI as a singleton),
+#                                      `zaya sysinfo`, and `zaya bench gemm --backend cuda` over
+#                                      ZAYA1-base's training GEMMs (bf16 and f32); logs and the
+#                                      hardware profile go to OUTDIR
 #   scripts/gpu_check.sh model-vs-hf THREADS ROUNDS [OUTDIR]
 #                                      on the GPU machine: benchmarks/model_vs_hf.py on its
 #                                      CPU (a second machine for issue #4's ratio),
@@ -31,13 +34,20 @@ cpu_flags() { grep -o -w -e avx512f -e avx512_bf16 -e amx_tile /proc/cpuinfo | s
 
 case "${1:-}" in
 pack)
-  for f in build/cuda/zaya build/cuda/tests/test_core build/cuda/tests/test_bench; do
+  bins=(build/cuda/zaya build/cuda/tests/test_core build/cuda/tests/test_bench build/cuda/tests/test_dist)
+  for f in "${bins[@]}"; do
     [[ -x "$f" ]] || { echo "gpu_check: $f is missing: build the CUDA preset first (cmake --preset cuda && cmake --build build/cuda)" >&2; exit 1; }
   done
   rm -rf "$pack_dir" && mkdir -p "$pack_dir/libs"
-  cp build/cuda/tests/test_core build/cuda/tests/test_bench build/cuda/zaya "$pack_dir/"
-  # Everything zaya links except glibc, libstdc++ and CUDA's own libraries (the image has those).
-  ldd build/cuda/zaya build/cuda/tests/test_core build/cuda/tests/test_bench | awk '$3 ~ /^\// {print $3}' | sort -u |
+  cp "${bins[@]}" "$pack_dir/"
+  # Open MPI loads its components (ess, pml, btl, ...) as plugins from its own folder and its error
+  # texts from a data folder; `run` points it at these copies (the image has no MPI).
+  mpi_plugins=$(ompi_info --path libdir --parsable | sed -n 's/^path:libdir://p')/openmpi3
+  [[ -d "$mpi_plugins" ]] || { echo "gpu_check: no Open MPI plugin folder at $mpi_plugins" >&2; exit 1; }
+  mkdir -p "$pack_dir/libs/openmpi" && cp -L "$mpi_plugins"/*.so "$pack_dir/libs/openmpi/"
+  cp -rL "$(ompi_info --path pkgdatadir --parsable | sed -n 's/^path:pkgdatadir://p')" "$pack_dir/libs/openmpi-data"
+  # Everything these link except glibc, libstdc++ and CUDA's own libraries (the image has those).
+  ldd "${bins[@]}" "$pack_dir"/libs/openmpi/*.so | awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -v -e '/cuda' -e '/libc\.so' -e '/libm\.so' -e '/libdl\.so' -e '/libpthread\.so' \
       -e '/librt\.so' -e '/libstdc++' -e '/libgcc_s' |
     while read -r lib; do cp -L "$lib" "$pack_dir/libs/"; done
@@ -59,11 +69,20 @@ run)
   status=0
   "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:Philox.*:Tensor.*' 2>&1 | tee "$out/tests.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
+  # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon), its plugins and
+  # texts from the pack.
+  export OMPI_MCA_mca_base_component_path="$PWD/$pack_dir/libs/openmpi" OPAL_PKGDATADIR="$PWD/$pack_dir/libs/openmpi-data"
+  export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  "$pack_dir/test_dist" --gtest_filter='NcclWorld.*:MpiWorldOfOne.*:LocalCommunicator.*' 2>&1 | tee -a "$out/tests.txt" || status=1
+  for dtype in float bfloat16; do  # one file for both: the device tool brings back 8 files at most
+    "$pack_dir/zaya" bench collectives --backend nccl --op all --dtype "$dtype" -b 8 -e 1G -f 8 -n 20 -w 5 \
+      2>&1 | tee -a "$out/nccl.txt" || status=1
+  done
   "$pack_dir/zaya" sysinfo 2>&1 | tee "$out/sysinfo.txt" || status=1
   for dtype in bf16 f32; do
     "$pack_dir/zaya" bench gemm --backend cuda --dtype "$dtype" --shapes model:configs/zaya1-base.toml \
       --ref-dim 8192 -w 3 -n 20 --name "h100-cublaslt-$dtype" --out "$out/profile-$dtype.json" 2>&1 |
-      tee "$out/gemm-$dtype.txt" || status=1
+      tee -a "$out/gemm.txt" || status=1
   done
   exit $status
   ;;
