@@ -13,6 +13,8 @@
 #                                      `zaya sysinfo`, and `zaya bench gemm --backend cuda` over
 #                                      ZAYA1-base's training GEMMs (bf16 and f32); logs and the
 #                                      hardware profile go to OUTDIR
+#   scripts/gpu_check.sh tests [OUTDIR]
+#                                      the same without sysinfo and the GEMM tables
 #   scripts/gpu_check.sh model-vs-hf THREADS ROUNDS [OUTDIR]
 #                                      on the GPU machine: benchmarks/model_vs_hf.py on its
 #                                      CPU (a second machine for issue #4's ratio),
@@ -55,12 +57,12 @@ pack)
   tar -C "$pack_dir" -cJf "$pack_dir/libs.tar.xz" libs && rm -rf "$pack_dir/libs"
   du -sh "$pack_dir"
   ;;
-run | model-vs-hf)
+run | tests | model-vs-hf)
   [[ -f "$pack_dir/libs.tar.xz" ]] || { echo "gpu_check: no $pack_dir/libs.tar.xz: run '$0 pack' where the CUDA build is, and carry $pack_dir" >&2; exit 1; }
   [[ -d "$pack_dir/libs" ]] || tar -C "$pack_dir" -xJf "$pack_dir/libs.tar.xz"
   export LD_LIBRARY_PATH="$PWD/$pack_dir/libs:${LD_LIBRARY_PATH:-}"
   ;;&
-run)
+run | tests)
   out="${2:-${OUT:-/tmp/gpu_check}}"
   mkdir -p "$out"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/nvidia-smi.txt"
@@ -70,14 +72,23 @@ run)
   "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:Philox.*:Tensor.*' 2>&1 | tee "$out/tests.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon), its plugins and
-  # texts from the pack.
+  # texts from the pack. One process per test, as ctest runs them: MPI cannot start again in a
+  # process that finalized it.
   export OMPI_MCA_mca_base_component_path="$PWD/$pack_dir/libs/openmpi" OPAL_PKGDATADIR="$PWD/$pack_dir/libs/openmpi-data"
   export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  "$pack_dir/test_dist" --gtest_filter='NcclWorld.*:MpiWorldOfOne.*:LocalCommunicator.*' 2>&1 | tee -a "$out/tests.txt" || status=1
+  for t in LocalCommunicator.IsAWorldOfOneThatCopies MpiWorldOfOne.SingletonRunsEveryOperation \
+    NcclWorld.EveryOperationOnDeviceBuffers; do
+    "$pack_dir/test_dist" --gtest_filter="$t" 2>&1 | tee -a "$out/tests.txt" || status=1
+  done
   for dtype in float bfloat16; do  # one file for both: the device tool brings back 8 files at most
     "$pack_dir/zaya" bench collectives --backend nccl --op all --dtype "$dtype" -b 8 -e 1G -f 8 -n 20 -w 5 \
       2>&1 | tee -a "$out/nccl.txt" || status=1
   done
+  ;;&
+tests)
+  exit $status
+  ;;
+run)
   "$pack_dir/zaya" sysinfo 2>&1 | tee "$out/sysinfo.txt" || status=1
   for dtype in bf16 f32; do
     "$pack_dir/zaya" bench gemm --backend cuda --dtype "$dtype" --shapes model:configs/zaya1-base.toml \
@@ -104,7 +115,7 @@ model-vs-hf)
     --batch 8 --seq 256 --sections 2>&1 | tee -a "$out/model_vs_hf-t$threads.txt"
   ;;
 *)
-  echo "usage: $0 pack | run [OUTDIR] | model-vs-hf THREADS ROUNDS [OUTDIR]" >&2
+  echo "usage: $0 pack | run [OUTDIR] | tests [OUTDIR] | model-vs-hf THREADS ROUNDS [OUTDIR]" >&2
   exit 2
   ;;
 esac

@@ -28,8 +28,10 @@ std::vector<DeviceInfo> devices();
 
 void* malloc_device(size_t bytes);
 void free_device(void* ptr);
+// memset_device and copy are complete when they return, also for work that follows on other
+// (non-blocking) streams.
 void memset_device(void* ptr, int value, size_t bytes);
-// Copies between any pair of host/device pointers (synchronous).
+// Copies between any pair of host/device pointers.
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 void synchronize();
 
