@@ -158,9 +158,15 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
                   total > 0 ? 100.0 * r.seconds / total : 0.0, 1e3 * r.gemm_seconds / n,
                   1e3 * (r.seconds - r.gemm_seconds) / n);
   }
-  std::printf("bench: activation arena %.1f MiB (saved per token per layer %.0f B; formula %lld B)\n",
-              static_cast<double>(m.activation_bytes()) / (1 << 20), m.saved_bytes_per_token_per_layer(),
-              static_cast<long long>(model::activation_bytes_per_token_per_layer(m.config(), 4)));
+  // The formula (docs/model.md) counts the layer input too, which the model keeps outside the
+  // layer's saved block.
+  const double saved = m.saved_bytes_per_token_per_layer();
+  const double layer_input = 4.0 * static_cast<double>(m.config().hidden_size);
+  std::printf(
+      "bench: activation arena %.1f MiB (saved per token per layer %.0f B + layer input %.0f B = %.0f B; "
+      "formula %lld B)\n",
+      static_cast<double>(m.activation_bytes()) / (1 << 20), saved, layer_input, saved + layer_input,
+      static_cast<long long>(model::activation_bytes_per_token_per_layer(m.config(), 4)));
 }
 
 int run_forward(const ForwardArgs& a) {
