@@ -12,6 +12,7 @@
 #include "zaya/core/threads.h"
 #include "zaya/model/params.h"
 #include "zaya/model/zaya_model.h"
+#include "zaya/ops/gemm.h"
 
 namespace zaya::model {
 namespace {
@@ -170,6 +171,48 @@ TEST(ZayaModel, DeterministicAcrossRunsAndThreadCounts) {
   EXPECT_EQ(l1, l3);
   EXPECT_EQ(0, std::memcmp(g1.data(), g2.data(), g1.size() * 4));
   EXPECT_EQ(0, std::memcmp(g1.data(), g3.data(), g1.size() * 4));
+}
+
+// The experts' fused way (one task per expert) and grouped way (one pass per step over all
+// experts) run the same one-thread GEMMs on the same rows: same loss, same gradient bits. The
+// GEMM shape profile shows which way ran, so the test fails if the fused way never did.
+TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
+  ModelConfig c = tiny();
+  c.num_experts = 4;
+  c.hidden_size = 32;
+  c.moe_intermediate_size = 24;
+  const int64_t B = 4, T = 32;
+  Batch b = make_batch(c, B, T, 5);
+  auto run = [&](int threads, bool fused, std::vector<float>& grads, bool& ran_fused) {
+    set_num_threads(threads);
+    ZayaModel m(c, B, T);
+    m.init(33);  // the documented init: its router spreads tokens over the experts
+    m.set_fused_experts(fused);
+    ops::gemm_time_reset();
+    ops::gemm_profile_shapes(true);
+    double loss = m.forward(b.tid, b.ttg);
+    m.backward();
+    ops::gemm_profile_shapes(false);
+    int fused_rows = 0;
+    for (const ops::GemmShapeTime& r : ops::gemm_shape_times())
+      fused_rows += r.shape.find("fused experts") != std::string::npos;
+    ran_fused = fused_rows == 2;  // the forward's and the backward's
+    grads.assign(m.grads_flat().data<float>(), m.grads_flat().data<float>() + m.grads_flat().numel());
+    return loss;
+  };
+  const int saved = num_threads();
+  std::vector<float> g_fused, g_grouped, g_one;
+  bool f1 = false, f2 = true, f3 = true;
+  const double l_fused = run(2, true, g_fused, f1), l_grouped = run(2, false, g_grouped, f2),
+               l_one = run(1, true, g_one, f3);
+  set_num_threads(saved);
+  ASSERT_TRUE(f1) << "the fused way did not run on 2 threads (its plan rejected this routing)";
+  EXPECT_FALSE(f2);
+  EXPECT_FALSE(f3);  // one thread: the grouped way
+  EXPECT_EQ(l_fused, l_grouped);
+  EXPECT_EQ(l_fused, l_one);
+  EXPECT_EQ(0, std::memcmp(g_fused.data(), g_grouped.data(), g_fused.size() * 4));
+  EXPECT_EQ(0, std::memcmp(g_fused.data(), g_one.data(), g_fused.size() * 4));
 }
 
 TEST(ZayaModel, InitIsSeededPerParameterAndFollowsSpecs) {

@@ -109,7 +109,7 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   // --- experts: grouped by expert, dropless ----------------------------------------------
   clock.part("forward: experts, residual");
   t.M = ops::moe_plan(t.counts, t.offsets, t.pos, t.src, t.choice, N, E);
-  if (t.M > 0) {
+  if (t.M > 0 && !expert_forward_fused(l)) {
     ops::moe_gather(t.xp, t.w, t.src, t.M, N, H);
     expert_forward(l);
   }
@@ -137,7 +137,7 @@ void ZayaModel::layer_backward(int l) {
   ops::residual_scale_backward(s.dxa, t.m, t.x_mid, p.rs_mlp, s.dm, s.dxmid, g.rs_mlp);
   // m = weight · y[pos]
   ops::moe_unpermute_backward(s.dy, s.dweight, s.dm, t.y, t.weight, t.pos, t.M, N, H);
-  if (t.M > 0) expert_backward(l);
+  if (t.M > 0 && !expert_backward_fused(l)) expert_backward(l);
   ops::moe_gather_backward(s.dw, s.dxp, t.pos, t.M, N, H);  // xp = w[src]
 
   // Router: weight = p_choice, p = softmax(out_proj(GELU(fc2(GELU(fc1(RMSNorm_R(r))))))).
@@ -177,72 +177,6 @@ void ZayaModel::layer_backward(int l) {
                        /*accumulate_dx=*/true);
   ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dxb, g.w_in, /*accumulate_dx=*/true);  // + the residual path
   std::swap(s.dxa, s.dxb);  // s.dxa = dL/dx_in
-}
-
-// Experts of layer l on its M routed rows (t.xp gathered, grouped by expert via t.offsets):
-//   gu_e = xp_e · W_gu[e]ᵀ (gate rows first);  act = SiLU(g) ⊙ v;  y_e = act_e · W_d[e]ᵀ.
-// On the bf16 path the GEMM inputs are bf16 copies (xp16, act16, refreshed weight copies).
-void ZayaModel::expert_forward(int l) {
-  LayerActs& t = acts_[l];
-  const LayerParams& p = lp_[l];
-  const bool b16 = gemm_dtype_ == DType::bf16;
-  const int64_t E = cfg_.num_experts, M = t.M;
-  const int32_t* off = t.offsets.data<int32_t>();
-  if (b16) ops::cast_to_bf16(t.xp.slice(0, M), t.xp16.slice(0, M));
-  const Tensor& xp = b16 ? t.xp16 : t.xp;
-  const Tensor& wgu = b16 ? w_gu16_[l] : p.w_gu;
-  const Tensor& wd = b16 ? w_d16_[l] : p.w_d;
-  problems_.clear();
-  for (int64_t e = 0; e < E; ++e)
-    if (off[e + 1] > off[e])
-      problems_.push_back({xp.slice(off[e], off[e + 1]), wgu.select(e), t.gu.slice(off[e], off[e + 1])});
-  ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
-  ops::swiglu_forward(t.gu.slice(0, M), t.act.slice(0, M));
-  if (b16) ops::cast_to_bf16(t.act.slice(0, M), t.act16.slice(0, M));
-  const Tensor& act = b16 ? t.act16 : t.act;
-  problems_.clear();
-  for (int64_t e = 0; e < E; ++e)
-    if (off[e + 1] > off[e])
-      problems_.push_back({act.slice(off[e], off[e + 1]), wd.select(e), t.y.slice(off[e], off[e + 1])});
-  ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
-}
-
-// In: s.dy (dL/dy, permuted rows). Out: s.dxp; dW_d, dW_gu accumulated.
-void ZayaModel::expert_backward(int l) {
-  LayerActs& t = acts_[l];
-  ScratchActs& s = *scratch_;
-  const LayerParams& p = lp_[l];
-  LayerParams& g = lg_[l];
-  const bool b16 = gemm_dtype_ == DType::bf16;
-  const int64_t E = cfg_.num_experts, M = t.M;
-  const int32_t* off = t.offsets.data<int32_t>();
-  if (b16) ops::cast_to_bf16(s.dy.slice(0, M), s.dy16.slice(0, M));
-  const Tensor& dy = b16 ? s.dy16 : s.dy;
-  const Tensor& act = b16 ? t.act16 : t.act;
-  const Tensor& xp = b16 ? t.xp16 : t.xp;
-  const Tensor& wgu = b16 ? w_gu16_[l] : p.w_gu;
-  const Tensor& wd = b16 ? w_d16_[l] : p.w_d;
-  // Backward of every expert's linear y_e = x_e · W[e]ᵀ (experts with no tokens skipped):
-  // dx_e = dy_e · W[e] (written), dW[e] += dy_eᵀ · x_e.
-  auto expert_linear_backward = [&](const Tensor& dY, const Tensor& W, const Tensor& X, const Tensor& dX,
-                                    const Tensor& dW) {
-    problems_.clear();
-    for (int64_t e = 0; e < E; ++e)
-      if (off[e + 1] > off[e]) problems_.push_back({dY.slice(off[e], off[e + 1]), W.select(e), dX.slice(off[e], off[e + 1])});
-    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::N);
-    problems_.clear();
-    for (int64_t e = 0; e < E; ++e)
-      if (off[e + 1] > off[e]) problems_.push_back({dY.slice(off[e], off[e + 1]), X.slice(off[e], off[e + 1]), dW.select(e)});
-    ops::gemm_grouped(problems_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
-  };
-  // y_e = act_e · W_d[e]ᵀ
-  expert_linear_backward(dy, wd, act, s.dact, g.w_d);
-  // act = SiLU(g) ⊙ v
-  ops::swiglu_backward(s.dact.slice(0, M), t.gu.slice(0, M), s.dgu.slice(0, M));
-  if (b16) ops::cast_to_bf16(s.dgu.slice(0, M), s.dgu16.slice(0, M));
-  const Tensor& dgu = b16 ? s.dgu16 : s.dgu;
-  // gu_e = xp_e · W_gu[e]ᵀ
-  expert_linear_backward(dgu, wgu, xp, s.dxp, g.w_gu);
 }
 
 std::vector<RouterStats> ZayaModel::router_stats() const {

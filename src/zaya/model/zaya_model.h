@@ -60,6 +60,11 @@ class ZayaModel {
   void set_gemm_dtype(DType dtype);
   DType gemm_dtype() const { return gemm_dtype_; }
 
+  // The experts' two ways (zaya_experts.cc): fused, one task per expert (default; taken in f32
+  // for small expert weights when the threads stay even), or grouped, one pass per step over every
+  // expert. Both give the same bits; the switch is for tests and A/B benchmarks.
+  void set_fused_experts(bool on);
+
   // Deterministic init from `seed` following each ParamSpec's init; each parameter draws from its
   // own Philox stream keyed by (seed, hash of its HF name), so adding or reordering parameters
   // does not change the others. Balancing biases are reset to 0 (skip class −1).
@@ -129,6 +134,9 @@ class ZayaModel {
   ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
   void expert_forward(int l);
   void expert_backward(int l);
+  bool plan_fused_experts(int l, int threads);
+  bool expert_forward_fused(int l);
+  bool expert_backward_fused(int l);
   friend class SectionClock;
 
   ModelConfig cfg_;
@@ -144,6 +152,8 @@ class ZayaModel {
   std::vector<LayerActs> acts_;
   std::vector<LayerParams> lp_, lg_;  // parameter and gradient views per layer
   std::vector<ops::GemmProblem> problems_;  // reused by the expert GEMMs (no per-step allocation)
+  bool fused_experts_ = true;
+  std::vector<int64_t> expert_order_, thread_load_;  // the fused experts' plan (reused)
   std::unique_ptr<ScratchActs> scratch_;
   size_t saved_per_layer_ = 0;
   bool have_backward_ = false;

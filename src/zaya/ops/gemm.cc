@@ -719,7 +719,7 @@ Tensor widen_bf16(const Tensor& x, int slot) {
 //    primitive), and every bf16 one on a CPU whose oneDNN has no AMX use a runtime-K one.
 // Every choice depends only on the problem's shape, so results stay deterministic.
 constexpr int64_t kRowBlock = 32;
-constexpr int64_t kLargeWeight = int64_t{1} << 20;
+constexpr int64_t kLargeWeight = kGroupedLargeWeight;
 
 // The two bf16 fixed-shape ways (row blocks, zero-padded K) exist because on AMX CPUs oneDNN 2.6
 // runs a fixed-shape bf16 primitive on AMX and the runtime-dims jit GEMM without it. Where its
@@ -1308,6 +1308,21 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   for (size_t j = 0; j < todo.size(); ++j)
     run_grouped_problem(problems, todo[j], dims[todo[j]], ta, tb, alpha, beta, threads,
                         j + 1 < todo.size() && todo[j + 1] == todo[j] + 1);
+}
+
+void gemm_grouped_on_this_thread(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha,
+                                 float beta) {
+  for (size_t i = 0; i < problems.size(); ++i) {
+    GemmProblem& p = problems[i];
+    const Dims d = check_problem(p.A, ta, p.B, tb, p.C);
+    ZAYA_CHECK(p.A.dtype() == DType::f32,
+               "gemm_grouped_on_this_thread: f32 operands only (bf16 grouped calls go through gemm_grouped)");
+    if (trivial(d, p.C, beta)) continue;
+    if (threads_change_bits())
+      run_grouped_pieces(p, d, ta, tb, alpha, beta, 1);
+    else
+      run_grouped_problem(problems, i, d, ta, tb, alpha, beta, 1, false);
+  }
 }
 
 void gemm_use_amx(bool on) { g_amx_enabled = on; }

@@ -35,6 +35,19 @@ struct GemmProblem {
 void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha = 1.0f,
                   float beta = 0.0f);
 
+// Expert weights of at least this many elements (N·K of x·Wᵀ) count as large: grouped calls run
+// them one after another on all threads (they fit no core's L2 either way), small ones side by
+// side, one whole GEMM per thread (docs/ops-gemm.md).
+inline constexpr int64_t kGroupedLargeWeight = int64_t{1} << 20;
+
+// f32 problems one after another on the calling thread, each through the one-thread path a
+// side-by-side grouped call gives it: the same bits as gemm_grouped there, and on any thread
+// count. For callers that run their own parallel loop over experts (the model's fused expert
+// pipeline, docs/model.md). Not added to the GEMM time counters, since calls on several threads
+// overlap: such a caller records its loop with gemm_time_record.
+void gemm_grouped_on_this_thread(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha = 1.0f,
+                                 float beta = 0.0f);
+
 // bf16 grouped calls run on zaya's own AMX kernel where the CPU has AMX-BF16 and the call fits it
 // (alpha 1, beta 0 or 1, the weight's N a multiple of 16, K a multiple of 32 for x·Wᵀ and dy·W);
 // otherwise, and with this set off, through oneDNN as above. On by default; the switch is for

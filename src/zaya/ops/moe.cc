@@ -1,6 +1,7 @@
 // Argument checks and dispatch for MoE routing and permutation (kernels in cpu/moe_cpu.cc).
 #include "zaya/ops/moe.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <tuple>
 
@@ -76,6 +77,23 @@ void moe_gather(Tensor& xp, const Tensor& x, const Tensor& src, int64_t M, int64
   seq::require_cpu_i32(op, "src", src);
   check_shape(str(op, ": src"), src, Shape{N});
   cpu::moe_gather(xp.data<float>(), x.data<float>(), src.data<int32_t>(), M, H);
+}
+
+void moe_gather_rows(Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1, int64_t N,
+                     int64_t H) {
+  constexpr std::string_view op = "moe_gather_rows";
+  ZAYA_CHECK(0 <= r0 && r0 <= r1 && r1 <= N, op, ": rows [", r0, ", ", r1, ") out of range for N = ", N);
+  check_nh(op, r1, N, H);
+  seq::require_n_rows(op, "x", x, N, H);
+  check_permuted(op, "xp", xp, r1, H);
+  seq::require_cpu_i32(op, "src", src);
+  check_shape(str(op, ": src"), src, Shape{N});
+  const int32_t* s = src.data<int32_t>();
+  for (int64_t r = r0; r < r1; ++r)
+    ZAYA_CHECK(s[r] >= 0 && s[r] < N, op, ": src[", r, "] = ", s[r], " is not a token of 0..", N - 1);
+  const float* xv = x.data<float>();
+  float* out = xp.data<float>();
+  for (int64_t r = r0; r < r1; ++r) std::copy_n(xv + static_cast<int64_t>(s[r]) * H, H, out + r * H);
 }
 
 void moe_gather_backward(Tensor& dx, const Tensor& dxp, const Tensor& pos, int64_t M, int64_t N, int64_t H) {

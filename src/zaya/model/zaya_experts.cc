@@ -1,0 +1,234 @@
+// The experts of one layer, forward and backward (DESIGN.md, "Experts"): on the M routed rows
+// (t.xp, gathered and grouped by expert via t.offsets),
+//   gu_e = xp_e · W_gu[e]ᵀ (gate rows first);  act = SiLU(g) ⊙ v;  y_e = act_e · W_d[e]ᵀ.
+//
+// Two ways to run them, with the same bits:
+//  * Grouped (expert_forward, expert_backward): each step is one pass over every expert (a
+//    grouped GEMM call, then SwiGLU over all M rows, then the next grouped call).
+//  * Fused (expert_forward_fused, expert_backward_fused): one task per expert runs all of that
+//    expert's steps, taken by the threads as they free up, so the expert's intermediates ([g; v]:
+//    1 MiB for the demo's ~256 rows) are still in the core's L2 when the next step reads them,
+//    and a layer has one parallel region instead of three to five. Each GEMM runs on one thread
+//    through the path a side-by-side grouped call gives it (ops::gemm_grouped_on_this_thread), so
+//    the results are the grouped way's. Used in f32 for experts with small weights (those the
+//    grouped calls run side by side too) when the plan keeps the threads even; the grouped way
+//    otherwise (bf16, ZAYA1's large experts, very uneven loads, one thread).
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zaya/core/threads.h"
+#include "zaya/model/model_internal.h"
+#include "zaya/model/zaya_model.h"
+#include "zaya/ops/dense.h"
+#include "zaya/ops/gemm.h"
+#include "zaya/ops/moe.h"
+
+namespace zaya::model {
+
+// The grouped way, forward. On the bf16 path the GEMM inputs are bf16 copies (xp16, act16, refreshed weight
+// copies).
+void ZayaModel::expert_forward(int l) {
+  LayerActs& t = acts_[l];
+  const LayerParams& p = lp_[l];
+  const bool b16 = gemm_dtype_ == DType::bf16;
+  const int64_t E = cfg_.num_experts, M = t.M;
+  const int32_t* off = t.offsets.data<int32_t>();
+  if (b16) ops::cast_to_bf16(t.xp.slice(0, M), t.xp16.slice(0, M));
+  const Tensor& xp = b16 ? t.xp16 : t.xp;
+  const Tensor& wgu = b16 ? w_gu16_[l] : p.w_gu;
+  const Tensor& wd = b16 ? w_d16_[l] : p.w_d;
+  problems_.clear();
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e])
+      problems_.push_back({xp.slice(off[e], off[e + 1]), wgu.select(e), t.gu.slice(off[e], off[e + 1])});
+  ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
+  ops::swiglu_forward(t.gu.slice(0, M), t.act.slice(0, M));
+  if (b16) ops::cast_to_bf16(t.act.slice(0, M), t.act16.slice(0, M));
+  const Tensor& act = b16 ? t.act16 : t.act;
+  problems_.clear();
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e])
+      problems_.push_back({act.slice(off[e], off[e + 1]), wd.select(e), t.y.slice(off[e], off[e + 1])});
+  ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
+}
+
+// In: s.dy (dL/dy, permuted rows). Out: s.dxp; dW_d, dW_gu accumulated.
+void ZayaModel::expert_backward(int l) {
+  LayerActs& t = acts_[l];
+  ScratchActs& s = *scratch_;
+  const LayerParams& p = lp_[l];
+  LayerParams& g = lg_[l];
+  const bool b16 = gemm_dtype_ == DType::bf16;
+  const int64_t E = cfg_.num_experts, M = t.M;
+  const int32_t* off = t.offsets.data<int32_t>();
+  if (b16) ops::cast_to_bf16(s.dy.slice(0, M), s.dy16.slice(0, M));
+  const Tensor& dy = b16 ? s.dy16 : s.dy;
+  const Tensor& act = b16 ? t.act16 : t.act;
+  const Tensor& xp = b16 ? t.xp16 : t.xp;
+  const Tensor& wgu = b16 ? w_gu16_[l] : p.w_gu;
+  const Tensor& wd = b16 ? w_d16_[l] : p.w_d;
+  // Backward of every expert's linear y_e = x_e · W[e]ᵀ (experts with no tokens skipped):
+  // dx_e = dy_e · W[e] (written), dW[e] += dy_eᵀ · x_e.
+  auto expert_linear_backward = [&](const Tensor& dY, const Tensor& W, const Tensor& X, const Tensor& dX,
+                                    const Tensor& dW) {
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e])
+        problems_.push_back({dY.slice(off[e], off[e + 1]), W.select(e), dX.slice(off[e], off[e + 1])});
+    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::N);
+    problems_.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e])
+        problems_.push_back({dY.slice(off[e], off[e + 1]), X.slice(off[e], off[e + 1]), dW.select(e)});
+    ops::gemm_grouped(problems_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
+  };
+  // y_e = act_e · W_d[e]ᵀ
+  expert_linear_backward(dy, wd, act, s.dact, g.w_d);
+  // act = SiLU(g) ⊙ v
+  ops::swiglu_backward(s.dact.slice(0, M), t.gu.slice(0, M), s.dgu.slice(0, M));
+  if (b16) ops::cast_to_bf16(s.dgu.slice(0, M), s.dgu16.slice(0, M));
+  const Tensor& dgu = b16 ? s.dgu16 : s.dgu;
+  // gu_e = xp_e · W_gu[e]ᵀ
+  expert_linear_backward(dgu, wgu, xp, s.dxp, g.w_gu);
+}
+
+namespace {
+
+// A fused plan leaving the busiest thread more than this above the mean load runs grouped instead:
+// the grouped calls can cut an expert into row halves, a fused task (whose weight gradient sums
+// all of its expert's rows) cannot. The same bound as the grouped calls' side-by-side plan.
+constexpr double kMaxFusedImbalance = 1.2;
+
+// Runs body(j) for j = 0..count−1 on `threads` threads, each taking the next j as it frees up.
+// The first exception is rethrown after the region (none may leave it). Returns the summed
+// thread time spent in the GEMMs (body adds to its thread's counter).
+template <class Body>
+int64_t run_expert_tasks(size_t count, int threads, Body&& body) {
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> gemm_ns{0};
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+#pragma omp parallel num_threads(threads)
+  {
+    int64_t mine = 0;
+    for (size_t j; !failed.load(std::memory_order_relaxed) && (j = next.fetch_add(1)) < count;) {
+      try {
+        body(j, mine);
+      } catch (...) {
+#pragma omp critical(zaya_expert_tasks_error)
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+    gemm_ns.fetch_add(mine, std::memory_order_relaxed);
+  }
+  if (error) std::rethrow_exception(error);
+  return gemm_ns.load();
+}
+
+// Times one GEMM call on this thread into `ns`.
+template <class F>
+void timed_gemm(int64_t& ns, F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+void ZayaModel::set_fused_experts(bool on) { fused_experts_ = on; }
+
+// Experts with tokens, largest first, into expert_order_, when the fused way applies to layer l;
+// false (grouped way) otherwise. Depends only on the shapes and the token counts.
+bool ZayaModel::plan_fused_experts(int l, int threads) {
+  const int64_t E = cfg_.num_experts, H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
+  if (!fused_experts_ || gemm_dtype_ != DType::f32 || threads < 2) return false;
+  if (2 * I * H >= ops::kGroupedLargeWeight || H * I >= ops::kGroupedLargeWeight) return false;
+  const int32_t* off = acts_[l].offsets.data<int32_t>();
+  expert_order_.clear();
+  int64_t total = 0;
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e]) {
+      expert_order_.push_back(e);
+      total += off[e + 1] - off[e];
+    }
+  if (expert_order_.size() < static_cast<size_t>(threads)) return false;
+  std::stable_sort(expert_order_.begin(), expert_order_.end(),
+                   [&](int64_t a, int64_t b) { return off[a + 1] - off[a] > off[b + 1] - off[b]; });
+  // The greedy plan the threads roughly follow (each free thread takes the next largest).
+  thread_load_.assign(static_cast<size_t>(threads), 0);
+  for (int64_t e : expert_order_)
+    *std::min_element(thread_load_.begin(), thread_load_.end()) += off[e + 1] - off[e];
+  const int64_t busiest = *std::max_element(thread_load_.begin(), thread_load_.end());
+  return static_cast<double>(busiest) <= kMaxFusedImbalance * static_cast<double>(total) / threads;
+}
+
+// Forward of layer l's experts, one task per expert: gather its rows, gate_up, SwiGLU, down.
+// Returns false (nothing done) when the grouped way should run instead.
+bool ZayaModel::expert_forward_fused(int l) {
+  const int threads = num_threads();
+  if (!plan_fused_experts(l, threads)) return false;
+  LayerActs& t = acts_[l];
+  const LayerParams& p = lp_[l];
+  const int64_t N = B_ * T_, H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
+  const int32_t* off = t.offsets.data<int32_t>();
+  const int64_t gemm_ns = run_expert_tasks(expert_order_.size(), threads, [&](size_t j, int64_t& ns) {
+    const int64_t e = expert_order_[j], r0 = off[e], r1 = off[e + 1];
+    ops::moe_gather_rows(t.xp, t.w, t.src, r0, r1, N, H);
+    ops::GemmProblem one[1] = {{t.xp.slice(r0, r1), p.w_gu.select(e), t.gu.slice(r0, r1)}};
+    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::T); });
+    ops::swiglu_forward(t.gu.slice(r0, r1), t.act.slice(r0, r1));
+    one[0] = {t.act.slice(r0, r1), p.w_d.select(e), t.y.slice(r0, r1)};
+    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::T); });
+  });
+  // The GEMMs' share of the region's wall time: their thread time over the threads.
+  ops::gemm_time_record("fused experts forward f32 (NT ?x" + std::to_string(2 * I) + "x" + std::to_string(H) +
+                            ", NT ?x" + std::to_string(H) + "x" + std::to_string(I) + ")",
+                        1e-9 * static_cast<double>(gemm_ns) / threads,
+                        2.0 * static_cast<double>(t.M) * (2 * I * H + H * I));
+  return true;
+}
+
+// Backward of layer l's experts, one task per expert: from s.dy (its rows), dact = dy·W_d and
+// dW_d += dyᵀ·act; SwiGLU's backward into dgu; dxp = dgu·W_gu and dW_gu += dguᵀ·xp. The scatter
+// of dxp back to token order stays with the caller. Returns false when the grouped way should run.
+bool ZayaModel::expert_backward_fused(int l) {
+  const int threads = num_threads();
+  if (!plan_fused_experts(l, threads)) return false;
+  LayerActs& t = acts_[l];
+  ScratchActs& s = *scratch_;
+  const LayerParams& p = lp_[l];
+  LayerParams& g = lg_[l];
+  const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
+  const int32_t* off = t.offsets.data<int32_t>();
+  const int64_t gemm_ns = run_expert_tasks(expert_order_.size(), threads, [&](size_t j, int64_t& ns) {
+    const int64_t e = expert_order_[j], r0 = off[e], r1 = off[e + 1];
+    const Tensor dy = s.dy.slice(r0, r1), dact = s.dact.slice(r0, r1), dgu = s.dgu.slice(r0, r1);
+    // y_e = act_e · W_d[e]ᵀ
+    ops::GemmProblem one[1] = {{dy, p.w_d.select(e), dact}};
+    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::N); });
+    one[0] = {dy, t.act.slice(r0, r1), g.w_d.select(e)};
+    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f); });
+    // act = SiLU(g) ⊙ v
+    ops::swiglu_backward(dact, t.gu.slice(r0, r1), dgu);
+    // gu_e = xp_e · W_gu[e]ᵀ
+    one[0] = {dgu, p.w_gu.select(e), s.dxp.slice(r0, r1)};
+    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::N); });
+    one[0] = {dgu, t.xp.slice(r0, r1), g.w_gu.select(e)};
+    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f); });
+  });
+  ops::gemm_time_record(
+      "fused experts backward f32 (NN, TN of ?x" + std::to_string(H) + "x" + std::to_string(I) + " and ?x" +
+          std::to_string(I) + "x" + std::to_string(H) + " shapes)",
+      1e-9 * static_cast<double>(gemm_ns) / threads, 4.0 * static_cast<double>(t.M) * (2 * I * H + H * I));
+  return true;
+}
+
+}  // namespace zaya::model
