@@ -189,9 +189,10 @@ bool ZayaModel::expert_forward_fused(int l) {
     timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::T); });
   });
   // The GEMMs' share of the region's wall time: their thread time over the threads.
-  ops::gemm_time_record("fused experts forward f32 (NT ?x" + std::to_string(2 * I) + "x" + std::to_string(H) +
-                            ", NT ?x" + std::to_string(H) + "x" + std::to_string(I) + ")",
-                        1e-9 * static_cast<double>(gemm_ns) / threads,
+  if (fused_forward_label_.empty())  // built once: a step allocates nothing
+    fused_forward_label_ = "fused experts forward f32 (NT ?x" + std::to_string(2 * I) + "x" +
+                           std::to_string(H) + ", NT ?x" + std::to_string(H) + "x" + std::to_string(I) + ")";
+  ops::gemm_time_record(fused_forward_label_, 1e-9 * static_cast<double>(gemm_ns) / threads,
                         2.0 * static_cast<double>(t.M) * (2 * I * H + H * I));
   return true;
 }
@@ -224,10 +225,12 @@ bool ZayaModel::expert_backward_fused(int l) {
     one[0] = {dgu, t.xp.slice(r0, r1), g.w_gu.select(e)};
     timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f); });
   });
-  ops::gemm_time_record(
-      "fused experts backward f32 (NN, TN of ?x" + std::to_string(H) + "x" + std::to_string(I) + " and ?x" +
-          std::to_string(I) + "x" + std::to_string(H) + " shapes)",
-      1e-9 * static_cast<double>(gemm_ns) / threads, 4.0 * static_cast<double>(t.M) * (2 * I * H + H * I));
+  if (fused_backward_label_.empty())
+    fused_backward_label_ = "fused experts backward f32 (NN, TN of ?x" + std::to_string(H) + "x" +
+                            std::to_string(I) + " and ?x" + std::to_string(I) + "x" + std::to_string(H) +
+                            " shapes)";
+  ops::gemm_time_record(fused_backward_label_, 1e-9 * static_cast<double>(gemm_ns) / threads,
+                        4.0 * static_cast<double>(t.M) * (2 * I * H + H * I));
   return true;
 }
 

@@ -154,6 +154,7 @@ class ZayaModel {
   std::vector<ops::GemmProblem> problems_;  // reused by the expert GEMMs (no per-step allocation)
   bool fused_experts_ = true;
   std::vector<int64_t> expert_order_, thread_load_;  // the fused experts' plan (reused)
+  std::string fused_forward_label_, fused_backward_label_;  // their GEMM-time rows
   std::unique_ptr<ScratchActs> scratch_;
   size_t saved_per_layer_ = 0;
   bool have_backward_ = false;
