@@ -32,8 +32,8 @@
 
 namespace zaya::model {
 
-// The grouped way, forward. On the bf16 path the GEMM inputs are bf16 copies (xp16, act16, refreshed weight
-// copies).
+// The grouped way, forward. On the bf16 path the GEMM inputs are bf16 copies (xp16, act16, and
+// the refreshed weight copies).
 void ZayaModel::expert_forward(int l) {
   LayerActs& t = acts_[l];
   const LayerParams& p = lp_[l];
@@ -59,7 +59,7 @@ void ZayaModel::expert_forward(int l) {
   ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
 }
 
-// In: s.dy (dL/dy, permuted rows). Out: s.dxp; dW_d, dW_gu accumulated.
+// The grouped way, backward. In: s.dy (dL/dy, permuted rows). Out: s.dxp; dW_d, dW_gu accumulated.
 void ZayaModel::expert_backward(int l) {
   LayerActs& t = acts_[l];
   ScratchActs& s = *scratch_;
