@@ -71,9 +71,9 @@ run | tests)
   status=0
   "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:Philox.*:Tensor.*' 2>&1 | tee "$out/tests.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
-  # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon), its plugins and
-  # texts from the pack. One process per test, as ctest runs them: MPI cannot start again in a
-  # process that finalized it.
+  # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon; the tests start it
+  # in a child process of their own), its plugins and texts from the pack. One process per test,
+  # as ctest runs them.
   export OMPI_MCA_mca_base_component_path="$PWD/$pack_dir/libs/openmpi" OPAL_PKGDATADIR="$PWD/$pack_dir/libs/openmpi-data"
   export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   for t in LocalCommunicator.IsAWorldOfOneThatCopies MpiWorldOfOne.SingletonRunsEveryOperation \

@@ -2,16 +2,22 @@
 // binary under `mpirun -np 2` and `-np 3` (MpiSelf.* only runs as such a child, see
 // MpiIntegration.CommunicatorOps in mpi_bench_test.cc), and the NCCL backend the same checks on
 // device buffers where a GPU is (NcclWorld.*; scripts/gpu_check.sh runs it on a lent GPU machine).
+#include "zaya/dist/communicator.h"
+
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "zaya/core/cuda_runtime.h"
 #include "zaya/core/dtype.h"
-#include "zaya/dist/communicator.h"
 
 namespace zaya::dist {
 namespace {
@@ -178,25 +184,51 @@ TEST(MpiSelf, EveryOperation) {
   check_every_operation(*c);
 }
 
-// The MPI backend started without a launcher: a singleton world of one, as the NCCL test below
-// starts it on a GPU machine.
+// The tests that start MPI in-process (a singleton: no launcher) run their checks in a child
+// process, this test binary again filtered to the same test, with ZAYA_MPI_SINGLETON_CHILD set. The
+// parent stays free of MPI: MPI cannot start again in a process that finalized it, and a singleton
+// start leaves OMPI_/PMIX_ variables in the environment that break later mpirun launches from the
+// same process (MpiIntegration.*, when the binary runs whole). Isolated singleton: no runtime
+// daemon to start, which a bare GPU image lacks.
+bool is_singleton_child() { return std::getenv("ZAYA_MPI_SINGLETON_CHILD") != nullptr; }
+
+// Runs this binary's test `name` as a singleton child; expects it to pass (not skip).
+void run_as_singleton_child(const std::string& name) {
+  const std::string cmd = "ZAYA_MPI_SINGLETON_CHILD=1 OMPI_MCA_ess_singleton_isolated=1 " +
+                          std::filesystem::read_symlink("/proc/self/exe").string() +
+                          " --gtest_filter=" + name + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr) << "cannot start " << cmd;
+  std::string out;
+  std::array<char, 4096> buf;
+  for (size_t got; (got = fread(buf.data(), 1, buf.size(), p)) > 0;) out.append(buf.data(), got);
+  const int status = pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("[  PASSED  ] 1 test."), std::string::npos) << out;
+  EXPECT_EQ(out.find("SKIPPED"), std::string::npos) << out;
+}
+
+// The MPI backend started without a launcher: a singleton world of one, as NcclWorld starts it.
 TEST(MpiWorldOfOne, SingletonRunsEveryOperation) {
   if (launcher_world_size() > 1) GTEST_SKIP() << "under a launcher of several ranks: MpiSelf.* covers it";
-  setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
+  if (!is_singleton_child()) {
+    run_as_singleton_child("MpiWorldOfOne.SingletonRunsEveryOperation");
+    return;
+  }
   auto c = make_mpi_communicator({.timeout_s = 20});
   ASSERT_EQ(c->size(), 1);
   check_every_operation(*c);
 }
 
-// The NCCL backend on device buffers. Run directly it is a world of one: MPI starts as a singleton
-// (isolated: no runtime daemon to start, which a bare GPU image lacks), NCCL makes a one-rank
-// communicator and every collective runs as NCCL's device-side copy or reduction of one input. Under
-// mpirun on a machine with several GPUs the same test covers n ranks, one GPU each.
+// The NCCL backend on device buffers: in a world of one (MPI as a singleton), NCCL makes a
+// one-rank communicator and every collective runs as NCCL's device-side copy or reduction of one
+// input. Under mpirun on a machine with several GPUs the same test covers n ranks, one GPU each.
 TEST(NcclWorld, EveryOperationOnDeviceBuffers) {
   if (!cuda::built_with_cuda()) GTEST_SKIP() << "this build has no CUDA (the nccl backend is not built)";
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::no_device_reason();
-  if (launcher_world_size() <= 1) {
-    setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
+  if (launcher_world_size() <= 1 && !is_singleton_child()) {
+    run_as_singleton_child("NcclWorld.EveryOperationOnDeviceBuffers");
+    return;
   }
   auto c = make_nccl_communicator({.timeout_s = 60});
   ASSERT_EQ(c->device(), Device::cuda);
