@@ -201,18 +201,24 @@ TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
     return loss;
   };
   const int saved = num_threads();
-  std::vector<float> g_fused, g_grouped, g_one;
-  bool f1 = false, f2 = true, f3 = true;
-  const double l_fused = run(2, true, g_fused, f1), l_grouped = run(2, false, g_grouped, f2),
-               l_one = run(1, true, g_one, f3);
+  // Both GEMM path families: the default, and the AVX2-only CPUs' shape-fixed pieces (forced).
+  for (bool avx2 : {false, true}) {
+    SCOPED_TRACE(avx2 ? "AVX2 paths forced" : "default GEMM paths");
+    ops::gemm_force_avx2_paths(avx2);
+    std::vector<float> g_fused, g_grouped, g_one;
+    bool f1 = false, f2 = true, f3 = true;
+    const double l_fused = run(2, true, g_fused, f1), l_grouped = run(2, false, g_grouped, f2),
+                 l_one = run(1, true, g_one, f3);
+    ops::gemm_force_avx2_paths(false);
+    ASSERT_TRUE(f1) << "the fused way did not run on 2 threads (its plan rejected this routing)";
+    EXPECT_FALSE(f2);
+    EXPECT_FALSE(f3);  // one thread: the grouped way
+    EXPECT_EQ(l_fused, l_grouped);
+    EXPECT_EQ(l_fused, l_one);
+    EXPECT_EQ(0, std::memcmp(g_fused.data(), g_grouped.data(), g_fused.size() * 4));
+    EXPECT_EQ(0, std::memcmp(g_fused.data(), g_one.data(), g_fused.size() * 4));
+  }
   set_num_threads(saved);
-  ASSERT_TRUE(f1) << "the fused way did not run on 2 threads (its plan rejected this routing)";
-  EXPECT_FALSE(f2);
-  EXPECT_FALSE(f3);  // one thread: the grouped way
-  EXPECT_EQ(l_fused, l_grouped);
-  EXPECT_EQ(l_fused, l_one);
-  EXPECT_EQ(0, std::memcmp(g_fused.data(), g_grouped.data(), g_fused.size() * 4));
-  EXPECT_EQ(0, std::memcmp(g_fused.data(), g_one.data(), g_fused.size() * 4));
 }
 
 TEST(ZayaModel, InitIsSeededPerParameterAndFollowsSpecs) {
