@@ -72,14 +72,11 @@ run | tests)
   "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:Philox.*:Tensor.*' 2>&1 | tee "$out/tests.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon; the tests start it
-  # in a child process of their own), its plugins and texts from the pack. One process per test,
-  # as ctest runs them.
+  # in a child process of their own), its plugins and texts from the pack.
   export OMPI_MCA_mca_base_component_path="$PWD/$pack_dir/libs/openmpi" OPAL_PKGDATADIR="$PWD/$pack_dir/libs/openmpi-data"
   export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  for t in LocalCommunicator.IsAWorldOfOneThatCopies MpiWorldOfOne.SingletonRunsEveryOperation \
-    NcclWorld.EveryOperationOnDeviceBuffers; do
-    "$pack_dir/test_dist" --gtest_filter="$t" 2>&1 | tee -a "$out/tests.txt" || status=1
-  done
+  "$pack_dir/test_dist" --gtest_filter='LocalCommunicator.*:MpiWorldOfOne.*:NcclWorld.*' 2>&1 |
+    tee -a "$out/tests.txt" || status=1
   for dtype in float bfloat16; do  # one file for both: the device tool brings back 8 files at most
     "$pack_dir/zaya" bench collectives --backend nccl --op all --dtype "$dtype" -b 8 -e 1G -f 8 -n 20 -w 5 \
       2>&1 | tee -a "$out/nccl.txt" || status=1

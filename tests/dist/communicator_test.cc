@@ -5,19 +5,18 @@
 #include "zaya/dist/communicator.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "zaya/core/cuda_runtime.h"
 #include "zaya/core/dtype.h"
+#include "zaya/core/tensor.h"
 
 namespace zaya::dist {
 namespace {
@@ -52,39 +51,26 @@ TEST(Communicator, BackendNamesParse) {
 // ---- Every collective on small integers, whose sums are exact in f32 and bf16: the MPI backend as
 // an mpirun child, the NCCL backend on a GPU (a world of one here; more ranks under mpirun). ----
 
-// A buffer on the communicator's device, filled from a host vector and read back into one, so the
-// same checks run on host buffers (MPI) and device buffers (NCCL).
+// A buffer on the communicator's device (a Tensor there), filled from a host vector and read back
+// into it, so the same checks run on host buffers (MPI) and device buffers (NCCL).
 template <class T>
 class Buf {
  public:
-  Buf(const Communicator& c, std::vector<T> init) : device_(c.device()), host_(std::move(init)) {
-    if (device_ == Device::cuda) {
-      dev_ = cuda::malloc_device(std::max<size_t>(bytes(), 1));
-      put();
-    }
-  }
+  Buf(const Communicator& c, std::vector<T> init) : host_(std::move(init)), t_(host_view().to(c.device())) {}
   Buf(const Communicator& c, size_t n, T fill) : Buf(c, std::vector<T>(n, fill)) {}
-  ~Buf() {
-    if (dev_) cuda::free_device(dev_);
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  T* data() { return device_ == Device::cuda ? static_cast<T*>(dev_) : host_.data(); }
-  // The contents as they are now (copied back from the device).
+  T* data() { return static_cast<T*>(t_.raw()); }
+  // The contents as they are now.
   const std::vector<T>& get() {
-    if (device_ == Device::cuda) cuda::copy(host_.data(), Device::cpu, dev_, device_, bytes());
+    host_view().copy_from(t_);
     return host_;
   }
-  void put() {
-    if (device_ == Device::cuda) cuda::copy(dev_, device_, host_.data(), Device::cpu, bytes());
-  }
-  std::vector<T>& host() { return host_; }
 
  private:
-  size_t bytes() const { return host_.size() * sizeof(T); }
-  Device device_;
+  Tensor host_view() {
+    return Tensor::borrow(host_.data(), Shape{static_cast<int64_t>(host_.size())}, dtype_of<T>::value);
+  }
   std::vector<T> host_;
-  void* dev_ = nullptr;
+  Tensor t_;
 };
 
 // The checks hold for any world size n >= 1 (the ring of sends needs a peer, so n >= 2).
@@ -194,18 +180,12 @@ bool is_singleton_child() { return std::getenv("ZAYA_MPI_SINGLETON_CHILD") != nu
 
 // Runs this binary's test `name` as a singleton child; expects it to pass (not skip).
 void run_as_singleton_child(const std::string& name) {
-  const std::string cmd = "ZAYA_MPI_SINGLETON_CHILD=1 OMPI_MCA_ess_singleton_isolated=1 " +
-                          std::filesystem::read_symlink("/proc/self/exe").string() +
-                          " --gtest_filter=" + name + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr) << "cannot start " << cmd;
-  std::string out;
-  std::array<char, 4096> buf;
-  for (size_t got; (got = fread(buf.data(), 1, buf.size(), p)) > 0;) out.append(buf.data(), got);
-  const int status = pclose(p);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
-  EXPECT_NE(out.find("[  PASSED  ] 1 test."), std::string::npos) << out;
-  EXPECT_EQ(out.find("SKIPPED"), std::string::npos) << out;
+  const test::CliRun run =
+      test::run_shell("ZAYA_MPI_SINGLETON_CHILD=1 OMPI_MCA_ess_singleton_isolated=1 " +
+                      std::filesystem::read_symlink("/proc/self/exe").string() + " --gtest_filter=" + name);
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("[  PASSED  ] 1 test."), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("SKIPPED"), std::string::npos) << run.output;
 }
 
 // The MPI backend started without a launcher: a singleton world of one, as NcclWorld starts it.

@@ -3,17 +3,15 @@
 // corrupted element is counted, that bad flags exit 2, and that a rank that dies or hangs is named
 // by the survivors within the timeout.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "zaya/dist/collective_math.h"
 
 namespace zaya::dist {
@@ -26,17 +24,9 @@ struct Proc {
 };
 
 Proc sh(const std::string& cmd) {
-  Proc r;
-  auto t0 = std::chrono::steady_clock::now();
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), got);
-  int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
+  const auto t0 = std::chrono::steady_clock::now();
+  const test::CliRun run = test::run_shell(cmd);
+  return {run.code, run.output, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
 // OpenMPI refuses root without these (scripts/env.sh sets them too; the test must not depend on it).

@@ -18,11 +18,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <exception>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "zaya/core/parallel.h"
 #include "zaya/core/threads.h"
 #include "zaya/model/model_internal.h"
 #include "zaya/model/zaya_model.h"
@@ -101,41 +101,9 @@ void ZayaModel::expert_backward(int l) {
 
 namespace {
 
-// A fused plan leaving the busiest thread more than this above the mean load runs grouped instead:
-// the grouped calls can cut an expert into row halves, a fused task (whose weight gradient sums
-// all of its expert's rows) cannot. The same bound as the grouped calls' side-by-side plan.
-constexpr double kMaxFusedImbalance = 1.2;
-
-// Runs body(j) for j = 0..count−1 on `threads` threads, each taking the next j as it frees up.
-// The first exception is rethrown after the region (none may leave it). Returns the summed
-// thread time spent in the GEMMs (body adds to its thread's counter).
-template <class Body>
-int64_t run_expert_tasks(size_t count, int threads, Body&& body) {
-  std::atomic<size_t> next{0};
-  std::atomic<int64_t> gemm_ns{0};
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-#pragma omp parallel num_threads(threads)
-  {
-    int64_t mine = 0;
-    for (size_t j; !failed.load(std::memory_order_relaxed) && (j = next.fetch_add(1)) < count;) {
-      try {
-        body(j, mine);
-      } catch (...) {
-#pragma omp critical(zaya_expert_tasks_error)
-        if (!error) error = std::current_exception();
-        failed = true;
-      }
-    }
-    gemm_ns.fetch_add(mine, std::memory_order_relaxed);
-  }
-  if (error) std::rethrow_exception(error);
-  return gemm_ns.load();
-}
-
-// Times one GEMM call on this thread into `ns`.
+// Times one GEMM call into `ns` (summed over the threads).
 template <class F>
-void timed_gemm(int64_t& ns, F&& f) {
+void timed_gemm(std::atomic<int64_t>& ns, F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
   ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -145,42 +113,43 @@ void timed_gemm(int64_t& ns, F&& f) {
 
 void ZayaModel::set_fused_experts(bool on) { fused_experts_ = on; }
 
-// Experts with tokens, largest first, into expert_order_, when the fused way applies to layer l;
-// false (grouped way) otherwise. Depends only on the shapes and the token counts.
-bool ZayaModel::plan_fused_experts(int l, int threads) {
-  const int64_t E = cfg_.num_experts, H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
-  if (!fused_experts_ || gemm_dtype_ != DType::f32 || threads < 2) return false;
-  if (2 * I * H >= ops::kGroupedLargeWeight || H * I >= ops::kGroupedLargeWeight) return false;
-  const int32_t* off = acts_[l].offsets.data<int32_t>();
-  expert_order_.clear();
-  int64_t total = 0;
-  for (int64_t e = 0; e < E; ++e)
+// The fused way applies to layer l exactly when the grouped gate_up call would run side by side
+// (ops::gemm_grouped_side_by_side_plan: small expert weights, at least two threads and as many
+// experts with tokens, and a largest-first plan that keeps the busiest thread within 1.2× of the
+// mean; a fused task, whose weight gradients sum all of its expert's rows, cannot be cut the way a
+// grouped call cuts an uneven expert into row halves). Then expert_order_ holds the experts in the
+// order the threads take them. The backward plans again from the same token counts: the same
+// answer, for less than keeping a plan per layer.
+bool ZayaModel::plan_fused_experts(int l) {
+  if (!fused_experts_ || gemm_dtype_ != DType::f32) return false;
+  const LayerActs& t = acts_[l];
+  const int32_t* off = t.offsets.data<int32_t>();
+  problems_.clear();
+  expert_ids_.clear();
+  for (int64_t e = 0; e < cfg_.num_experts; ++e)
     if (off[e + 1] > off[e]) {
-      expert_order_.push_back(e);
-      total += off[e + 1] - off[e];
+      problems_.push_back(
+          {t.xp.slice(off[e], off[e + 1]), lp_[l].w_gu.select(e), t.gu.slice(off[e], off[e + 1])});
+      expert_ids_.push_back(e);
     }
-  if (expert_order_.size() < static_cast<size_t>(threads)) return false;
-  std::stable_sort(expert_order_.begin(), expert_order_.end(),
-                   [&](int64_t a, int64_t b) { return off[a + 1] - off[a] > off[b + 1] - off[b]; });
-  // The greedy plan the threads roughly follow (each free thread takes the next largest).
-  thread_load_.assign(static_cast<size_t>(threads), 0);
-  for (int64_t e : expert_order_)
-    *std::min_element(thread_load_.begin(), thread_load_.end()) += off[e + 1] - off[e];
-  const int64_t busiest = *std::max_element(thread_load_.begin(), thread_load_.end());
-  return static_cast<double>(busiest) <= kMaxFusedImbalance * static_cast<double>(total) / threads;
+  if (!ops::gemm_grouped_side_by_side_plan(problems_, ops::Trans::N, ops::Trans::T, expert_order_))
+    return false;
+  for (size_t& i : expert_order_) i = static_cast<size_t>(expert_ids_[i]);
+  return true;
 }
 
 // Forward of layer l's experts, one task per expert: gather its rows, gate_up, SwiGLU, down.
 // Returns false (nothing done) when the grouped way should run instead.
 bool ZayaModel::expert_forward_fused(int l) {
-  const int threads = num_threads();
-  if (!plan_fused_experts(l, threads)) return false;
+  if (!plan_fused_experts(l)) return false;
   LayerActs& t = acts_[l];
   const LayerParams& p = lp_[l];
+  const int threads = num_threads();
   const int64_t N = B_ * T_, H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
   const int32_t* off = t.offsets.data<int32_t>();
-  const int64_t gemm_ns = run_expert_tasks(expert_order_.size(), threads, [&](size_t j, int64_t& ns) {
-    const int64_t e = expert_order_[j], r0 = off[e], r1 = off[e + 1];
+  std::atomic<int64_t> ns{0};
+  take_in_turn(expert_order_.size(), threads, [&](size_t j) {
+    const int64_t e = static_cast<int64_t>(expert_order_[j]), r0 = off[e], r1 = off[e + 1];
     ops::moe_gather_rows(t.xp, t.w, t.src, r0, r1, N, H);
     ops::GemmProblem one[1] = {{t.xp.slice(r0, r1), p.w_gu.select(e), t.gu.slice(r0, r1)}};
     timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::T); });
@@ -192,7 +161,7 @@ bool ZayaModel::expert_forward_fused(int l) {
   if (fused_forward_label_.empty())  // built once: a step allocates nothing
     fused_forward_label_ = "fused experts forward f32 (NT ?x" + std::to_string(2 * I) + "x" +
                            std::to_string(H) + ", NT ?x" + std::to_string(H) + "x" + std::to_string(I) + ")";
-  ops::gemm_time_record(fused_forward_label_, 1e-9 * static_cast<double>(gemm_ns) / threads,
+  ops::gemm_time_record(fused_forward_label_, 1e-9 * static_cast<double>(ns.load()) / threads,
                         2.0 * static_cast<double>(t.M) * (2 * I * H + H * I));
   return true;
 }
@@ -201,16 +170,17 @@ bool ZayaModel::expert_forward_fused(int l) {
 // dW_d += dyᵀ·act; SwiGLU's backward into dgu; dxp = dgu·W_gu and dW_gu += dguᵀ·xp. The scatter
 // of dxp back to token order stays with the caller. Returns false when the grouped way should run.
 bool ZayaModel::expert_backward_fused(int l) {
+  if (!plan_fused_experts(l)) return false;
   const int threads = num_threads();
-  if (!plan_fused_experts(l, threads)) return false;
   LayerActs& t = acts_[l];
   ScratchActs& s = *scratch_;
   const LayerParams& p = lp_[l];
   LayerParams& g = lg_[l];
   const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
   const int32_t* off = t.offsets.data<int32_t>();
-  const int64_t gemm_ns = run_expert_tasks(expert_order_.size(), threads, [&](size_t j, int64_t& ns) {
-    const int64_t e = expert_order_[j], r0 = off[e], r1 = off[e + 1];
+  std::atomic<int64_t> ns{0};
+  take_in_turn(expert_order_.size(), threads, [&](size_t j) {
+    const int64_t e = static_cast<int64_t>(expert_order_[j]), r0 = off[e], r1 = off[e + 1];
     const Tensor dy = s.dy.slice(r0, r1), dact = s.dact.slice(r0, r1), dgu = s.dgu.slice(r0, r1);
     // y_e = act_e · W_d[e]ᵀ
     ops::GemmProblem one[1] = {{dy, p.w_d.select(e), dact}};
@@ -229,7 +199,7 @@ bool ZayaModel::expert_backward_fused(int l) {
     fused_backward_label_ = "fused experts backward f32 (NN, TN of ?x" + std::to_string(H) + "x" +
                             std::to_string(I) + " and ?x" + std::to_string(I) + "x" + std::to_string(H) +
                             " shapes)";
-  ops::gemm_time_record(fused_backward_label_, 1e-9 * static_cast<double>(gemm_ns) / threads,
+  ops::gemm_time_record(fused_backward_label_, 1e-9 * static_cast<double>(ns.load()) / threads,
                         4.0 * static_cast<double>(t.M) * (2 * I * H + H * I));
   return true;
 }

@@ -134,7 +134,7 @@ class ZayaModel {
   ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
   void expert_forward(int l);
   void expert_backward(int l);
-  bool plan_fused_experts(int l, int threads);
+  bool plan_fused_experts(int l);
   bool expert_forward_fused(int l);
   bool expert_backward_fused(int l);
   friend class SectionClock;
@@ -153,7 +153,8 @@ class ZayaModel {
   std::vector<LayerParams> lp_, lg_;  // parameter and gradient views per layer
   std::vector<ops::GemmProblem> problems_;  // reused by the expert GEMMs (no per-step allocation)
   bool fused_experts_ = true;
-  std::vector<int64_t> expert_order_, thread_load_;  // the fused experts' plan (reused)
+  std::vector<int64_t> expert_ids_;   // the fused experts' plan (reused): experts with tokens,
+  std::vector<size_t> expert_order_;  // and the order the threads take them in
   std::string fused_forward_label_, fused_backward_label_;  // their GEMM-time rows
   std::unique_ptr<ScratchActs> scratch_;
   size_t saved_per_layer_ = 0;

@@ -2,19 +2,20 @@
 // instead of a copy, so all four transpose combinations run without moving data.
 #include "zaya/ops/gemm.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
-#include <exception>
 #include <list>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
-#include <omp.h>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "zaya/core/parallel.h"
 #include "zaya/core/threads.h"
 #include "zaya/ops/cpu/amx_gemm.h"
 #include "zaya/ops/cpu/op_checks.h"
@@ -396,27 +397,6 @@ class OneThread {
   int saved_;
 };
 
-// Runs `count` tasks on `threads` threads, each thread taking the next task as it frees up.
-// An exception (oneDNN failing to build a primitive) must not leave the parallel region: the
-// first one is rethrown after it.
-template <class Begin, class RunOne, class End>
-void take_in_turn(size_t count, int threads, Begin&& begin, RunOne&& run_one, End&& end) {
-  std::exception_ptr error;
-  std::atomic<size_t> next{0};
-#pragma omp parallel num_threads(threads)
-  {
-    try {
-      begin();
-      for (size_t j = next.fetch_add(1); j < count; j = next.fetch_add(1)) run_one(j);
-      end();
-    } catch (...) {
-#pragma omp critical(zaya_gemm_take_error)
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
-}
-
 // Runs pieces 0..count−1, each on one thread: in order on this thread (one thread, one piece, or
 // already inside a parallel region), otherwise taken in turn by up to `threads` threads.
 template <class RunOne>
@@ -426,7 +406,7 @@ void run_pieces_in_turn(size_t count, int threads, RunOne&& run_one) {
     for (size_t j = 0; j < count; ++j) run_one(j);
     return;
   }
-  take_in_turn(count, std::min<int>(threads, static_cast<int>(count)), [] {}, run_one, [] {});
+  take_in_turn(count, std::min<int>(threads, static_cast<int>(count)), run_one);
 }
 
 // The pieces of one 2-D problem: its larger output dim (M, or N when N > M) cut into `count`
@@ -719,7 +699,7 @@ Tensor widen_bf16(const Tensor& x, int slot) {
 //    primitive), and every bf16 one on a CPU whose oneDNN has no AMX use a runtime-K one.
 // Every choice depends only on the problem's shape, so results stay deterministic.
 constexpr int64_t kRowBlock = 32;
-constexpr int64_t kLargeWeight = kGroupedLargeWeight;
+constexpr int64_t kLargeWeight = int64_t{1} << 20;
 
 // The two bf16 fixed-shape ways (row blocks, zero-padded K) exist because on AMX CPUs oneDNN 2.6
 // runs a fixed-shape bf16 primitive on AMX and the runtime-dims jit GEMM without it. Where its
@@ -1308,6 +1288,21 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   for (size_t j = 0; j < todo.size(); ++j)
     run_grouped_problem(problems, todo[j], dims[todo[j]], ta, tb, alpha, beta, threads,
                         j + 1 < todo.size() && todo[j + 1] == todo[j] + 1);
+}
+
+bool gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, Trans tb,
+                                    std::vector<size_t>& order) {
+  std::vector<Dims> dims(problems.size());
+  std::vector<size_t> todo, planned;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const Dims& d = dims[i] = check_problem(problems[i].A, ta, problems[i].B, tb, problems[i].C);
+    if (d.batch > 0 && d.m > 0 && d.n > 0 && d.k > 0)
+      todo.push_back(i);  // trivial()'s test, without its writes
+  }
+  if (!split_problems(problems, dims, todo, ta, num_threads(), planned)) return false;
+  order.clear();
+  for (size_t j : planned) order.push_back(todo[j]);
+  return true;
 }
 
 void gemm_grouped_on_this_thread(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha,

@@ -35,10 +35,12 @@ struct GemmProblem {
 void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha = 1.0f,
                   float beta = 0.0f);
 
-// Expert weights of at least this many elements (N·K of x·Wᵀ) count as large: grouped calls run
-// them one after another on all threads (they fit no core's L2 either way), small ones side by
-// side, one whole GEMM per thread (docs/ops-gemm.md).
-inline constexpr int64_t kGroupedLargeWeight = int64_t{1} << 20;
+// Whether gemm_grouped would run these problems side by side, one whole GEMM per thread (on this
+// many threads, for these shapes; docs/ops-gemm.md), and if so the order the threads take them in
+// (indices into problems, largest first, problems with nothing to do left out). For callers that
+// run their own per-problem loop under the same rule (the model's fused experts).
+bool gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, Trans tb,
+                                    std::vector<size_t>& order);
 
 // f32 problems one after another on the calling thread, each through the one-thread path a
 // side-by-side grouped call gives it: the same bits as gemm_grouped there, and on any thread

@@ -1,7 +1,6 @@
 // Argument checks and dispatch for MoE routing and permutation (kernels in cpu/moe_cpu.cc).
 #include "zaya/ops/moe.h"
 
-#include <algorithm>
 #include <initializer_list>
 #include <tuple>
 
@@ -88,12 +87,7 @@ void moe_gather_rows(Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0,
   check_permuted(op, "xp", xp, r1, H);
   seq::require_cpu_i32(op, "src", src);
   check_shape(str(op, ": src"), src, Shape{N});
-  const int32_t* s = src.data<int32_t>();
-  for (int64_t r = r0; r < r1; ++r)
-    ZAYA_CHECK(s[r] >= 0 && s[r] < N, op, ": src[", r, "] = ", s[r], " is not a token of 0..", N - 1);
-  const float* xv = x.data<float>();
-  float* out = xp.data<float>();
-  for (int64_t r = r0; r < r1; ++r) std::copy_n(xv + static_cast<int64_t>(s[r]) * H, H, out + r * H);
+  cpu::moe_gather(xp.data<float>() + r0 * H, x.data<float>(), src.data<int32_t>() + r0, r1 - r0, H);
 }
 
 void moe_gather_backward(Tensor& dx, const Tensor& dxp, const Tensor& pos, int64_t M, int64_t N, int64_t H) {

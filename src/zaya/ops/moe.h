@@ -32,8 +32,8 @@ int64_t moe_plan(Tensor& counts, Tensor& offsets, Tensor& pos, Tensor& src, cons
 
 // xp[r] = x[src[r]] for r < M. x [N, H]; xp has at least M rows of H.
 void moe_gather(Tensor& xp, const Tensor& x, const Tensor& src, int64_t M, int64_t N, int64_t H);
-// The same for rows r0 <= r < r1 only, on the calling thread: one expert's rows inside a caller's
-// own parallel loop over experts (the model's fused expert pipeline).
+// The same for rows r0 <= r < r1 only: one expert's rows, inside a caller's own parallel loop over
+// experts (the model's fused experts), where it runs on the calling thread.
 void moe_gather_rows(Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1, int64_t N,
                      int64_t H);
 // dx[n] = dxp[pos[n]], 0 for skipped tokens (top-1: each token appears at most once). dx written.
