@@ -149,7 +149,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 // The grouped expert GEMMs with token counts that change from group to group and call to call, in
 // the three forms the MoE layer uses (x·Wᵀ, dy·W, and dW += dyᵀ·x with the tokens as the
 // reduction dim), f32 and bf16. The counts cover the bf16 path's row blocks (kRowBlock = 32 in
-// gemm.cc): below one block, exact blocks, a block plus a tail, several blocks plus a tail.
+// gemm_grouped.cc): below one block, exact blocks, a block plus a tail, several blocks plus a tail.
 struct GroupedForm {
   Trans ta, tb;
   float beta;
@@ -201,10 +201,10 @@ TEST(Gemm, GroupedVaryingTokenCountsMatchReference) {
   }
 }
 
-// With a large expert weight (N·K >= 2^20 in gemm.cc) the paths swap: bf16 takes the runtime-M
+// With a large expert weight (N·K >= 2^20 in gemm_grouped.cc) the paths swap: bf16 takes the runtime-M
 // primitive and f32 the row blocks. Check both, with counts on both sides of a row block.
 // The model's layout: every expert's tokens are consecutive rows of one A buffer and one C buffer.
-// With beta = 0 a problem then runs as M rounded up to whole row blocks in place (gemm.cc,
+// With beta = 0 a problem then runs as M rounded up to whole row blocks in place (gemm_grouped.cc,
 // may_run_past_end): its extra rows read the next expert's tokens and write rows that the next
 // problem overwrites. Every problem must still equal its own reference, and C's rows after the
 // last problem (spare capacity, as in the model's buffers) must be left alone. Both row-blocked
@@ -265,7 +265,7 @@ TEST(Gemm, GroupedLargeWeightMatchesReference) {
   }
 }
 
-// The bf16 weight gradient dW += dyᵀ·x with a large dW (M·N >= 2^20 in gemm.cc) runs on zaya's
+// The bf16 weight gradient dW += dyᵀ·x with a large dW (M·N >= 2^20 in gemm_grouped.cc) runs on zaya's
 // AMX kernel where the CPU has one, and otherwise on oneDNN: with the token dim K zero-padded to a
 // multiple of 32 where oneDNN has AMX, at a runtime K elsewhere. Every path (the oneDNN ones
 // forced by gemm_use_amx(false) and gemm_force_bf16_fixed_shapes), with token counts below, at
@@ -336,14 +336,14 @@ TEST(Gemm, GroupedTokenCountsDoNotBuildAPrimitiveEach) {
 
 TEST(Gemm, GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise) {
   // Eight experts on 2 threads run side by side, whole GEMMs or row halves taken by the threads
-  // in turn (gemm.cc, split_problems); each must be right, and bit-identical to the same call on 1
+  // in turn (gemm_grouped.cc, split_problems); each must be right, and bit-identical to the same call on 1
   // thread (where they run one after another). bf16 with these small weights runs on the AMX
   // kernel where the CPU has one (x·Wᵀ and dy·W need K a multiple of 32 for it: here only dyᵀ·x
   // does), side by side too; otherwise on oneDNN, in row blocks where it has AMX and at a runtime M
   // elsewhere: both are run here (the first forced by gemm_force_bf16_fixed_shapes).
   const int saved = num_threads();
   // Three experts of >= 128 tokens: in f32 x·Wᵀ and dy·W those run as two row halves each on 2
-  // threads (gemm.cc, grouped_items), whole on 1.
+  // threads (gemm_grouped.cc, grouped_items), whole on 1.
   const std::vector<int64_t> ms = {161, 47, 70, 52, 130, 58, 44, 136};
   const int64_t n = 48, k = 80;
   for (bool fixed : {false, true}) {
@@ -377,7 +377,7 @@ TEST(Gemm, GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise) {
 }
 
 // Large bf16 expert weights (N·K >= 2^20) in x·Wᵀ and dy·W run side by side where oneDNN has no
-// AMX (gemm.cc, split_problems) and one after another on every thread where it has: against
+// AMX (gemm_grouped.cc, split_problems) and one after another on every thread where it has: against
 // float64, and bitwise between 2 threads and 1 on this CPU's path.
 TEST(Gemm, GroupedBf16LargeWeightsMatchReferenceAndOneThreadBitwise) {
   const int saved = num_threads();
@@ -407,7 +407,7 @@ TEST(Gemm, GroupedProblemsSharingAnOutputAccumulateInOrder) {
   // micro-batches could: they must not run side by side (two threads adding into the same C lose
   // updates), and after `calls` calls C holds C0 + calls · Σ_g A_gᵀ·B_g. Small token counts and
   // a larger C make the additions into C a large part of each product, so a race would show: with
-  // the overlap check in gemm.cc's split_problems removed, this failed in 1 to 2 of 5 runs.
+  // the overlap check in gemm_grouped.cc's split_problems removed, this failed in 1 to 2 of 5 runs.
   const int saved = num_threads();
   set_num_threads(2);
   const int64_t n = 384, k = 384, calls = 50;
