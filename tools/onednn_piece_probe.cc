@@ -10,12 +10,11 @@
 //   e.g. OMP_NUM_THREADS=1 /tmp/onednn_piece_probe 8192 256 2048 t n 0 0 1   (the demo LM head's dW)
 //   RUNTIME_M=1 EXPERTS=8 OMP_NUM_THREADS=1 /tmp/onednn_piece_probe 2048 1024 256 n t 0 0 8
 //       (the demo's expert gate_up: 8 experts of 256 tokens)
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <vector>
 
@@ -42,7 +41,8 @@ int main(int argc, char** argv) {
   };
   const int experts = std::getenv("EXPERTS") ? std::max(1, std::atoi(std::getenv("EXPERTS"))) : 1;
   const bool runtime_m = std::getenv("RUNTIME_M") != nullptr && std::string(std::getenv("RUNTIME_M")) == "1";
-  float *A = random_buffer(a_rows * lda), *B = random_buffer(b_rows * ldb * experts), *C = random_buffer(M * N);
+  float *A = random_buffer(a_rows * lda), *B = random_buffer(b_rows * ldb * experts),
+        *C = random_buffer(M * N);
   const int64_t pm = M / P;
   auto desc = [](int64_t r, int64_t c, char t, int64_t ld) {
     return t == 'n' ? memory::desc({r, c}, memory::data_type::f32, {ld, 1})
@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
   for (int pass = 0; pass < 5; ++pass) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < P; ++i) {
-      memory am(a, eng, A + (ta == 'n' ? i * pm * lda : i * pm)), bm(b, eng, B + (i % experts) * b_rows * ldb), cm(c, eng, C + i * pm * N);
+      memory am(a, eng, A + (ta == 'n' ? i * pm * lda : i * pm)),
+          bm(b, eng, B + (i % experts) * b_rows * ldb), cm(c, eng, C + i * pm * N);
       mm.execute(st, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
     }
     st.wait();
