@@ -49,14 +49,16 @@ def main():
     pooled = [r for run in runs for r in run]
     rng = random.Random(1)
     print(f"{len(pooled)} kept rounds in {len(runs)} runs")
+    intervals = []
     for column, name in enumerate(("zaya fp32 / transformers fp32", "zaya bf16 GEMMs / transformers fp32",
                                    "GEMM floor")):
         values = [r[column] for r in pooled]
         lo, hi = block_bootstrap(runs, column, args.resamples, rng)
+        intervals.append((lo, hi))
         at_bar = sum(v >= args.bar for v in values)
         print(f"{name:36s} median {statistics.median(values):.2f}x  95% interval {lo:.2f}-{hi:.2f}x  "
               f"rounds at {args.bar:g}x or above: {at_bar} of {len(values)}  (range {min(values):.2f}-{max(values):.2f})")
-    lo, _ = block_bootstrap(runs, 0, args.resamples, random.Random(1))
+    lo = intervals[0][0]  # the fp32 ratio's
     verdict = "met" if lo >= args.bar else "not met with confidence"
     print(f"bar {args.bar:g}x in fp32: {verdict} (the interval's lower end is {lo:.2f}x)")
     return 0

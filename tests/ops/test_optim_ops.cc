@@ -126,8 +126,8 @@ TEST(AdamW, SubnormalMomentsAreStoredAsZero) {
     Tensor m = Tensor::empty({n}, DType::f32), v = Tensor::empty({n}, DType::f32);
     p.fill_(0.5);
     for (int64_t i = 0; i < n; ++i) {
-      // even elements: just above the normal minimum, so 0.9·m (0.95·v) is subnormal; odd: normal after the
-      // step
+      // even elements: just above the normal minimum, so 0.9·m (0.95·v) is subnormal;
+      // odd elements: still normal after the step
       const float mag = i % 2 == 0 ? 1.05f * FLT_MIN : 1e-20f;
       m.data<float>()[i] = i % 4 == 0 ? -mag : mag;
       v.data<float>()[i] = mag;

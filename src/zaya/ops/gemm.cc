@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <list>
 #include <mutex>
@@ -17,7 +16,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "zaya/core/parallel.h"
 #include "zaya/core/threads.h"
 #include "zaya/ops/cpu/op_checks.h"
 #include "zaya/ops/gemm_onednn.h"

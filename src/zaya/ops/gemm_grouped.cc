@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 

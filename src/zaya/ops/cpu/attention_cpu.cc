@@ -36,8 +36,8 @@ constexpr int64_t kChunkLd = kChunk + 16;
 // gradients in the tile products fall below the normal range, which x86 runs through microcode
 // assists: at the demo's shape, q scaled ×30 made the backward ~12× slower and ×100 the forward
 // ~10× and the backward ~30× (bench_ops_attention's q-scale arg; docs/results/ops-cpu.md,
-// "Attention: denormals"). A dropped term is
-// < 2^-100 of the row's largest, far below float's resolution of the sums it would enter.
+// "Attention: denormals"). A dropped term is < 2^-100 of the row's largest, far below float's
+// resolution of the sums it would enter.
 constexpr FlushBelow flush{kTinyProbability};
 
 // exp over an array (arguments here are ≤ 0: scores minus their running max or minus the lse),
