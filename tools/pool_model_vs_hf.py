@@ -9,10 +9,6 @@ how many rounds reached 2×, and a 95% interval for each median. Rounds of one r
 minutes of the machine's state, so they are not independent draws: the interval resamples whole
 runs (a block bootstrap, 10 000 resamples, fixed seed), which is wider and more honest than
 resampling rounds. A bar is met with confidence when the interval's lower end is at or above it.
-
---by-gemm-rate adds the kept rounds split into quarters by zaya's fp32 GEMM rate in that round (the
-machine's FMA speed at that moment, which on a shared VM moves by up to 2x within minutes), with
-each quarter's median ratio and median steps: how much of the spread is the machine's state.
 """
 import argparse
 import random
@@ -21,10 +17,6 @@ import statistics
 import sys
 from pathlib import Path
 
-# One round's three step times and zaya's GEMM rate (GFLOP/s) in it.
-ROUND_STEPS = re.compile(r"round \d+\n  zaya fp32 .*?step\s+([\d.]+) ms.*?\n  zaya bf16 GEMMs .*?step\s+([\d.]+) ms.*?\n"
-                         r"  transformers fp32 .*?step\s+([\d.]+) ms.*?\n  zaya fp32 GEMMs: [\d.]+ ms of the step "
-                         r"\([\d.]+ GFLOP at ([\d.]+) GFLOP/s\).*?\n(.*)")
 ROUND = re.compile(r"ratio zaya fp32 / transformers fp32 \(tokens/s\): ([\d.]+)x; bf16 GEMMs: ([\d.]+)x; "
                    r"GEMM floor \(transformers step / zaya GEMM time\): ([\d.]+)x(.*)")
 
@@ -33,31 +25,6 @@ def kept_rounds(path):
     """[(fp32, bf16, floor)] of one output file's rounds that entered its median."""
     return [(float(m[1]), float(m[2]), float(m[3])) for m in ROUND.finditer(Path(path).read_text())
             if "[left out of the median" not in m[4]]
-
-
-def rounds_by_gemm_rate(paths):
-    """[(gemm_rate, zaya fp32 step, zaya bf16 step, transformers step)] of the kept rounds, by rate."""
-    rows = []
-    for path in paths:
-        for m in ROUND_STEPS.finditer(Path(path).read_text()):
-            if "[left out of the median" not in m[5]:
-                z, zb, h, rate = (float(m[i]) for i in (1, 2, 3, 4))
-                rows.append((rate, z, zb, h))
-    return sorted(rows)
-
-
-def print_by_gemm_rate(paths, bar):
-    rows = rounds_by_gemm_rate(paths)
-    if len(rows) < 4:
-        return
-    print("by zaya's fp32 GEMM rate in the round (quarters of the kept rounds):")
-    for q in range(4):
-        part = rows[q * len(rows) // 4:(q + 1) * len(rows) // 4]
-        ratios = [h / z for _, z, _, h in part]
-        print(f"  {part[0][0]:4.0f}-{part[-1][0]:4.0f} GFLOP/s  {len(part):3d} rounds  median fp32 ratio "
-              f"{statistics.median(ratios):.2f}x ({sum(r >= bar for r in ratios)} at {bar:g}x or above)  "
-              f"zaya step {statistics.median(r[1] for r in part):.0f} ms, bf16 GEMMs "
-              f"{statistics.median(r[2] for r in part):.0f} ms, transformers {statistics.median(r[3] for r in part):.0f} ms")
 
 
 def block_bootstrap(runs, column, resamples, rng):
@@ -75,7 +42,6 @@ def main():
     ap.add_argument("files", nargs="+")
     ap.add_argument("--bar", type=float, default=2.0)
     ap.add_argument("--resamples", type=int, default=10000)
-    ap.add_argument("--by-gemm-rate", action="store_true", help="also split the rounds by zaya's GEMM rate")
     args = ap.parse_args()
     runs = [r for r in (kept_rounds(f) for f in args.files) if r]
     if not runs:
@@ -95,8 +61,6 @@ def main():
     lo = intervals[0][0]  # the fp32 ratio's
     verdict = "met" if lo >= args.bar else "not met with confidence"
     print(f"bar {args.bar:g}x in fp32: {verdict} (the interval's lower end is {lo:.2f}x)")
-    if args.by_gemm_rate:
-        print_by_gemm_rate(args.files, args.bar)
     return 0
 
 
