@@ -13,8 +13,11 @@ projections, attention, conv and router stay fp32).
 
 The three measurements run interleaved for --rounds rounds (zaya fp32, zaya bf16, transformers in
 each) and the ratios are taken per round and as the median: on a shared VM whose speed drifts
-within minutes, only measurements taken side by side compare. Each line also shows the CPU time
-the hypervisor stole during it (/proc/stat), which is what that drift is; a round in which any of
+within minutes, only measurements taken side by side compare. Each round starts with a machine
+probe (the best of five 1024³ fp32 matmuls in torch on the same threads: the FMA speed of that
+moment, measured by neither program), so rounds can be compared by the machine's state
+(tools/pool_model_vs_hf.py --by-probe). Each line also shows the CPU time the hypervisor stole
+during it (/proc/stat), one visible part of that drift; a round in which any of
 its three measurements lost more than --max-steal percent (default 5) is printed but left out of
 the median, since it timed the neighbours' load rather than either program (if every round is
 like that, the median is over all of them and says so). zaya reports the wall
@@ -83,6 +86,22 @@ def timed(fn, *args):
     return r
 
 
+def machine_probe(threads):
+    """The machine's fp32 FMA speed this moment, independent of both programs: the best of five 1024³ fp32
+    matmuls in torch on the same thread count (~2 GFLOP each), in GFLOP/s. On a shared VM this moves by up
+    to 2× within minutes; the pooling tool splits rounds by it (tools/pool_model_vs_hf.py --by-probe)."""
+    import torch
+    torch.set_num_threads(threads)
+    a, b = torch.rand(1024, 1024), torch.rand(1024, 1024)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * 1024 ** 3 / best * 1e-9
+
+
 def run_hf(cfg, threads, batch, seq, steps, attn):
     import torch
     from transformers import ZayaConfig, ZayaForCausalLM
@@ -137,10 +156,12 @@ def main():
         print(f"transformers warm-up (untimed for the ratios): step {w['step']:.1f} ms")
     rounds = []
     for r in range(a.rounds):
+        probe = machine_probe(a.threads)
         z = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps)
         zb = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps, "bf16")
         h = timed(run_hf, cfg, a.threads, a.batch, a.seq, a.steps, a.attn)
         print(f"round {r + 1}")
+        print(f"  machine probe (torch fp32 1024^3 matmul, best of 5, before the round): {probe:.1f} GFLOP/s")
         for name, m in (("zaya fp32", z), ("zaya bf16 GEMMs", zb), (f"transformers fp32 ({a.attn})", h)):
             print(f"  {name:28s} forward {m['fwd']:8.1f} ms  backward {m['bwd']:8.1f} ms  step {m['step']:8.1f} ms  "
                   f"{tokens / m['step'] * 1e3:8.1f} tokens/s  steal {m['steal']:4.1f}%")

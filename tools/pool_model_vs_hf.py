@@ -9,6 +9,12 @@ how many rounds reached 2×, and a 95% interval for each median. Rounds of one r
 minutes of the machine's state, so they are not independent draws: the interval resamples whole
 runs (a block bootstrap, 10 000 resamples, fixed seed), which is wider and more honest than
 resampling rounds. A bar is met with confidence when the interval's lower end is at or above it.
+
+--by-probe also splits the kept rounds that carry a machine probe (benchmarks/model_vs_hf.py prints
+one per round since session 20: a torch fp32 matmul timed just before the round, measured by neither
+program) into quarters by the probe, with each quarter's median ratio and steps: whether the ratio
+depends on the machine's speed at the time. (Splitting by zaya's own GEMM rate would not do: it is
+part of zaya's step, so its fast rounds are zaya's lucky ones.)
 """
 import argparse
 import random
@@ -17,6 +23,10 @@ import statistics
 import sys
 from pathlib import Path
 
+# A round with its machine probe, three step times and the verdict line's tail.
+PROBED_ROUND = re.compile(r"round \d+\n  machine probe .*?: ([\d.]+) GFLOP/s\n  zaya fp32 .*?step\s+([\d.]+) ms.*?\n"
+                          r"  zaya bf16 GEMMs .*?step\s+([\d.]+) ms.*?\n  transformers fp32 .*?step\s+([\d.]+) ms.*?\n"
+                          r".*?\n  ratio zaya fp32 .*?GEMM floor.*?x(.*)")
 ROUND = re.compile(r"ratio zaya fp32 / transformers fp32 \(tokens/s\): ([\d.]+)x; bf16 GEMMs: ([\d.]+)x; "
                    r"GEMM floor \(transformers step / zaya GEMM time\): ([\d.]+)x(.*)")
 
@@ -25,6 +35,27 @@ def kept_rounds(path):
     """[(fp32, bf16, floor)] of one output file's rounds that entered its median."""
     return [(float(m[1]), float(m[2]), float(m[3])) for m in ROUND.finditer(Path(path).read_text())
             if "[left out of the median" not in m[4]]
+
+
+def print_by_probe(paths, bar):
+    """The kept rounds with a machine probe, in quarters by it: median fp32 ratio and steps of each."""
+    rows = []
+    for path in paths:
+        for m in PROBED_ROUND.finditer(Path(path).read_text()):
+            if "[left out of the median" not in m[5]:
+                rows.append(tuple(float(m[i]) for i in (1, 2, 3, 4)))  # probe, zaya, zaya bf16, transformers
+    if len(rows) < 4:
+        print(f"by machine probe: {len(rows)} probed rounds, too few to split")
+        return
+    rows.sort()
+    print("by machine probe (torch fp32 matmul before the round), quarters of the probed rounds:")
+    for q in range(4):
+        part = rows[q * len(rows) // 4:(q + 1) * len(rows) // 4]
+        ratios = [h / z for _, z, _, h in part]
+        print(f"  probe {part[0][0]:5.1f}-{part[-1][0]:5.1f} GFLOP/s  {len(part):3d} rounds  median fp32 ratio "
+              f"{statistics.median(ratios):.2f}x ({sum(r >= bar for r in ratios)} at {bar:g}x or above)  steps: zaya "
+              f"{statistics.median(r[1] for r in part):.0f} ms, bf16 GEMMs {statistics.median(r[2] for r in part):.0f} ms, "
+              f"transformers {statistics.median(r[3] for r in part):.0f} ms")
 
 
 def block_bootstrap(runs, column, resamples, rng):
@@ -42,6 +73,7 @@ def main():
     ap.add_argument("files", nargs="+")
     ap.add_argument("--bar", type=float, default=2.0)
     ap.add_argument("--resamples", type=int, default=10000)
+    ap.add_argument("--by-probe", action="store_true", help="also split the probed rounds by the machine probe")
     args = ap.parse_args()
     runs = [r for r in (kept_rounds(f) for f in args.files) if r]
     if not runs:
@@ -61,6 +93,8 @@ def main():
     lo = intervals[0][0]  # the fp32 ratio's
     verdict = "met" if lo >= args.bar else "not met with confidence"
     print(f"bar {args.bar:g}x in fp32: {verdict} (the interval's lower end is {lo:.2f}x)")
+    if args.by_probe:
+        print_by_probe(args.files, args.bar)
     return 0
 
 
