@@ -1,6 +1,7 @@
 // zaya forward: run a ZAYA1 model on one token sequence and write the fp32 logits as .npy;
 // optionally the loss and every parameter's gradient (for the HF parity test). The model comes from
-// a transformers directory (--model) or from zaya's own init (--init-config + --seed). --save-hf
+// a zaya checkpoint or a transformers directory (--model) or from zaya's own init (--init-config +
+// --seed). --save-hf
 // re-exports it as a transformers directory (the export test); --bench-steps times training steps
 // (forward + backward) on random tokens (benchmarks/model_vs_hf.py).
 #include <chrono>
@@ -20,6 +21,7 @@
 #include "zaya/model/params.h"
 #include "zaya/model/zaya_model.h"
 #include "zaya/ops/gemm.h"
+#include "zaya/train/model_io.h"
 
 namespace zaya::app {
 namespace {
@@ -80,7 +82,7 @@ void write_npy_f32(const std::string& path, const float* data, int64_t rows, int
 
 std::unique_ptr<model::ZayaModel> make_model(const ForwardArgs& a, int64_t B, int64_t T) {
   ZAYA_CHECK(a.model.empty() != a.init_config.empty(), "forward: give exactly one of --model and --init-config");
-  if (!a.model.empty()) return ckpt::load_hf_model(a.model, B, T);
+  if (!a.model.empty()) return train::load_model_source(a.model, B, T).model;
   ConfigReader reader = ConfigReader::from_file(a.init_config);
   auto m = std::make_unique<model::ZayaModel>(model::ModelConfig::from_toml(reader), B, T);
   m->init(a.seed);
@@ -233,8 +235,9 @@ int run_forward(const ForwardArgs& a) {
 
 void add_forward(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<ForwardArgs>();
-  auto* cmd = app.add_subcommand("forward", "Run a ZAYA1 model (transformers directory) on token ids");
-  cmd->add_option("--model", args->model, "transformers save_pretrained directory");
+  auto* cmd = app.add_subcommand("forward", "Run a ZAYA1 model (zaya checkpoint or transformers directory) on token ids");
+  cmd->add_option("--model", args->model,
+                  "zaya checkpoint (step dir, or run dir using `latest`) or transformers save_pretrained directory");
   cmd->add_option("--init-config", args->init_config, "instead of --model: a TOML run config ([model]) to init from");
   cmd->add_option("--seed", args->seed, "init seed with --init-config")->capture_default_str();
   cmd->add_option("--ids", args->ids, "comma-separated token ids");

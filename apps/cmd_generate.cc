@@ -1,5 +1,6 @@
-// zaya generate: cached autoregressive generation from a ZAYA1 model (a transformers directory
-// with --model, or a zaya checkpoint with --ckpt). With --prompt-ids it prints the new token ids,
+// zaya generate: cached autoregressive generation from a ZAYA1 model (--model: a zaya checkpoint or
+// a transformers directory; --ckpt is the same option under the trainer's name). With --prompt-ids
+// it prints the new token ids,
 // comma-separated on one line; with --prompt TEXT it encodes with the SentencePiece tokenizer and
 // prints the decoded prompt + continuation.
 // Sampling lives in the library (zaya/model/generate.h); this file only parses and prints.
@@ -9,7 +10,6 @@
 #include <vector>
 
 #include "commands.h"
-#include "zaya/ckpt/hf_io.h"
 #include "zaya/core/error.h"
 #include "zaya/model/generate.h"
 #include "zaya/data/tokenizer.h"
@@ -50,14 +50,17 @@ std::vector<int32_t> parse_prompt_ids(const std::string& text) {
 }
 
 int run_generate(const GenerateArgs& a) {
-  ZAYA_CHECK(a.model.empty() != a.ckpt.empty(), "generate: give exactly one of --model (transformers dir) or --ckpt");
+  ZAYA_CHECK(a.model.empty() != a.ckpt.empty(), "generate: give exactly one of --model or --ckpt");
   ZAYA_CHECK(a.prompt_ids.empty() != a.prompt.empty(), "generate: give exactly one of --prompt-ids or --prompt");
+  ZAYA_CHECK(a.max_new >= 0, "--max-new must be 0 or more, found ", a.max_new);
+  ZAYA_CHECK(a.temperature >= 0, "--temperature must be positive (or left out for greedy), found ", a.temperature);
+  const std::string& source = a.model.empty() ? a.ckpt : a.model;
   // Text prompts need the tokenizer the model was trained with: --tokenizer, else the one the
   // checkpoint recorded.
   std::optional<data::Tokenizer> tok;
   std::string tok_path = a.tokenizer;
-  if (!a.prompt.empty() && tok_path.empty() && !a.ckpt.empty()) {
-    tok_path = train::source_state(a.ckpt).value("tokenizer", std::string());
+  if (!a.prompt.empty() && tok_path.empty()) {  // a transformers directory records none
+    tok_path = train::source_state(source).value("tokenizer", std::string());
   }
   if (!a.prompt.empty()) {
     ZAYA_CHECK(!tok_path.empty(), "generate: --prompt needs a tokenizer (--tokenizer MODEL)");
@@ -66,8 +69,7 @@ int run_generate(const GenerateArgs& a) {
   const std::vector<int32_t> prompt = tok ? tok->encode(a.prompt) : parse_prompt_ids(a.prompt_ids);
   ZAYA_CHECK(!prompt.empty(), "generate: the prompt encodes to no tokens");
   const int64_t T0 = static_cast<int64_t>(prompt.size());
-  std::unique_ptr<model::ZayaModel> m =
-      a.ckpt.empty() ? ckpt::load_hf_model(a.model, 1, T0) : train::load_model_source(a.ckpt, 1, T0).model;
+  std::unique_ptr<model::ZayaModel> m = train::load_model_source(source, 1, T0).model;
   const int64_t V = m->config().vocab_size;
   for (int32_t id : prompt)
     ZAYA_CHECK(id < V, "--prompt-ids: token id ", id, " is outside the model's vocabulary [0, ", V, ")");
@@ -97,8 +99,9 @@ int run_generate(const GenerateArgs& a) {
 void add_generate(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<GenerateArgs>();
   auto* cmd = app.add_subcommand("generate", "Generate token ids from a ZAYA1 model (cached decode)");
-  cmd->add_option("--model", args->model, "transformers save_pretrained directory");
-  cmd->add_option("--ckpt", args->ckpt, "zaya checkpoint (step dir, or run dir using `latest`)");
+  cmd->add_option("--model", args->model,
+                  "zaya checkpoint (step dir, or run dir using `latest`) or transformers save_pretrained directory");
+  cmd->add_option("--ckpt", args->ckpt, "the same as --model (the trainer's name for a checkpoint)");
   cmd->add_option("--prompt-ids", args->prompt_ids, "comma-separated prompt token ids (prints new ids)");
   cmd->add_option("--prompt", args->prompt, "prompt text (prints decoded text; needs the tokenizer)");
   cmd->add_option("--tokenizer", args->tokenizer, "SentencePiece .model (default: the checkpoint's)");

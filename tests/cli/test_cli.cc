@@ -124,3 +124,56 @@ TEST(Cli, ForwardBenchPartsAddUpToTheStep) {
   EXPECT_NEAR(gemm_sum, gemm, 0.02 * gemm + 0.01 * parts) << r.output;
 }
 }  // namespace
+
+namespace {
+std::string file_bytes(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return "<cannot open " + path + ">";
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
+  std::fclose(f);
+  return out;
+}
+
+// `forward --model` and `generate --model` take a zaya checkpoint (a run directory through its
+// `latest`, or the step directory) as well as a transformers directory (issue #4). The same weights
+// from either source must give the same logits byte for byte (the import copies every tensor
+// exactly) and the same greedy ids; a directory that is neither gets one error naming both kinds.
+TEST(Cli, ForwardAndGenerateTakeAZayaCheckpointOrATransformersDirectory) {
+  const std::string cfg = tiny_model_config("zaya_cli_tiny_model_sources.toml", 2);
+  const std::string tmp = testing::TempDir() + "zaya_cli_sources/";
+  ASSERT_EQ(zaya::test::run_shell("rm -rf " + tmp + " && mkdir -p " + tmp + "empty").code, 0);
+  CliRun r = zaya("forward --init-config " + cfg + " --seed 7 --save-hf " + tmp + "hf");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = zaya("ckpt import-hf " + tmp + "hf --out " + tmp + "run");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string ids = "3,14,15,92,65,35,89,79";
+  std::string logits[3];
+  const std::string sources[3] = {tmp + "hf", tmp + "run", tmp + "run/step_0000000"};
+  for (int i = 0; i < 3; ++i) {
+    const std::string out = tmp + "logits" + std::to_string(i) + ".npy";
+    r = zaya("--threads 1 forward --model " + sources[i] + " --ids " + ids + " --out " + out);
+    ASSERT_EQ(r.code, 0) << sources[i] << "\n" << r.output;
+    logits[i] = file_bytes(out);
+  }
+  EXPECT_GT(logits[0].size(), 8u * 96u * 4u);  // 8 tokens × 96 logits of 4 bytes, plus the header
+  EXPECT_EQ(logits[1], logits[0]);
+  EXPECT_EQ(logits[2], logits[0]);
+  const CliRun g_hf = zaya("--threads 1 generate --model " + tmp + "hf --prompt-ids 3,14,15 --max-new 6 --greedy");
+  const CliRun g_run = zaya("--threads 1 generate --model " + tmp + "run --prompt-ids 3,14,15 --max-new 6 --greedy");
+  ASSERT_EQ(g_hf.code, 0) << g_hf.output;
+  ASSERT_EQ(g_run.code, 0) << g_run.output;
+  EXPECT_EQ(g_run.output, g_hf.output);
+  for (const std::string& cmd : {"forward --model " + tmp + "empty --ids 1,2",
+                                 "generate --model " + tmp + "empty --prompt-ids 1,2"}) {
+    r = zaya(cmd);
+    EXPECT_EQ(r.code, 2) << cmd << "\n" << r.output;
+    EXPECT_NE(r.output.find("neither a zaya checkpoint"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("nor a transformers model directory"), std::string::npos) << r.output;
+  }
+  r = zaya("generate --model " + tmp + "hf --prompt-ids 1,2 --temperature -1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--temperature"), std::string::npos) << r.output;
+}
+}  // namespace

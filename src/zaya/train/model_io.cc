@@ -1,6 +1,7 @@
 #include "zaya/train/model_io.h"
 
 #include "zaya/ckpt/hf_io.h"
+#include "zaya/core/error.h"
 #include "zaya/model/params.h"
 
 namespace zaya::train {
@@ -37,14 +38,27 @@ bool is_hf_dir(const std::string& path) {
   std::error_code ec;
   return fs::is_regular_file(fs::path(path) / "config.json", ec) && !fs::exists(fs::path(path) / "manifest.json", ec);
 }
+
+// A directory that is neither kind gets one message naming both, instead of the checkpoint
+// reader's (which knows only its own kind) or the transformers loader's.
+void require_model_source(const std::string& path) {
+  std::error_code ec;
+  ZAYA_CHECK(fs::is_directory(path, ec), path, ": no such directory (expected a zaya checkpoint or a transformers model directory)");
+  const fs::path p(path);
+  ZAYA_CHECK(is_hf_dir(path) || fs::exists(p / "manifest.json", ec) || fs::exists(p / "latest", ec), path,
+             ": neither a zaya checkpoint (a step directory with manifest.json, or a run directory whose `latest` "
+             "names one) nor a transformers model directory (config.json with model.safetensors or its index)");
+}
 }  // namespace
 
 nlohmann::json source_state(const std::string& path) {
+  require_model_source(path);
   if (is_hf_dir(path)) return nlohmann::json::object();
   return ckpt::Checkpoint(path).manifest().state;
 }
 
 LoadedModel load_model_source(const std::string& path, int64_t batch, int64_t seq_len) {
+  require_model_source(path);
   LoadedModel out;
   if (is_hf_dir(path)) {
     out.model = ckpt::load_hf_model(path, batch, seq_len);
