@@ -310,5 +310,63 @@ TEST(ZayaModel, LogitsAgreeWithTheFusedLoss) {
   EXPECT_NEAR(loss, ce / n, 1e-5 * std::fabs(loss));
 }
 
+// A batch of sequences is that many independent sequences: nothing of one row (the CCA
+// convolutions' and the value shift's previous tokens, the causal attention, the routing) reaches
+// another, forward or backward. Each row run alone (B = 1, the same weights) must give the same
+// logits and routing, and the batch's mean-loss gradient must be the mean of the rows' (every row
+// has T − 1 targets, so the batch mean weights them equally). Bounds: 1e-5 relative, for fp32 sums
+// in another blocking (the GEMMs see M = 3T against T rows); a leak across rows moves results at
+// the 1e-2 level.
+TEST(ZayaModel, BatchRowsAreIndependentSequences) {
+  ModelConfig c = tiny();
+  const int64_t B = 3, T = 9;
+  ZayaModel mb(c, B, T), m1(c, 1, T);
+  randomize(mb, 21);
+  randomize(m1, 21);
+  Batch b = make_batch(c, B, T, 5);
+  Tensor logits = Tensor::empty(Shape{B * T, c.vocab_size}, DType::f32);
+  mb.forward_logits(b.tid, logits);
+  mb.zero_grad();
+  mb.forward(b.tid, b.ttg, true);
+  mb.backward();
+  const std::vector<int32_t> batch_choice = choices(mb);
+  std::vector<std::vector<float>> row_grad_sum(mb.specs().size());
+  for (int64_t r = 0; r < B; ++r) {
+    Tensor ids = Tensor::borrow(b.ids.data() + r * T, Shape{1, T}, DType::i32);
+    Tensor tg = Tensor::borrow(b.targets.data() + r * T, Shape{1, T}, DType::i32);
+    Tensor row = Tensor::empty(Shape{T, c.vocab_size}, DType::f32);
+    m1.forward_logits(ids, row);
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < T * c.vocab_size; ++i) {
+      const double x = logits.data<float>()[r * T * c.vocab_size + i], y = row.data<float>()[i];
+      diff = std::max(diff, std::fabs(x - y));
+      norm = std::max(norm, std::fabs(y));
+    }
+    EXPECT_LE(diff, 1e-5 * norm) << "row " << r << ": logits differ from the row run alone";
+    m1.zero_grad();
+    m1.forward(ids, tg, true);
+    m1.backward();
+    const std::vector<int32_t> row_choice = choices(m1);
+    for (int l = 0; l < c.num_hidden_layers; ++l)
+      for (int64_t t = 0; t < T; ++t)
+        EXPECT_EQ(batch_choice[l * B * T + r * T + t], row_choice[l * T + t]) << "layer " << l << " row " << r;
+    for (size_t i = 0; i < mb.specs().size(); ++i) {
+      const Tensor& g = m1.grad(static_cast<int>(i));
+      row_grad_sum[i].resize(static_cast<size_t>(g.numel()), 0.0f);
+      for (int64_t k = 0; k < g.numel(); ++k) row_grad_sum[i][k] += g.data<float>()[k];
+    }
+  }
+  for (size_t i = 0; i < mb.specs().size(); ++i) {
+    const Tensor& g = mb.grad(static_cast<int>(i));
+    double diff = 0, norm = 0;
+    for (int64_t k = 0; k < g.numel(); ++k) {
+      const double want = row_grad_sum[i][k] / static_cast<double>(B);
+      diff += (g.data<float>()[k] - want) * (g.data<float>()[k] - want);
+      norm += want * want;
+    }
+    EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm) + 1e-9) << mb.specs()[i].name;
+  }
+}
+
 }  // namespace
 }  // namespace zaya::model
