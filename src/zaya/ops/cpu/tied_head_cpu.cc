@@ -330,6 +330,20 @@ inline __m512 scaled_flushed(__m512 e, __m512 c, FlushBelow flush) {
   return apply_post(flush, _mm512_mul_ps(e, c));
 }
 
+// e reaches the backward from memory (the forward streamed it past the caches), and each product
+// reads it in pieces (a strip's 256 tokens for dE, a token block's tiles for dh) that the hardware
+// prefetcher, seeing a new stream every 16 KiB, does not fetch ahead. So while a piece's 16 tile
+// products run, the lines of the piece after it are requested into L2, a share per product: part
+// `p` of `parts` of the `lines` 64-byte lines at `next` (lines `stride` floats apart; null: none).
+// The head's backward 1.029× and 1.036× (tools/switch_ab.cc head, 30 pairs, 22 and 23 won), the
+// whole demo step 1.007–1.021× (switch_ab step, three runs of 24 pairs, 13–20 won;
+// docs/results/model-cpu.md, session 20).
+inline void prefetch_share(const float* next, int64_t stride, int64_t lines, int64_t p, int64_t parts) {
+  if (next == nullptr) return;
+  for (int64_t q = p * lines / parts; q < (p + 1) * lines / parts; ++q)
+    _mm_prefetch(reinterpret_cast<const char*>(next + q * stride), _MM_HINT_T1);
+}
+
 }  // namespace
 
 void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float* h, const float* r,
@@ -358,9 +372,14 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
 #pragma omp for schedule(dynamic, 1)
     for (int64_t s0 = 0; s0 < strips; s0 += kStripGroup)
       for (int64_t t0 = 0; t0 < n16; t0 += kTokenBlock) {
-        const int64_t kt = std::min(kTokenBlock, n16 - t0);
-        for (int64_t s = s0; s < std::min(strips, s0 + kStripGroup); ++s) {
+        const int64_t kt = std::min(kTokenBlock, n16 - t0), s1 = std::min(strips, s0 + kStripGroup);
+        for (int64_t s = s0; s < s1; ++s) {
           const int64_t rows = std::min<int64_t>(16, vocab - s * 16);
+          // The piece this task reads next: the next strip's, or the group's first of the next
+          // token block (kt or fewer tokens: one 64-byte line each).
+          const float* next = s + 1 < s1               ? e + (s + 1) * strip + t0 * 16
+                              : t0 + kTokenBlock < n16 ? e + s0 * strip + (t0 + kTokenBlock) * 16
+                                                       : nullptr;
           // The strip's piece with its block's scales, once for the 16 panels that read it.
           const float* es_src = e + s * strip + t0 * 16;
           const float* cs = scale + (s / kStripsPerBlock) * n16 + t0;
@@ -368,6 +387,7 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
             _mm512_store_ps(es + k * 16,
                             scaled_flushed(_mm512_loadu_ps(es_src + k * 16), _mm512_set1_ps(cs[k]), flush));
           for (int64_t p = 0; p < panels; ++p) {
+            prefetch_share(next, 16, kt, p, panels);
             tile_panels(tile, es, rh + p * rstride + t0 * 16, kt);
             const __mmask16 cols = first_n(hd - p * 16);
             for (int64_t i = 0; i < rows; ++i) {
@@ -393,7 +413,12 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
             _mm512_store_ps(at + s * 256 + k * 16,
                             scaled_flushed(_mm512_load_ps(at + s * 256 + k * 16), c, flush));
         }
+        // The next token block's tiles (kv/16 tiles of 16 lines; a thread usually takes it next:
+        // the schedule hands out pairs of blocks).
+        const float* next = b + 1 < n16 / 16 ? e + (v0 / 16) * strip + (b + 1) * 256 : nullptr;
         for (int64_t p = 0; p < panels; ++p) {
+          for (int64_t s = p * (kv / 16) / panels; next && s < (p + 1) * (kv / 16) / panels; ++s)
+            prefetch_share(next + s * strip, 16, 16, 0, 1);
           tile_panels(tile, at, ep + p * v16 * 16 + v0 * 16, kv);
           const __mmask16 cols = first_n(hd - p * 16);
           for (int64_t i = 0; i < rows; ++i) {
