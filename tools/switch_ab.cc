@@ -13,6 +13,12 @@
 //   head [PAIRS]       cpu::tied_head_forward and tied_head_backward_gemms at the demo's shape
 //                      (2048 tokens, H 256, V 8192), one call of each per variant per pair
 //
+// Read the variable once per call of the function under test, into a local or a `volatile` global,
+// not per inner iteration (getenv costs ~0.1 µs: tens of thousands of calls bias the timing), and
+// check with objdump that variant B's code is there: GCC removed a plain internal-linkage bool that
+// was set before an OpenMP region and read only inside it, and with it every prefetch it guarded
+// (session 20's first try of the head's prefetch measured 1.000 for that reason).
+//
 // Build (one line; from the repository root, after cmake --build build/cuda):
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Isrc tools/switch_ab.cc build/cuda/libzaya_model.a
 //       build/cuda/libzaya_ops.a build/cuda/libzaya_core.a -L/usr/local/cuda/lib -Wl,-rpath,/usr/local/cuda/lib
