@@ -235,9 +235,11 @@ int run_forward(const ForwardArgs& a) {
 
 void add_forward(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<ForwardArgs>();
-  auto* cmd = app.add_subcommand("forward", "Run a ZAYA1 model (zaya checkpoint or transformers directory) on token ids");
-  cmd->add_option("--model", args->model,
-                  "zaya checkpoint (step dir, or run dir using `latest`) or transformers save_pretrained directory");
+  auto* cmd = app.add_subcommand(
+      "forward", "Run a ZAYA1 model (zaya checkpoint or transformers directory) on token ids");
+  cmd->add_option(
+      "--model", args->model,
+      "zaya checkpoint (step dir, or run dir using `latest`) or transformers save_pretrained directory");
   cmd->add_option("--init-config", args->init_config, "instead of --model: a TOML run config ([model]) to init from");
   cmd->add_option("--seed", args->seed, "init seed with --init-config")->capture_default_str();
   cmd->add_option("--ids", args->ids, "comma-separated token ids");

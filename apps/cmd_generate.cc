@@ -5,17 +5,16 @@
 // prints the decoded prompt + continuation.
 // Sampling lives in the library (zaya/model/generate.h); this file only parses and prints.
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "commands.h"
 #include "zaya/core/error.h"
-#include "zaya/model/generate.h"
 #include "zaya/data/tokenizer.h"
+#include "zaya/model/generate.h"
 #include "zaya/train/model_io.h"
-
-#include <optional>
 
 namespace zaya::app {
 namespace {
@@ -53,7 +52,8 @@ int run_generate(const GenerateArgs& a) {
   ZAYA_CHECK(a.model.empty() != a.ckpt.empty(), "generate: give exactly one of --model or --ckpt");
   ZAYA_CHECK(a.prompt_ids.empty() != a.prompt.empty(), "generate: give exactly one of --prompt-ids or --prompt");
   ZAYA_CHECK(a.max_new >= 0, "--max-new must be 0 or more, found ", a.max_new);
-  ZAYA_CHECK(a.temperature >= 0, "--temperature must be positive (or left out for greedy), found ", a.temperature);
+  ZAYA_CHECK(a.temperature >= 0, "--temperature must be positive (or left out for greedy), found ",
+             a.temperature);
   const std::string& source = a.model.empty() ? a.ckpt : a.model;
   // Text prompts need the tokenizer the model was trained with: --tokenizer, else the one the
   // checkpoint recorded.
@@ -99,8 +99,9 @@ int run_generate(const GenerateArgs& a) {
 void add_generate(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<GenerateArgs>();
   auto* cmd = app.add_subcommand("generate", "Generate token ids from a ZAYA1 model (cached decode)");
-  cmd->add_option("--model", args->model,
-                  "zaya checkpoint (step dir, or run dir using `latest`) or transformers save_pretrained directory");
+  cmd->add_option(
+      "--model", args->model,
+      "zaya checkpoint (step dir, or run dir using `latest`) or transformers save_pretrained directory");
   cmd->add_option("--ckpt", args->ckpt, "the same as --model (the trainer's name for a checkpoint)");
   cmd->add_option("--prompt-ids", args->prompt_ids, "comma-separated prompt token ids (prints new ids)");
   cmd->add_option("--prompt", args->prompt, "prompt text (prints decoded text; needs the tokenizer)");

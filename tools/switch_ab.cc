@@ -21,8 +21,9 @@
 //
 // Build (one line; from the repository root, after cmake --build build/cuda):
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Isrc tools/switch_ab.cc build/cuda/libzaya_model.a
-//       build/cuda/libzaya_ops.a build/cuda/libzaya_core.a -L/usr/local/cuda/lib -Wl,-rpath,/usr/local/cuda/lib
-//       -lcudart -lcublasLt -lcublas -ltomlplusplus -ldnnl -lopenblas -o /tmp/switch_ab
+//       build/cuda/libzaya_ops.a build/cuda/libzaya_core.a -L/usr/local/cuda/lib
+//       -Wl,-rpath,/usr/local/cuda/lib -lcudart -lcublasLt -lcublas -ltomlplusplus -ldnnl -lopenblas -o
+//       /tmp/switch_ab
 //   OMP_NUM_THREADS=2 /tmp/switch_ab step 16
 #include <algorithm>
 #include <chrono>
@@ -101,7 +102,8 @@ void ab_step(int pairs) {
   const int64_t V = m.config().vocab_size;
   std::vector<int32_t> ids(static_cast<size_t>(B * T)), tg(ids.size());
   for (size_t i = 0; i < ids.size(); ++i)
-    ids[i] = 1 + static_cast<int32_t>(philox_uniform(12345, i) * static_cast<float>(V - 1)) % static_cast<int32_t>(V - 1);
+    ids[i] = 1 + static_cast<int32_t>(philox_uniform(12345, i) * static_cast<float>(V - 1)) %
+                     static_cast<int32_t>(V - 1);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) tg[b * T + t] = t + 1 < T ? ids[b * T + t + 1] : -100;
   Tensor tid = Tensor::borrow(ids.data(), Shape{B, T}, DType::i32);
@@ -129,8 +131,8 @@ void ab_attention(int pairs) {
       ops::cpu::attention_fwd(o.data(), lse.data(), q.data(), k.data(), v.data(), B, T, nq, nkv, hd);
       f += seconds_since(t0);
       t0 = clock_type::now();
-      ops::cpu::attention_bwd(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), o.data(),
-                              lse.data(), B, T, nq, nkv, hd);
+      ops::cpu::attention_bwd(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                              o.data(), lse.data(), B, T, nq, nkv, hd);
       g += seconds_since(t0);
     }
     return std::vector<double>{f, g};
@@ -143,8 +145,8 @@ void ab_head(int pairs) {
     return;
   }
   const int64_t n = 2048, hd = 256, V = 8192;
-  std::vector<float> e(static_cast<size_t>(ops::cpu::tied_head_strip_elems(n, V)) + 16), h(n * hd), E(V * hd), mx(n),
-      sum(n), picked(n), r(n, 1.0f / n), dE(V * hd), dh(n * hd);
+  std::vector<float> e(static_cast<size_t>(ops::cpu::tied_head_strip_elems(n, V)) + 16), h(n * hd), E(V * hd),
+      mx(n), sum(n), picked(n), r(n, 1.0f / n), dE(V * hd), dh(n * hd);
   float* e64 = e.data() + (16 - reinterpret_cast<uintptr_t>(e.data()) / 4 % 16) % 16;  // 64-byte aligned
   std::vector<int32_t> tg(n);
   fill(h, 1), fill(E, 2);
@@ -152,11 +154,12 @@ void ab_head(int pairs) {
   run_pairs(pairs, {"forward", "backward"}, [&](bool b) {
     set_variant(b);
     auto t0 = clock_type::now();
-    ops::cpu::tied_head_forward(e64, mx.data(), sum.data(), picked.data(), h.data(), E.data(), tg.data(), n, hd, V,
-                                0x1p-100f);
+    ops::cpu::tied_head_forward(e64, mx.data(), sum.data(), picked.data(), h.data(), E.data(), tg.data(), n,
+                                hd, V, 0x1p-100f);
     const double f = seconds_since(t0);
     t0 = clock_type::now();
-    ops::cpu::tied_head_backward_gemms(dE.data(), dh.data(), e64, h.data(), r.data(), E.data(), n, hd, V, 0x1p-100f);
+    ops::cpu::tied_head_backward_gemms(dE.data(), dh.data(), e64, h.data(), r.data(), E.data(), n, hd, V,
+                                       0x1p-100f);
     return std::vector<double>{f, seconds_since(t0)};
   });
 }

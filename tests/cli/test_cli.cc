@@ -160,13 +160,15 @@ TEST(Cli, ForwardAndGenerateTakeAZayaCheckpointOrATransformersDirectory) {
   EXPECT_GT(logits[0].size(), 8u * 96u * 4u);  // 8 tokens × 96 logits of 4 bytes, plus the header
   EXPECT_EQ(logits[1], logits[0]);
   EXPECT_EQ(logits[2], logits[0]);
-  const CliRun g_hf = zaya("--threads 1 generate --model " + tmp + "hf --prompt-ids 3,14,15 --max-new 6 --greedy");
-  const CliRun g_run = zaya("--threads 1 generate --model " + tmp + "run --prompt-ids 3,14,15 --max-new 6 --greedy");
+  const CliRun g_hf =
+      zaya("--threads 1 generate --model " + tmp + "hf --prompt-ids 3,14,15 --max-new 6 --greedy");
+  const CliRun g_run =
+      zaya("--threads 1 generate --model " + tmp + "run --prompt-ids 3,14,15 --max-new 6 --greedy");
   ASSERT_EQ(g_hf.code, 0) << g_hf.output;
   ASSERT_EQ(g_run.code, 0) << g_run.output;
   EXPECT_EQ(g_run.output, g_hf.output);
-  for (const std::string& cmd : {"forward --model " + tmp + "empty --ids 1,2",
-                                 "generate --model " + tmp + "empty --prompt-ids 1,2"}) {
+  for (const std::string& cmd :
+       {"forward --model " + tmp + "empty --ids 1,2", "generate --model " + tmp + "empty --prompt-ids 1,2"}) {
     r = zaya(cmd);
     EXPECT_EQ(r.code, 2) << cmd << "\n" << r.output;
     EXPECT_NE(r.output.find("neither a zaya checkpoint"), std::string::npos) << r.output;

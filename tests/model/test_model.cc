@@ -349,7 +349,8 @@ TEST(ZayaModel, BatchRowsAreIndependentSequences) {
     const std::vector<int32_t> row_choice = choices(m1);
     for (int l = 0; l < c.num_hidden_layers; ++l)
       for (int64_t t = 0; t < T; ++t)
-        EXPECT_EQ(batch_choice[l * B * T + r * T + t], row_choice[l * T + t]) << "layer " << l << " row " << r;
+        EXPECT_EQ(batch_choice[l * B * T + r * T + t], row_choice[l * T + t])
+            << "layer " << l << " row " << r;
     for (size_t i = 0; i < mb.specs().size(); ++i) {
       const Tensor& g = m1.grad(static_cast<int>(i));
       row_grad_sum[i].resize(static_cast<size_t>(g.numel()), 0.0f);

@@ -43,11 +43,13 @@ bool is_hf_dir(const std::string& path) {
 // reader's (which knows only its own kind) or the transformers loader's.
 void require_model_source(const std::string& path) {
   std::error_code ec;
-  ZAYA_CHECK(fs::is_directory(path, ec), path, ": no such directory (expected a zaya checkpoint or a transformers model directory)");
+  ZAYA_CHECK(fs::is_directory(path, ec), path,
+             ": no such directory (expected a zaya checkpoint or a transformers model directory)");
   const fs::path p(path);
-  ZAYA_CHECK(is_hf_dir(path) || fs::exists(p / "manifest.json", ec) || fs::exists(p / "latest", ec), path,
-             ": neither a zaya checkpoint (a step directory with manifest.json, or a run directory whose `latest` "
-             "names one) nor a transformers model directory (config.json with model.safetensors or its index)");
+  ZAYA_CHECK(
+      is_hf_dir(path) || fs::exists(p / "manifest.json", ec) || fs::exists(p / "latest", ec), path,
+      ": neither a zaya checkpoint (a step directory with manifest.json, or a run directory whose `latest` "
+      "names one) nor a transformers model directory (config.json with model.safetensors or its index)");
 }
 }  // namespace
 
