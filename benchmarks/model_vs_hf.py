@@ -24,7 +24,7 @@ like that, the median is over all of them and says so). zaya reports the wall
 time of its library GEMMs; transformers' step divided by that time is the ratio zaya would reach
 if everything besides the GEMMs (which both sides run at the same FLOP count) took no time.
 
-Run: .venv/bin/python benchmarks/model_vs_hf.py --zaya build/gen/zaya --threads 2
+Run: benchmarks/model_vs_hf.sh --zaya build/cuda/zaya --threads 2 --rounds 5 (the environment of scripts/env.sh)
 """
 import argparse
 import os

@@ -11,7 +11,7 @@ reading on a shared VM: two runs minutes apart can differ by 30% with the same c
 Example (the previous commit built in a worktree):
   git worktree add /tmp/old HEAD~1 && cmake -S /tmp/old -B /tmp/old/build -G Ninja -DZAYA_CUDA=OFF \\
       -DCMAKE_BUILD_TYPE=Release && ninja -C /tmp/old/build bench_ops_gemm
-  tools/bench_ab.py /tmp/old/build/benchmarks/bench_ops_gemm build/me/benchmarks/bench_ops_gemm \\
+  tools/bench_ab.py /tmp/old/build/benchmarks/bench_ops_gemm build/cuda/benchmarks/bench_ops_gemm \\
       'gemm_grouped/demo/.*/bf16'
 """
 import argparse

@@ -12,7 +12,7 @@ Tolerance 1e-4 relative on logits, as tests/python/test_hf_parity.py: both sides
 with different summation orders (~1e-6 relative); a wrong tensor or config field moves logits at
 the 1e-2 level.
 
-Run: ZAYA_BINARY=build/gen/zaya .venv/bin/python -m pytest tests/python/test_hf_export.py
+Run: ZAYA_BINARY=build/cuda/zaya .venv/bin/python -m pytest tests/python/test_hf_export.py
 """
 import json
 import subprocess

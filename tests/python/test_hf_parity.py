@@ -21,7 +21,7 @@ the router's backward, whose gradient is ill-conditioned even for torch, and the
 cancelling sum amplifies it again. Either way a real mismatch (a wrong
 routing decision, a missing term) moves results at the 1e-2 level or more and fails.
 
-Run: ZAYA_BINARY=build/model/zaya .venv/bin/python -m pytest tests/python/test_hf_parity.py
+Run: ZAYA_BINARY=build/cuda/zaya .venv/bin/python -m pytest tests/python/test_hf_parity.py
 """
 import os
 import subprocess
