@@ -1,9 +1,8 @@
 // zaya forward: run a ZAYA1 model on one token sequence and write the fp32 logits as .npy;
 // optionally the loss and every parameter's gradient (for the HF parity test). The model comes from
 // a zaya checkpoint or a transformers directory (--model) or from zaya's own init (--init-config +
-// --seed). --save-hf
-// re-exports it as a transformers directory (the export test); --bench-steps times training steps
-// (forward + backward) on random tokens (benchmarks/model_vs_hf.py).
+// --seed). --save-hf re-exports it as a transformers directory (the export test); --bench-steps
+// times training steps (forward + backward) on random tokens (benchmarks/model_vs_hf.py).
 #include <chrono>
 #include <cstdio>
 #include <fstream>

@@ -1,8 +1,7 @@
 // zaya generate: cached autoregressive generation from a ZAYA1 model (--model: a zaya checkpoint or
 // a transformers directory; --ckpt is the same option under the trainer's name). With --prompt-ids
-// it prints the new token ids,
-// comma-separated on one line; with --prompt TEXT it encodes with the SentencePiece tokenizer and
-// prints the decoded prompt + continuation.
+// it prints the new token ids, comma-separated on one line; with --prompt TEXT it encodes with the
+// SentencePiece tokenizer and prints the decoded prompt + continuation.
 // Sampling lives in the library (zaya/model/generate.h); this file only parses and prints.
 #include <cstdio>
 #include <optional>

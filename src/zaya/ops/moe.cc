@@ -68,26 +68,28 @@ int64_t moe_plan(Tensor& counts, Tensor& offsets, Tensor& pos, Tensor& src, cons
                        N, E);
 }
 
-void moe_gather(Tensor& xp, const Tensor& x, const Tensor& src, int64_t M, int64_t N, int64_t H) {
-  constexpr std::string_view op = "moe_gather";
-  check_nh(op, M, N, H);
-  seq::require_n_rows(op, "x", x, N, H);
-  check_permuted(op, "xp", xp, M, H);
-  seq::require_cpu_i32(op, "src", src);
-  check_shape(str(op, ": src"), src, Shape{N});
-  cpu::moe_gather(xp.data<float>(), x.data<float>(), src.data<int32_t>(), M, H);
-}
-
-void moe_gather_rows(Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1, int64_t N,
-                     int64_t H) {
-  constexpr std::string_view op = "moe_gather_rows";
-  ZAYA_CHECK(0 <= r0 && r0 <= r1 && r1 <= N, op, ": rows [", r0, ", ", r1, ") out of range for N = ", N);
+namespace {
+// xp[r] = x[src[r]] for r0 <= r < r1, after the checks both gathers share.
+void gather_checked(std::string_view op, Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1,
+                    int64_t N, int64_t H) {
   check_nh(op, r1, N, H);
   seq::require_n_rows(op, "x", x, N, H);
   check_permuted(op, "xp", xp, r1, H);
   seq::require_cpu_i32(op, "src", src);
   check_shape(str(op, ": src"), src, Shape{N});
   cpu::moe_gather(xp.data<float>() + r0 * H, x.data<float>(), src.data<int32_t>() + r0, r1 - r0, H);
+}
+}  // namespace
+
+void moe_gather(Tensor& xp, const Tensor& x, const Tensor& src, int64_t M, int64_t N, int64_t H) {
+  gather_checked("moe_gather", xp, x, src, 0, M, N, H);
+}
+
+void moe_gather_rows(Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1, int64_t N,
+                     int64_t H) {
+  constexpr std::string_view op = "moe_gather_rows";
+  ZAYA_CHECK(0 <= r0 && r0 <= r1 && r1 <= N, op, ": rows [", r0, ", ", r1, ") out of range for N = ", N);
+  gather_checked(op, xp, x, src, r0, r1, N, H);
 }
 
 void moe_gather_backward(Tensor& dx, const Tensor& dxp, const Tensor& pos, int64_t M, int64_t N, int64_t H) {

@@ -417,8 +417,9 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
         // the schedule hands out pairs of blocks).
         const float* next = b + 1 < n16 / 16 ? e + (v0 / 16) * strip + (b + 1) * 256 : nullptr;
         for (int64_t p = 0; p < panels; ++p) {
-          for (int64_t s = p * (kv / 16) / panels; next && s < (p + 1) * (kv / 16) / panels; ++s)
-            prefetch_share(next + s * strip, 16, 16, 0, 1);
+          if (next)  // this product's share of the tiles, all 16 lines of each
+            for (int64_t s = p * (kv / 16) / panels; s < (p + 1) * (kv / 16) / panels; ++s)
+              prefetch_share(next + s * strip, 16, 16, 0, 1);
           tile_panels(tile, at, ep + p * v16 * 16 + v0 * 16, kv);
           const __mmask16 cols = first_n(hd - p * 16);
           for (int64_t i = 0; i < rows; ++i) {
