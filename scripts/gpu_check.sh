@@ -87,9 +87,11 @@ tests)
   ;;
 run)
   "$pack_dir/zaya" sysinfo 2>&1 | tee "$out/sysinfo.txt" || status=1
+  # The profile is named after the card it measured ("NVIDIA H200" -> h200-cublaslt-bf16).
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
   for dtype in bf16 f32; do
     "$pack_dir/zaya" bench gemm --backend cuda --dtype "$dtype" --shapes model:configs/zaya1-base.toml \
-      --ref-dim 8192 -w 3 -n 20 --name "h100-cublaslt-$dtype" --out "$out/profile-$dtype.json" 2>&1 |
+      --ref-dim 8192 -w 3 -n 20 --name "${gpu:-gpu}-cublaslt-$dtype" --out "$out/profile-$dtype.json" 2>&1 |
       tee -a "$out/gemm.txt" || status=1
   done
   exit $status
