@@ -30,7 +30,7 @@ struct ForwardArgs {
   uint64_t seed = 0, save_hf_shard_bytes = 5'000'000'000ull;
   bool loss = false;
   int64_t bench_steps = 0, batch = 8, seq = 256;
-  bool gemm_shapes = false, sections = false;
+  bool gemm_shapes = false, sections = false, bench_paced = false;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {
@@ -96,7 +96,12 @@ void apply_gemm_dtype(const ForwardArgs& a, model::ZayaModel& m) {
 
 // Times `steps` training steps (zero_grad, forward with the loss gradient, backward) on [B, T]
 // random tokens after one untimed warm-up step; prints one line per phase and the throughput.
-void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sections) {
+// Paced (--bench-paced): after the warm-up step the command prints "bench: ready" and then runs one
+// timed step per line read from standard input, printing "bench: step K forward F ms backward B ms
+// gemm G ms X GFLOP" after each; end of input ends the run early. benchmarks/model_vs_hf.py drives it to
+// alternate single steps of zaya and transformers, so each pair is timed within a second on a
+// machine whose speed drifts.
+void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sections, bool paced) {
   using clock = std::chrono::steady_clock;
   const int64_t B = m.batch(), T = m.seq_len(), V = m.config().vocab_size;
   std::vector<int32_t> ids(static_cast<size_t>(B * T)), tg(static_cast<size_t>(B * T));
@@ -113,7 +118,17 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
     if (s == 0) {  // the warm-up step builds the GEMM primitives
       ops::gemm_time_reset();
       m.reset_section_times();
+      if (paced) {
+        std::printf("bench: ready\n");
+        std::fflush(stdout);
+      }
     }
+    std::string go;
+    if (paced && s >= 0 && !std::getline(std::cin, go)) {
+      steps = s;  // the driver closed the pipe: the summary covers the steps run
+      break;
+    }
+    const ops::GemmTimeStats gemm_before = ops::gemm_time_stats();
     m.zero_grad();
     auto t0 = clock::now();
     loss = m.forward(tid, ttg, true);
@@ -121,10 +136,19 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
     m.backward();
     auto t2 = clock::now();
     if (s >= 0) {
-      fwd += std::chrono::duration<double>(t1 - t0).count();
-      bwd += std::chrono::duration<double>(t2 - t1).count();
+      const double f = std::chrono::duration<double>(t1 - t0).count(), b = std::chrono::duration<double>(t2 - t1).count();
+      fwd += f;
+      bwd += b;
+      if (paced) {
+        const ops::GemmTimeStats g = ops::gemm_time_stats();
+        std::printf("bench: step %lld forward %.3f ms backward %.3f ms gemm %.3f ms %.3f GFLOP\n",
+                    static_cast<long long>(s + 1), 1e3 * f, 1e3 * b, 1e3 * (g.seconds - gemm_before.seconds),
+                    1e-9 * (g.flops - gemm_before.flops));
+        std::fflush(stdout);
+      }
     }
   }
+  ZAYA_CHECK(steps > 0, "forward --bench-paced: input ended before the first timed step");
   const double n = static_cast<double>(steps), step = (fwd + bwd) / n;
   std::printf("bench: batch %lld x %lld tokens, %lld steps, gemm %s, loss %.4f\n", static_cast<long long>(B),
               static_cast<long long>(T), static_cast<long long>(steps),
@@ -171,12 +195,13 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
 }
 
 int run_forward(const ForwardArgs& a) {
+  ZAYA_CHECK(!a.bench_paced || a.bench_steps > 0, "forward: --bench-paced needs --bench-steps N (the most steps to run)");
   if (a.bench_steps > 0) {
     ZAYA_CHECK(a.ids.empty() && a.ids_file.empty() && a.out.empty() && a.grads_out.empty() && !a.loss,
                "forward: --bench-steps runs on random tokens; it takes no --ids/--ids-file/--out/--grads-out/--loss");
     auto m = make_model(a, a.batch, a.seq);
     apply_gemm_dtype(a, *m);
-    run_bench(*m, a.bench_steps, a.gemm_shapes, a.sections);
+    run_bench(*m, a.bench_steps, a.gemm_shapes, a.sections, a.bench_paced);
     return 0;
   }
   const bool run = !a.ids.empty() || !a.ids_file.empty();
@@ -256,6 +281,9 @@ void add_forward(CLI::App& app, Commands& commands) {
   cmd->add_option("--gemm-dtype", args->gemm_dtype, "f32 or bf16 inputs for the expert and LM-head GEMMs")
       ->capture_default_str();
   cmd->add_option("--bench-steps", args->bench_steps, "time N training steps on random tokens and print tokens/s");
+  cmd->add_flag("--bench-paced", args->bench_paced,
+                "with --bench-steps: after the warm-up, run one timed step per line read from stdin and print "
+                "each step's times (benchmarks/model_vs_hf.py alternates zaya's and transformers' steps with it)");
   cmd->add_flag("--gemm-shapes", args->gemm_shapes, "with --bench-steps: time every GEMM shape of the step");
   cmd->add_flag("--sections", args->sections,
                 "with --bench-steps: time each part of the step (each block's forward and backward, head, loss)");

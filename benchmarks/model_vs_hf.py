@@ -13,7 +13,12 @@ projections, attention, conv and router stay fp32).
 
 The three measurements run interleaved for --rounds rounds (zaya fp32, zaya bf16, transformers in
 each) and the ratios are taken per round and as the median: on a shared VM whose speed drifts
-within minutes, only measurements taken side by side compare. Each round starts with a machine
+within minutes, only measurements taken side by side compare. With --pairing step (the default)
+the two zaya programs stay resident (`zaya forward --bench-paced`, one step per line on its stdin)
+next to one transformers model, and a round alternates single steps of the three, rotating which
+goes first, so each program's steps are timed within a second of the others'. --pairing block
+runs each measurement as a block of --steps steps (zaya as a new process each round), as before
+session 21. Each round starts with a machine
 probe (the best of five 1024³ fp32 matmuls in torch on the same threads: the FMA speed of that
 moment, measured by neither program), so rounds can be compared by the machine's state
 (tools/pool_model_vs_hf.py --by-probe). Each line also shows the CPU time the hypervisor stole
@@ -65,6 +70,99 @@ def run_zaya(binary, cfg, threads, batch, seq, steps, gemm_dtype="f32"):
     g = re.search(r"GEMMs ([\d.]+) ms per step \(\d+ calls, ([\d.]+) GFLOP at ([\d.]+) GFLOP/s\)", out)
     return dict(fwd=float(m[1]), bwd=float(m[2]), step=float(m[3]), arena_mib=float(arena[1]),
                 gemm_ms=float(g[1]), gemm_gflop=float(g[2]), gemm_rate=float(g[3]), raw=out)
+
+
+def parse_summary(out):
+    arena = re.search(r"activation arena ([\d.]+) MiB", out)
+    return dict(arena_mib=float(arena[1]) if arena else float("nan"))
+
+
+class PacedZaya:
+    """A resident `zaya forward --bench-paced` process: step() runs one timed training step."""
+
+    def __init__(self, binary, cfg, threads, batch, seq, max_steps, gemm_dtype="f32"):
+        self.dir = tempfile.TemporaryDirectory()
+        toml = Path(self.dir.name) / "model.toml"
+        toml.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in cfg.items()))
+        self.cmd = [binary, "--threads", str(threads), "forward", "--init-config", str(toml), "--seed", "1",
+                    "--bench-steps", str(max_steps), "--batch", str(batch), "--seq", str(seq), "--gemm-dtype",
+                    gemm_dtype, "--bench-paced"]
+        self.p = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, bufsize=1)
+        line = self.p.stdout.readline()
+        if line.strip() != "bench: ready":
+            self.fail(line)
+
+    def fail(self, line):
+        self.p.kill()
+        _, err = self.p.communicate()
+        raise RuntimeError(f"{' '.join(self.cmd)}: expected a paced-bench line, got {line!r}; stderr: {err.strip()}")
+
+    def step(self):
+        self.p.stdin.write("\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        m = re.match(r"bench: step \d+ forward ([\d.]+) ms backward ([\d.]+) ms gemm ([\d.]+) ms ([\d.]+) GFLOP",
+                     line)
+        if not m:
+            self.fail(line)
+        fwd, bwd = float(m[1]), float(m[2])
+        return dict(fwd=fwd, bwd=bwd, step=fwd + bwd, gemm_ms=float(m[3]), gemm_gflop=float(m[4]))
+
+    def close(self):
+        """Ends the process (the end of its stdin ends the run) and returns its summary's numbers."""
+        out, err = self.p.communicate("")
+        if self.p.returncode != 0:
+            raise RuntimeError(f"{' '.join(self.cmd)} exited {self.p.returncode}: {err.strip()}")
+        self.dir.cleanup()
+        return parse_summary(out)
+
+
+class HfModel:
+    """transformers' ZayaForCausalLM on the demo shapes, kept between steps: step() runs one timed step."""
+
+    def __init__(self, cfg, threads, batch, seq, attn):
+        import torch
+        from transformers import ZayaConfig, ZayaForCausalLM
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        hc = ZayaConfig(**cfg, max_position_embeddings=max(4096, seq),
+                        layer_types=["hybrid"] * cfg["num_hidden_layers"], attn_implementation=attn)
+        self.model = ZayaForCausalLM(hc).float().train()
+        self.ids = torch.randint(1, cfg["vocab_size"], (batch, seq))
+
+    def step(self):
+        self.model.zero_grad(set_to_none=False)
+        t0 = time.perf_counter()
+        loss = self.model(input_ids=self.ids, labels=self.ids).loss
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        return dict(fwd=1e3 * (t1 - t0), bwd=1e3 * (t2 - t1), step=1e3 * (t2 - t0))
+
+
+def paired_round(programs, steps):
+    """steps single steps of each program, alternating, the first one rotating from step to step; per
+    program the mean times and the share of CPU time stolen over its own steps."""
+    sums = [dict() for _ in programs]
+    stolen = [[0, 0] for _ in programs]  # steal and total jiffies over the program's steps
+    for k in range(steps):
+        for j in range(len(programs)):
+            i = (j + k) % len(programs)
+            a = cpu_times()
+            r = programs[i].step()
+            b = cpu_times()
+            if a and b:
+                stolen[i][0] += b[1] - a[1]
+                stolen[i][1] += b[0] - a[0]
+            for key, v in r.items():
+                sums[i][key] = sums[i].get(key, 0.0) + v
+    out = []
+    for total, (st, all_) in zip(sums, stolen):
+        m = {key: v / steps for key, v in total.items()}
+        m["steal"] = 100.0 * st / max(1, all_) if all_ else float("nan")
+        out.append(m)
+    return out
 
 
 def cpu_times():
@@ -135,6 +233,9 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--attn", default="sdpa", help="transformers attention implementation (sdpa or eager)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three measurements")
+    ap.add_argument("--pairing", choices=("step", "block"), default="step",
+                    help="step: resident programs, single steps alternating within a round; block: each "
+                         "measurement a block of --steps steps, zaya a new process each round")
     ap.add_argument("--warmup-rounds", type=int, default=1,
                     help="untimed transformers measurements before the rounds (see main)")
     ap.add_argument("--max-steal", type=float, default=5.0,
@@ -150,23 +251,38 @@ def main():
     # its own warm-up step (1000-1250 against 630-870 ms per step in every one of ten runs on a Zen
     # 4, 2026-11-25), which made round 1 flatter zaya. One untimed measurement first, so every round
     # times the steady state; zaya runs as a new process each round and its warm-up step is enough.
-    if a.warmup_rounds > 0:
+    # (Paired: one untimed round of all three, after zaya's own warm-up step.)
+    paired = a.pairing == "step"
+    if paired:
+        print(f"pairing: single steps of zaya fp32, zaya bf16 GEMMs and transformers alternate, the first "
+              f"rotating; {a.steps} steps of each per round, the programs resident")
+        total = (a.warmup_rounds + a.rounds) * a.steps
+        programs = [PacedZaya(a.zaya, cfg, a.threads, a.batch, a.seq, total),
+                    PacedZaya(a.zaya, cfg, a.threads, a.batch, a.seq, total, "bf16"),
+                    HfModel(cfg, a.threads, a.batch, a.seq, a.attn)]
+        for _ in range(a.warmup_rounds):
+            w = paired_round(programs, a.steps)[2]
+    else:
         for _ in range(a.warmup_rounds):
             w = run_hf(cfg, a.threads, a.batch, a.seq, a.steps, a.attn)
+    if a.warmup_rounds > 0:
         print(f"transformers warm-up (untimed for the ratios): step {w['step']:.1f} ms")
     rounds = []
     for r in range(a.rounds):
         probe = machine_probe(a.threads)
-        z = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps)
-        zb = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps, "bf16")
-        h = timed(run_hf, cfg, a.threads, a.batch, a.seq, a.steps, a.attn)
+        if paired:
+            z, zb, h = paired_round(programs, a.steps)
+        else:
+            z = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps)
+            zb = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps, "bf16")
+            h = timed(run_hf, cfg, a.threads, a.batch, a.seq, a.steps, a.attn)
         print(f"round {r + 1}")
         print(f"  machine probe (torch fp32 1024^3 matmul, best of 5, before the round): {probe:.1f} GFLOP/s")
         for name, m in (("zaya fp32", z), ("zaya bf16 GEMMs", zb), (f"transformers fp32 ({a.attn})", h)):
             print(f"  {name:28s} forward {m['fwd']:8.1f} ms  backward {m['bwd']:8.1f} ms  step {m['step']:8.1f} ms  "
                   f"{tokens / m['step'] * 1e3:8.1f} tokens/s  steal {m['steal']:4.1f}%")
         print(f"  zaya fp32 GEMMs: {z['gemm_ms']:.1f} ms of the step ({z['gemm_gflop']:.1f} GFLOP at "
-              f"{z['gemm_rate']:.1f} GFLOP/s), everything else {z['step'] - z['gemm_ms']:.1f} ms")
+              f"{z['gemm_gflop'] / z['gemm_ms'] * 1e3:.1f} GFLOP/s), everything else {z['step'] - z['gemm_ms']:.1f} ms")
         ratios = dict(fp32=h["step"] / z["step"], bf16=h["step"] / zb["step"], floor=h["step"] / z["gemm_ms"])
         steal = max(m["steal"] for m in (z, zb, h))
         clean = not steal > a.max_steal  # nan (no /proc/stat) counts as clean
@@ -182,6 +298,8 @@ def main():
     med = {k: statistics.median(r[k] for r in kept) for k in kept[0]}
     print(f"median over {len(kept)} of {a.rounds} rounds: zaya fp32 / transformers fp32 {med['fp32']:.2f}x, "
           f"zaya bf16 GEMMs / transformers fp32 {med['bf16']:.2f}x, GEMM floor {med['floor']:.2f}x")
+    if paired:
+        z, zb = programs[0].close(), programs[1].close()
     print(f"zaya activation arena per step: fp32 {z['arena_mib']:.1f} MiB, bf16 GEMMs {zb['arena_mib']:.1f} MiB")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0

@@ -3,6 +3,9 @@
 
   tools/pool_model_vs_hf.py docs/results/model-cpu/model_vs_hf-2026-11-26-s19-*.txt
 
+Files from the two pairings of benchmarks/model_vs_hf.py (single steps alternating, the default
+since session 21, and the older blocks) should be pooled apart: it warns when they are mixed.
+
 Prints, over every kept round of the files (rounds the script left out for hypervisor steal stay
 out), the median of the zaya/transformers fp32 ratio, of the bf16-GEMM ratio and of the GEMM floor,
 how many rounds reached 2×, and a 95% interval for each median. Rounds of one run share a few
@@ -78,6 +81,13 @@ def main():
     runs = [r for r in (kept_rounds(f) for f in args.files) if r]
     if not runs:
         sys.exit("no kept rounds in " + " ".join(args.files))
+    # Since session 21 the script alternates single steps of resident programs (a "pairing:" line);
+    # before, each round timed blocks of steps with a new transformers model every round, which read
+    # transformers ~5-10% slower (docs/results/model-cpu.md, session 21). Pooling both mixes two biases.
+    paired = sum("\npairing: single steps" in Path(f).read_text() for f in args.files)
+    if 0 < paired < len(args.files):
+        print(f"warning: {paired} of {len(args.files)} files alternate single steps (--pairing step) and the "
+              f"rest time blocks (--pairing block); their ratios differ systematically: pool them apart")
     pooled = [r for run in runs for r in run]
     rng = random.Random(1)
     print(f"{len(pooled)} kept rounds in {len(runs)} runs")

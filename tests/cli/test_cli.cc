@@ -123,6 +123,40 @@ TEST(Cli, ForwardBenchPartsAddUpToTheStep) {
   EXPECT_GT(gemm, 0) << r.output;
   EXPECT_NEAR(gemm_sum, gemm, 0.02 * gemm + 0.01 * parts) << r.output;
 }
+
+// `forward --bench-paced` (benchmarks/model_vs_hf.py's paired steps): one timed step per line of
+// standard input, each reported as it ends, and a summary over the steps run when the input ends
+// before --bench-steps.
+TEST(Cli, ForwardBenchPacedRunsOneStepPerInputLine) {
+  const std::string cfg = tiny_model_config("zaya_cli_tiny_model_paced.toml", 1);
+  CliRun r = zaya::test::run_shell("printf '\\n\\n' | " + std::string(ZAYA_BINARY) + " --threads 1 forward --init-config " +
+                                   cfg + " --seed 1 --bench-steps 5 --batch 2 --seq 16 --bench-paced");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_LT(r.output.find("bench: ready"), r.output.find("bench: step 1 ")) << r.output;
+  std::istringstream in(r.output);
+  int steps = 0, summary_steps = 0;
+  double fwd_sum = 0, fwd_mean = -1;
+  for (std::string line; std::getline(in, line);) {
+    int k = 0;
+    double f = 0, b = 0, g = 0, gf = 0;
+    if (std::sscanf(line.c_str(), "bench: step %d forward %lf ms backward %lf ms gemm %lf ms %lf GFLOP", &k, &f, &b, &g,
+                    &gf) == 5) {
+      EXPECT_EQ(k, ++steps) << line;
+      EXPECT_GT(gf, 0.0) << line;
+      fwd_sum += f;
+    }
+    std::sscanf(line.c_str(), "bench: batch 2 x 16 tokens, %d steps", &summary_steps);
+    std::sscanf(line.c_str(), "bench: forward %lf ms", &fwd_mean);
+  }
+  EXPECT_EQ(steps, 2) << r.output;  // two input lines, not --bench-steps 5
+  EXPECT_EQ(summary_steps, 2) << r.output;
+  // The summary is the mean of the reported steps (printed to 0.01 ms; the step lines to 0.001).
+  EXPECT_NEAR(fwd_mean, fwd_sum / 2, 0.006) << r.output;
+
+  CliRun no_steps = zaya("--threads 1 forward --init-config " + cfg + " --bench-paced");
+  EXPECT_NE(no_steps.code, 0);
+  EXPECT_NE(no_steps.output.find("--bench-paced needs --bench-steps"), std::string::npos) << no_steps.output;
+}
 }  // namespace
 
 namespace {
