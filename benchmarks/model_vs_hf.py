@@ -141,14 +141,17 @@ class HfModel:
         return dict(fwd=1e3 * (t1 - t0), bwd=1e3 * (t2 - t1), step=1e3 * (t2 - t0))
 
 
-def paired_round(programs, steps):
+def paired_round(programs, steps, settle_s=0.0):
     """steps single steps of each program, alternating, the first one rotating from step to step; per
-    program the mean times and the share of CPU time stolen over its own steps."""
+    program the mean times and the share of CPU time stolen over its own steps. settle_s: a pause
+    before each step, in which the OpenMP threads of the program that ran last stop spinning."""
     sums = [dict() for _ in programs]
     stolen = [[0, 0] for _ in programs]  # steal and total jiffies over the program's steps
     for k in range(steps):
         for j in range(len(programs)):
             i = (j + k) % len(programs)
+            if settle_s > 0:
+                time.sleep(settle_s)
             a = cpu_times()
             r = programs[i].step()
             b = cpu_times()
@@ -236,6 +239,9 @@ def main():
     ap.add_argument("--pairing", choices=("step", "block"), default="step",
                     help="step: resident programs, single steps alternating within a round; block: each "
                          "measurement a block of --steps steps, zaya a new process each round")
+    ap.add_argument("--settle-ms", type=float, default=20.0,
+                    help="--pairing step: pause this long before each step, so that the threads of the "
+                         "program that ran last have stopped spinning (libgomp spins ~5-10 ms after a parallel region)")
     ap.add_argument("--warmup-rounds", type=int, default=1,
                     help="untimed transformers measurements before the rounds (see main)")
     ap.add_argument("--max-steal", type=float, default=5.0,
@@ -261,7 +267,7 @@ def main():
                     PacedZaya(a.zaya, cfg, a.threads, a.batch, a.seq, total, "bf16"),
                     HfModel(cfg, a.threads, a.batch, a.seq, a.attn)]
         for _ in range(a.warmup_rounds):
-            w = paired_round(programs, a.steps)[2]
+            w = paired_round(programs, a.steps, a.settle_ms / 1e3)[2]
     else:
         for _ in range(a.warmup_rounds):
             w = run_hf(cfg, a.threads, a.batch, a.seq, a.steps, a.attn)
@@ -271,7 +277,7 @@ def main():
     for r in range(a.rounds):
         probe = machine_probe(a.threads)
         if paired:
-            z, zb, h = paired_round(programs, a.steps)
+            z, zb, h = paired_round(programs, a.steps, a.settle_ms / 1e3)
         else:
             z = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps)
             zb = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps, "bf16")
