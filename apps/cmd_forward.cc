@@ -136,7 +136,8 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
     m.backward();
     auto t2 = clock::now();
     if (s >= 0) {
-      const double f = std::chrono::duration<double>(t1 - t0).count(), b = std::chrono::duration<double>(t2 - t1).count();
+      const double f = std::chrono::duration<double>(t1 - t0).count(),
+                   b = std::chrono::duration<double>(t2 - t1).count();
       fwd += f;
       bwd += b;
       if (paced) {
@@ -195,7 +196,8 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
 }
 
 int run_forward(const ForwardArgs& a) {
-  ZAYA_CHECK(!a.bench_paced || a.bench_steps > 0, "forward: --bench-paced needs --bench-steps N (the most steps to run)");
+  ZAYA_CHECK(!a.bench_paced || a.bench_steps > 0,
+             "forward: --bench-paced needs --bench-steps N (the most steps to run)");
   if (a.bench_steps > 0) {
     ZAYA_CHECK(a.ids.empty() && a.ids_file.empty() && a.out.empty() && a.grads_out.empty() && !a.loss,
                "forward: --bench-steps runs on random tokens; it takes no --ids/--ids-file/--out/--grads-out/--loss");
@@ -281,9 +283,10 @@ void add_forward(CLI::App& app, Commands& commands) {
   cmd->add_option("--gemm-dtype", args->gemm_dtype, "f32 or bf16 inputs for the expert and LM-head GEMMs")
       ->capture_default_str();
   cmd->add_option("--bench-steps", args->bench_steps, "time N training steps on random tokens and print tokens/s");
-  cmd->add_flag("--bench-paced", args->bench_paced,
-                "with --bench-steps: after the warm-up, run one timed step per line read from stdin and print "
-                "each step's times (benchmarks/model_vs_hf.py alternates zaya's and transformers' steps with it)");
+  cmd->add_flag(
+      "--bench-paced", args->bench_paced,
+      "with --bench-steps: after the warm-up, run one timed step per line read from stdin and print "
+      "each step's times (benchmarks/model_vs_hf.py alternates zaya's and transformers' steps with it)");
   cmd->add_flag("--gemm-shapes", args->gemm_shapes, "with --bench-steps: time every GEMM shape of the step");
   cmd->add_flag("--sections", args->sections,
                 "with --bench-steps: time each part of the step (each block's forward and backward, head, loss)");

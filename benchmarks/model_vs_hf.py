@@ -204,26 +204,11 @@ def machine_probe(threads):
 
 
 def run_hf(cfg, threads, batch, seq, steps, attn):
-    import torch
-    from transformers import ZayaConfig, ZayaForCausalLM
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    hc = ZayaConfig(**cfg, max_position_embeddings=max(4096, seq), layer_types=["hybrid"] * cfg["num_hidden_layers"],
-                    attn_implementation=attn)
-    model = ZayaForCausalLM(hc).float().train()
-    ids = torch.randint(1, cfg["vocab_size"], (batch, seq))
-    fwd = bwd = 0.0
-    for s in range(-1, steps):
-        model.zero_grad(set_to_none=False)
-        t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        if s >= 0:
-            fwd += t1 - t0
-            bwd += t2 - t1
-    return dict(fwd=1e3 * fwd / steps, bwd=1e3 * bwd / steps, step=1e3 * (fwd + bwd) / steps)
+    """The block pairing's transformers measurement: a new model, one untimed step, then steps timed."""
+    model = HfModel(cfg, threads, batch, seq, attn)
+    model.step()
+    times = [model.step() for _ in range(steps)]
+    return {k: sum(t[k] for t in times) / steps for k in ("fwd", "bwd", "step")}
 
 
 def main():

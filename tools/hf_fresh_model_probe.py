@@ -7,7 +7,7 @@ that against a model kept for the whole run, both each round (which goes first a
 
   .venv/bin/python tools/hf_fresh_model_probe.py --threads 2 --rounds 6     (after scripts/env.sh)
 
-Per round it prints both step times and fresh/persistent; a ratio above 1 is how much the block
+Per round it prints both step times and fresh/kept; a ratio above 1 is how much the block
 pairing flattered zaya. Result: docs/results/model-cpu.md, session 21.
 """
 import argparse
@@ -37,12 +37,12 @@ def main():
     for r in range(a.rounds):
         # Which goes first alternates, so neither gains from the order.
         if r % 2:
-            persistent = statistics.mean(kept.step()["step"] for _ in range(a.steps))
+            kept_ms = statistics.mean(kept.step()["step"] for _ in range(a.steps))
         fresh = mv.run_hf(cfg, a.threads, a.batch, a.seq, a.steps, a.attn)["step"]
         if not r % 2:
-            persistent = statistics.mean(kept.step()["step"] for _ in range(a.steps))
-        ratios.append(fresh / persistent)
-        print(f"round {r + 1}: fresh model {fresh:.1f} ms, kept model {persistent:.1f} ms, "
+            kept_ms = statistics.mean(kept.step()["step"] for _ in range(a.steps))
+        ratios.append(fresh / kept_ms)
+        print(f"round {r + 1}: fresh model {fresh:.1f} ms, kept model {kept_ms:.1f} ms, "
               f"fresh/kept {ratios[-1]:.3f}", flush=True)
     print(f"median fresh/kept over {a.rounds} rounds: {statistics.median(ratios):.3f} "
           f"(range {min(ratios):.3f}-{max(ratios):.3f})")

@@ -129,8 +129,9 @@ TEST(Cli, ForwardBenchPartsAddUpToTheStep) {
 // before --bench-steps.
 TEST(Cli, ForwardBenchPacedRunsOneStepPerInputLine) {
   const std::string cfg = tiny_model_config("zaya_cli_tiny_model_paced.toml", 1);
-  CliRun r = zaya::test::run_shell("printf '\\n\\n' | " + std::string(ZAYA_BINARY) + " --threads 1 forward --init-config " +
-                                   cfg + " --seed 1 --bench-steps 5 --batch 2 --seq 16 --bench-paced");
+  CliRun r = zaya::test::run_shell("printf '\\n\\n' | " + std::string(ZAYA_BINARY) +
+                                   " --threads 1 forward --init-config " + cfg +
+                                   " --seed 1 --bench-steps 5 --batch 2 --seq 16 --bench-paced");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_LT(r.output.find("bench: ready"), r.output.find("bench: step 1 ")) << r.output;
   std::istringstream in(r.output);
@@ -139,8 +140,8 @@ TEST(Cli, ForwardBenchPacedRunsOneStepPerInputLine) {
   for (std::string line; std::getline(in, line);) {
     int k = 0;
     double f = 0, b = 0, g = 0, gf = 0;
-    if (std::sscanf(line.c_str(), "bench: step %d forward %lf ms backward %lf ms gemm %lf ms %lf GFLOP", &k, &f, &b, &g,
-                    &gf) == 5) {
+    if (std::sscanf(line.c_str(), "bench: step %d forward %lf ms backward %lf ms gemm %lf ms %lf GFLOP", &k,
+                    &f, &b, &g, &gf) == 5) {
       EXPECT_EQ(k, ++steps) << line;
       EXPECT_GT(gf, 0.0) << line;
       fwd_sum += f;
