@@ -141,16 +141,19 @@ class HfModel:
         return dict(fwd=1e3 * (t1 - t0), bwd=1e3 * (t2 - t1), step=1e3 * (t2 - t0))
 
 
-def paired_round(programs, steps, settle_s=0.0):
-    """steps single steps of each program, alternating, the first one rotating from step to step; per
-    program the mean times and the share of CPU time stolen over its own steps. settle_s: a pause
-    before each step, in which the OpenMP threads of the program that ran last stop spinning."""
+def paired_round(programs, steps, settle_s=0.0, run_length=1):
+    """steps steps of each program, in turns of run_length consecutive steps (1: single steps
+    alternating), the program that starts rotating from turn to turn; per program the mean times and
+    the share of CPU time stolen over its own steps. settle_s: a pause before each change of
+    program, in which the OpenMP threads of the program that ran last stop spinning."""
+    if steps % run_length:
+        raise ValueError(f"--steps {steps} is not a multiple of --run-length {run_length}")
+    order = [(j + k) % len(programs) for k in range(steps // run_length) for j in range(len(programs))]
     sums = [dict() for _ in programs]
     stolen = [[0, 0] for _ in programs]  # steal and total jiffies over the program's steps
-    for k in range(steps):
-        for j in range(len(programs)):
-            i = (j + k) % len(programs)
-            if settle_s > 0:
+    for i in order:
+        for n in range(run_length):
+            if settle_s > 0 and n == 0:
                 time.sleep(settle_s)
             a = cpu_times()
             r = programs[i].step()
@@ -227,6 +230,9 @@ def main():
     ap.add_argument("--settle-ms", type=float, default=20.0,
                     help="--pairing step: pause this long before each step, so that the threads of the "
                          "program that ran last have stopped spinning (libgomp spins ~5-10 ms after a parallel region)")
+    ap.add_argument("--run-length", type=int, default=1,
+                    help="--pairing step: consecutive steps of one program before the next program's (1: "
+                         "single steps alternating; --steps: blocks of steps of the resident programs)")
     ap.add_argument("--warmup-rounds", type=int, default=1,
                     help="untimed transformers measurements before the rounds (see main)")
     ap.add_argument("--max-steal", type=float, default=5.0,
@@ -246,13 +252,14 @@ def main():
     paired = a.pairing == "step"
     if paired:
         print(f"pairing: single steps of zaya fp32, zaya bf16 GEMMs and transformers alternate, the first "
-              f"rotating; {a.steps} steps of each per round, the programs resident")
+              f"rotating; {a.steps} steps of each per round, the programs resident"
+              + (f"; turns of {a.run_length} steps" if a.run_length > 1 else ""))
         total = (a.warmup_rounds + a.rounds) * a.steps
         programs = [PacedZaya(a.zaya, cfg, a.threads, a.batch, a.seq, total),
                     PacedZaya(a.zaya, cfg, a.threads, a.batch, a.seq, total, "bf16"),
                     HfModel(cfg, a.threads, a.batch, a.seq, a.attn)]
         for _ in range(a.warmup_rounds):
-            w = paired_round(programs, a.steps, a.settle_ms / 1e3)[2]
+            w = paired_round(programs, a.steps, a.settle_ms / 1e3, a.run_length)[2]
     else:
         for _ in range(a.warmup_rounds):
             w = run_hf(cfg, a.threads, a.batch, a.seq, a.steps, a.attn)
@@ -262,7 +269,7 @@ def main():
     for r in range(a.rounds):
         probe = machine_probe(a.threads)
         if paired:
-            z, zb, h = paired_round(programs, a.steps, a.settle_ms / 1e3)
+            z, zb, h = paired_round(programs, a.steps, a.settle_ms / 1e3, a.run_length)
         else:
             z = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps)
             zb = timed(run_zaya, a.zaya, cfg, a.threads, a.batch, a.seq, a.steps, "bf16")
