@@ -128,6 +128,31 @@ void cca_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_CcaConvForward)->Apply(cca_args);
 BENCHMARK(BM_CcaConvBackward)->Apply(cca_args);
 
+// The CCA q/k path after the conv (mean skip, QK norm, RoPE, fused per token) and its backward.
+// Args: B, T, hd, nq, nkv. GB/s counts the tensors each pass reads and writes once.
+void BM_CcaQkForward(benchmark::State& st) {
+  const int64_t B = st.range(0), T = st.range(1), N = B * T;
+  ops::CcaDims d{st.range(3), st.range(4), st.range(2)};
+  const int64_t C = d.channels(), rq = d.nq * d.hd, rk = d.nkv * d.hd;
+  ops::RopeTable tab = ops::make_rope_table(d.hd, 0.5, 1e4, T);
+  Tensor conv = rnd({N, C}, 1), z = rnd({N, C}, 2), temp = rnd({d.nkv}, 3);
+  Tensor q = zeros({N, rq}), k = zeros({N, rk}), qpre = zeros({N, rq}), kpre = zeros({N, rk});
+  for (auto _ : st) ops::cca_qk_forward(q, k, qpre, kpre, conv, z, temp, tab, B, T, d);
+  st.counters["GB/s"] = benchmark::Counter(4.0 * N * C * 4 * st.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+void BM_CcaQkBackward(benchmark::State& st) {
+  const int64_t B = st.range(0), T = st.range(1), N = B * T;
+  ops::CcaDims d{st.range(3), st.range(4), st.range(2)};
+  const int64_t C = d.channels(), rq = d.nq * d.hd, rk = d.nkv * d.hd;
+  ops::RopeTable tab = ops::make_rope_table(d.hd, 0.5, 1e4, T);
+  Tensor dq = rnd({N, rq}, 1), dk = rnd({N, rk}, 2), qpre = rnd({N, rq}, 3), kpre = rnd({N, rk}, 4);
+  Tensor temp = rnd({d.nkv}, 5), dconv = zeros({N, C}), dz = zeros({N, C}), dtemp = zeros({d.nkv});
+  for (auto _ : st) ops::cca_qk_backward(dconv, dz, dtemp, dq, dk, qpre, kpre, temp, tab, B, T, d);
+  st.counters["GB/s"] = benchmark::Counter(4.0 * N * C * 4 * st.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_CcaQkForward)->Args({8, 256, 64, 4, 2})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_CcaQkBackward)->Args({8, 256, 64, 4, 2})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 // RoPE in place on q [T, 8, 128] (half the dims rotate; all bytes are read and written).
 void BM_Rope(benchmark::State& st) {
   const int64_t B = 1, T = st.range(0), H = 8, hd = 128;
