@@ -57,24 +57,28 @@ def model_config(path):
     return cfg
 
 
+def zaya_bench_command(binary, cfg, threads, batch, seq, steps, gemm_dtype, workdir):
+    """`zaya forward --bench-steps` on cfg's model (written as a TOML into workdir)."""
+    toml = Path(workdir) / "model.toml"
+    toml.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in cfg.items()))
+    return [binary, "--threads", str(threads), "forward", "--init-config", str(toml), "--seed", "1",
+            "--bench-steps", str(steps), "--batch", str(batch), "--seq", str(seq), "--gemm-dtype", gemm_dtype]
+
+
+def arena_mib(out):
+    """The activation arena from a bench summary, in MiB."""
+    return float(re.search(r"activation arena ([\d.]+) MiB", out)[1])
+
+
 def run_zaya(binary, cfg, threads, batch, seq, steps, gemm_dtype="f32"):
+    """The block pairing's zaya measurement: a new process, its warm-up step, then steps timed."""
     with tempfile.TemporaryDirectory() as d:
-        toml = Path(d) / "model.toml"
-        toml.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in cfg.items()))
-        out = subprocess.run([binary, "--threads", str(threads), "forward", "--init-config", str(toml), "--seed", "1",
-                              "--bench-steps", str(steps), "--batch", str(batch), "--seq", str(seq),
-                              "--gemm-dtype", gemm_dtype],
+        out = subprocess.run(zaya_bench_command(binary, cfg, threads, batch, seq, steps, gemm_dtype, d),
                              check=True, capture_output=True, text=True).stdout
     m = re.search(r"forward ([\d.]+) ms, backward ([\d.]+) ms, step ([\d.]+) ms", out)
-    arena = re.search(r"activation arena ([\d.]+) MiB", out)
-    g = re.search(r"GEMMs ([\d.]+) ms per step \(\d+ calls, ([\d.]+) GFLOP at ([\d.]+) GFLOP/s\)", out)
-    return dict(fwd=float(m[1]), bwd=float(m[2]), step=float(m[3]), arena_mib=float(arena[1]),
-                gemm_ms=float(g[1]), gemm_gflop=float(g[2]), gemm_rate=float(g[3]), raw=out)
-
-
-def parse_summary(out):
-    arena = re.search(r"activation arena ([\d.]+) MiB", out)
-    return dict(arena_mib=float(arena[1]) if arena else float("nan"))
+    g = re.search(r"GEMMs ([\d.]+) ms per step \(\d+ calls, ([\d.]+) GFLOP", out)
+    return dict(fwd=float(m[1]), bwd=float(m[2]), step=float(m[3]), arena_mib=arena_mib(out),
+                gemm_ms=float(g[1]), gemm_gflop=float(g[2]))
 
 
 class PacedZaya:
@@ -82,11 +86,8 @@ class PacedZaya:
 
     def __init__(self, binary, cfg, threads, batch, seq, max_steps, gemm_dtype="f32"):
         self.dir = tempfile.TemporaryDirectory()
-        toml = Path(self.dir.name) / "model.toml"
-        toml.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in cfg.items()))
-        self.cmd = [binary, "--threads", str(threads), "forward", "--init-config", str(toml), "--seed", "1",
-                    "--bench-steps", str(max_steps), "--batch", str(batch), "--seq", str(seq), "--gemm-dtype",
-                    gemm_dtype, "--bench-paced"]
+        self.cmd = zaya_bench_command(binary, cfg, threads, batch, seq, max_steps, gemm_dtype, self.dir.name) + [
+            "--bench-paced"]
         self.p = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, bufsize=1)
         line = self.p.stdout.readline()
@@ -110,12 +111,12 @@ class PacedZaya:
         return dict(fwd=fwd, bwd=bwd, step=fwd + bwd, gemm_ms=float(m[3]), gemm_gflop=float(m[4]))
 
     def close(self):
-        """Ends the process (the end of its stdin ends the run) and returns its summary's numbers."""
+        """Ends the process (the end of its stdin ends the run) and returns its activation arena in MiB."""
         out, err = self.p.communicate("")
         if self.p.returncode != 0:
             raise RuntimeError(f"{' '.join(self.cmd)} exited {self.p.returncode}: {err.strip()}")
         self.dir.cleanup()
-        return parse_summary(out)
+        return arena_mib(out)
 
 
 class HfModel:
@@ -296,9 +297,8 @@ def main():
     med = {k: statistics.median(r[k] for r in kept) for k in kept[0]}
     print(f"median over {len(kept)} of {a.rounds} rounds: zaya fp32 / transformers fp32 {med['fp32']:.2f}x, "
           f"zaya bf16 GEMMs / transformers fp32 {med['bf16']:.2f}x, GEMM floor {med['floor']:.2f}x")
-    if paired:
-        z, zb = programs[0].close(), programs[1].close()
-    print(f"zaya activation arena per step: fp32 {z['arena_mib']:.1f} MiB, bf16 GEMMs {zb['arena_mib']:.1f} MiB")
+    arenas = (programs[0].close(), programs[1].close()) if paired else (z["arena_mib"], zb["arena_mib"])
+    print(f"zaya activation arena per step: fp32 {arenas[0]:.1f} MiB, bf16 GEMMs {arenas[1]:.1f} MiB")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

@@ -34,17 +34,17 @@ ROUND = re.compile(r"ratio zaya fp32 / transformers fp32 \(tokens/s\): ([\d.]+)x
                    r"GEMM floor \(transformers step / zaya GEMM time\): ([\d.]+)x(.*)")
 
 
-def kept_rounds(path):
+def kept_rounds(text):
     """[(fp32, bf16, floor)] of one output file's rounds that entered its median."""
-    return [(float(m[1]), float(m[2]), float(m[3])) for m in ROUND.finditer(Path(path).read_text())
+    return [(float(m[1]), float(m[2]), float(m[3])) for m in ROUND.finditer(text)
             if "[left out of the median" not in m[4]]
 
 
-def print_by_probe(paths, bar):
+def print_by_probe(texts, bar):
     """The kept rounds with a machine probe, in quarters by it: median fp32 ratio and steps of each."""
     rows = []
-    for path in paths:
-        for m in PROBED_ROUND.finditer(Path(path).read_text()):
+    for text in texts:
+        for m in PROBED_ROUND.finditer(text):
             if "[left out of the median" not in m[5]:
                 rows.append(tuple(float(m[i]) for i in (1, 2, 3, 4)))  # probe, zaya, zaya bf16, transformers
     if len(rows) < 4:
@@ -78,13 +78,14 @@ def main():
     ap.add_argument("--resamples", type=int, default=10000)
     ap.add_argument("--by-probe", action="store_true", help="also split the probed rounds by the machine probe")
     args = ap.parse_args()
-    runs = [r for r in (kept_rounds(f) for f in args.files) if r]
+    texts = [Path(f).read_text() for f in args.files]
+    runs = [r for r in (kept_rounds(t) for t in texts) if r]
     if not runs:
         sys.exit("no kept rounds in " + " ".join(args.files))
     # Since session 21 the script alternates single steps of resident programs (a "pairing:" line);
     # before, each round timed blocks of steps with a new transformers model every round, which read
     # transformers ~5-10% slower (docs/results/model-cpu.md, session 21). Pooling both mixes two biases.
-    paired = sum("\npairing: single steps" in Path(f).read_text() for f in args.files)
+    paired = sum("\npairing: single steps" in t for t in texts)
     if 0 < paired < len(args.files):
         print(f"warning: {paired} of {len(args.files)} files alternate single steps (--pairing step) and the "
               f"rest time blocks (--pairing block); their ratios differ systematically: pool them apart")
@@ -104,7 +105,7 @@ def main():
     verdict = "met" if lo >= args.bar else "not met with confidence"
     print(f"bar {args.bar:g}x in fp32: {verdict} (the interval's lower end is {lo:.2f}x)")
     if args.by_probe:
-        print_by_probe(args.files, args.bar)
+        print_by_probe(texts, args.bar)
     return 0
 
 
