@@ -116,6 +116,20 @@ void ab_step(int pairs) {
     m.backward();
     return std::vector<double>{seconds_since(t0)};
   });
+  // Whether the switch changed the numbers: one more step per variant, losses and gradients compared.
+  std::vector<float> grads[2];
+  double loss[2];
+  for (int b = 0; b < 2; ++b) {
+    set_variant(b == 1);
+    m.zero_grad();
+    loss[b] = m.forward(tid, ttg, true);
+    m.backward();
+    grads[b].assign(m.grads_flat().data<float>(), m.grads_flat().data<float>() + m.grads_flat().numel());
+  }
+  size_t differ = 0;
+  for (size_t i = 0; i < grads[0].size(); ++i) differ += std::memcmp(&grads[0][i], &grads[1][i], 4) != 0;
+  std::printf("step bits: loss A %.9g B %.9g, %zu of %zu gradient elements differ\n", loss[0], loss[1], differ,
+              grads[0].size());
 }
 
 void ab_attention(int pairs) {

@@ -547,6 +547,31 @@ TEST(Gemm, DeterministicAcrossRunsAndThreadCounts) {
   set_num_threads(saved);
 }
 
+// Weight gradients over many tokens (dW += dyᵀ·x, too small to cut into pieces: the demo router's
+// 64×64 and 9×64 over 2,048 tokens, 256×64, and 64×128 over 8,192): with few output blocks to share
+// out, oneDNN's brgemm splits the token dim among its threads, which made the 1- and 2-thread (and
+// 4-thread) sums differ (tools/gemm_split_k_probe.cc; run_plain now keeps such products on one
+// thread). Bitwise the same on 1 to 4 threads.
+TEST(Gemm, SmallOutputProductsAreThreadCountFree) {
+  const int saved = num_threads();
+  for (Dims d :
+       {Dims{64, 64, 2048}, Dims{9, 64, 2048}, Dims{256, 64, 2048}, Dims{64, 9, 4096}, Dims{64, 128, 8192}}) {
+    Tensor A = random_tensor({d.k, d.m}, 71), B = random_tensor({d.k, d.n}, 72),
+           C0 = random_tensor({d.m, d.n}, 73);
+    std::vector<Tensor> outs;
+    for (int threads : {1, 2, 3, 4}) {
+      set_num_threads(threads);
+      Tensor C = C0.clone();
+      gemm(A, Trans::T, B, Trans::N, C, 1.0f, 1.0f);
+      outs.push_back(C);
+    }
+    for (size_t i = 1; i < outs.size(); ++i)
+      EXPECT_TRUE(same_bits(outs[0], outs[i]))
+          << d.m << "x" << d.n << "x" << d.k << ", " << i + 1 << " threads";
+  }
+  set_num_threads(saved);
+}
+
 // C0 + 0.5·op(A)·op(B) (beta 1) on 1 and then 2 threads: each result within 1e-5 of the float64
 // reference (f32 accumulation of a few hundred exact products: ~1e-6 in norm), and the two bitwise
 // the same. Returns the 1-thread result. `what` names the case in failure messages.

@@ -168,7 +168,10 @@ bool ZayaModel::expert_forward_fused(int l) {
 
 // Backward of layer l's experts, one task per expert: from s.dy (its rows), dact = dy·W_d and
 // dW_d += dyᵀ·act; SwiGLU's backward into dgu; dxp = dgu·W_gu and dW_gu += dguᵀ·xp. The scatter
-// of dxp back to token order stays with the caller. Returns false when the grouped way should run.
+// of dxp back to token order stays with the caller. After the experts, the same threads take the
+// side tasks that do not depend on them (run_backward_side_task: the pending weight gradients and
+// this layer's router backward), so whichever thread finishes its experts first fills the time it
+// would have waited. Returns false (nothing done) when the grouped way should run.
 bool ZayaModel::expert_backward_fused(int l) {
   if (!plan_fused_experts(l)) return false;
   const int threads = num_threads();
@@ -179,7 +182,12 @@ bool ZayaModel::expert_backward_fused(int l) {
   const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
   const int32_t* off = t.offsets.data<int32_t>();
   std::atomic<int64_t> ns{0};
-  take_in_turn(expert_order_.size(), threads, [&](size_t j) {
+  const size_t experts = expert_order_.size(), side_tasks = pending_wgrads_.size() + 1;
+  take_in_turn(experts + side_tasks, threads, [&](size_t j) {
+    if (j >= experts) {
+      run_backward_side_task(l, j - experts);
+      return;
+    }
     const int64_t e = static_cast<int64_t>(expert_order_[j]), r0 = off[e], r1 = off[e + 1];
     const Tensor dy = s.dy.slice(r0, r1), dact = s.dact.slice(r0, r1), dgu = s.dgu.slice(r0, r1);
     // y_e = act_e · W_d[e]ᵀ

@@ -2,11 +2,15 @@
 //   u = RMSNorm_in(x);  a = o_proj(attention(CCA(u)));  x_mid = RS_attn(a, x);
 //   w = RMSNorm_post(x_mid);  (m, r_l) = MoE(w, r_{l−1});  x_out = RS_mlp(m, x_mid).
 // The backward walks the same steps in reverse; each step's comment gives the forward it undoes.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <vector>
 
+#include "zaya/core/parallel.h"
+#include "zaya/core/threads.h"
 #include "zaya/model/model_internal.h"
 #include "zaya/model/zaya_model.h"
 #include "zaya/ops/attention.h"
@@ -52,6 +56,67 @@ void router_input_backward(const Tensor& dr, const Tensor& carried, const float*
 }
 
 }  // namespace
+
+// Backward scheduling. Two pieces of a layer's backward lie off its critical path: the router's
+// backward, which needs only dL/dweight (from the unpermute) and joins the chain where dr·W_down
+// adds into dL/dw after the experts; and the weight gradients of the attention's projections
+// (dW_o, dW_qkv), which nothing downstream reads. Run in place, each is a chain of small GEMMs and
+// passes split across the threads, waiting at every join. So the router's backward, and the
+// projections' weight gradients of the layer above (pending_wgrads_: their dy lives in scratch
+// that the next layer overwrites only after its experts), run as side tasks of the fused experts
+// region (zaya_experts.cc), one task per thread, after the experts: whichever thread finishes its
+// experts first takes them. The bits do not change: no GEMM's result depends on which or how many
+// threads run it (ops/gemm.cc: an uncut weight gradient runs on one thread everywhere,
+// reduction_may_split), and the experts' grouped way runs the same tasks one after another.
+// Layer 0's pending gradients run at the end of backward(). Measured in docs/results/model-cpu.md
+// (session 22).
+void ZayaModel::router_backward(int l) {
+  const int64_t N = B_ * T_, R = cfg_.router_hidden_size, E = cfg_.num_experts;
+  LayerActs& t = acts_[l];
+  ScratchActs& s = *scratch_;
+  const LayerParams& p = lp_[l];
+  LayerParams& g = lg_[l];
+  // Router: weight = p_choice, p = softmax(out_proj(GELU(fc2(GELU(fc1(RMSNorm_R(r))))))).
+  ops::moe_route_backward(s.dlogits, s.dweight, t.probs, t.choice, N, E);
+  ops::linear_backward(s.dlogits, t.g2, p.outw, s.dg2, g.outw, Tensor{});
+  ops::gelu_backward(s.dg2, t.a2, s.dg2);
+  ops::linear_backward(s.dg2, t.g1, p.fc2w, s.dg1, g.fc2w, g.fc2b);
+  ops::gelu_backward(s.dg1, t.a1, s.dg1);
+  ops::linear_backward(s.dg1, t.zr, p.fc1w, s.dzr, g.fc1w, g.fc1b);
+  ops::rmsnorm_backward(s.dzr, t.r, p.w_rn, t.rstd_r, s.dr, g.w_rn);
+  // + dL/dr_l through layer l+1's EDA; then this layer's EDA (layers ≥ 1): ds_l and the carry.
+  router_input_backward(s.dr, s.drc, l > 0 ? acts_[l - 1].r.data<float>() : nullptr,
+                        l > 0 ? p.s_eda.data<float>() : nullptr, l > 0 ? g.s_eda.data<float>() : nullptr, N,
+                        R);
+  // h_l = W_down w + b_down: the parameters' gradients here; dL/dw (+= dr·W_down) waits for the
+  // experts' scatter into s.dw (layer_backward).
+  ops::linear_backward(s.dr, t.w, p.w_down, Tensor{}, g.w_down, g.b_down);
+}
+
+// Side task j of layer l's fused experts region: the pending weight gradients, then the router.
+void ZayaModel::run_backward_side_task(int l, size_t j) {
+  if (j < pending_wgrads_.size()) {
+    const WeightGrad& w = pending_wgrads_[j];
+    ops::gemm(w.dy, ops::Trans::T, w.x, ops::Trans::N, w.dw, 1.0f, 1.0f);
+  } else {
+    router_backward(l);
+  }
+}
+
+// The pending weight gradients outside an experts region: side by side, one per thread as the
+// threads free up (an uncut Aᵀ·B runs on one thread anyway: ops/gemm.cc, reduction_may_split).
+void ZayaModel::run_pending_weight_grads() {
+  auto run = [&](size_t j) {
+    const WeightGrad& w = pending_wgrads_[j];
+    ops::gemm(w.dy, ops::Trans::T, w.x, ops::Trans::N, w.dw, 1.0f, 1.0f);
+  };
+  const int threads = num_threads();
+  if (threads > 1 && pending_wgrads_.size() > 1 && !omp_in_parallel())
+    take_in_turn(pending_wgrads_.size(), threads, run);
+  else
+    for (size_t j = 0; j < pending_wgrads_.size(); ++j) run(j);
+  pending_wgrads_.clear();
+}
 
 void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   const int64_t N = B_ * T_, H = cfg_.hidden_size, kv = cfg_.kv_dim(), C = cfg_.conv_channels(),
@@ -121,8 +186,7 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
 // In: s.dxa = dL/dx_out, s.drc = dL/dr_l from layer l+1 (0 for the last layer).
 // Out: s.dxa = dL/dx_in, s.drc = dL/dr_{l−1}.
 void ZayaModel::layer_backward(int l) {
-  const int64_t N = B_ * T_, H = cfg_.hidden_size, kv = cfg_.kv_dim(), C = cfg_.conv_channels(),
-                R = cfg_.router_hidden_size, E = cfg_.num_experts;
+  const int64_t N = B_ * T_, H = cfg_.hidden_size, kv = cfg_.kv_dim(), C = cfg_.conv_channels();
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
   const ops::CcaDims dims{nq, nkv, hd};
   LayerActs& t = acts_[l];
@@ -133,34 +197,32 @@ void ZayaModel::layer_backward(int l) {
   SectionClock clock(*this);
 
   // x_out = RS_mlp(m, x_mid)
-  clock.part("backward: experts, residual");
+  clock.part("backward: experts, residual (+ side tasks)");
   ops::residual_scale_backward(s.dxa, t.m, t.x_mid, p.rs_mlp, s.dm, s.dxmid, g.rs_mlp);
   // m = weight · y[pos]
   ops::moe_unpermute_backward(s.dy, s.dweight, s.dm, t.y, t.weight, t.pos, t.M, N, H);
-  if (t.M > 0 && !expert_backward_fused(l)) expert_backward(l);
+  // The experts, with the router's backward and the pending weight gradients beside them (see
+  // "Backward scheduling" above); the same work one after another when the grouped way runs.
+  const bool fused = t.M > 0 && expert_backward_fused(l);
+  if (fused) {
+    pending_wgrads_.clear();
+  } else {
+    run_pending_weight_grads();
+    if (t.M > 0) expert_backward(l);
+  }
   ops::moe_gather_backward(s.dw, s.dxp, t.pos, t.M, N, H);  // xp = w[src]
-
-  // Router: weight = p_choice, p = softmax(out_proj(GELU(fc2(GELU(fc1(RMSNorm_R(r))))))).
   clock.part("backward: router");
-  ops::moe_route_backward(s.dlogits, s.dweight, t.probs, t.choice, N, E);
-  ops::linear_backward(s.dlogits, t.g2, p.outw, s.dg2, g.outw, Tensor{});
-  ops::gelu_backward(s.dg2, t.a2, s.dg2);
-  ops::linear_backward(s.dg2, t.g1, p.fc2w, s.dg1, g.fc2w, g.fc2b);
-  ops::gelu_backward(s.dg1, t.a1, s.dg1);
-  ops::linear_backward(s.dg1, t.zr, p.fc1w, s.dzr, g.fc1w, g.fc1b);
-  ops::rmsnorm_backward(s.dzr, t.r, p.w_rn, t.rstd_r, s.dr, g.w_rn);
-  // + dL/dr_l through layer l+1's EDA; then this layer's EDA (layers ≥ 1): ds_l and the carry.
-  router_input_backward(s.dr, s.drc, l > 0 ? acts_[l - 1].r.data<float>() : nullptr,
-                        l > 0 ? p.s_eda.data<float>() : nullptr, l > 0 ? g.s_eda.data<float>() : nullptr, N, R);
+  if (!fused) router_backward(l);
   // h_l = W_down w + b_down; w also feeds the experts (s.dw from the gather).
-  ops::linear_backward(s.dr, t.w, p.w_down, s.dw, g.w_down, g.b_down, {}, /*accumulate_dx=*/true);
+  ops::linear_backward(s.dr, t.w, p.w_down, s.dw, Tensor{}, Tensor{}, {}, /*accumulate_dx=*/true);
   // w = RMSNorm_post(x_mid); x_mid also feeds the residual (s.dxmid holds that path's gradient).
   ops::rmsnorm_backward(s.dw, t.x_mid, p.w_post, t.rstd_post, s.dxmid, g.w_post, /*accumulate_dx=*/true);
 
   // x_mid = RS_attn(o, x)
   clock.part("backward: out projection, residual");
   ops::residual_scale_backward(s.dxmid, t.o, x, p.rs_attn, s.dout_proj, s.dxb, g.rs_attn);
-  ops::linear_backward(s.dout_proj, t.att, p.w_o, s.datt, g.w_o, Tensor{});
+  ops::linear_backward(s.dout_proj, t.att, p.w_o, s.datt, Tensor{}, Tensor{});
+  pending_wgrads_.push_back({s.dout_proj, t.att, g.w_o});  // dW_o, pending
   clock.part("backward: attention");
   ops::attention_backward(s.dqr, s.dkr, s.dv, s.datt, t.qr, t.kr, t.v, t.att, t.lse, B_, T_, nq, nkv, hd);
   clock.part("backward: CCA (RoPE, QK norm, mean skip, conv, value shift)");
@@ -172,9 +234,11 @@ void ZayaModel::layer_backward(int l) {
   clock.part("backward: qkv projection, input norm");
   // The forward's two products on row blocks of W_qkv: their weight gradients are the same row
   // blocks of g.w_qkv, and du sums the two.
-  ops::linear_backward(s.dz, t.u, p.w_qkv.slice(0, C), s.du, g.w_qkv.slice(0, C), Tensor{});
-  ops::linear_backward(s.dvcd, t.u, p.w_qkv.slice(C, C + kv), s.du, g.w_qkv.slice(C, C + kv), Tensor{}, {},
+  ops::linear_backward(s.dz, t.u, p.w_qkv.slice(0, C), s.du, Tensor{}, Tensor{});
+  ops::linear_backward(s.dvcd, t.u, p.w_qkv.slice(C, C + kv), s.du, Tensor{}, Tensor{}, {},
                        /*accumulate_dx=*/true);
+  pending_wgrads_.push_back({s.dz, t.u, g.w_qkv.slice(0, C)});  // their weight gradients, pending
+  pending_wgrads_.push_back({s.dvcd, t.u, g.w_qkv.slice(C, C + kv)});
   ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dxb, g.w_in, /*accumulate_dx=*/true);  // + the residual path
   std::swap(s.dxa, s.dxb);  // s.dxa = dL/dx_in
 }

@@ -96,6 +96,7 @@ ZayaModel::ZayaModel(const ModelConfig& config, int64_t batch, int64_t seq_len) 
     lg_.back().w_qkv = grads_.window(q_off, qkv_shape);
   }
   problems_.reserve(static_cast<size_t>(cfg_.num_experts));
+  pending_wgrads_.reserve(4);  // a layer leaves three
   beta_ = Tensor::zeros(Shape{cfg_.num_hidden_layers, cfg_.router_classes()}, DType::f32);
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) beta_.data<float>()[l * cfg_.router_classes() + cfg_.num_experts] = -1.0f;
   set_batch_shape(batch, seq_len);
@@ -328,6 +329,7 @@ void ZayaModel::forward_logits(const Tensor& ids, const Tensor& logits) {
 void ZayaModel::backward() {
   ZAYA_CHECK(have_backward_, "ZayaModel::backward: call forward(ids, targets, for_backward = true) first");
   have_backward_ = false;
+  pending_wgrads_.clear();  // none left by a backward that threw
   const int64_t N = B_ * T_, H = cfg_.hidden_size, L = cfg_.num_hidden_layers;
   ScratchActs& s = *scratch_;
   SectionClock clock(*this);
@@ -336,6 +338,8 @@ void ZayaModel::backward() {
   s.drc.zero_();  // the last layer's router state feeds nothing
   clock.stop();
   for (int l = static_cast<int>(L) - 1; l >= 0; --l) layer_backward(l);
+  clock.part("backward: layer 0's projection weight gradients");
+  run_pending_weight_grads();  // no experts region follows to take them (zaya_layer.cc)
   clock.part("backward: embedding");
   // x⁰ = (e + b) ⊙ g:  de = dx ⊙ g,  db += Σ_rows de,  dg += Σ_rows dx ⊙ (e + b). Column sums in
   // row order, one thread per block of 16 columns (the rows are walked once, 16 contiguous floats

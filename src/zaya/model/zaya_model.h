@@ -137,6 +137,9 @@ class ZayaModel {
   bool plan_fused_experts(int l);
   bool expert_forward_fused(int l);
   bool expert_backward_fused(int l);
+  void router_backward(int l);
+  void run_backward_side_task(int l, size_t j);
+  void run_pending_weight_grads();
   friend class SectionClock;
 
   ModelConfig cfg_;
@@ -156,6 +159,13 @@ class ZayaModel {
   std::vector<int64_t> expert_ids_;   // the fused experts' plan (reused): experts with tokens,
   std::vector<size_t> expert_order_;  // and the order the threads take them in
   std::string fused_forward_label_, fused_backward_label_;  // their GEMM-time rows
+  // Weight gradients dW += dyᵀ·x left for later in the backward (zaya_layer.cc, "Backward
+  // scheduling"): nothing downstream reads them, so they run as side tasks of the next layer's
+  // fused experts region. Reused: reserved once, a step allocates nothing.
+  struct WeightGrad {
+    Tensor dy, x, dw;
+  };
+  std::vector<WeightGrad> pending_wgrads_;
   std::unique_ptr<ScratchActs> scratch_;
   size_t saved_per_layer_ = 0;
   bool have_backward_ = false;

@@ -70,10 +70,18 @@ class TimedCall {
   void add_flops(double f) { flops_ += f; }
   bool wants_label() const { return profiling_shapes(); }
   void set_label(std::string s) { label_ = std::move(s); }
+  // A call from inside a parallel region (a side task of the model's fused experts) runs on one
+  // of the region's threads while the others work: it counts its share of the wall time, as the
+  // fused experts' own GEMMs do (their thread time over the threads), so the GEMM total stays a
+  // part of the step's wall time. Its shape row is kept apart ("beside other work").
   ~TimedCall() {
-    record_call(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count(),
-        flops_, label_);
+    int64_t ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
+    if (omp_in_parallel()) {
+      ns /= omp_get_num_threads();
+      if (!label_.empty()) label_ += " beside other work";
+    }
+    record_call(ns, flops_, label_);
   }
 
  private:
