@@ -169,9 +169,9 @@ bool ZayaModel::expert_forward_fused(int l) {
 // Backward of layer l's experts, one task per expert: from s.dy (its rows), dact = dy·W_d and
 // dW_d += dyᵀ·act; SwiGLU's backward into dgu; dxp = dgu·W_gu and dW_gu += dguᵀ·xp. The scatter
 // of dxp back to token order stays with the caller. After the experts, the same threads take the
-// side tasks that do not depend on them (run_backward_side_task: the pending weight gradients and
-// this layer's router backward), so whichever thread finishes its experts first fills the time it
-// would have waited. Returns false (nothing done) when the grouped way should run.
+// side tasks that do not depend on them (run_backward_side_task: this layer's router backward,
+// then the pending weight gradients), so whichever thread finishes its experts first fills the time
+// it would have waited. Returns false (nothing done) when the grouped way should run.
 bool ZayaModel::expert_backward_fused(int l) {
   if (!plan_fused_experts(l)) return false;
   const int threads = num_threads();
