@@ -18,6 +18,7 @@ import collections
 import re
 
 FRAME = re.compile(r"\s*(\S+)\s+(.*)\((.*)\)\s*$")
+HEADER = re.compile(r"^\s*(\d+)\s+([\d.]+):\s*$")
 
 
 def read_samples(path):
@@ -30,9 +31,11 @@ def read_samples(path):
                     samples.append(cur)
                 cur = None
                 continue
-            if not line[0].isspace():  # "TID TIME:" opens a sample; its frames follow, innermost first
-                tid, t = line.split()[:2]
-                cur = [int(tid), float(t.rstrip(":")), None, None, None]
+            h = HEADER.match(line)
+            if h:  # "TID TIME:" (the TID right-aligned) opens a sample; its frames follow, innermost first
+                if cur:
+                    samples.append(cur)
+                cur = [int(h.group(1)), float(h.group(2)), None, None, None]
                 continue
             m = FRAME.match(line)
             if not m or cur is None:

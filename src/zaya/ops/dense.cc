@@ -205,7 +205,11 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& 
   const float* wp = w.data<float>();
   float* yp = y.data<float>();
   float* rp = rstd.data<float>();
-#pragma omp parallel for schedule(static)
+  // Rows taken in chunks as threads free up, here and in the other row-wise norm and residual ops:
+  // with static halves, the quicker of the VM's two vCPUs waited at the end of each of these
+  // memory-bound passes (tools/perf_spin_attribution.py: its spin samples beside them halved,
+  // docs/results/model-cpu.md, session 22). Rows are independent, so the bits do not change.
+#pragma omp parallel for schedule(dynamic, 64)
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = xp + i * f;
     float r = 1.0f / std::sqrt(dot_fixed(xi, xi, f) / static_cast<float>(f) + eps);
@@ -259,7 +263,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   float* dxp = dx.defined() ? dx.data<float>() : nullptr;
   if (!dw.defined()) {
     if (!dxp) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 64)
     for (int64_t i = 0; i < n; ++i)
       rmsnorm_backward_row(gp + i * f, xp + i * f, wp, rp[i], f, dxp + i * f, accumulate_dx);
     return;
@@ -272,7 +276,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   thread_local std::vector<float> partial;  // kept between calls: no page faults per call
   partial.assign(static_cast<size_t>(chunks * f), 0.0f);
   float* const part = partial.data();  // the caller's buffer: a thread_local name would mean each worker's own
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
   for (int64_t c = 0; c < chunks; ++c) {
     float* __restrict__ pw = part + c * f;
     const int64_t i1 = std::min(n, (c + 1) * kNormRowChunk);
@@ -333,7 +337,7 @@ void residual_scale_forward(const Tensor& h, const Tensor& x, const ResidualScal
   const float *sh = p.hidden_scale.data<float>(), *bh = p.hidden_bias.data<float>();
   const float *sx = p.residual_scale.data<float>(), *bx = p.residual_bias.data<float>();
   float* yp = y.data<float>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 64)
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < f; ++j) {
       int64_t k = i * f + j;
@@ -370,7 +374,7 @@ void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x,
   thread_local std::vector<float> partial;  // kept between calls: no page faults per call
   partial.assign(static_cast<size_t>(chunks * 3 * f), 0.0f);
   float* const part = partial.data();  // the caller's buffer (each worker's thread_local is its own)
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
   for (int64_t c = 0; c < chunks; ++c) {
     float* p_sh = part + c * 3 * f;
     float* p_sx = p_sh + f;
