@@ -169,9 +169,9 @@ bool ZayaModel::expert_forward_fused(int l) {
 // Backward of layer l's experts, one task per expert: from s.dy (its rows), dact = dy·W_d and
 // dW_d += dyᵀ·act; SwiGLU's backward into dgu; dxp = dgu·W_gu and dW_gu += dguᵀ·xp. The scatter
 // of dxp back to token order stays with the caller. After the experts, the same threads take the
-// side tasks that do not depend on them (run_backward_side_task: this layer's router backward,
-// then the pending weight gradients), so whichever thread finishes its experts first fills the time
-// it would have waited. Returns false (nothing done) when the grouped way should run.
+// side tasks that do not depend on them (this layer's router backward and the pending weight
+// gradients, largest first: plan_backward_side_tasks), so whichever thread finishes its experts
+// first fills the time it would have waited. Returns false (nothing done) when the grouped way should run.
 bool ZayaModel::expert_backward_fused(int l) {
   if (!plan_fused_experts(l)) return false;
   const int threads = num_threads();
@@ -182,7 +182,8 @@ bool ZayaModel::expert_backward_fused(int l) {
   const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
   const int32_t* off = t.offsets.data<int32_t>();
   std::atomic<int64_t> ns{0};
-  const size_t experts = expert_order_.size(), side_tasks = pending_wgrads_.size() + 1;
+  plan_backward_side_tasks();
+  const size_t experts = expert_order_.size(), side_tasks = side_order_.size();
   take_in_turn(experts + side_tasks, threads, [&](size_t j) {
     if (j >= experts) {
       run_backward_side_task(l, j - experts);

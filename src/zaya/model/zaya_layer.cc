@@ -93,15 +93,36 @@ void ZayaModel::router_backward(int l) {
   ops::linear_backward(s.dr, t.w, p.w_down, Tensor{}, g.w_down, g.b_down);
 }
 
-// Side task j of layer l's fused experts region: the router first (the longest, a chain of small
-// steps: taken last, it was the region's tail; first, the step ran 1.008×, switch_ab step, 40
-// pairs, 24 won), then the pending weight gradients.
+// The side tasks of layer l's fused experts region in the order the threads take them: largest
+// first, so the region ends on small ones (side_order_: −1 the router's backward, else an index
+// into pending_wgrads_). Costs are FLOPs; the router's counts its GEMMs (dx and dW of W_down,
+// fc1, fc2, out_proj). Taken in push order, with dW_qkv's 0.4 GFLOP (one thread: ~3 ms) among the
+// last, the threads finished a layer's region 1.2 ms apart; largest first, 0.8–1.0 ms (a temporary
+// timer, docs/results/model-cpu/experts-region-gap-2026-11-27-s22.txt).
+void ZayaModel::plan_backward_side_tasks() {
+  const double N = static_cast<double>(B_ * T_), H = static_cast<double>(cfg_.hidden_size),
+               R = static_cast<double>(cfg_.router_hidden_size), E = static_cast<double>(cfg_.num_experts);
+  auto cost = [&](int id) {
+    if (id < 0) return 4.0 * N * (H * R + 2.0 * R * R + R * (E + 1.0));
+    const Tensor& dw = pending_wgrads_[static_cast<size_t>(id)].dw;
+    return 2.0 * N * static_cast<double>(dw.numel());
+  };
+  side_order_.clear();
+  side_order_.push_back(-1);
+  for (size_t i = 0; i < pending_wgrads_.size(); ++i) side_order_.push_back(static_cast<int>(i));
+  // A handful of tasks: insertion sort, stable, allocation-free.
+  for (size_t i = 1; i < side_order_.size(); ++i)
+    for (size_t j = i; j > 0 && cost(side_order_[j]) > cost(side_order_[j - 1]); --j)
+      std::swap(side_order_[j], side_order_[j - 1]);
+}
+
 void ZayaModel::run_backward_side_task(int l, size_t j) {
-  if (j == 0) {
+  const int id = side_order_[j];
+  if (id < 0) {
     router_backward(l);
     return;
   }
-  const WeightGrad& w = pending_wgrads_[j - 1];
+  const WeightGrad& w = pending_wgrads_[static_cast<size_t>(id)];
   ops::gemm(w.dy, ops::Trans::T, w.x, ops::Trans::N, w.dw, 1.0f, 1.0f);
 }
 

@@ -97,6 +97,7 @@ ZayaModel::ZayaModel(const ModelConfig& config, int64_t batch, int64_t seq_len) 
   }
   problems_.reserve(static_cast<size_t>(cfg_.num_experts));
   pending_wgrads_.reserve(4);  // a layer leaves three
+  side_order_.reserve(5);
   beta_ = Tensor::zeros(Shape{cfg_.num_hidden_layers, cfg_.router_classes()}, DType::f32);
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) beta_.data<float>()[l * cfg_.router_classes() + cfg_.num_experts] = -1.0f;
   set_batch_shape(batch, seq_len);

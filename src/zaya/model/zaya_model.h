@@ -138,6 +138,7 @@ class ZayaModel {
   bool expert_forward_fused(int l);
   bool expert_backward_fused(int l);
   void router_backward(int l);
+  void plan_backward_side_tasks();
   void run_backward_side_task(int l, size_t j);
   void run_pending_weight_grads();
   friend class SectionClock;
@@ -166,6 +167,7 @@ class ZayaModel {
     Tensor dy, x, dw;
   };
   std::vector<WeightGrad> pending_wgrads_;
+  std::vector<int> side_order_;  // the side tasks' order (plan_backward_side_tasks), reused
   std::unique_ptr<ScratchActs> scratch_;
   size_t saved_per_layer_ = 0;
   bool have_backward_ = false;
