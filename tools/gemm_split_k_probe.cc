@@ -8,9 +8,10 @@
 //   /tmp/gemm_split_k_probe [K]      (K: tokens, default 2048)
 //
 // On the 2-core Intel VM (oneDNN 2.6.3, brg:avx512_core), K = 2048: every M × N with N ≤ 64
-// (M 9–1024) differed on 2 threads, the demo router's 64×64 and 9×64 among them; N ≥ 128 did not,
-// nor did 3, 4 or 8 threads. At K = 4096 and 8192, N ≤ 64 differed on 2, 4 and 8 threads and N
-// 65–127 on 4 and 8 (M 64 and 256). The plain form A·B never differed (K 64 to 2048).
+// (M 9–1024) differed on 2 threads, the demo router's 64×64 and 9×64 among them; N ≥ 65 did not,
+// nor did 3, 4 or 8 threads. At K = 8192 every shape tried differed on 8 threads (up to 1024 ×
+// 256), most on 4, and N ≤ 64 on 2. The plain form A·B never differed (K 2048; results in
+// docs/results/ops-cpu/gemm-split-k-2026-11-27-s22.txt).
 #include <omp.h>
 
 #include <cstdio>

@@ -526,25 +526,33 @@ TEST(Gemm, ZeroInnerDimScalesC) {
   for (int64_t i = 0; i < C.numel(); ++i) EXPECT_EQ(C.data<float>()[i], static_cast<float>(0.5 * c0[i]));
 }
 
+// C0 + op(A)·op(B) (beta 1) run once per entry of `threads`, on that many threads: the results in
+// that order (the caller's thread count restored).
+std::vector<Tensor> gemm_on_thread_counts(const Tensor& A, Trans ta, const Tensor& B, Trans tb,
+                                          const Tensor& C0, std::initializer_list<int> threads) {
+  const int saved = num_threads();
+  std::vector<Tensor> outs;
+  for (int t : threads) {
+    set_num_threads(t);
+    Tensor C = C0.clone();
+    gemm(A, ta, B, tb, C, 1.0f, 1.0f);
+    outs.push_back(C);
+  }
+  set_num_threads(saved);
+  return outs;
+}
+
 TEST(Gemm, DeterministicAcrossRunsAndThreadCounts) {
-  int saved = num_threads();
   // Includes a long-K, small-MN shape, where a library is most tempted to split the reduction.
   for (Dims d : {Dims{64, 48, 33}, Dims{8, 8, 4096}, Dims{200, 300, 256}}) {
     for (DType dt : {DType::f32, DType::bf16}) {
       Tensor A = random_tensor({d.m, d.k}, 61, 1.0f, dt), B = random_tensor({d.n, d.k}, 62, 1.0f, dt);
-      Tensor C0 = random_tensor({d.m, d.n}, 63);
-      std::vector<Tensor> outs;
-      for (int threads : {1, 2, 2, 1}) {
-        set_num_threads(threads);
-        Tensor C = C0.clone();
-        gemm(A, Trans::N, B, Trans::T, C, 1.0f, 1.0f);
-        outs.push_back(C);
-      }
+      const std::vector<Tensor> outs =
+          gemm_on_thread_counts(A, Trans::N, B, Trans::T, random_tensor({d.m, d.n}, 63), {1, 2, 2, 1});
       for (size_t i = 1; i < outs.size(); ++i)
         EXPECT_TRUE(same_bits(outs[0], outs[i])) << d.m << "x" << d.n << "x" << d.k << " " << dtype_name(dt);
     }
   }
-  set_num_threads(saved);
 }
 
 // Weight gradients over many tokens (dW += dyᵀ·x, too small to cut into pieces: the demo router's
@@ -553,23 +561,15 @@ TEST(Gemm, DeterministicAcrossRunsAndThreadCounts) {
 // 4-thread) sums differ (tools/gemm_split_k_probe.cc; run_plain now keeps such products on one
 // thread). Bitwise the same on 1 to 4 threads.
 TEST(Gemm, SmallOutputProductsAreThreadCountFree) {
-  const int saved = num_threads();
   for (Dims d :
        {Dims{64, 64, 2048}, Dims{9, 64, 2048}, Dims{256, 64, 2048}, Dims{64, 9, 4096}, Dims{64, 128, 8192}}) {
-    Tensor A = random_tensor({d.k, d.m}, 71), B = random_tensor({d.k, d.n}, 72),
-           C0 = random_tensor({d.m, d.n}, 73);
-    std::vector<Tensor> outs;
-    for (int threads : {1, 2, 3, 4}) {
-      set_num_threads(threads);
-      Tensor C = C0.clone();
-      gemm(A, Trans::T, B, Trans::N, C, 1.0f, 1.0f);
-      outs.push_back(C);
-    }
+    Tensor A = random_tensor({d.k, d.m}, 71), B = random_tensor({d.k, d.n}, 72);
+    const std::vector<Tensor> outs =
+        gemm_on_thread_counts(A, Trans::T, B, Trans::N, random_tensor({d.m, d.n}, 73), {1, 2, 3, 4});
     for (size_t i = 1; i < outs.size(); ++i)
       EXPECT_TRUE(same_bits(outs[0], outs[i]))
           << d.m << "x" << d.n << "x" << d.k << ", " << i + 1 << " threads";
   }
-  set_num_threads(saved);
 }
 
 // C0 + 0.5·op(A)·op(B) (beta 1) on 1 and then 2 threads: each result within 1e-5 of the float64

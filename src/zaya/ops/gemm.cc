@@ -557,14 +557,12 @@ void run_taken_pieces(const Dims& d, const Pieces& pc, const Tensor& A, Trans ta
   });
 }
 
-// One problem, checked and non-trivial: run_pieces where oneDNN's results depend on the thread
-// count; otherwise taken pieces where the product is large enough to cut, run_fixed where not.
 // Whether oneDNN may split this product's reduction dim among its threads, which makes the sums
 // depend on the thread count. brgemm does so for Aᵀ·B (weight gradients, K = the tokens) when few
 // output blocks are left to share out: on the 2-core Intel VM (oneDNN 2.6.3) every M × N with N ≤ 64
 // at K = 2,048 differed between 1 and 2 threads (the demo router's 64×64 and 9×64 gradients among
-// them), and at K = 4,096–8,192 N up to 127 differed between 1 and 4 or 8 threads
-// (tools/gemm_split_k_probe.cc); A·B and A·Bᵀ did not. So an f32 Aᵀ·B that is not cut into
+// them); at K = 8,192 on 8 threads every shape tried differed, up to 1024 × 256
+// (tools/gemm_split_k_probe.cc; A·B never did). So an f32 Aᵀ·B that is not cut into
 // pieces runs on one thread, and a bf16 one when its output is small (M·N ≤ 2^16; a larger bf16
 // weight gradient, the bf16 LM head's, keeps every thread and is not thread-count free).
 // `Gemm.SmallOutputProductsAreThreadCountFree`, `ZayaModel.DeterministicAcrossRunsAndThreadCounts`.
@@ -573,6 +571,9 @@ bool reduction_may_split(const Dims& d, Trans ta, DType dtype) {
   return dtype == DType::f32 || d.m * d.n <= (int64_t{1} << 16);
 }
 
+// One problem, checked and non-trivial: run_pieces where oneDNN's results depend on the thread
+// count; otherwise taken pieces where the product is large enough to cut, run_fixed where not (on
+// one thread where its reduction may split).
 void run_plain(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha,
                float beta, int threads) {
   if (threads_change_bits()) {
