@@ -122,17 +122,13 @@ void ZayaModel::run_backward_side_task(int l, size_t j) {
     router_backward(l);
     return;
   }
-  const WeightGrad& w = pending_wgrads_[static_cast<size_t>(id)];
-  ops::gemm(w.dy, ops::Trans::T, w.x, ops::Trans::N, w.dw, 1.0f, 1.0f);
+  pending_wgrads_[static_cast<size_t>(id)].run();
 }
 
 // The pending weight gradients outside an experts region: side by side, one per thread as the
 // threads free up (an uncut Aᵀ·B runs on one thread anyway: ops/gemm.cc, reduction_may_split).
 void ZayaModel::run_pending_weight_grads() {
-  auto run = [&](size_t j) {
-    const WeightGrad& w = pending_wgrads_[j];
-    ops::gemm(w.dy, ops::Trans::T, w.x, ops::Trans::N, w.dw, 1.0f, 1.0f);
-  };
+  auto run = [&](size_t j) { pending_wgrads_[j].run(); };
   const int threads = num_threads();
   if (threads > 1 && pending_wgrads_.size() > 1 && !omp_in_parallel())
     take_in_turn(pending_wgrads_.size(), threads, run);

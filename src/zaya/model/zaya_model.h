@@ -165,6 +165,7 @@ class ZayaModel {
   // fused experts region. Reused: reserved once, a step allocates nothing.
   struct WeightGrad {
     Tensor dy, x, dw;
+    void run() const { ops::gemm(dy, ops::Trans::T, x, ops::Trans::N, dw, 1.0f, 1.0f); }
   };
   std::vector<WeightGrad> pending_wgrads_;
   std::vector<int> side_order_;  // the side tasks' order (plan_backward_side_tasks), reused
