@@ -60,17 +60,25 @@ float* scratch(int64_t elems) {
   return buf.get();
 }
 
-// A 16 × 16 tile of C, out[i·16 + j] = Σ_k a[k·16 + i] · b[k·16 + j] over k < kc: both operands
-// k-major panels 16 wide. One FMA chain per element in k order (16 accumulators, one B vector and
-// one broadcast per step: the FMA unit's rate with the panels in L1/L2). The backward's products.
-__attribute__((noinline)) void tile_panels(float* out, const float* a, const float* b, int64_t kc) {
+// A 16 × 16 tile of C: C[i·ldc + j] (+)= Σ_k a[k·16 + i] · b[k·16 + j] over k < kc for rows
+// i < rows and the columns in `cols`, both operands k-major panels 16 wide. One FMA chain per
+// element in k order (16 accumulators, one B vector and one broadcast per step: the FMA unit's rate
+// with the panels in L1/L2), continuing from C's value when accumulate. The backward's products.
+// (Until session 23 the tile was summed from zero into a buffer and then added to C: one more load,
+// add and store per row of C, ~0.5% of the demo step; the head's backward read 1.011–1.039× without
+// them, tools/switch_ab.cc head, three runs of 30–40 pairs, while the unchanged forward read
+// 1.004–1.014.)
+__attribute__((noinline)) void tile_panels(float* C, int64_t ldc, int64_t rows, __mmask16 cols,
+                                                bool accumulate, const float* a, const float* b, int64_t kc) {
   __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int i = 0; i < 16; ++i)
+    acc[i] = accumulate && i < rows ? _mm512_maskz_loadu_ps(cols, C + i * ldc) : _mm512_setzero_ps();
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 bv = _mm512_load_ps(b + k * 16);
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[k * 16 + i]), bv, acc[i]);
   }
-  for (int i = 0; i < 16; ++i) _mm512_store_ps(out + i * 16, acc[i]);
+  for (int i = 0; i < 16; ++i)
+    if (i < rows) _mm512_mask_storeu_ps(C + i * ldc, cols, acc[i]);
 }
 
 // dst[k·16 + i] = src[i·ld + k] for i < rows (0 for rows ≤ i < 16), k < kc: 16 rows of a row-major
@@ -363,12 +371,11 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
   {
     pack_column_panels(rh, rstride, h, hd, n, n16, hd, r);
     pack_column_panels(ep, v16 * 16, E, hd, vocab, v16, hd, nullptr);
-    alignas(64) float tile[256];
     float* at = ep + panels * v16 * 16 + per_thread * omp_get_thread_num();  // dh's A panel
     float* es = at + kVocabBlock * 16;                                       // dE's scaled e piece
-    // dE += eᵀ·rh: tile (strip s, panel p) sums tokens in blocks of kTokenBlock, each block's
-    // partial added to dE in block order (one task owns a strip's rows: the same bits on any
-    // thread count).
+    // dE += eᵀ·rh: tile (strip s, panel p) runs over the tokens in blocks of kTokenBlock, each
+    // element's FMA chain continuing from dE's value block after block in order (one task owns a
+    // strip's rows: the same bits on any thread count).
 #pragma omp for schedule(dynamic, 1)
     for (int64_t s0 = 0; s0 < strips; s0 += kStripGroup)
       for (int64_t t0 = 0; t0 < n16; t0 += kTokenBlock) {
@@ -388,17 +395,13 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
                             scaled_flushed(_mm512_loadu_ps(es_src + k * 16), _mm512_set1_ps(cs[k]), flush));
           for (int64_t p = 0; p < panels; ++p) {
             prefetch_share(next, 16, kt, p, panels);
-            tile_panels(tile, es, rh + p * rstride + t0 * 16, kt);
             const __mmask16 cols = first_n(hd - p * 16);
-            for (int64_t i = 0; i < rows; ++i) {
-              float* c = dE + (s * 16 + i) * hd + p * 16;
-              _mm512_mask_storeu_ps(
-                  c, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, c), _mm512_load_ps(tile + i * 16)));
-            }
+            tile_panels(dE + s * 16 * hd + p * 16, hd, rows, cols, true, es, rh + p * rstride + t0 * 16, kt);
           }
         }
       }
-    // dh = e·E: tile (token block b, panel p) sums vocabulary rows in blocks of kVocabBlock.
+    // dh = e·E: tile (token block b, panel p) runs over the vocabulary rows in blocks of
+    // kVocabBlock, the first block writing dh and the others continuing each element's chain.
     for (int64_t v0 = 0; v0 < v16; v0 += kVocabBlock) {
       const int64_t kv = std::min(kVocabBlock, v16 - v0);
 #pragma omp for schedule(dynamic, 2)
@@ -420,13 +423,8 @@ void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float*
           if (next)  // this product's share of the tiles, all 16 lines of each
             for (int64_t s = p * (kv / 16) / panels; s < (p + 1) * (kv / 16) / panels; ++s)
               prefetch_share(next + s * strip, 16, 16, 0, 1);
-          tile_panels(tile, at, ep + p * v16 * 16 + v0 * 16, kv);
           const __mmask16 cols = first_n(hd - p * 16);
-          for (int64_t i = 0; i < rows; ++i) {
-            float* c = dh + (b * 16 + i) * hd + p * 16;
-            const __m512 old = v0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(cols, c);
-            _mm512_mask_storeu_ps(c, cols, _mm512_add_ps(old, _mm512_load_ps(tile + i * 16)));
-          }
+          tile_panels(dh + b * 16 * hd + p * 16, hd, rows, cols, v0 > 0, at, ep + p * v16 * 16 + v0 * 16, kv);
         }
       }
     }
