@@ -138,22 +138,7 @@ bool ZayaModel::plan_fused_experts(int l) {
   return true;
 }
 
-void ZayaModel::reserve_act_scratch(int threads) {
-  const int64_t N = B_ * T_;
-  if (act_scratch_.size() >= static_cast<size_t>(threads) && act_scratch_[0].size(0) == N) return;
-  act_scratch_.clear();
-  for (int i = 0; i < threads; ++i)
-    act_scratch_.push_back(Tensor::empty({N, cfg_.moe_intermediate_size}, DType::f32));
-}
-
-Tensor ZayaModel::act_rows(int64_t rows) {
-  return act_scratch_[static_cast<size_t>(omp_get_thread_num())].slice(0, rows);
-}
-
 // Forward of layer l's experts, one task per expert: gather its rows, gate_up, SwiGLU, down.
-// SwiGLU's output goes to the thread's act_rows, not to t.act: the backward recomputes it from
-// t.gu (expert_backward_fused), so it never leaves the core's cache (4 MiB per demo layer not
-// written out and read back).
 // Returns false (nothing done) when the grouped way should run instead.
 bool ZayaModel::expert_forward_fused(int l) {
   if (!plan_fused_experts(l)) return false;
@@ -162,16 +147,14 @@ bool ZayaModel::expert_forward_fused(int l) {
   const int threads = num_threads();
   const int64_t N = B_ * T_, H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
   const int32_t* off = t.offsets.data<int32_t>();
-  reserve_act_scratch(threads);
   std::atomic<int64_t> ns{0};
   take_in_turn(expert_order_.size(), threads, [&](size_t j) {
     const int64_t e = static_cast<int64_t>(expert_order_[j]), r0 = off[e], r1 = off[e + 1];
     ops::moe_gather_rows(t.xp, t.w, t.src, r0, r1, N, H);
     ops::GemmProblem one[1] = {{t.xp.slice(r0, r1), p.w_gu.select(e), t.gu.slice(r0, r1)}};
     timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::T); });
-    const Tensor act = act_rows(r1 - r0);
-    ops::swiglu_forward(t.gu.slice(r0, r1), act);
-    one[0] = {act, p.w_d.select(e), t.y.slice(r0, r1)};
+    ops::swiglu_forward(t.gu.slice(r0, r1), t.act.slice(r0, r1));
+    one[0] = {t.act.slice(r0, r1), p.w_d.select(e), t.y.slice(r0, r1)};
     timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::T); });
   });
   // The GEMMs' share of the region's wall time: their thread time over the threads.
@@ -183,9 +166,8 @@ bool ZayaModel::expert_forward_fused(int l) {
   return true;
 }
 
-// Backward of layer l's experts, one task per expert: from s.dy (its rows), dact = dy·W_d;
-// SwiGLU's backward into dgu, recomputing act; dW_d += dyᵀ·act; dxp = dgu·W_gu and
-// dW_gu += dguᵀ·xp. The scatter
+// Backward of layer l's experts, one task per expert: from s.dy (its rows), dact = dy·W_d and
+// dW_d += dyᵀ·act; SwiGLU's backward into dgu; dxp = dgu·W_gu and dW_gu += dguᵀ·xp. The scatter
 // of dxp back to token order stays with the caller. After the experts, the same threads take the
 // side tasks that do not depend on them (this layer's router backward and the pending weight
 // gradients, largest first: plan_backward_side_tasks), so whichever thread finishes its experts
@@ -200,7 +182,6 @@ bool ZayaModel::expert_backward_fused(int l) {
   const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
   const int32_t* off = t.offsets.data<int32_t>();
   std::atomic<int64_t> ns{0};
-  reserve_act_scratch(threads);
   plan_backward_side_tasks();
   const size_t experts = expert_order_.size(), side_tasks = side_order_.size();
   take_in_turn(experts + side_tasks, threads, [&](size_t j) {
@@ -210,14 +191,13 @@ bool ZayaModel::expert_backward_fused(int l) {
     }
     const int64_t e = static_cast<int64_t>(expert_order_[j]), r0 = off[e], r1 = off[e + 1];
     const Tensor dy = s.dy.slice(r0, r1), dact = s.dact.slice(r0, r1), dgu = s.dgu.slice(r0, r1);
-    // y_e = act_e · W_d[e]ᵀ: dact first; SwiGLU's backward then recomputes act (the forward's
-    // bits) in the same pass over t.gu, for dW_d.
+    // y_e = act_e · W_d[e]ᵀ
     ops::GemmProblem one[1] = {{dy, p.w_d.select(e), dact}};
     timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::N); });
-    const Tensor act = act_rows(r1 - r0);
-    ops::swiglu_backward(dact, t.gu.slice(r0, r1), dgu, act);
-    one[0] = {dy, act, g.w_d.select(e)};
+    one[0] = {dy, t.act.slice(r0, r1), g.w_d.select(e)};
     timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f); });
+    // act = SiLU(g) ⊙ v
+    ops::swiglu_backward(dact, t.gu.slice(r0, r1), dgu);
     // gu_e = xp_e · W_gu[e]ᵀ
     one[0] = {dgu, p.w_gu.select(e), s.dxp.slice(r0, r1)};
     timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::N); });

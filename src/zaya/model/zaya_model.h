@@ -160,12 +160,6 @@ class ZayaModel {
   std::vector<int64_t> expert_ids_;   // the fused experts' plan (reused): experts with tokens,
   std::vector<size_t> expert_order_;  // and the order the threads take them in
   std::string fused_forward_label_, fused_backward_label_;  // their GEMM-time rows
-  // The fused experts' SwiGLU output, one [N, I] buffer per thread (zaya_experts.cc): a task
-  // writes its expert's rows at the top of its thread's buffer, which stays in that core's cache
-  // instead of going out to the layer's saved activations and back. Allocated on first use.
-  std::vector<Tensor> act_scratch_;
-  void reserve_act_scratch(int threads);
-  Tensor act_rows(int64_t rows);  // this thread's buffer, its first `rows` rows
   // Weight gradients dW += dyᵀ·x left for later in the backward (zaya_layer.cc, "Backward
   // scheduling"): nothing downstream reads them, so they run as side tasks of the next layer's
   // fused experts region. Reused: reserved once, a step allocates nothing.

@@ -561,15 +561,6 @@ void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
 
 // swiglu: y = silu(g) ⊙ v.  dg = dy ⊙ v ⊙ silu'(g),  dv = dy ⊙ silu(g).
 
-namespace {
-// silu(g) ⊙ v as (g·σ(g))·v, given σ(g): the forward's value, shared with the backward's recompute
-// so that both give the same bits.
-#if ZAYA_AVX2
-inline __m256 swiglu_value_v8(__m256 g, __m256 s, __m256 v) { return _mm256_mul_ps(_mm256_mul_ps(g, s), v); }
-#endif
-inline float swiglu_value(float g, float s, float v) { return g * s * v; }
-}  // namespace
-
 void swiglu_forward(const Tensor& gu, const Tensor& y) {
   const char* op = "swiglu_forward";
   require_f32(op, "gu", gu);
@@ -588,14 +579,14 @@ void swiglu_forward(const Tensor& gu, const Tensor& y) {
 #if ZAYA_AVX2
     for (; j + 8 <= inter; j += 8) {
       const __m256 gv = _mm256_loadu_ps(g + j);
-      _mm256_storeu_ps(y + j, swiglu_value_v8(gv, sigmoid_v8(gv), _mm256_loadu_ps(v + j)));
+      _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid_v8(gv)), _mm256_loadu_ps(v + j)));
     }
 #endif
-    for (; j < inter; ++j) y[j] = swiglu_value(g[j], sigmoid(g[j]), v[j]);
+    for (; j < inter; ++j) y[j] = g[j] * sigmoid(g[j]) * v[j];
   }
 }
 
-void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu, const Tensor& y) {
+void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu) {
   const char* op = "swiglu_backward";
   require_f32(op, "gu", gu);
   require_f32(op, "dy", dy);
@@ -604,13 +595,8 @@ void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu, cons
   int64_t n = gu.size(0), inter = gu.size(1) / 2;
   check_shape("swiglu_backward: dy", dy, Shape{n, inter});
   check_same_shape("swiglu_backward: dgu vs gu", dgu, gu);
-  if (y.defined()) {
-    require_f32(op, "y", y);
-    check_shape("swiglu_backward: y", y, Shape{n, inter});
-  }
   const float *p = gu.data<float>(), *gp = dy.data<float>();
   float* dp = dgu.data<float>();
-  float* yp = y.defined() ? y.data<float>() : nullptr;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* g = p + i * 2 * inter;
@@ -618,23 +604,19 @@ void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu, cons
     const float* d = gp + i * inter;
     float* dg = dp + i * 2 * inter;
     float* dv = dg + inter;
-    float* yr = yp ? yp + i * inter : nullptr;
     int64_t j = 0;
 #if ZAYA_AVX2
     for (; j + 8 <= inter; j += 8) {
-      const __m256 gv = _mm256_loadu_ps(g + j), vv = _mm256_loadu_ps(v + j), dj = _mm256_loadu_ps(d + j),
-                   s = sigmoid_v8(gv);
+      const __m256 gv = _mm256_loadu_ps(g + j), dj = _mm256_loadu_ps(d + j), s = sigmoid_v8(gv);
       _mm256_storeu_ps(dv + j, _mm256_mul_ps(_mm256_mul_ps(dj, gv), s));
-      _mm256_storeu_ps(dg + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dj, vv), s),
+      _mm256_storeu_ps(dg + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dj, _mm256_loadu_ps(v + j)), s),
                                              _mm256_fmadd_ps(gv, _mm256_sub_ps(_mm256_set1_ps(1.0f), s), _mm256_set1_ps(1.0f))));
-      if (yr) _mm256_storeu_ps(yr + j, swiglu_value_v8(gv, s, vv));
     }
 #endif
     for (; j < inter; ++j) {
       float s = sigmoid(g[j]);
       dv[j] = d[j] * g[j] * s;
       dg[j] = d[j] * v[j] * s * (1.0f + g[j] * (1.0f - s));
-      if (yr) yr[j] = swiglu_value(g[j], s, v[j]);
     }
   }
 }

@@ -57,10 +57,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
 
 // SwiGLU on gu [N, 2I]: gate g = first I columns, value v = last I; y [N, I] = silu(g) ⊙ v.
 void swiglu_forward(const Tensor& gu, const Tensor& y);
-// y (defined: [N, I]) also receives the forward's value silu(g) ⊙ v, bit for bit swiglu_forward's,
-// from the same pass over gu: a caller that needs y only for its backward's weight gradient need
-// not keep it from the forward.
-void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu, const Tensor& y = Tensor{});
+void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu);
 
 // dst = src rounded to bf16 (round to nearest even), elementwise; src f32, dst bf16 with as many
 // elements (any shapes). The operand copies of the bf16 GEMM paths (expert weights, Newton–Schulz iterates).
