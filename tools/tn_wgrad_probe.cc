@@ -13,9 +13,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -29,7 +29,8 @@ using namespace zaya;
 namespace {
 
 void fill(float* x, size_t n, unsigned seed) {
-  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(((i + seed) * 2654435761u) % 1000) / 1000.0f - 0.5f;
+  for (size_t i = 0; i < n; ++i)
+    x[i] = static_cast<float>(((i + seed) * 2654435761u) % 1000) / 1000.0f - 0.5f;
 }
 
 template <class F>
@@ -38,7 +39,8 @@ double best_ms(F&& f) {
   for (int r = 0; r < 20; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -80,7 +82,8 @@ void tn_tiles(float* C, const float* A, const float* B, int64_t m, int64_t n, in
   for (int64_t i0 = 0; i0 < m; i0 += 16) {
     const int64_t rows = std::min<int64_t>(16, m - i0);
     const __mmask16 mr = rows >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
-    for (int64_t kk = 0; kk < k; ++kk) _mm512_store_ps(Ap + kk * 16, _mm512_maskz_loadu_ps(mr, A + kk * m + i0));
+    for (int64_t kk = 0; kk < k; ++kk)
+      _mm512_store_ps(Ap + kk * 16, _mm512_maskz_loadu_ps(mr, A + kk * m + i0));
     for (int64_t jb = 0; jb < nb; ++jb) {
       const int64_t left = n - 16 * jb;
       const __mmask16 mc = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
@@ -109,12 +112,12 @@ int main(int argc, char** argv) {
       std::printf("%s k=%lld  oneDNN %.3f ms %.0f GFLOP/s", s.name, static_cast<long long>(tokens), t_dnnl,
                   gflop / t_dnnl * 1e3);
       for (int64_t kc : {128, 256}) {
-        const double t = best_ms([&] {
-          chunked_mm(C2.data<float>(), A.data<float>(), B.data<float>(), s.m, s.n, tokens, kc);
-        });
+        const double t = best_ms(
+            [&] { chunked_mm(C2.data<float>(), A.data<float>(), B.data<float>(), s.m, s.n, tokens, kc); });
         std::printf("  | mm kc %lld %.3f ms %.0f GFLOP/s", static_cast<long long>(kc), t, gflop / t * 1e3);
       }
-      const double tt = best_ms([&] { tn_tiles(C2.data<float>(), A.data<float>(), B.data<float>(), s.m, s.n, tokens, true); });
+      const double tt = best_ms(
+          [&] { tn_tiles(C2.data<float>(), A.data<float>(), B.data<float>(), s.m, s.n, tokens, true); });
       std::printf("  | tiles %.3f ms %.0f GFLOP/s", tt, gflop / tt * 1e3);
       std::printf("\n");
     }

@@ -69,7 +69,7 @@ float* scratch(int64_t elems) {
 // them, tools/switch_ab.cc head, three runs of 30–40 pairs, while the unchanged forward read
 // 1.004–1.014.)
 __attribute__((noinline)) void tile_panels(float* C, int64_t ldc, int64_t rows, __mmask16 cols,
-                                                bool accumulate, const float* a, const float* b, int64_t kc) {
+                                           bool accumulate, const float* a, const float* b, int64_t kc) {
   __m512 acc[16];
   for (int i = 0; i < 16; ++i)
     acc[i] = accumulate && i < rows ? _mm512_maskz_loadu_ps(cols, C + i * ldc) : _mm512_setzero_ps();
