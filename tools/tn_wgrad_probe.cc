@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "zaya/core/tensor.h"
+#include "zaya/ops/cpu/tied_head_cpu.h"
 #include "zaya/ops/cpu/tile_mm.h"
 #include "zaya/ops/gemm.h"
 
@@ -53,21 +54,8 @@ void chunked_mm(float* C, const float* A, const float* B, int64_t m, int64_t n, 
 // Packed panels: Bp[jb][kk][16] = B[kk][16jb + j] (0 past n), then per 16 rows of C the strip
 // Ap[kk][16] = A[kk][i0 + r] (0 past m), and 16 x 16 tiles with one B vector and 16 broadcasts per
 // kk, each element one FMA chain over kk in order from C.
-__attribute__((noinline)) void tile16(float* C, int64_t ldc, int64_t rows, __mmask16 cols, bool acc_c,
-                                      const float* a, const float* b, int64_t kc) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i)
-    acc[i] = acc_c && i < rows ? _mm512_maskz_loadu_ps(cols, C + i * ldc) : _mm512_setzero_ps();
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m512 bv = _mm512_load_ps(b + k * 16);
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[k * 16 + i]), bv, acc[i]);
-  }
-  for (int i = 0; i < 16; ++i)
-    if (i < rows) _mm512_mask_storeu_ps(C + i * ldc, cols, acc[i]);
-}
-
 void tn_tiles(float* C, const float* A, const float* B, int64_t m, int64_t n, int64_t k, bool accumulate) {
-  static std::vector<float, std::allocator<float>> bp_store, ap_store;
+  static std::vector<float> bp_store, ap_store;
   const int64_t nb = (n + 15) / 16;
   bp_store.resize(static_cast<size_t>(nb * k * 16 + 16));
   ap_store.resize(static_cast<size_t>(k * 16 + 16));
@@ -87,7 +75,7 @@ void tn_tiles(float* C, const float* A, const float* B, int64_t m, int64_t n, in
     for (int64_t jb = 0; jb < nb; ++jb) {
       const int64_t left = n - 16 * jb;
       const __mmask16 mc = left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-      tile16(C + i0 * n + 16 * jb, n, rows, mc, accumulate, Ap, Bp + jb * k * 16, k);
+      ops::cpu::tile_panels(C + i0 * n + 16 * jb, n, rows, mc, accumulate, Ap, Bp + jb * k * 16, k);
     }
   }
 }

@@ -37,6 +37,27 @@ int64_t tied_head_strip_elems(int64_t n, int64_t vocab) {
 
 bool tied_head_fused_built() { return true; }
 
+// A 16 × 16 tile of C (tied_head_cpu.h): C[i·ldc + j] (+)= Σ_k a[k·16 + i] · b[k·16 + j] over
+// k < kc for rows i < rows and the columns in `cols`, both operands k-major panels 16 wide. One FMA chain per
+// element in k order (16 accumulators, one B vector and one broadcast per step: the FMA unit's rate
+// with the panels in L1/L2), continuing from C's value when accumulate. The backward's products.
+// (Until session 23 the tile was summed from zero into a buffer and then added to C: one more load,
+// add and store per row of C, ~0.5% of the demo step; the head's backward read 1.011–1.039× without
+// them, tools/switch_ab.cc head, three runs of 30–40 pairs, while the unchanged forward read
+// 1.004–1.014.)
+__attribute__((noinline)) void tile_panels(float* C, int64_t ldc, int64_t rows, __mmask16 cols,
+                                           bool accumulate, const float* a, const float* b, int64_t kc) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i)
+    acc[i] = accumulate && i < rows ? _mm512_maskz_loadu_ps(cols, C + i * ldc) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 bv = _mm512_load_ps(b + k * 16);
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[k * 16 + i]), bv, acc[i]);
+  }
+  for (int i = 0; i < 16; ++i)
+    if (i < rows) _mm512_mask_storeu_ps(C + i * ldc, cols, acc[i]);
+}
+
 namespace {
 
 int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
@@ -58,27 +79,6 @@ float* scratch(int64_t elems) {
     have = elems;
   }
   return buf.get();
-}
-
-// A 16 × 16 tile of C: C[i·ldc + j] (+)= Σ_k a[k·16 + i] · b[k·16 + j] over k < kc for rows
-// i < rows and the columns in `cols`, both operands k-major panels 16 wide. One FMA chain per
-// element in k order (16 accumulators, one B vector and one broadcast per step: the FMA unit's rate
-// with the panels in L1/L2), continuing from C's value when accumulate. The backward's products.
-// (Until session 23 the tile was summed from zero into a buffer and then added to C: one more load,
-// add and store per row of C, ~0.5% of the demo step; the head's backward read 1.011–1.039× without
-// them, tools/switch_ab.cc head, three runs of 30–40 pairs, while the unchanged forward read
-// 1.004–1.014.)
-__attribute__((noinline)) void tile_panels(float* C, int64_t ldc, int64_t rows, __mmask16 cols,
-                                           bool accumulate, const float* a, const float* b, int64_t kc) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i)
-    acc[i] = accumulate && i < rows ? _mm512_maskz_loadu_ps(cols, C + i * ldc) : _mm512_setzero_ps();
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m512 bv = _mm512_load_ps(b + k * 16);
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(a[k * 16 + i]), bv, acc[i]);
-  }
-  for (int i = 0; i < 16; ++i)
-    if (i < rows) _mm512_mask_storeu_ps(C + i * ldc, cols, acc[i]);
 }
 
 // dst[k·16 + i] = src[i·ld + k] for i < rows (0 for rows ≤ i < 16), k < kc: 16 rows of a row-major

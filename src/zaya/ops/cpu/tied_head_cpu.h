@@ -25,6 +25,9 @@
 #pragma once
 
 #include <cstdint>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace zaya::ops::cpu {
 
@@ -48,5 +51,14 @@ void tied_head_forward(float* e, float* row_max, float* row_sum, float* picked, 
 // dh = p·E ([n, hd], written); r [n] scales row t of h.
 void tied_head_backward_gemms(float* dE, float* dh, const float* e, const float* h, const float* r,
                               const float* E, int64_t n, int64_t hd, int64_t vocab, float tiny);
+
+#if defined(__AVX512F__)
+// The backward's tile product, for probes that time it on other operands
+// (tools/tn_wgrad_probe.cc): C[i·ldc + j] (+)= Σ_k a[k·16 + i]·b[k·16 + j] over k < kc, for rows
+// i < rows and the columns in `cols`, a and b k-major panels 16 wide (64-byte aligned), each
+// element one FMA chain in k order, from C's value when accumulate, else from zero.
+void tile_panels(float* C, int64_t ldc, int64_t rows, __mmask16 cols, bool accumulate, const float* a,
+                 const float* b, int64_t kc);
+#endif
 
 }  // namespace zaya::ops::cpu
