@@ -180,7 +180,9 @@ TEST(ZayaModel, DeterministicAcrossRunsAndThreadCounts) {
 
 // The experts' fused way (one task per expert) and grouped way (one pass per step over all
 // experts) run the same one-thread GEMMs on the same rows: same loss, same gradient bits. The
-// GEMM shape profile shows which way ran, so the test fails if the fused way never did.
+// GEMM shape profile shows which way ran, so the test fails if the fused way never did. On more
+// threads than experts (6 for 4 here) the backward takes the fused way whatever the loads and the
+// forward the grouped way (zaya_experts.cc, plan_fused_experts): the same bits again.
 TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
   ModelConfig c = tiny();
   c.num_experts = 4;
@@ -188,7 +190,7 @@ TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
   c.moe_intermediate_size = 24;
   const int64_t B = 4, T = 32;
   Batch b = make_batch(c, B, T, 5);
-  auto run = [&](int threads, bool fused, std::vector<float>& grads, bool& ran_fused) {
+  auto run = [&](int threads, bool fused, std::vector<float>& grads, bool& ran_fused, bool* ran_fused_bwd = nullptr) {
     set_num_threads(threads);
     ZayaModel m(c, B, T);
     m.init(33);  // the documented init: its router spreads tokens over the experts
@@ -199,8 +201,10 @@ TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
     m.backward();
     ops::gemm_profile_shapes(false);
     int fused_rows = 0;
-    for (const ops::GemmShapeTime& r : ops::gemm_shape_times())
+    for (const ops::GemmShapeTime& r : ops::gemm_shape_times()) {
       fused_rows += r.shape.find("fused experts") != std::string::npos;
+      if (ran_fused_bwd && r.shape.find("fused experts backward") != std::string::npos) *ran_fused_bwd = true;
+    }
     ran_fused = fused_rows == 2;  // the forward's and the backward's
     grads.assign(m.grads_flat().data<float>(), m.grads_flat().data<float>() + m.grads_flat().numel());
     return loss;
@@ -210,18 +214,22 @@ TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
   for (bool avx2 : {false, true}) {
     SCOPED_TRACE(avx2 ? "AVX2 paths forced" : "default GEMM paths");
     ops::gemm_force_avx2_paths(avx2);
-    std::vector<float> g_fused, g_grouped, g_one;
-    bool f1 = false, f2 = true, f3 = true;
+    std::vector<float> g_fused, g_grouped, g_one, g_many;
+    bool f1 = false, f2 = true, f3 = true, f4 = true, f4_bwd = false;
     const double l_fused = run(2, true, g_fused, f1), l_grouped = run(2, false, g_grouped, f2),
-                 l_one = run(1, true, g_one, f3);
+                 l_one = run(1, true, g_one, f3), l_many = run(6, true, g_many, f4, &f4_bwd);
     ops::gemm_force_avx2_paths(false);
     ASSERT_TRUE(f1) << "the fused way did not run on 2 threads (its plan rejected this routing)";
     EXPECT_FALSE(f2);
     EXPECT_FALSE(f3);  // one thread: the grouped way
+    EXPECT_FALSE(f4);  // 6 threads for 4 experts: the forward grouped ...
+    EXPECT_TRUE(f4_bwd) << "the backward did not take the fused way on more threads than experts";
     EXPECT_EQ(l_fused, l_grouped);
     EXPECT_EQ(l_fused, l_one);
+    EXPECT_EQ(l_fused, l_many);
     EXPECT_EQ(0, std::memcmp(g_fused.data(), g_grouped.data(), g_fused.size() * 4));
     EXPECT_EQ(0, std::memcmp(g_fused.data(), g_one.data(), g_fused.size() * 4));
+    EXPECT_EQ(0, std::memcmp(g_fused.data(), g_many.data(), g_fused.size() * 4));
   }
   set_num_threads(saved);
 }

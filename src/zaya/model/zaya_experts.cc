@@ -118,9 +118,15 @@ void ZayaModel::set_fused_experts(bool on) { fused_experts_ = on; }
 // experts with tokens, and a largest-first plan that keeps the busiest thread within 1.2× of the
 // mean; a fused task, whose weight gradients sum all of its expert's rows, cannot be cut the way a
 // grouped call cuts an uneven expert into row halves). Then expert_order_ holds the experts in the
-// order the threads take them. The backward plans again from the same token counts: the same
-// answer, for less than keeping a plan per layer.
-bool ZayaModel::plan_fused_experts(int l) {
+// order the threads take them. The backward plans again from the same token counts (less than
+// keeping a plan per layer), and also takes the fused way when there are no more experts with
+// tokens than threads, whatever the loads (gemm_grouped_side_by_side_plan's few_problems_ok): the
+// thread with the largest expert sets the region's length while the others take the side tasks
+// (the router's backward, the pending weight gradients) as their experts finish, where the
+// grouped way would split every expert GEMM among all the threads and run the router's backward
+// after them. The forward has no side tasks and keeps the balanced-plan rule. Either way gives
+// the same bits. Measured on 8 and 16 threads: docs/results/model-cpu.md, session 24.
+bool ZayaModel::plan_fused_experts(int l, bool backward) {
   if (!fused_experts_ || gemm_dtype_ != DType::f32) return false;
   const LayerActs& t = acts_[l];
   const int32_t* off = t.offsets.data<int32_t>();
@@ -132,7 +138,7 @@ bool ZayaModel::plan_fused_experts(int l) {
           {t.xp.slice(off[e], off[e + 1]), lp_[l].w_gu.select(e), t.gu.slice(off[e], off[e + 1])});
       expert_ids_.push_back(e);
     }
-  if (!ops::gemm_grouped_side_by_side_plan(problems_, ops::Trans::N, ops::Trans::T, expert_order_))
+  if (!ops::gemm_grouped_side_by_side_plan(problems_, ops::Trans::N, ops::Trans::T, expert_order_, backward))
     return false;
   for (size_t& i : expert_order_) i = static_cast<size_t>(expert_ids_[i]);
   return true;
@@ -141,7 +147,7 @@ bool ZayaModel::plan_fused_experts(int l) {
 // Forward of layer l's experts, one task per expert: gather its rows, gate_up, SwiGLU, down.
 // Returns false (nothing done) when the grouped way should run instead.
 bool ZayaModel::expert_forward_fused(int l) {
-  if (!plan_fused_experts(l)) return false;
+  if (!plan_fused_experts(l, false)) return false;
   LayerActs& t = acts_[l];
   const LayerParams& p = lp_[l];
   const int threads = num_threads();
@@ -173,7 +179,7 @@ bool ZayaModel::expert_forward_fused(int l) {
 // gradients, largest first: plan_backward_side_tasks), so whichever thread finishes its experts
 // first fills the time it would have waited. Returns false (nothing done) when the grouped way should run.
 bool ZayaModel::expert_backward_fused(int l) {
-  if (!plan_fused_experts(l)) return false;
+  if (!plan_fused_experts(l, true)) return false;
   const int threads = num_threads();
   LayerActs& t = acts_[l];
   ScratchActs& s = *scratch_;

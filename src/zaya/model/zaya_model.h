@@ -134,7 +134,7 @@ class ZayaModel {
   ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
   void expert_forward(int l);
   void expert_backward(int l);
-  bool plan_fused_experts(int l);
+  bool plan_fused_experts(int l, bool backward);
   bool expert_forward_fused(int l);
   bool expert_backward_fused(int l);
   void router_backward(int l);

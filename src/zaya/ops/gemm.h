@@ -38,9 +38,11 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
 // Whether gemm_grouped would run these problems side by side, one whole GEMM per thread (on this
 // many threads, for these shapes; docs/ops-gemm.md), and if so the order the threads take them in
 // (indices into problems, largest first, problems with nothing to do left out). For callers that
-// run their own per-problem loop under the same rule (the model's fused experts).
+// run their own per-problem loop under the same rule (the model's fused experts). With
+// few_problems_ok, no more problems than threads is accepted whatever the loads (for a caller
+// that fills the idle threads with work of its own: the model's fused experts backward).
 bool gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, Trans tb,
-                                    std::vector<size_t>& order);
+                                    std::vector<size_t>& order, bool few_problems_ok = false);
 
 // f32 problems one after another on the calling thread, each through the one-thread path a
 // side-by-side grouped call gives it: the same bits as gemm_grouped there, and on any thread
