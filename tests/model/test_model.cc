@@ -181,16 +181,22 @@ TEST(ZayaModel, DeterministicAcrossRunsAndThreadCounts) {
 // The experts' fused way (one task per expert) and grouped way (one pass per step over all
 // experts) run the same one-thread GEMMs on the same rows: same loss, same gradient bits. The
 // GEMM shape profile shows which way ran, so the test fails if the fused way never did. On more
-// threads than experts (6 for 4 here) the backward takes the fused way whatever the loads and the
-// forward the grouped way (zaya_experts.cc, plan_fused_experts): the same bits again.
+// threads than experts (6 for 4 here; zaya_experts.cc, plan_fused_experts) the backward takes the
+// fused way whatever the loads, and the forward cuts the experts into row pieces (on the default
+// GEMM paths; grouped on the AVX2-only ones): the same bits again. 512 tokens over 4 experts, so
+// that some expert has the 128 rows that the 6-thread forward cuts in two.
 TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
   ModelConfig c = tiny();
   c.num_experts = 4;
   c.hidden_size = 32;
   c.moe_intermediate_size = 24;
-  const int64_t B = 4, T = 32;
+  const int64_t B = 8, T = 64;
   Batch b = make_batch(c, B, T, 5);
-  auto run = [&](int threads, bool fused, std::vector<float>& grads, bool& ran_fused, bool* ran_fused_bwd = nullptr) {
+  struct Ran {
+    bool fwd = false, bwd = false;
+    int64_t most_rows = 0;  // the largest expert's rows in any layer
+  };
+  auto run = [&](int threads, bool fused, std::vector<float>& grads, Ran& ran) {
     set_num_threads(threads);
     ZayaModel m(c, B, T);
     m.init(33);  // the documented init: its router spreads tokens over the experts
@@ -200,12 +206,12 @@ TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
     double loss = m.forward(b.tid, b.ttg);
     m.backward();
     ops::gemm_profile_shapes(false);
-    int fused_rows = 0;
     for (const ops::GemmShapeTime& r : ops::gemm_shape_times()) {
-      fused_rows += r.shape.find("fused experts") != std::string::npos;
-      if (ran_fused_bwd && r.shape.find("fused experts backward") != std::string::npos) *ran_fused_bwd = true;
+      ran.fwd |= r.shape.find("fused experts forward") != std::string::npos;
+      ran.bwd |= r.shape.find("fused experts backward") != std::string::npos;
     }
-    ran_fused = fused_rows == 2;  // the forward's and the backward's
+    for (const RouterStats& st : m.router_stats())
+      for (int64_t n : st.tokens_per_expert) ran.most_rows = std::max(ran.most_rows, n);
     grads.assign(m.grads_flat().data<float>(), m.grads_flat().data<float>() + m.grads_flat().numel());
     return loss;
   };
@@ -215,15 +221,18 @@ TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
     SCOPED_TRACE(avx2 ? "AVX2 paths forced" : "default GEMM paths");
     ops::gemm_force_avx2_paths(avx2);
     std::vector<float> g_fused, g_grouped, g_one, g_many;
-    bool f1 = false, f2 = true, f3 = true, f4 = true, f4_bwd = false;
-    const double l_fused = run(2, true, g_fused, f1), l_grouped = run(2, false, g_grouped, f2),
-                 l_one = run(1, true, g_one, f3), l_many = run(6, true, g_many, f4, &f4_bwd);
+    Ran r_fused, r_grouped, r_one, r_many;
+    const double l_fused = run(2, true, g_fused, r_fused), l_grouped = run(2, false, g_grouped, r_grouped),
+                 l_one = run(1, true, g_one, r_one), l_many = run(6, true, g_many, r_many);
     ops::gemm_force_avx2_paths(false);
-    ASSERT_TRUE(f1) << "the fused way did not run on 2 threads (its plan rejected this routing)";
-    EXPECT_FALSE(f2);
-    EXPECT_FALSE(f3);  // one thread: the grouped way
-    EXPECT_FALSE(f4);  // 6 threads for 4 experts: the forward grouped ...
-    EXPECT_TRUE(f4_bwd) << "the backward did not take the fused way on more threads than experts";
+    ASSERT_TRUE(r_fused.fwd && r_fused.bwd)
+        << "the fused way did not run on 2 threads (its plan rejected this routing)";
+    EXPECT_FALSE(r_grouped.fwd || r_grouped.bwd);
+    EXPECT_FALSE(r_one.fwd || r_one.bwd);  // one thread: the grouped way
+    EXPECT_TRUE(r_many.bwd) << "the backward did not take the fused way on more threads than experts";
+    EXPECT_EQ(r_many.fwd, !avx2) << "6 threads: the forward's row pieces on the default paths only";
+    EXPECT_GE(r_many.most_rows, 128)
+        << "no expert big enough to be cut on 6 threads: the test lost its point";
     EXPECT_EQ(l_fused, l_grouped);
     EXPECT_EQ(l_fused, l_one);
     EXPECT_EQ(l_fused, l_many);

@@ -113,20 +113,21 @@ void timed_gemm(std::atomic<int64_t>& ns, F&& f) {
 
 void ZayaModel::set_fused_experts(bool on) { fused_experts_ = on; }
 
-// The fused way applies to layer l exactly when the grouped gate_up call would run side by side
+// The fused way applies to layer l when the grouped gate_up call would run side by side
 // (ops::gemm_grouped_side_by_side_plan: small expert weights, at least two threads and as many
 // experts with tokens, and a largest-first plan that keeps the busiest thread within 1.2× of the
-// mean; a fused task, whose weight gradients sum all of its expert's rows, cannot be cut the way a
-// grouped call cuts an uneven expert into row halves). Then expert_order_ holds the experts in the
-// order the threads take them. The backward plans again from the same token counts (less than
-// keeping a plan per layer), and also takes the fused way when there are no more experts with
-// tokens than threads, whatever the loads (gemm_grouped_side_by_side_plan's few_problems_ok): the
-// thread with the largest expert sets the region's length while the others take the side tasks
-// (the router's backward, the pending weight gradients) as their experts finish, where the
-// grouped way would split every expert GEMM among all the threads and run the router's backward
-// after them. The forward has no side tasks and keeps the balanced-plan rule. Either way gives
-// the same bits. Measured on 8 and 16 threads: docs/results/model-cpu.md, session 24.
-bool ZayaModel::plan_fused_experts(int l, bool backward) {
+// mean). Then expert_order_ holds the experts in the order the threads take them. `loads` widens
+// that rule for uneven loads:
+//  * The backward (SideBySideLoads::any_when_few_problems) also runs fused when there are no more
+//    experts with tokens than threads, whatever the loads. A backward task cannot be cut, since
+//    its weight gradients sum all of its expert's rows. So the thread with the largest expert sets
+//    the region's length while the others take the side tasks (the router's backward, the pending
+//    weight gradients) as their experts finish. The grouped way would instead split every expert
+//    GEMM among all the threads and run the router's backward after them.
+//  * The forward (SideBySideLoads::any) cuts the experts into row pieces instead (plan_fused_forward).
+// The backward plans again from the same token counts (less than keeping a plan per layer). Every
+// way gives the same bits. Measured on 8 and 16 threads: docs/results/model-cpu.md, session 24.
+bool ZayaModel::plan_fused_experts(int l, ops::SideBySideLoads loads) {
   if (!fused_experts_ || gemm_dtype_ != DType::f32) return false;
   const LayerActs& t = acts_[l];
   const int32_t* off = t.offsets.data<int32_t>();
@@ -138,24 +139,61 @@ bool ZayaModel::plan_fused_experts(int l, bool backward) {
           {t.xp.slice(off[e], off[e + 1]), lp_[l].w_gu.select(e), t.gu.slice(off[e], off[e + 1])});
       expert_ids_.push_back(e);
     }
-  if (!ops::gemm_grouped_side_by_side_plan(problems_, ops::Trans::N, ops::Trans::T, expert_order_, backward))
+  if (!ops::gemm_grouped_side_by_side_plan(problems_, ops::Trans::N, ops::Trans::T, expert_order_, loads))
     return false;
   for (size_t& i : expert_order_) i = static_cast<size_t>(expert_ids_[i]);
   return true;
 }
 
-// Forward of layer l's experts, one task per expert: gather its rows, gate_up, SwiGLU, down.
-// Returns false (nothing done) when the grouped way should run instead.
+// The forward's tasks: whole experts when their plan is balanced; otherwise, the experts cut into
+// row pieces (forward_pieces_, largest first). A forward task's GEMMs are x·Wᵀ products with the
+// tokens in M, and a piece of at least kMinPieceRows rows gets the whole expert's bits for its rows
+// (the runtime-M kernel that the grouped calls' row halves use,
+// Gemm.GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise). The pieces aim at two per
+// thread (so the threads finish within about half a piece of each other) and keep
+// kMinPieceRows rows or more each. On the AVX2-only paths a GEMM's bits depend on its row count
+// (pieces fixed by its shape: ops/gemm.h), so there the uneven forward stays grouped. On 16
+// threads the demo's forward experts took 15.2 ms per step as whole experts and 10.1 grouped
+// (docs/results/model-cpu.md, session 24).
+bool ZayaModel::plan_fused_forward(int l) {
+  constexpr int64_t kMinPieceRows = 64;
+  const int32_t* off = acts_[l].offsets.data<int32_t>();
+  forward_pieces_.clear();
+  if (plan_fused_experts(l, ops::SideBySideLoads::balanced)) {
+    for (size_t e : expert_order_) forward_pieces_.push_back({static_cast<int64_t>(e), off[e], off[e + 1]});
+    return true;
+  }
+  if (ops::gemm_avx2_paths() || !plan_fused_experts(l, ops::SideBySideLoads::any)) return false;
+  const int64_t threads = num_threads();
+  const int64_t target = std::max<int64_t>(kMinPieceRows, (acts_[l].M + 2 * threads - 1) / (2 * threads));
+  for (size_t e : expert_order_) {
+    const int64_t r0 = off[e], m = off[e + 1] - r0;
+    // n pieces of `step` rows (a multiple of 8, at least kMinPieceRows), the last one the rest
+    // (m − step·(n−1) ≥ m/n ≥ kMinPieceRows rows).
+    const int64_t n =
+        std::clamp<int64_t>((m + target / 2) / target, 1, std::max<int64_t>(1, m / kMinPieceRows));
+    const int64_t step = n == 1 ? m : m / n / 8 * 8;
+    for (int64_t k = 0; k < n; ++k)
+      forward_pieces_.push_back(
+          {static_cast<int64_t>(e), r0 + k * step, k + 1 < n ? r0 + (k + 1) * step : r0 + m});
+  }
+  std::stable_sort(forward_pieces_.begin(), forward_pieces_.end(),
+                   [](const ExpertRows& a, const ExpertRows& b) { return a.r1 - a.r0 > b.r1 - b.r0; });
+  return true;
+}
+
+// Forward of layer l's experts, one task per expert or row piece of one (plan_fused_forward):
+// gather its rows, gate_up, SwiGLU, down. Returns false (nothing done) when the grouped way should
+// run instead.
 bool ZayaModel::expert_forward_fused(int l) {
-  if (!plan_fused_experts(l, false)) return false;
+  if (!plan_fused_forward(l)) return false;
   LayerActs& t = acts_[l];
   const LayerParams& p = lp_[l];
   const int threads = num_threads();
   const int64_t N = B_ * T_, H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
-  const int32_t* off = t.offsets.data<int32_t>();
   std::atomic<int64_t> ns{0};
-  take_in_turn(expert_order_.size(), threads, [&](size_t j) {
-    const int64_t e = static_cast<int64_t>(expert_order_[j]), r0 = off[e], r1 = off[e + 1];
+  take_in_turn(forward_pieces_.size(), threads, [&](size_t j) {
+    const auto [e, r0, r1] = forward_pieces_[j];
     ops::moe_gather_rows(t.xp, t.w, t.src, r0, r1, N, H);
     ops::GemmProblem one[1] = {{t.xp.slice(r0, r1), p.w_gu.select(e), t.gu.slice(r0, r1)}};
     timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::T); });
@@ -179,7 +217,7 @@ bool ZayaModel::expert_forward_fused(int l) {
 // gradients, largest first: plan_backward_side_tasks), so whichever thread finishes its experts
 // first fills the time it would have waited. Returns false (nothing done) when the grouped way should run.
 bool ZayaModel::expert_backward_fused(int l) {
-  if (!plan_fused_experts(l, true)) return false;
+  if (!plan_fused_experts(l, ops::SideBySideLoads::any_when_few_problems)) return false;
   const int threads = num_threads();
   LayerActs& t = acts_[l];
   ScratchActs& s = *scratch_;

@@ -134,7 +134,8 @@ class ZayaModel {
   ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
   void expert_forward(int l);
   void expert_backward(int l);
-  bool plan_fused_experts(int l, bool backward);
+  bool plan_fused_experts(int l, ops::SideBySideLoads loads);
+  bool plan_fused_forward(int l);
   bool expert_forward_fused(int l);
   bool expert_backward_fused(int l);
   void router_backward(int l);
@@ -159,6 +160,10 @@ class ZayaModel {
   bool fused_experts_ = true;
   std::vector<int64_t> expert_ids_;   // the fused experts' plan (reused): experts with tokens,
   std::vector<size_t> expert_order_;  // and the order the threads take them in
+  struct ExpertRows {
+    int64_t e, r0, r1;  // expert e's rows [r0, r1) of the grouped order
+  };
+  std::vector<ExpertRows> forward_pieces_;                  // the fused forward's tasks (plan_fused_forward)
   std::string fused_forward_label_, fused_backward_label_;  // their GEMM-time rows
   // Weight gradients dW += dyᵀ·x left for later in the backward (zaya_layer.cc, "Backward
   // scheduling"): nothing downstream reads them, so they run as side tasks of the next layer's

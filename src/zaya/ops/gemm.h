@@ -38,11 +38,17 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
 // Whether gemm_grouped would run these problems side by side, one whole GEMM per thread (on this
 // many threads, for these shapes; docs/ops-gemm.md), and if so the order the threads take them in
 // (indices into problems, largest first, problems with nothing to do left out). For callers that
-// run their own per-problem loop under the same rule (the model's fused experts). With
-// few_problems_ok, no more problems than threads is accepted whatever the loads (for a caller
-// that fills the idle threads with work of its own: the model's fused experts backward).
+// run their own per-problem loop under the same rule (the model's fused experts). `loads` says
+// what the plan must do about uneven problems:
+//   balanced               the grouped call's own rule: the largest-first plan keeps the busiest
+//                          thread within 1.2× of the mean, with at least as many problems as threads;
+//   any_when_few_problems  that, or any loads when there are no more problems than threads (for
+//                          a caller that fills idle threads with work of its own);
+//   any                    any loads (for a caller that cuts the problems into pieces of its own).
+enum class SideBySideLoads : uint8_t { balanced, any_when_few_problems, any };
 bool gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, Trans tb,
-                                    std::vector<size_t>& order, bool few_problems_ok = false);
+                                    std::vector<size_t>& order,
+                                    SideBySideLoads loads = SideBySideLoads::balanced);
 
 // f32 problems one after another on the calling thread, each through the one-thread path a
 // side-by-side grouped call gives it: the same bits as gemm_grouped there, and on any thread

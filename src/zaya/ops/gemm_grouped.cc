@@ -186,21 +186,22 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
 // (4 alternations of bench_ops_gemm gemm_grouped/zaya1 with a temporary switch, 2026-11-25), its
 // dx 0.89–1.31× (median 1.06×).
 //
-// `few_problems_ok` (the model's fused experts backward only, gemm_grouped_side_by_side_plan):
-// with no more problems than threads (8 experts on 8 or 16 threads), the plan is accepted whatever
-// the loads. The busiest thread then runs the largest problem alone, and the alternative splits
-// every GEMM among all the threads, which ran at ~60% of the one-thread rate on 8 threads and
-// ~45% on 16 (the demo's experts backward on the lent H200 host's CPU, docs/results/model-cpu.md,
-// session 24).
+// The model's fused experts ask with other rules for the loads (gemm_grouped_side_by_side_plan,
+// SideBySideLoads): its backward accepts any loads when there are no more problems than threads
+// (8 experts on 8 or 16 threads; its idle threads take side tasks), and its forward any loads at
+// all (it then cuts the experts into row pieces of its own). The weight-size, overlap and thread
+// checks hold for every rule.
 constexpr double kMaxImbalance = 1.2;
 std::atomic<bool> g_side_by_side{true};
 bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& dims,
                     const std::vector<size_t>& todo, Trans ta, int threads, std::vector<size_t>& order,
-                    bool few_problems_ok = false) {
+                    SideBySideLoads loads = SideBySideLoads::balanced) {
   if (!g_side_by_side.load(std::memory_order_relaxed)) return false;
   if (threads < 2 || todo.size() < 2 || omp_in_parallel()) return false;
   const bool few = todo.size() <= static_cast<size_t>(threads);
-  if (few && !(few_problems_ok || todo.size() == static_cast<size_t>(threads))) return false;
+  const bool any_loads =
+      loads == SideBySideLoads::any || (loads == SideBySideLoads::any_when_few_problems && few);
+  if (todo.size() < static_cast<size_t>(threads) && !any_loads) return false;
   // Problems that write overlapping C (several groups accumulating into one gradient, beta = 1)
   // must run in order, as a serial call runs them.
   std::vector<std::pair<const char*, const char*>> spans;
@@ -225,9 +226,9 @@ bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& di
   order.resize(todo.size());
   for (size_t j = 0; j < order.size(); ++j) order[j] = j;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return work[a] > work[b]; });
+  if (any_loads) return true;
   // The plan the threads will roughly follow (each free thread takes the next largest): if even
   // that leaves one thread far busier than the mean, the call stays serial.
-  if (few && few_problems_ok) return true;
   std::vector<double> load(static_cast<size_t>(threads), 0.0);
   for (size_t j : order) *std::min_element(load.begin(), load.end()) += work[j];
   return *std::max_element(load.begin(), load.end()) <= kMaxImbalance * total / threads;
@@ -647,7 +648,7 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
 }
 
 bool gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, Trans tb,
-                                    std::vector<size_t>& order, bool few_problems_ok) {
+                                    std::vector<size_t>& order, SideBySideLoads loads) {
   std::vector<Dims> dims(problems.size());
   std::vector<size_t> todo, planned;
   for (size_t i = 0; i < problems.size(); ++i) {
@@ -655,7 +656,7 @@ bool gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, T
     if (d.batch > 0 && d.m > 0 && d.n > 0 && d.k > 0)
       todo.push_back(i);  // trivial()'s test, without its writes
   }
-  if (!split_problems(problems, dims, todo, ta, num_threads(), planned, few_problems_ok)) return false;
+  if (!split_problems(problems, dims, todo, ta, num_threads(), planned, loads)) return false;
   order.clear();
   for (size_t j : planned) order.push_back(todo[j]);
   return true;
