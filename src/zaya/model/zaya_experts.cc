@@ -145,27 +145,18 @@ bool ZayaModel::plan_fused_experts(int l, ops::SideBySideLoads loads) {
   return true;
 }
 
-// The forward's tasks: whole experts when their plan is balanced; otherwise, the experts cut into
-// row pieces (forward_pieces_, largest first). A forward task's GEMMs are x·Wᵀ products with the
-// tokens in M, and a piece of at least kMinPieceRows rows gets the whole expert's bits for its rows
-// (the runtime-M kernel that the grouped calls' row halves use,
-// Gemm.GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise). The pieces aim at two per
-// thread (so the threads finish within about half a piece of each other) and keep
-// kMinPieceRows rows or more each. On the AVX2-only paths a GEMM's bits depend on its row count
-// (pieces fixed by its shape: ops/gemm.h), so there the uneven forward stays grouped. On 16
-// threads the demo's forward experts took 15.2 ms per step as whole experts and 10.1 grouped
-// (docs/results/model-cpu.md, session 24).
-bool ZayaModel::plan_fused_forward(int l) {
+// Row pieces of layer l's experts in expert_order_ into `pieces`, largest first: pieces of at least
+// kMinPieceRows rows, aiming at two per thread, so the threads finish within about half a piece
+// of each other. A piece's x·Wᵀ and dy·W products (tokens in M) give the whole expert's bits for
+// its rows: the same runtime-M kernel as the grouped calls' row halves
+// (Gemm.GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise). Not on the AVX2-only paths,
+// where a product's bits depend on its row count (pieces fixed by its shape: ops/gemm.h).
+void ZayaModel::cut_expert_rows(int l, std::vector<ExpertRows>& pieces) const {
   constexpr int64_t kMinPieceRows = 64;
   const int32_t* off = acts_[l].offsets.data<int32_t>();
-  forward_pieces_.clear();
-  if (plan_fused_experts(l, ops::SideBySideLoads::balanced)) {
-    for (size_t e : expert_order_) forward_pieces_.push_back({static_cast<int64_t>(e), off[e], off[e + 1]});
-    return true;
-  }
-  if (ops::gemm_avx2_paths() || !plan_fused_experts(l, ops::SideBySideLoads::any)) return false;
   const int64_t threads = num_threads();
   const int64_t target = std::max<int64_t>(kMinPieceRows, (acts_[l].M + 2 * threads - 1) / (2 * threads));
+  pieces.clear();
   for (size_t e : expert_order_) {
     const int64_t r0 = off[e], m = off[e + 1] - r0;
     // n pieces of `step` rows (a multiple of 8, at least kMinPieceRows), the last one the rest
@@ -174,11 +165,25 @@ bool ZayaModel::plan_fused_forward(int l) {
         std::clamp<int64_t>((m + target / 2) / target, 1, std::max<int64_t>(1, m / kMinPieceRows));
     const int64_t step = n == 1 ? m : m / n / 8 * 8;
     for (int64_t k = 0; k < n; ++k)
-      forward_pieces_.push_back(
-          {static_cast<int64_t>(e), r0 + k * step, k + 1 < n ? r0 + (k + 1) * step : r0 + m});
+      pieces.push_back({static_cast<int64_t>(e), r0 + k * step, k + 1 < n ? r0 + (k + 1) * step : r0 + m});
   }
-  std::stable_sort(forward_pieces_.begin(), forward_pieces_.end(),
+  std::stable_sort(pieces.begin(), pieces.end(),
                    [](const ExpertRows& a, const ExpertRows& b) { return a.r1 - a.r0 > b.r1 - b.r0; });
+}
+
+// The forward's tasks: whole experts when their plan is balanced; otherwise the experts' row
+// pieces (cut_expert_rows), or the grouped way on the AVX2-only paths. On 16 threads the demo's
+// forward experts took 15.2 ms per step as whole experts and 10.1 grouped; in pieces, 7.9 ms
+// (docs/results/model-cpu.md, session 24).
+bool ZayaModel::plan_fused_forward(int l) {
+  const int32_t* off = acts_[l].offsets.data<int32_t>();
+  forward_pieces_.clear();
+  if (plan_fused_experts(l, ops::SideBySideLoads::balanced)) {
+    for (size_t e : expert_order_) forward_pieces_.push_back({static_cast<int64_t>(e), off[e], off[e + 1]});
+    return true;
+  }
+  if (ops::gemm_avx2_paths() || !plan_fused_experts(l, ops::SideBySideLoads::any)) return false;
+  cut_expert_rows(l, forward_pieces_);
   return true;
 }
 
@@ -215,15 +220,22 @@ bool ZayaModel::expert_forward_fused(int l) {
 // of dxp back to token order stays with the caller. After the experts, the same threads take the
 // side tasks that do not depend on them (this layer's router backward and the pending weight
 // gradients, largest first: plan_backward_side_tasks), so whichever thread finishes its experts
-// first fills the time it would have waited. Returns false (nothing done) when the grouped way should run.
+// first fills the time it would have waited. When the experts' plan is uneven (and not on the
+// AVX2-only paths), the tasks are finer (expert_backward_pieces). Returns false (nothing done)
+// when the grouped way should run.
 bool ZayaModel::expert_backward_fused(int l) {
-  if (!plan_fused_experts(l, ops::SideBySideLoads::any_when_few_problems)) return false;
+  if (!plan_fused_experts(l, ops::SideBySideLoads::balanced)) {
+    if (!ops::gemm_avx2_paths() && plan_fused_experts(l, ops::SideBySideLoads::any)) {
+      expert_backward_pieces(l);
+      return true;
+    }
+    if (!plan_fused_experts(l, ops::SideBySideLoads::any_when_few_problems)) return false;
+  }
   const int threads = num_threads();
   LayerActs& t = acts_[l];
   ScratchActs& s = *scratch_;
   const LayerParams& p = lp_[l];
   LayerParams& g = lg_[l];
-  const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
   const int32_t* off = t.offsets.data<int32_t>();
   std::atomic<int64_t> ns{0};
   plan_backward_side_tasks();
@@ -248,13 +260,75 @@ bool ZayaModel::expert_backward_fused(int l) {
     one[0] = {dgu, t.xp.slice(r0, r1), g.w_gu.select(e)};
     timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f); });
   });
+  record_backward_gemm_time(l, ns.load());
+  return true;
+}
+
+// The uneven plan's backward, in finer tasks than one per expert. An expert's weight gradients sum
+// all of its rows, so they stay whole, one task each; what runs row by row is cut
+// (cut_expert_rows):
+//   piece (rows of expert e):  dact = dy·W_d, SwiGLU's backward into dgu, dxp = dgu·W_gu
+//   dW_d(e) += dyᵀ·act          (reads only the forward's act and dy: a task of its own)
+//   dW_gu(e) += dguᵀ·xp         (needs all of e's dgu: run by the thread that finishes e's last
+//                                piece, while that dgu is still in its caches)
+// then the side tasks. The threads take pieces largest first, then the dW_d tasks, then the side
+// tasks. Every product is the whole-task way's (the same one-thread paths, the pieces' rows
+// bitwise the whole expert's), so the bits are too. On 16 threads the whole tasks left the
+// region as long as the largest expert's (docs/results/model-cpu.md, session 24).
+void ZayaModel::expert_backward_pieces(int l) {
+  const int threads = num_threads();
+  LayerActs& t = acts_[l];
+  ScratchActs& s = *scratch_;
+  const LayerParams& p = lp_[l];
+  LayerParams& g = lg_[l];
+  const int32_t* off = t.offsets.data<int32_t>();
+  cut_expert_rows(l, backward_pieces_);
+  if (!pieces_left_)
+    pieces_left_ = std::make_unique<std::atomic<int32_t>[]>(static_cast<size_t>(cfg_.num_experts));
+  for (int64_t e = 0; e < cfg_.num_experts; ++e) pieces_left_[static_cast<size_t>(e)].store(0);
+  for (const ExpertRows& pc : backward_pieces_) pieces_left_[static_cast<size_t>(pc.e)].fetch_add(1);
+  std::atomic<int64_t> ns{0};
+  plan_backward_side_tasks();
+  const size_t pieces = backward_pieces_.size(), experts = expert_order_.size(),
+               side_tasks = side_order_.size();
+  auto weight_grad = [&](const Tensor& dy, const Tensor& x, const Tensor& dw) {
+    ops::GemmProblem one[1] = {{dy, x, dw}};
+    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f); });
+  };
+  take_in_turn(pieces + experts + side_tasks, threads, [&](size_t j) {
+    if (j < pieces) {
+      const auto [e, r0, r1] = backward_pieces_[j];
+      const Tensor dact = s.dact.slice(r0, r1), dgu = s.dgu.slice(r0, r1);
+      ops::GemmProblem one[1] = {{s.dy.slice(r0, r1), p.w_d.select(e), dact}};  // y_e = act_e · W_d[e]ᵀ
+      timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::N); });
+      ops::swiglu_backward(dact, t.gu.slice(r0, r1), dgu);    // act = SiLU(g) ⊙ v
+      one[0] = {dgu, p.w_gu.select(e), s.dxp.slice(r0, r1)};  // gu_e = xp_e · W_gu[e]ᵀ
+      timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::N); });
+      if (pieces_left_[static_cast<size_t>(e)].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        const int64_t a = off[e], b = off[e + 1];
+        weight_grad(s.dgu.slice(a, b), t.xp.slice(a, b), g.w_gu.select(e));
+      }
+      return;
+    }
+    if (j < pieces + experts) {
+      const int64_t e = static_cast<int64_t>(expert_order_[j - pieces]), a = off[e], b = off[e + 1];
+      weight_grad(s.dy.slice(a, b), t.act.slice(a, b), g.w_d.select(e));
+      return;
+    }
+    run_backward_side_task(l, j - pieces - experts);
+  });
+  record_backward_gemm_time(l, ns.load());
+}
+
+// The fused backward's GEMMs' share of the region's wall time: their thread time over the threads.
+void ZayaModel::record_backward_gemm_time(int l, int64_t ns) {
+  const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
   if (fused_backward_label_.empty())
     fused_backward_label_ = "fused experts backward f32 (NN, TN of ?x" + std::to_string(H) + "x" +
                             std::to_string(I) + " and ?x" + std::to_string(I) + "x" + std::to_string(H) +
                             " shapes)";
-  ops::gemm_time_record(fused_backward_label_, 1e-9 * static_cast<double>(ns.load()) / threads,
-                        4.0 * static_cast<double>(t.M) * (2 * I * H + H * I));
-  return true;
+  ops::gemm_time_record(fused_backward_label_, 1e-9 * static_cast<double>(ns) / num_threads(),
+                        4.0 * static_cast<double>(acts_[l].M) * (2 * I * H + H * I));
 }
 
 }  // namespace zaya::model

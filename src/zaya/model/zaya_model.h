@@ -7,6 +7,7 @@
 // Gradients accumulate into grads() until zero_grad().
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -136,6 +137,12 @@ class ZayaModel {
   void expert_backward(int l);
   bool plan_fused_experts(int l, ops::SideBySideLoads loads);
   bool plan_fused_forward(int l);
+  struct ExpertRows {
+    int64_t e, r0, r1;  // expert e's rows [r0, r1) of the grouped order
+  };
+  void cut_expert_rows(int l, std::vector<ExpertRows>& pieces) const;
+  void expert_backward_pieces(int l);
+  void record_backward_gemm_time(int l, int64_t ns);
   bool expert_forward_fused(int l);
   bool expert_backward_fused(int l);
   void router_backward(int l);
@@ -160,10 +167,9 @@ class ZayaModel {
   bool fused_experts_ = true;
   std::vector<int64_t> expert_ids_;   // the fused experts' plan (reused): experts with tokens,
   std::vector<size_t> expert_order_;  // and the order the threads take them in
-  struct ExpertRows {
-    int64_t e, r0, r1;  // expert e's rows [r0, r1) of the grouped order
-  };
-  std::vector<ExpertRows> forward_pieces_;                  // the fused forward's tasks (plan_fused_forward)
+  std::vector<ExpertRows> forward_pieces_;   // the fused forward's tasks (plan_fused_forward)
+  std::vector<ExpertRows> backward_pieces_;  // the uneven backward's row tasks (expert_backward_pieces)
+  std::unique_ptr<std::atomic<int32_t>[]> pieces_left_;     // per expert: its row tasks not yet done
   std::string fused_forward_label_, fused_backward_label_;  // their GEMM-time rows
   // Weight gradients dW += dyᵀ·x left for later in the backward (zaya_layer.cc, "Backward
   // scheduling"): nothing downstream reads them, so they run as side tasks of the next layer's
