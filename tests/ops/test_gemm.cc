@@ -335,6 +335,42 @@ TEST(Gemm, GroupedTokenCountsDoNotBuildAPrimitiveEach) {
   }
 }
 
+// Grouped products with the tokens in M on 2 threads give the one-thread bits, whatever the token
+// counts. oneDNN's own threading of the runtime-M kernel did not: x·Wᵀ with K = 1024 and a small
+// weight differed at every M ≥ 16, and dy·W with one row (an expert that got one token), until
+// gemm_grouped.cc ran such products as row pieces on one thread each. The uneven token counts keep
+// the call from running side by side (one problem per thread).
+TEST(Gemm, GroupedRowProductsAreThreadCountFree) {
+  const int saved = num_threads();
+  for (Trans tb : {Trans::N, Trans::T})
+    for (auto [k, n] : {std::pair<int64_t, int64_t>{256, 512}, {1024, 256}, {2048, 256}, {64, 48}}) {
+      SCOPED_TRACE("K " + std::to_string(k) + " N " + std::to_string(n) +
+                   (tb == Trans::N ? " dy·W" : " x·Wᵀ"));
+      const std::vector<int64_t> rows = {1, 2035, 12, 1, 3, 7, 20, 300};
+      std::vector<Tensor> a, b;
+      for (size_t e = 0; e < rows.size(); ++e) {
+        a.push_back(random_tensor({rows[e], k}, 11 + e));
+        b.push_back(random_tensor(tb == Trans::N ? Shape{k, n} : Shape{n, k}, 31 + e));
+      }
+      std::vector<std::vector<float>> out;
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        std::vector<GemmProblem> problems;
+        std::vector<Tensor> c;
+        for (size_t e = 0; e < rows.size(); ++e) {
+          c.push_back(Tensor::empty({rows[e], n}, DType::f32));
+          problems.push_back({a[e], b[e], c.back()});
+        }
+        gemm_grouped(problems, Trans::N, tb);
+        out.emplace_back();
+        for (const Tensor& t : c)
+          out.back().insert(out.back().end(), t.data<float>(), t.data<float>() + t.numel());
+      }
+      EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4));
+    }
+  set_num_threads(saved);
+}
+
 TEST(Gemm, GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise) {
   // Eight experts on 2 threads run side by side, whole GEMMs or row halves taken by the threads
   // in turn (gemm_grouped.cc, split_problems); each must be right, and bit-identical to the same call on 1

@@ -391,6 +391,13 @@ void run_grouped_amx(std::span<GemmProblem> problems, const std::vector<Dims>& d
   }
 }
 
+// The fewest rows of a row piece of a product with the tokens in M (the side-by-side row halves,
+// run_grouped_problem's row pieces): the one-thread runtime-M kernel gives such a piece the whole
+// product's bits for its rows (shorter tails, 11 rows of 107, did not).
+constexpr int64_t kMinHalfRows = 64;
+void run_grouped_rows(const GemmProblem& p, const Dims& d, int64_t r0, int64_t rows, Trans ta, Trans tb,
+                      float alpha, float beta);
+
 // One problem of a grouped call (checked, non-trivial) through the oneDNN path that suits it (see
 // the list above). `next_after`: problem i+1 is non-trivial and runs after this one on the same
 // thread, so this one may write its rows past the end (may_run_past_end).
@@ -415,6 +422,23 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
   }
   if (is_bf16 && ta == Trans::T && tb == Trans::N && d.m * d.n >= kLargeWeight && bf16_fixed_shapes()) {
     run_k_padded(d, p.A, p.B, p.C, alpha, beta, threads);
+    return;
+  }
+  // f32 products with the tokens in M on several threads run as row pieces, each through the
+  // one-thread runtime-M kernel (run_grouped_rows), taken by the threads in turn. oneDNN's own
+  // threading of that kernel gave other bits than one thread: x·Wᵀ with K ≥ 1024 and a small
+  // weight at every M ≥ 16 (1024 × 128 to 1024 × 512, 2048 × 128 and × 256, 4096 × 128), and a
+  // one-row dy·W (2-vCPU Intel VM, oneDNN 2.6.3). A demo training run whose router sent one token
+  // to an expert drifted from its one-thread twin that way (session 24, docs/results/model-cpu.md).
+  // Pieces of at least kMinHalfRows rows give the whole product's bits for their rows, as the
+  // side-by-side row halves do. `Gemm.GroupedRowProductsAreThreadCountFree`.
+  if (ta == Trans::N && !is_bf16 && threads > 1 && !omp_in_parallel()) {
+    const int64_t count = std::clamp<int64_t>(d.m / kMinHalfRows, 1, 2 * static_cast<int64_t>(threads));
+    const int64_t step = count == 1 ? d.m : d.m / count / 8 * 8;  // the last piece ≥ d.m / count rows
+    run_pieces_in_turn(static_cast<size_t>(count), threads, [&](size_t j) {
+      const int64_t r0 = static_cast<int64_t>(j) * step;
+      run_grouped_rows(p, d, r0, j + 1 < static_cast<size_t>(count) ? step : d.m - r0, ta, tb, alpha, beta);
+    });
     return;
   }
   if (!run_runtime(d, p.A, ta, p.B, tb, p.C, alpha, beta, ta == Trans::N, ta == Trans::T, threads))
@@ -520,7 +544,6 @@ struct GroupedItem {
   int64_t r0, rows;  // its rows [r0, r0 + rows)
   double work;
 };
-constexpr int64_t kMinHalfRows = 64;
 std::vector<GroupedItem> grouped_items(std::span<GemmProblem> problems, const std::vector<Dims>& dims,
                                        const std::vector<size_t>& todo, const std::vector<size_t>& order,
                                        Trans ta) {
