@@ -178,6 +178,43 @@ TEST(ZayaModel, DeterministicAcrossRunsAndThreadCounts) {
   }
 }
 
+// Routing so uneven that a grouped call cannot share its experts out among the threads (here the
+// balancing biases send every token to expert 0, as the demo's router did to a layer at step 21),
+// with the shapes at which oneDNN's own threading of the grouped kernel changed the bits: the
+// down projection x·Wᵀ with K = 1024 (moe_intermediate_size) and a small weight. Fused or grouped,
+// 2 threads must give the one-thread bits (ops/gemm_grouped.cc, run_grouped_problem's row pieces).
+TEST(ZayaModel, DeterministicAcrossThreadCountsWhenOneExpertTakesEveryToken) {
+  ModelConfig c = tiny();
+  c.hidden_size = 128;
+  c.moe_intermediate_size = 1024;
+  c.num_experts = 4;
+  c.num_hidden_layers = 1;
+  const int64_t B = 4, T = 64;
+  Batch b = make_batch(c, B, T, 3);
+  auto run = [&](int threads, bool fused, std::vector<float>& grads) {
+    set_num_threads(threads);
+    ZayaModel m(c, B, T);
+    m.init(5);
+    m.set_fused_experts(fused);
+    float* beta = m.balancing_biases().data<float>();
+    beta[0] = 4.0f;  // expert 0 of the only layer: far above the router's logits at init
+    const double loss = m.forward(b.tid, b.ttg);
+    m.backward();
+    EXPECT_EQ(m.router_stats()[0].tokens_per_expert[0], B * T)
+        << "the biases did not send every token to expert 0";
+    grads.assign(m.grads_flat().data<float>(), m.grads_flat().data<float>() + m.grads_flat().numel());
+    return loss;
+  };
+  const int saved = num_threads();
+  std::vector<float> g1, g2, g2_grouped;
+  const double l1 = run(1, true, g1), l2 = run(2, true, g2), l2_grouped = run(2, false, g2_grouped);
+  set_num_threads(saved);
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(l1, l2_grouped);
+  EXPECT_EQ(0, std::memcmp(g1.data(), g2.data(), g1.size() * 4));
+  EXPECT_EQ(0, std::memcmp(g1.data(), g2_grouped.data(), g1.size() * 4));
+}
+
 // The experts' fused way (one task per expert) and grouped way (one pass per step over all
 // experts) run the same one-thread GEMMs on the same rows: same loss, same gradient bits. The
 // GEMM shape profile shows which way ran, so the test fails if the fused way never did. On more
