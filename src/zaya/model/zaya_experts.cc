@@ -117,14 +117,14 @@ void ZayaModel::set_fused_experts(bool on) { fused_experts_ = on; }
 // (ops::gemm_grouped_side_by_side_plan: small expert weights, at least two threads and as many
 // experts with tokens, and a largest-first plan that keeps the busiest thread within 1.2× of the
 // mean). Then expert_order_ holds the experts in the order the threads take them. `loads` widens
-// that rule for uneven loads:
-//  * The backward (SideBySideLoads::any_when_few_problems) also runs fused when there are no more
-//    experts with tokens than threads, whatever the loads. A backward task cannot be cut, since
-//    its weight gradients sum all of its expert's rows. So the thread with the largest expert sets
-//    the region's length while the others take the side tasks (the router's backward, the pending
-//    weight gradients) as their experts finish. The grouped way would instead split every expert
-//    GEMM among all the threads and run the router's backward after them.
-//  * The forward (SideBySideLoads::any) cuts the experts into row pieces instead (plan_fused_forward).
+// that rule for uneven loads, where the grouped way would split every expert GEMM among all the
+// threads and run the router's backward after them:
+//  * SideBySideLoads::any: the forward and the backward cut the experts into row pieces
+//    (cut_expert_rows; plan_fused_forward, expert_backward_pieces). Not on the AVX2-only paths.
+//  * SideBySideLoads::any_when_few_problems (the backward on the AVX2-only paths): whole tasks
+//    when there are no more experts with tokens than threads, whatever the loads; the thread with
+//    the largest expert sets the region's length while the others take the side tasks (the
+//    router's backward, the pending weight gradients) as their experts finish.
 // The backward plans again from the same token counts (less than keeping a plan per layer). Every
 // way gives the same bits. Measured on 8 and 16 threads: docs/results/model-cpu.md, session 24.
 bool ZayaModel::plan_fused_experts(int l, ops::SideBySideLoads loads) {

@@ -187,10 +187,10 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
 // dx 0.89–1.31× (median 1.06×).
 //
 // The model's fused experts ask with other rules for the loads (gemm_grouped_side_by_side_plan,
-// SideBySideLoads): its backward accepts any loads when there are no more problems than threads
-// (8 experts on 8 or 16 threads; its idle threads take side tasks), and its forward any loads at
-// all (it then cuts the experts into row pieces of its own). The weight-size, overlap and thread
-// checks hold for every rule.
+// SideBySideLoads): any loads at all, when it cuts the experts into row pieces of its own, and on
+// the AVX2-only paths, where it cannot cut them, any loads when there are no more problems than
+// threads (its idle threads take side tasks). The weight-size, overlap and thread checks hold for
+// every rule.
 constexpr double kMaxImbalance = 1.2;
 std::atomic<bool> g_side_by_side{true};
 bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& dims,
