@@ -336,21 +336,28 @@ TEST(Gemm, GroupedTokenCountsDoNotBuildAPrimitiveEach) {
 }
 
 // Grouped products with the tokens in M on 2 threads give the one-thread bits, whatever the token
-// counts. oneDNN's own threading of the runtime-M kernel did not: x·Wᵀ with K = 1024 and a small
-// weight differed at every M ≥ 16, and dy·W with one row (an expert that got one token), until
-// gemm_grouped.cc ran such products as row pieces on one thread each. The uneven token counts keep
-// the call from running side by side (one problem per thread).
+// counts. oneDNN's own threading of the runtime-M kernel did not: f32 x·Wᵀ with K = 1024 and a
+// small weight differed at every M ≥ 16, and dy·W with one row (an expert that got one token; in
+// bf16 with a large weight, 4096 × 256), until gemm_grouped.cc ran such products as row pieces on
+// one thread each. The uneven token counts keep the call from running side by side (one problem
+// per thread).
 TEST(Gemm, GroupedRowProductsAreThreadCountFree) {
   const int saved = num_threads();
+  struct Case {
+    DType dt;
+    int64_t k, n;
+  };
   for (Trans tb : {Trans::N, Trans::T})
-    for (auto [k, n] : {std::pair<int64_t, int64_t>{256, 512}, {1024, 256}, {2048, 256}, {64, 48}}) {
-      SCOPED_TRACE("K " + std::to_string(k) + " N " + std::to_string(n) +
+    for (Case cs : {Case{DType::f32, 256, 512}, Case{DType::f32, 1024, 256}, Case{DType::f32, 2048, 256},
+                    Case{DType::f32, 64, 48}, Case{DType::bf16, 4096, 256}}) {
+      const int64_t k = cs.k, n = cs.n;
+      SCOPED_TRACE(std::string(dtype_name(cs.dt)) + " K " + std::to_string(k) + " N " + std::to_string(n) +
                    (tb == Trans::N ? " dy·W" : " x·Wᵀ"));
       const std::vector<int64_t> rows = {1, 2035, 12, 1, 3, 7, 20, 300};
       std::vector<Tensor> a, b;
       for (size_t e = 0; e < rows.size(); ++e) {
-        a.push_back(random_tensor({rows[e], k}, 11 + e));
-        b.push_back(random_tensor(tb == Trans::N ? Shape{k, n} : Shape{n, k}, 31 + e));
+        a.push_back(random_tensor({rows[e], k}, 11 + e, 1.0f, cs.dt));
+        b.push_back(random_tensor(tb == Trans::N ? Shape{k, n} : Shape{n, k}, 31 + e, 1.0f, cs.dt));
       }
       std::vector<std::vector<float>> out;
       for (int threads : {1, 2}) {

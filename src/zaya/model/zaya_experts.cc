@@ -113,22 +113,20 @@ void timed_gemm(std::atomic<int64_t>& ns, F&& f) {
 
 void ZayaModel::set_fused_experts(bool on) { fused_experts_ = on; }
 
-// The fused way applies to layer l when the grouped gate_up call would run side by side
-// (ops::gemm_grouped_side_by_side_plan: small expert weights, at least two threads and as many
-// experts with tokens, and a largest-first plan that keeps the busiest thread within 1.2× of the
-// mean). Then expert_order_ holds the experts in the order the threads take them. `loads` widens
-// that rule for uneven loads, where the grouped way would split every expert GEMM among all the
-// threads and run the router's backward after them:
-//  * SideBySideLoads::any: the forward and the backward cut the experts into row pieces
-//    (cut_expert_rows; plan_fused_forward, expert_backward_pieces). Not on the AVX2-only paths.
-//  * SideBySideLoads::any_when_few_problems (the backward on the AVX2-only paths): whole tasks
-//    when there are no more experts with tokens than threads, whatever the loads; the thread with
-//    the largest expert sets the region's length while the others take the side tasks (the
-//    router's backward, the pending weight gradients) as their experts finish.
+// Layer l's experts with tokens as the grouped gate_up call would plan them side by side
+// (ops::gemm_grouped_side_by_side_plan); expert_order_ then holds them largest first. What runs:
+//  * balanced plan (the grouped call's own 1.2× rule): the fused way, one task per expert;
+//  * uneven plan: the experts cut into row pieces (cut_expert_rows; plan_fused_forward,
+//    expert_backward_pieces), since the grouped way would split every expert GEMM among all the
+//    threads and run the router's backward after them. Not on the AVX2-only paths, where the
+//    backward keeps one task per expert when there are no more experts than threads (`few`: the
+//    thread with the largest expert sets the region's length while the others take the side
+//    tasks) and the rest goes grouped;
+//  * not possible (large weights, bf16, one thread, one expert with tokens, fused way off): grouped.
 // The backward plans again from the same token counts (less than keeping a plan per layer). Every
 // way gives the same bits. Measured on 8 and 16 threads: docs/results/model-cpu.md, session 24.
-bool ZayaModel::plan_fused_experts(int l, ops::SideBySideLoads loads) {
-  if (!fused_experts_ || gemm_dtype_ != DType::f32) return false;
+ops::SideBySidePlan ZayaModel::plan_fused_experts(int l) {
+  if (!fused_experts_ || gemm_dtype_ != DType::f32) return {};
   const LayerActs& t = acts_[l];
   const int32_t* off = t.offsets.data<int32_t>();
   problems_.clear();
@@ -139,10 +137,10 @@ bool ZayaModel::plan_fused_experts(int l, ops::SideBySideLoads loads) {
           {t.xp.slice(off[e], off[e + 1]), lp_[l].w_gu.select(e), t.gu.slice(off[e], off[e + 1])});
       expert_ids_.push_back(e);
     }
-  if (!ops::gemm_grouped_side_by_side_plan(problems_, ops::Trans::N, ops::Trans::T, expert_order_, loads))
-    return false;
+  const ops::SideBySidePlan plan =
+      ops::gemm_grouped_side_by_side_plan(problems_, ops::Trans::N, ops::Trans::T, expert_order_);
   for (size_t& i : expert_order_) i = static_cast<size_t>(expert_ids_[i]);
-  return true;
+  return plan;
 }
 
 // Row pieces of layer l's experts in expert_order_ into `pieces`, largest first: pieces of at least
@@ -178,11 +176,12 @@ void ZayaModel::cut_expert_rows(int l, std::vector<ExpertRows>& pieces) const {
 bool ZayaModel::plan_fused_forward(int l) {
   const int32_t* off = acts_[l].offsets.data<int32_t>();
   forward_pieces_.clear();
-  if (plan_fused_experts(l, ops::SideBySideLoads::balanced)) {
+  const ops::SideBySidePlan plan = plan_fused_experts(l);
+  if (plan.balanced) {
     for (size_t e : expert_order_) forward_pieces_.push_back({static_cast<int64_t>(e), off[e], off[e + 1]});
     return true;
   }
-  if (ops::gemm_avx2_paths() || !plan_fused_experts(l, ops::SideBySideLoads::any)) return false;
+  if (!plan.possible || ops::gemm_avx2_paths()) return false;
   cut_expert_rows(l, forward_pieces_);
   return true;
 }
@@ -224,12 +223,14 @@ bool ZayaModel::expert_forward_fused(int l) {
 // AVX2-only paths), the tasks are finer (expert_backward_pieces). Returns false (nothing done)
 // when the grouped way should run.
 bool ZayaModel::expert_backward_fused(int l) {
-  if (!plan_fused_experts(l, ops::SideBySideLoads::balanced)) {
-    if (!ops::gemm_avx2_paths() && plan_fused_experts(l, ops::SideBySideLoads::any)) {
+  const ops::SideBySidePlan plan = plan_fused_experts(l);
+  if (!plan.possible) return false;
+  if (!plan.balanced) {
+    if (!ops::gemm_avx2_paths()) {
       expert_backward_pieces(l);
       return true;
     }
-    if (!plan_fused_experts(l, ops::SideBySideLoads::any_when_few_problems)) return false;
+    if (!plan.few) return false;
   }
   const int threads = num_threads();
   LayerActs& t = acts_[l];

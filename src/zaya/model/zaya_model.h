@@ -135,7 +135,7 @@ class ZayaModel {
   ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
   void expert_forward(int l);
   void expert_backward(int l);
-  bool plan_fused_experts(int l, ops::SideBySideLoads loads);
+  ops::SideBySidePlan plan_fused_experts(int l);
   bool plan_fused_forward(int l);
   struct ExpertRows {
     int64_t e, r0, r1;  // expert e's rows [r0, r1) of the grouped order

@@ -562,7 +562,8 @@ void run_taken_pieces(const Dims& d, const Pieces& pc, const Tensor& A, Trans ta
 // output blocks are left to share out: on the 2-core Intel VM (oneDNN 2.6.3) every M × N with N ≤ 64
 // at K = 2,048 differed between 1 and 2 threads (the demo router's 64×64 and 9×64 gradients among
 // them); at K = 8,192 on 8 threads every shape tried differed, up to 1024 × 256
-// (tools/gemm_split_k_probe.cc; A·B never did). So an f32 Aᵀ·B that is not cut into
+// (tools/gemm_split_k_probe.cc; A·B through these fixed-shape primitives never did: the grouped
+// calls' runtime-M kernel did, see gemm_grouped.cc, run_grouped_problem). So an f32 Aᵀ·B that is not cut into
 // pieces runs on one thread, and a bf16 one when its output is small (M·N ≤ 2^16: without this,
 // 256×64×2048 and 64×128×8192 in bf16 differed on 2–4 threads; a larger bf16 weight gradient, the
 // bf16 LM head's, keeps every thread and is not thread-count free).

@@ -36,19 +36,20 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
                   float beta = 0.0f);
 
 // Whether gemm_grouped would run these problems side by side, one whole GEMM per thread (on this
-// many threads, for these shapes; docs/ops-gemm.md), and if so the order the threads take them in
-// (indices into problems, largest first, problems with nothing to do left out). For callers that
-// run their own per-problem loop under the same rule (the model's fused experts). `loads` says
-// what the plan must do about uneven problems:
-//   balanced               the grouped call's own rule: the largest-first plan keeps the busiest
-//                          thread within 1.2× of the mean, with at least as many problems as threads;
-//   any_when_few_problems  that, or any loads when there are no more problems than threads (for
-//                          a caller that fills idle threads with work of its own);
-//   any                    any loads (for a caller that cuts the problems into pieces of its own).
-enum class SideBySideLoads : uint8_t { balanced, any_when_few_problems, any };
-bool gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, Trans tb,
-                                    std::vector<size_t>& order,
-                                    SideBySideLoads loads = SideBySideLoads::balanced);
+// many threads, for these shapes; docs/ops-gemm.md), for callers that run their own per-problem
+// loop (the model's fused experts):
+//   possible  they could run one per thread at all: small weights, no overlapping outputs, two or
+//             more problems with work and two or more threads, outside a parallel region; `order`
+//             then holds them largest first (indices into problems, those with nothing to do left
+//             out), else it is empty;
+//   balanced  gemm_grouped itself runs them so: at least as many problems as threads, and the
+//             largest-first plan keeps the busiest thread within 1.2× of the mean;
+//   few       no more problems than threads.
+struct SideBySidePlan {
+  bool possible = false, balanced = false, few = false;
+};
+SideBySidePlan gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, Trans tb,
+                                              std::vector<size_t>& order);
 
 // f32 problems one after another on the calling thread, each through the one-thread path a
 // side-by-side grouped call gives it: the same bits as gemm_grouped there, and on any thread

@@ -186,22 +186,18 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
 // (4 alternations of bench_ops_gemm gemm_grouped/zaya1 with a temporary switch, 2026-11-25), its
 // dx 0.89–1.31× (median 1.06×).
 //
-// The model's fused experts ask with other rules for the loads (gemm_grouped_side_by_side_plan,
-// SideBySideLoads): any loads at all, when it cuts the experts into row pieces of its own, and on
-// the AVX2-only paths, where it cannot cut them, any loads when there are no more problems than
-// threads (its idle threads take side tasks). The weight-size, overlap and thread checks hold for
-// every rule.
+// split_problems says more than whether the call itself runs side by side (`balanced`): whether
+// the problems could run one per thread at all (`possible`: small weights, no overlapping C, two
+// or more problems and threads), and whether there are no more problems than threads (`few`).
+// The model's fused experts decide on those (gemm_grouped_side_by_side_plan).
 constexpr double kMaxImbalance = 1.2;
 std::atomic<bool> g_side_by_side{true};
-bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& dims,
-                    const std::vector<size_t>& todo, Trans ta, int threads, std::vector<size_t>& order,
-                    SideBySideLoads loads = SideBySideLoads::balanced) {
-  if (!g_side_by_side.load(std::memory_order_relaxed)) return false;
-  if (threads < 2 || todo.size() < 2 || omp_in_parallel()) return false;
-  const bool few = todo.size() <= static_cast<size_t>(threads);
-  const bool any_loads =
-      loads == SideBySideLoads::any || (loads == SideBySideLoads::any_when_few_problems && few);
-  if (todo.size() < static_cast<size_t>(threads) && !any_loads) return false;
+SideBySidePlan split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& dims,
+                              const std::vector<size_t>& todo, Trans ta, int threads,
+                              std::vector<size_t>& order) {
+  SideBySidePlan plan;
+  if (!g_side_by_side.load(std::memory_order_relaxed)) return plan;
+  if (threads < 2 || todo.size() < 2 || omp_in_parallel()) return plan;
   // Problems that write overlapping C (several groups accumulating into one gradient, beta = 1)
   // must run in order, as a serial call runs them.
   std::vector<std::pair<const char*, const char*>> spans;
@@ -211,7 +207,7 @@ bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& di
   }
   std::sort(spans.begin(), spans.end());
   for (size_t j = 1; j < spans.size(); ++j)
-    if (spans[j].first < spans[j - 1].second) return false;
+    if (spans[j].first < spans[j - 1].second) return plan;
   std::vector<double> work(todo.size());
   double total = 0;
   for (size_t j = 0; j < todo.size(); ++j) {
@@ -219,19 +215,22 @@ bool split_problems(std::span<GemmProblem> problems, const std::vector<Dims>& di
     const bool large = (ta == Trans::N ? d.n * d.k : d.m * d.n) >= kLargeWeight;
     const bool bf16_runtime_m =
         ta == Trans::N && problems[todo[j]].A.dtype() == DType::bf16 && !bf16_fixed_shapes();
-    if (large && !bf16_runtime_m) return false;  // see above
+    if (large && !bf16_runtime_m) return plan;  // see above
     work[j] = flops_of(d.batch, d.m, d.n, d.k);
     total += work[j];
   }
   order.resize(todo.size());
   for (size_t j = 0; j < order.size(); ++j) order[j] = j;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return work[a] > work[b]; });
-  if (any_loads) return true;
+  plan.possible = true;
+  plan.few = todo.size() <= static_cast<size_t>(threads);
+  if (todo.size() < static_cast<size_t>(threads)) return plan;
   // The plan the threads will roughly follow (each free thread takes the next largest): if even
   // that leaves one thread far busier than the mean, the call stays serial.
   std::vector<double> load(static_cast<size_t>(threads), 0.0);
   for (size_t j : order) *std::min_element(load.begin(), load.end()) += work[j];
-  return *std::max_element(load.begin(), load.end()) <= kMaxImbalance * total / threads;
+  plan.balanced = *std::max_element(load.begin(), load.end()) <= kMaxImbalance * total / threads;
+  return plan;
 }
 
 // Runs run_one(j) for j = 0..count−1 on `threads` threads, each taking the next j as it frees up
@@ -339,7 +338,7 @@ void run_grouped_amx(std::span<GemmProblem> problems, const std::vector<Dims>& d
   std::vector<size_t> todo, order;
   for (size_t i = 0; i < n; ++i)
     if (dims[i].m > 0) todo.push_back(i);
-  if (split_problems(problems, dims, todo, ta, threads, order)) {
+  if (split_problems(problems, dims, todo, ta, threads, order).balanced) {
     // Side by side (as for oneDNN's path, see split_problems): each thread packs its problem into
     // its own scratch and multiplies right after, with no barrier in between; its packed B is
     // still in its L2. amx_gemm sums each C element in k order on one thread either way, so the
@@ -393,7 +392,8 @@ void run_grouped_amx(std::span<GemmProblem> problems, const std::vector<Dims>& d
 
 // The fewest rows of a row piece of a product with the tokens in M (the side-by-side row halves,
 // run_grouped_problem's row pieces): the one-thread runtime-M kernel gives such a piece the whole
-// product's bits for its rows (shorter tails, 11 rows of 107, did not).
+// product's bits for its rows (an 11-row tail of 107 rows did not: tools/grouped_thread_bits_probe.cc
+// pieces).
 constexpr int64_t kMinHalfRows = 64;
 void run_grouped_rows(const GemmProblem& p, const Dims& d, int64_t r0, int64_t rows, Trans ta, Trans tb,
                       float alpha, float beta);
@@ -424,15 +424,18 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
     run_k_padded(d, p.A, p.B, p.C, alpha, beta, threads);
     return;
   }
-  // f32 products with the tokens in M on several threads run as row pieces, each through the
-  // one-thread runtime-M kernel (run_grouped_rows), taken by the threads in turn. oneDNN's own
-  // threading of that kernel gave other bits than one thread: x·Wᵀ with K ≥ 1024 and a small
-  // weight at every M ≥ 16 (1024 × 128 to 1024 × 512, 2048 × 128 and × 256, 4096 × 128), and a
-  // one-row dy·W (2-vCPU Intel VM, oneDNN 2.6.3). A demo training run whose router sent one token
-  // to an expert drifted from its one-thread twin that way (session 24, docs/results/model-cpu.md).
-  // Pieces of at least kMinHalfRows rows give the whole product's bits for their rows, as the
-  // side-by-side row halves do. `Gemm.GroupedRowProductsAreThreadCountFree`.
-  if (ta == Trans::N && !is_bf16 && threads > 1 && !omp_in_parallel()) {
+  // Products with the tokens in M on several threads run as row pieces, each through the
+  // one-thread runtime-M kernel (run_grouped_rows), taken by the threads in turn: all f32 ones
+  // (their weights are small here), and bf16 ones of fewer than 2·kMinHalfRows rows, which then
+  // run whole on one thread. oneDNN's own threading of that kernel gave other bits than one
+  // thread: f32 x·Wᵀ with K ≥ 1024 at every M ≥ 16 (K × N 1024 × 128 to 1024 × 512, 2048 × 128
+  // and × 256, 4096 × 128), and a one-row dy·W, f32 at every small weight tried with K ≥ 512 and
+  // bf16 at large ones (tools/grouped_thread_bits_probe.cc on the 2-vCPU Intel VM, oneDNN 2.6.3;
+  // docs/results/model-cpu/determinism-2026-11-27-s24.txt). A demo training run whose router sent
+  // one token to an expert drifted from its one-thread twin that way. Pieces of at least
+  // kMinHalfRows rows give the whole product's bits for their rows, as the side-by-side row
+  // halves do. `Gemm.GroupedRowProductsAreThreadCountFree`.
+  if (ta == Trans::N && (!is_bf16 || d.m < 2 * kMinHalfRows) && threads > 1 && !omp_in_parallel()) {
     const int64_t count = std::clamp<int64_t>(d.m / kMinHalfRows, 1, 2 * static_cast<int64_t>(threads));
     const int64_t step = count == 1 ? d.m : d.m / count / 8 * 8;  // the last piece ≥ d.m / count rows
     run_pieces_in_turn(static_cast<size_t>(count), threads, [&](size_t j) {
@@ -635,7 +638,7 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   }
   const int threads = num_threads();
   std::vector<size_t> order;
-  if (split_problems(problems, dims, todo, ta, threads, order)) {
+  if (split_problems(problems, dims, todo, ta, threads, order).balanced) {
     // Each problem (or row half: grouped_items) whole on one thread: a primitive built for 1
     // thread, the same bits as with ZAYA_THREADS=1 whichever thread runs it. No problem may run
     // past its end here (which thread runs the next one is not known).
@@ -670,8 +673,8 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
                         j + 1 < todo.size() && todo[j + 1] == todo[j] + 1);
 }
 
-bool gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, Trans tb,
-                                    std::vector<size_t>& order, SideBySideLoads loads) {
+SideBySidePlan gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, Trans tb,
+                                              std::vector<size_t>& order) {
   std::vector<Dims> dims(problems.size());
   std::vector<size_t> todo, planned;
   for (size_t i = 0; i < problems.size(); ++i) {
@@ -679,10 +682,11 @@ bool gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, T
     if (d.batch > 0 && d.m > 0 && d.n > 0 && d.k > 0)
       todo.push_back(i);  // trivial()'s test, without its writes
   }
-  if (!split_problems(problems, dims, todo, ta, num_threads(), planned, loads)) return false;
+  const SideBySidePlan plan = split_problems(problems, dims, todo, ta, num_threads(), planned);
   order.clear();
-  for (size_t j : planned) order.push_back(todo[j]);
-  return true;
+  if (plan.possible)
+    for (size_t j : planned) order.push_back(todo[j]);
+  return plan;
 }
 
 void gemm_grouped_on_this_thread(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha,
