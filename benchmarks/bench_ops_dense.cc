@@ -4,6 +4,7 @@
 // fused LM-head cross-entropy in FLOP/s (3 GEMM-equivalents: forward, recompute, two gradients = 4).
 //   ./bench_ops_dense --benchmark_min_time=0.05s
 #include <benchmark/benchmark.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -206,14 +207,32 @@ BENCHMARK(BM_embedding_forward)->Unit(benchmark::kMillisecond)->UseRealTime();
 // [8, 1024, 256] and down [8, 256, 512] stacks); 1 to scale the stack's last matrix by 1e-20 (an
 // expert no token has reached for ~900 steps, its momentum decayed by Muon's β = 0.95 per step);
 // 0 for bf16 compute (the trainer's default), 1 for f32 (muon_ns_bf16 = false, and what bf16
-// becomes on CPUs without native bf16 GEMMs).
+// becomes on CPUs without native bf16 GEMMs); 0 for one batched call on all threads, 1 for the
+// matrices side by side, one whole matrix per thread as the optimizer runs them
+// (newton_schulz_orthogonalize_on_this_thread).
 void BM_newton_schulz(benchmark::State& state) {
   const int64_t batch = state.range(0), rows = state.range(1), cols = state.range(2);
   const DType compute = state.range(4) != 0 ? DType::f32 : DType::bf16;
+  const bool side_by_side = state.range(5) != 0;
   Tensor g = randn({batch, rows, cols}, 1), o = out({batch, rows, cols});
   if (state.range(3) != 0) ops::scale_inplace(g.select(batch - 1), 1e-20f);
-  Tensor ws = Tensor::zeros({ops::newton_schulz_workspace_elems(rows, cols, batch, compute)}, DType::f32);
-  for (auto _ : state) ops::newton_schulz_orthogonalize(g, o, ws, 5, compute);
+  const int threads = omp_get_max_threads();
+  const int64_t per = side_by_side ? ops::newton_schulz_workspace_elems(rows, cols, 1, compute) + 16
+                                   : ops::newton_schulz_workspace_elems(rows, cols, batch, compute);
+  Tensor ws = Tensor::zeros({side_by_side ? per * threads : per}, DType::f32);
+  for (auto _ : state) {
+    if (!side_by_side) {
+      ops::newton_schulz_orthogonalize(g, o, ws, 5, compute);
+      continue;
+    }
+#pragma omp parallel
+    {
+      const Tensor mine = ws.window(omp_get_thread_num() * per, Shape{per});
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t e = 0; e < batch; ++e)
+        ops::newton_schulz_orthogonalize_on_this_thread(g.select(e), o.select(e), mine, 5, compute);
+    }
+  }
   const double r = static_cast<double>(std::min(rows, cols)), c = static_cast<double>(std::max(rows, cols));
   const double flops = 5.0 * static_cast<double>(batch) * (4.0 * r * r * c + 2.0 * r * r * r);
   state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9 * static_cast<double>(state.iterations()),
@@ -222,11 +241,14 @@ void BM_newton_schulz(benchmark::State& state) {
 
 BENCHMARK(BM_adamw_update)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_newton_schulz)
-    ->Args({8, 1024, 256, 0, 0})
-    ->Args({8, 256, 512, 0, 0})
-    ->Args({8, 1024, 256, 1, 0})
-    ->Args({8, 1024, 256, 0, 1})
-    ->Args({8, 1024, 256, 1, 1})
+    ->Args({8, 1024, 256, 0, 0, 0})
+    ->Args({8, 1024, 256, 0, 0, 1})
+    ->Args({8, 256, 512, 0, 0, 0})
+    ->Args({8, 256, 512, 0, 0, 1})
+    ->Args({8, 1024, 256, 1, 0, 1})
+    ->Args({8, 1024, 256, 0, 1, 0})
+    ->Args({8, 1024, 256, 0, 1, 1})
+    ->Args({8, 1024, 256, 1, 1, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_grad_norm)->Unit(benchmark::kMillisecond)->UseRealTime();

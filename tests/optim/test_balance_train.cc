@@ -13,7 +13,9 @@
 #include "optim/tiny.h"
 #include "zaya/core/random.h"
 #include "zaya/model/zaya_model.h"
+#include "zaya/core/threads.h"
 #include "zaya/optim/balancer.h"
+#include "zaya/optim/muon.h"
 #include "zaya/optim/optimizer.h"
 #include "zaya/optim/schedule.h"
 
@@ -222,6 +224,73 @@ TEST(Optimizer, ResumeFromStateTensorsIsBitExact) {
   EXPECT_EQ(joined, full.losses);
   EXPECT_EQ(second.params, full.params);
   EXPECT_EQ(second.beta, full.beta);
+}
+
+// Optimizer::step runs Muon's matrices side by side, one whole matrix per thread (an expert stack's
+// matrices one by one). Each matrix's result must not depend on the thread that runs it: one step
+// from the same gradients gives the same bits on 1, 2 and 3 threads. And every matrix must get its
+// update: against muon_update_stack called per parameter (the batched path, f32 Newton–Schulz),
+// the parameters agree to 1e-5 of the update's norm (f32 rounding through five quintic steps;
+// a skipped or doubled matrix is off by the whole update).
+TEST(Optimizer, MuonMatricesSideBySideAreThreadCountFreeAndComplete) {
+  model::ModelConfig mc = test::tiny_config();
+  model::ZayaModel m(mc, 2, 16);
+  m.init(42);
+  test::Batch batch = test::make_batch(mc.vocab_size, 2, 16, 7);
+  m.forward(batch.tid, batch.ttg, true);
+  m.backward();
+  const Tensor p0 = m.params_flat().clone(), g0 = m.grads_flat().clone();
+  auto restore = [&] {
+    std::memcpy(m.params_flat().data<float>(), p0.data<float>(), p0.nbytes());
+    std::memcpy(m.grads_flat().data<float>(), g0.data<float>(), g0.nbytes());
+  };
+  const int saved_threads = num_threads();
+  for (bool bf16 : {true, false}) {
+    OptimizerConfig cfg = train_config(true);
+    cfg.muon_ns_bf16 = bf16;
+    cfg.grad_clip = 0;  // the reference below does not clip
+    std::vector<Vec> after;
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      restore();
+      Optimizer opt(cfg, m);
+      opt.step(m, 1e-2);
+      after.push_back(to_f64(m.params_flat()));
+    }
+    set_num_threads(saved_threads);
+    EXPECT_EQ(after[0], after[1]) << (bf16 ? "bf16" : "f32") << ": 1 vs 2 threads";
+    EXPECT_EQ(after[0], after[2]) << (bf16 ? "bf16" : "f32") << ": 1 vs 3 threads";
+    if (bf16) continue;
+    // The reference: every Muon parameter through muon_update_stack, from the same state.
+    restore();
+    Optimizer opt(cfg, m);  // for the grouping only
+    MuonHyper hp;
+    hp.lr = 1e-2f;
+    hp.momentum = static_cast<float>(cfg.muon_momentum);
+    hp.ns_steps = static_cast<int>(cfg.muon_ns_steps);
+    hp.ns_dtype = DType::f32;
+    double diff = 0, update = 0;
+    int muon_params = 0;
+    for (int i = 0; i < static_cast<int>(m.specs().size()); ++i) {
+      const ParamGroup& g = opt.group(i);
+      if (g.group != Group::muon) continue;
+      ++muon_params;
+      hp.weight_decay = g.weight_decay ? static_cast<float>(cfg.weight_decay) : 0.0f;
+      Tensor p = m.param(i), mom = Tensor::zeros(p.shape(), DType::f32);
+      Tensor scratch = Tensor::zeros(Shape{muon_scratch_elems(g.rows, g.cols, g.count, DType::f32)}, DType::f32);
+      muon_update_stack(p, m.grad(i), mom, scratch, hp);
+      const int64_t off = p.data<float>() - m.params_flat().data<float>();
+      for (int64_t k = 0; k < p.numel(); ++k) {
+        const double ref = p.data<float>()[k], got = after[0][static_cast<size_t>(off + k)];
+        const double start = p0.data<float>()[off + k];
+        diff += (got - ref) * (got - ref);
+        update += (ref - start) * (ref - start);
+      }
+    }
+    ASSERT_GT(muon_params, 4);
+    ASSERT_GT(update, 0.0);
+    EXPECT_LT(std::sqrt(diff / update), 1e-5);
+  }
 }
 
 TEST(Optimizer, StateNamesAndLoadErrors) {

@@ -11,6 +11,7 @@
 #include "zaya/ops/cpu/seq_vec.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/gemm.h"
+#include "zaya/ops/gemm_onednn.h"
 #include "zaya/ops/optim_ops.h"
 
 namespace zaya::ops {
@@ -47,44 +48,31 @@ void round_to_bf16(const Tensor& src, const Tensor& dst) {
   for (int64_t i = 0; i < n; ++i) y[i] = to_float(to_bf16(x[i]));
 }
 
-// One quintic step on a batch of matrices X [Bt, r, c] (r <= c), every GEMM batched:
+// One quintic step on a batch of matrices X [Bt, r, c] (r <= c), or [Bt, c, r] stored as it is
+// when `tall` (its Gram matrix is then Xᵀ·X and the update X·B: the same step on Xᵀ, B being
+// symmetric, with no transpose of X). Every GEMM is batched:
 //   A = X·Xᵀ,  B = b·A + c·A·A,  X_next = a·X + B·X.
-// With bf16 copies (Xb, Ab, Bb defined) the GEMM inputs are rounded to bf16; sums stay f32. The
-// scaled terms a·X and b·A are written by the same passes that round X and A.
+// With bf16 copies (Xb, Ab, Bb defined; Xb already holds bf16(X)) the GEMM inputs are the copies
+// and X_next overwrites X (the last GEMM reads only the copies, and adds a·X as its sum post-op);
+// Xn is then unused. Without them X_next goes to Xn, starting as a·X. The scaled term b·A is
+// written by the pass that rounds A.
 void quintic_step(const Tensor& X, const Tensor& Xn, const Tensor& A, const Tensor& B, const Tensor& Xb,
-                  const Tensor& Ab, const Tensor& Bb, float a = kNewtonSchulzA, float b = kNewtonSchulzB,
-                  float c = kNewtonSchulzC) {
+                  const Tensor& Ab, const Tensor& Bb, bool tall, float a = kNewtonSchulzA,
+                  float b = kNewtonSchulzB, float c = kNewtonSchulzC) {
   const bool low = Xb.defined();
-  scale_and_round(X, a, Xn, Xb);  // X_next starts as a·X
   const Tensor& x_in = low ? Xb : X;
-  gemm(x_in, Trans::N, x_in, Trans::T, A);  // A = X·Xᵀ
-  scale_and_round(A, b, B, Ab);             // B starts as b·A
+  const Trans gram_left = tall ? Trans::T : Trans::N, gram_right = tall ? Trans::N : Trans::T;
+  gemm(x_in, gram_left, x_in, gram_right, A);  // A = X·Xᵀ
+  scale_and_round(A, b, B, Ab);                // B starts as b·A
   gemm(low ? Ab : A, Trans::N, low ? Ab : A, Trans::N, B, c, 1.0f);  // B = b·A + c·A·A
   if (low) round_to_bf16(B, Bb);
-  gemm(low ? Bb : B, Trans::N, x_in, Trans::N, Xn, 1.0f, 1.0f);  // X_next = a·X + B·X
-}
-
-// dst[j·ldd + i] = s·src[i·lds + j] for i < m, j < n (dst = s·srcᵀ), over all threads in 16×16
-// blocks: a row-at-a-time transpose reads one element per cache line on one side, which cost the
-// demo's optimizer more than its GEMMs' packing. Whole blocks go through registers (cpu::transpose16).
-void transpose_scaled(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t m, int64_t n, float s) {
-  const int64_t mb = (m + 15) / 16, nb = (n + 15) / 16;
-#pragma omp parallel for schedule(static)
-  for (int64_t bi = 0; bi < mb; ++bi)
-    for (int64_t bj = 0; bj < nb; ++bj) {
-      const int64_t i0 = bi * 16, j0 = bj * 16, i1 = std::min(m, i0 + 16), j1 = std::min(n, j0 + 16);
-#if defined(__AVX512F__)
-      if (i1 - i0 == 16 && j1 - j0 == 16) {
-        cpu::transpose16(dst + j0 * ldd + i0, ldd, src + i0 * lds + j0, lds);
-        if (s != 1.0f)
-          for (int64_t j = j0; j < j1; ++j)
-            for (int64_t i = i0; i < i1; ++i) dst[j * ldd + i] *= s;
-        continue;
-      }
-#endif
-      for (int64_t j = j0; j < j1; ++j)
-        for (int64_t i = i0; i < i1; ++i) dst[j * ldd + i] = src[i * lds + j] * s;
-    }
+  const Tensor& b_in = low ? Bb : B;
+  const Tensor& out = low ? X : Xn;
+  if (!low) scale_and_round(X, a, Xn, {});  // X_next starts as a·X
+  if (tall)
+    gemm(x_in, Trans::N, b_in, Trans::N, out, 1.0f, low ? a : 1.0f);  // X_next = a·X + X·B
+  else
+    gemm(b_in, Trans::N, x_in, Trans::N, out, 1.0f, low ? a : 1.0f);  // X_next = a·X + B·X
 }
 
 }  // namespace
@@ -102,15 +90,14 @@ void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, 
   require_f32(op, "B", B);
   check_shape("newton_schulz_step: B", B, Shape{r, r});
   quintic_step(X.reshape({1, r, X.size(1)}), X_next.reshape({1, r, X.size(1)}), A.reshape({1, r, r}),
-               B.reshape({1, r, r}), {}, {}, {}, a, b, c);
+               B.reshape({1, r, r}), {}, {}, {}, false, a, b, c);
 }
 
 int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch, DType compute) {
-  int64_t r = std::min(rows, cols), c = std::max(rows, cols);
-  int64_t f32 = batch * (2 * r * c + 2 * r * r);
-  if (compute == DType::bf16)
-    f32 += (batch * (r * c + 2 * r * r) + 1) / 2 + 16;  // + 16: 64-byte alignment slack
-  return f32;
+  const int64_t r = std::min(rows, cols), c = std::max(rows, cols);
+  if (compute == DType::bf16)  // A and B, then bf16 copies of X, A and B (+ 16: 64-byte alignment slack)
+    return batch * 2 * r * r + (batch * (r * c + 2 * r * r) + 1) / 2 + 16;
+  return batch * (r * c + 2 * r * r);  // A, B and the next X
 }
 
 // The linear path. A step is X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ; the cubic and quintic terms
@@ -132,6 +119,10 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
              G.str());
   require_f32(op, "out", out);
   check_same_shape("newton_schulz_orthogonalize: out vs G", out, G);
+  {  // out holds the iterate while G is still read (the linear path), so they must be apart
+    const float *g0 = G.data<float>(), *o0 = out.data<float>();
+    ZAYA_CHECK(o0 + out.numel() <= g0 || g0 + G.numel() <= o0, op, ": out must not overlap G");
+  }
   require_f32(op, "workspace", workspace);
   ZAYA_CHECK(steps >= 0, op, ": steps must be >= 0, found ", steps);
   ZAYA_CHECK(compute == DType::f32 || compute == DType::bf16, op,
@@ -141,27 +132,31 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
   ZAYA_CHECK(workspace.numel() >= need, op, ": workspace has ", workspace.numel(), " elements, needs ", need,
              " for G ", G.shape().str(), " in ", dtype_name(compute));
   if (batch == 0) return;
-  const bool transpose = rows > cols;
-  const int64_t r = std::min(rows, cols), c = std::max(rows, cols), rc = r * c, rr = r * r;
-  Tensor X = workspace.window(0, Shape{batch, r, c});
-  Tensor Y = workspace.window(batch * rc, Shape{batch, r, c});
-  Tensor A = workspace.window(2 * batch * rc, Shape{batch, r, r});
-  Tensor B = workspace.window(2 * batch * rc + batch * rr, Shape{batch, r, r});
-  Tensor Xb, Ab, Bb;
-  if (compute == DType::bf16 && !gemm_bf16_native()) {
+  // A tall matrix is iterated as it is stored, its Gram matrix Xᵀ·X on the small side
+  // (quintic_step): no transpose in or out.
+  const bool tall = rows > cols;
+  const int64_t r = std::min(rows, cols), rc = rows * cols, rr = r * r;
+  // The iterate X lives in `out`, so the result needs no copy when the last step wrote there.
+  Tensor X = out.reshape({batch, rows, cols});
+  Tensor A = workspace.window(0, Shape{batch, r, r});
+  Tensor B = workspace.window(batch * rr, Shape{batch, r, r});
+  Tensor Y, Xb, Ab, Bb;
+  if (compute == DType::f32) {
+    Y = workspace.window(2 * batch * rr, Shape{batch, rows, cols});
+  } else if (!gemm_bf16_native()) {
     // gemm would widen bf16 inputs back to f32 on every call (9% of this function's time on a
     // Zen 3, 2026-11-25): keep the bf16-rounded inputs in f32 instead, in this thread's scratch.
     thread_local std::vector<float> rounded;
     const size_t need_f = static_cast<size_t>(batch * (rc + 2 * rr));
     if (rounded.size() < need_f) rounded.resize(need_f);
-    Xb = Tensor::borrow(rounded.data(), Shape{batch, r, c}, DType::f32);
+    Xb = Tensor::borrow(rounded.data(), Shape{batch, rows, cols}, DType::f32);
     Ab = Tensor::borrow(rounded.data() + batch * rc, Shape{batch, r, r}, DType::f32);
     Bb = Tensor::borrow(rounded.data() + batch * (rc + rr), Shape{batch, r, r}, DType::f32);
-  } else if (compute == DType::bf16) {
+  } else {
     // bf16 copies after the f32 part, 64-byte aligned for the AMX/AVX-512 kernels.
-    auto addr = reinterpret_cast<uintptr_t>(workspace.data<float>() + 2 * batch * (rc + rr));
+    auto addr = reinterpret_cast<uintptr_t>(workspace.data<float>() + 2 * batch * rr);
     auto* base = reinterpret_cast<bf16*>((addr + 63) & ~uintptr_t{63});
-    Xb = Tensor::borrow(base, Shape{batch, r, c}, DType::bf16);
+    Xb = Tensor::borrow(base, Shape{batch, rows, cols}, DType::bf16);
     Ab = Tensor::borrow(base + batch * rc, Shape{batch, r, r}, DType::bf16);
     Bb = Tensor::borrow(base + batch * (rc + rr), Shape{batch, r, r}, DType::bf16);
   }
@@ -173,45 +168,36 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
   const double growth = std::pow(static_cast<double>(kNewtonSchulzA), steps);  // the linear term's a^steps
   for (int64_t e = 0; e < batch; ++e) {
     const Tensor ge = G.ndim() == 3 ? G.select(e) : G;
-    const float* g = ge.data<float>();
     // ‖G‖_F through the optimizer's norm (double accumulation, fixed blocks, vectorized).
     const double norm = global_grad_norm(std::span<const Tensor>(&ge, 1));
-    const float inv = static_cast<float>(1.0 / (norm + 1e-7));
-    float* x = X.data<float>() + e * rc;
-    if (norm / (norm + 1e-7) * growth < kLinearNorm) {  // ‖X₀‖·a^steps
-      linear[e] = static_cast<float>(growth / (norm + 1e-7));
-      std::fill_n(x, rc, 0.0f);
-      continue;
-    }
-    if (transpose) {
-      transpose_scaled(x, c, g, cols, rows, cols, inv);  // G is [rows = c, cols = r]
-      continue;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < r; ++i)
-      for (int64_t j = 0; j < c; ++j) x[i * c + j] = g[i * c + j] * inv;
+    const bool tiny = norm / (norm + 1e-7) * growth < kLinearNorm;  // ‖X₀‖·a^steps
+    if (tiny) linear[e] = static_cast<float>(growth / (norm + 1e-7));
+    scale_and_round(ge, tiny ? 0.0f : static_cast<float>(1.0 / (norm + 1e-7)), X.select(e), {});
   }
   for (int s = 0; s < steps; ++s) {
-    quintic_step(X, Y, A, B, Xb, Ab, Bb);
-    std::swap(X, Y);
+    if (Xb.defined()) round_to_bf16(X, Xb);
+    quintic_step(X, Y, A, B, Xb, Ab, Bb, tall);
+    if (!Xb.defined()) std::swap(X, Y);
   }
+  float* o = out.data<float>();
+  if (X.data<float>() != o) std::copy_n(X.data<float>(), batch * rc, o);  // f32 with an odd step count
   for (int64_t e = 0; e < batch; ++e) {
-    const float* xs = X.data<float>() + e * rc;
-    float* o = out.data<float>() + e * rc;
-    if (linear[e] != 0.0f) {  // the linear path, in G's own layout (a zero G gives 0)
-      const float* g = G.data<float>() + e * rc;
-      const float s = linear[e];
+    if (linear[e] == 0.0f) continue;
+    // The linear path (a zero G gives 0).
+    const float* g = G.data<float>() + e * rc;
+    const float sc = linear[e];
+    float* oe = o + e * rc;
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < rc; ++i) o[i] = g[i] * s;
-      continue;
-    }
-    if (transpose) {
-      transpose_scaled(o, cols, xs, c, r, c, 1.0f);
-      continue;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < r; ++i) std::copy_n(xs + i * c, c, o + i * c);
+    for (int64_t i = 0; i < rc; ++i) oe[i] = g[i] * sc;
   }
+}
+
+void newton_schulz_orthogonalize_on_this_thread(const Tensor& G, const Tensor& out, const Tensor& workspace,
+                                                int steps, DType compute) {
+  // Holds this thread's OpenMP team size to one: the passes' parallel loops then run here alone,
+  // and gemm builds and runs one-thread primitives (inside a parallel region as outside one).
+  gemm_detail::OneThread one;
+  newton_schulz_orthogonalize(G, out, workspace, steps, compute);
 }
 
 }  // namespace zaya::ops

@@ -18,13 +18,16 @@ void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, 
                         float a = kNewtonSchulzA, float b = kNewtonSchulzB, float c = kNewtonSchulzC);
 
 // f32 elements newton_schulz_orthogonalize needs for `batch` [rows, cols] matrices iterated in
-// `compute` precision (f32 or bf16): batch·(2·r·c + 2·r²) with r = min(rows, cols), c = max(rows,
-// cols), plus, for bf16, room for bf16 copies of X, A and B (half as many f32 elements again).
+// `compute` precision (f32 or bf16), with r = min(rows, cols), c = max(rows, cols): for f32
+// batch·(r·c + 2·r²) (the next iterate, A and B); for bf16 batch·2·r² plus room for bf16 copies of
+// X, A and B (half of batch·(r·c + 2·r²) f32 elements, + 16 for alignment).
 int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch = 1,
                                       DType compute = DType::f32);
 
-// out ≈ U·Vᵀ for G = U·S·Vᵀ: X₀ = G/(‖G‖_F + 1e-7) (transposed when rows > cols so the Gram
-// matrix is the small side), `steps` quintic steps, transposed back. A matrix so small that
+// out ≈ U·Vᵀ for G = U·S·Vᵀ: X₀ = G/(‖G‖_F + 1e-7), then `steps` quintic steps, iterated in `out`
+// (which must not overlap G). A tall matrix (rows > cols) is iterated as it is stored, with its
+// Gram matrix Xᵀ·X on the small side and the update X·B: the same steps as on Xᵀ, with no
+// transposes. A matrix so small that
 // ‖X₀‖·a^steps < 1e-4 (a nearly zero gradient) gets X₀·a^steps: what the steps give to float
 // rounding, without GEMMs on values that underflow (newton_schulz.cc, kLinearNorm). G and out are [rows,
 // cols], or [batch, rows, cols]: then every matrix is normalized and orthogonalized on its own (MoE experts
@@ -32,11 +35,20 @@ int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch 
 //
 // compute = bf16 runs the three GEMMs of each step with bf16 inputs and f32 accumulation, as
 // Muon's reference implementation does (it iterates entirely in bfloat16); X itself is kept in
-// f32 between steps. The quintic is a contraction onto a band of singular values, not an exact
+// f32 between steps (the step's last GEMM adds a·X to B·X as it writes X). The quintic is a
+// contraction onto a band of singular values, not an exact
 // iteration, so bf16 rounding of its inputs moves the result by ~2.5% (relative norm) and not
 // its direction (cosine 0.9996 with the f32 result; tests/ops/test_newton_schulz.cc). f32 is the
 // exact-arithmetic reference the tests compare against.
 void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps = 5,
                                  DType compute = DType::f32);
+
+// newton_schulz_orthogonalize with every GEMM and pass on the calling thread alone, for callers that
+// share whole matrices out among their own threads (the optimizer's Muon step): a matrix's result
+// then does not depend on which thread runs it or on how many there are. On two cores, eight of
+// the demo's [1024, 256] expert matrices ran 1.1–1.4× faster one per thread than as one batched
+// call on both threads (docs/optim.md, "Muon's matrices side by side").
+void newton_schulz_orthogonalize_on_this_thread(const Tensor& G, const Tensor& out, const Tensor& workspace,
+                                                int steps = 5, DType compute = DType::f32);
 
 }  // namespace zaya::ops

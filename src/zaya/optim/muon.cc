@@ -16,8 +16,10 @@ int64_t muon_scratch_elems(int64_t rows, int64_t cols, int64_t count, DType ns_d
   return count * rows * cols + ops::newton_schulz_workspace_elems(rows, cols, count, ns_dtype);
 }
 
-void muon_update_stack(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
-                       const MuonHyper& hp) {
+namespace {
+
+void check_muon_args(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
+                     const MuonHyper& hp) {
   ZAYA_CHECK(param.ndim() == 2 || param.ndim() == 3,
              "muon_update: param must be [r, c] or an [E, r, c] stack, found ", param.str());
   check_dtype("muon_update: param", param, DType::f32);
@@ -27,33 +29,57 @@ void muon_update_stack(const Tensor& param, const Tensor& grad, const Tensor& m,
   check_same_shape("muon_update: grad vs param", grad, param);
   check_same_shape("muon_update: momentum vs param", m, param);
   const int64_t count = param.ndim() == 3 ? param.size(0) : 1;
-  const int64_t rows = param.size(-2), cols = param.size(-1), n = param.numel();
-  const int64_t need = muon_scratch_elems(rows, cols, count, hp.ns_dtype);
+  const int64_t need = muon_scratch_elems(param.size(-2), param.size(-1), count, hp.ns_dtype);
   ZAYA_CHECK(scratch.numel() >= need, "muon_update: scratch has ", scratch.numel(), " elements, needs ", need,
              " for ", param.shape().str());
+}
 
-  float* g = grad.data<float>();
-  float* mp = m.data<float>();
-  const float beta = hp.momentum;
-#pragma omp parallel for schedule(static)
+// m ← β·m + g, then g ← g + β·m (Nesterov: look one momentum step ahead), over n elements; on all
+// threads, or on the calling one alone.
+void momentum_step(float* g, float* mp, int64_t n, float beta, bool all_threads) {
+#pragma omp parallel for schedule(static) if (all_threads)
   for (int64_t i = 0; i < n; ++i) {
     // Flushed as AdamW's moments: an expert no token reaches has g = 0 and its momentum decays.
     float mi = ops::flush_subnormal(beta * mp[i] + g[i]);
     mp[i] = mi;
-    g[i] = g[i] + beta * mi;  // Nesterov: look one momentum step ahead
+    g[i] = g[i] + beta * mi;
   }
+}
 
+// p ← p − lr·(wd·p + s·o): decoupled weight decay and the scaled update in one pass; both read the
+// pre-step p.
+void apply_update(float* p, const float* o, int64_t n, const MuonHyper& hp, float s, bool all_threads) {
+  const float lr = hp.lr, wd = hp.weight_decay;
+#pragma omp parallel for schedule(static) if (all_threads)
+  for (int64_t i = 0; i < n; ++i) p[i] -= lr * (wd * p[i] + s * o[i]);
+}
+
+}  // namespace
+
+void muon_update_stack(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
+                       const MuonHyper& hp) {
+  check_muon_args(param, grad, m, scratch, hp);
+  const int64_t rows = param.size(-2), cols = param.size(-1), n = param.numel();
+  const int64_t count = param.ndim() == 3 ? param.size(0) : 1;
+  const int64_t need = muon_scratch_elems(rows, cols, count, hp.ns_dtype);
+  momentum_step(grad.data<float>(), m.data<float>(), n, hp.momentum, true);
   // Every matrix of a stack is orthogonalized on its own (one batched Newton–Schulz).
   Tensor O = scratch.window(0, param.shape());
-  Tensor ws = scratch.window(n, Shape{need - n});
-  ops::newton_schulz_orthogonalize(grad, O, ws, hp.ns_steps, hp.ns_dtype);
+  ops::newton_schulz_orthogonalize(grad, O, scratch.window(n, Shape{need - n}), hp.ns_steps, hp.ns_dtype);
+  apply_update(param.data<float>(), O.data<float>(), n, hp, muon_scale(rows, cols), true);
+}
 
-  // Decoupled weight decay and the scaled update in one pass; both read the pre-step p.
-  const float lr = hp.lr, wd = hp.weight_decay, s = muon_scale(rows, cols);
-  float* p = param.data<float>();
-  const float* o = O.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) p[i] -= lr * (wd * p[i] + s * o[i]);
+void muon_update_on_this_thread(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
+                                const MuonHyper& hp) {
+  ZAYA_CHECK(param.ndim() == 2, "muon_update_on_this_thread: param must be 2-D, found ", param.str());
+  check_muon_args(param, grad, m, scratch, hp);
+  const int64_t rows = param.size(0), cols = param.size(1), n = param.numel();
+  const int64_t need = muon_scratch_elems(rows, cols, 1, hp.ns_dtype);
+  momentum_step(grad.data<float>(), m.data<float>(), n, hp.momentum, false);
+  Tensor O = scratch.window(0, param.shape());
+  ops::newton_schulz_orthogonalize_on_this_thread(grad, O, scratch.window(n, Shape{need - n}), hp.ns_steps,
+                                                  hp.ns_dtype);
+  apply_update(param.data<float>(), O.data<float>(), n, hp, muon_scale(rows, cols), false);
 }
 
 void muon_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,

@@ -24,6 +24,7 @@
 #include "zaya/optim/balancer.h"
 #include "zaya/optim/config.h"
 #include "zaya/optim/grouping.h"
+#include "zaya/optim/muon.h"
 
 namespace zaya::optim {
 
@@ -78,7 +79,19 @@ class Optimizer {
   GroupSummary summary_;
   Tensor moment1_;  // [P] aligned with the parameters
   Tensor adam_v_;   // [P_adamw]
-  Tensor scratch_;  // Muon: the largest matrix's orthogonalized update + Newton–Schulz workspace
+  // Muon's matrices side by side (one per thread) when there are at least as many as threads;
+  // else one all-thread call per parameter.
+  struct MuonItem {
+    int param;       // parameter index
+    int64_t matrix;  // matrix of an [E, r, c] stack (0 for a 2-D parameter)
+    double flops;    // Newton–Schulz FLOPs per step: the largest-first order
+  };
+  bool muon_side_by_side(int threads) const;
+  void muon_matrices_side_by_side(model::ZayaModel& model, MuonHyper mh, int threads);
+  std::vector<MuonItem> muon_items_;  // largest first
+  int64_t per_matrix_scratch_ = 0;    // muon_scratch_elems of the largest single matrix
+  Tensor scratch_;  // Muon: per-thread windows of per_matrix_scratch_ (side by side), else the largest
+                    // stack's orthogonalized updates + Newton–Schulz workspace
   Tensor step_t_, balance_step_t_;  // i64 [1] mirrors of the counters for checkpoints
   int64_t step_ = 0;
   BalanceController balancer_;
