@@ -189,6 +189,14 @@ TEST(NewtonSchulz, NearlyZeroMatricesTakeTheLinearPath) {
       newton_schulz_orthogonalize(normal, alone, ws1, 5);
       EXPECT_LT(test::rel_error(out.select(1), to_f64(alone)), 1e-6);
       for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(out.select(2).data<float>()[i], 0.0f);
+      // Alone (as the optimizer's side-by-side loop passes a matrix), in both precisions: no
+      // iteration runs at all, and the result is the same.
+      for (DType compute : {DType::f32, DType::bf16}) {
+        Tensor one = Tensor::empty({rows, cols}, DType::f32);
+        Tensor ws2 = Tensor::empty({newton_schulz_workspace_elems(rows, cols, 1, compute)}, DType::f32);
+        newton_schulz_orthogonalize_on_this_thread(G.select(0).clone(), one, ws2, 5, compute);
+        EXPECT_LT(test::rel_error(one, want), 1e-6) << rows << "x" << cols << " scale " << scale << " alone";
+      }
     }
   }
 }

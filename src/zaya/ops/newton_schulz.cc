@@ -174,7 +174,10 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
     if (tiny) linear[e] = static_cast<float>(growth / (norm + 1e-7));
     scale_and_round(ge, tiny ? 0.0f : static_cast<float>(1.0 / (norm + 1e-7)), X.select(e), {});
   }
-  for (int s = 0; s < steps; ++s) {
+  // With every matrix on the linear path (one alone, as the optimizer's side-by-side loop passes
+  // them) there is nothing to iterate: X is 0.
+  const bool all_linear = std::all_of(linear.begin(), linear.end(), [](float l) { return l != 0.0f; });
+  for (int s = 0; s < steps && !all_linear; ++s) {
     if (Xb.defined()) round_to_bf16(X, Xb);
     quintic_step(X, Y, A, B, Xb, Ab, Bb, tall);
     if (!Xb.defined()) std::swap(X, Y);

@@ -44,10 +44,9 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
                                  DType compute = DType::f32);
 
 // newton_schulz_orthogonalize with every GEMM and pass on the calling thread alone, for callers that
-// share whole matrices out among their own threads (the optimizer's Muon step): a matrix's result
-// then does not depend on which thread runs it or on how many there are. On two cores, eight of
-// the demo's [1024, 256] expert matrices ran 1.1–1.4× faster one per thread than as one batched
-// call on both threads (docs/optim.md, "Muon's matrices side by side").
+// share whole matrices out among their own threads (the optimizer's Muon step, docs/optim.md "Muon's
+// matrices side by side"): a matrix's result then does not depend on which thread runs it or on
+// how many there are.
 void newton_schulz_orthogonalize_on_this_thread(const Tensor& G, const Tensor& out, const Tensor& workspace,
                                                 int steps = 5, DType compute = DType::f32);
 
