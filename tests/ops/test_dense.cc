@@ -692,6 +692,27 @@ TEST(CastToBf16, RoundsEveryElementToNearestEven) {
   const float* a = x.data<float>();
   const bf16* b = y.data<bf16>();
   for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(b[i].bits, to_bf16(a[i]).bits) << i;
+  // The values a vector conversion could get wrong, in whole 16-element blocks and in the tail:
+  // ties both ways, subnormals (which the AVX-512 BF16 instruction reads as zero), ±0, ±inf, NaNs
+  // (a signalling one too), the largest float (rounds to inf) and the smallest normal.
+  const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x00000001u, 0x807fffffu, 0x00400000u,
+                              0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800001u,
+                              0xffa00000u, 0x7f7fffffu, 0x00800000u, 0x80800000u, 0x3f7fffffu};
+  for (int64_t n : {16, 48, 16 * 70 + 7}) {
+    Tensor s = Tensor::empty({n}, DType::f32);
+    Tensor sb = Tensor::empty({n}, DType::bf16);
+    for (int64_t i = 0; i < n; ++i) {
+      // Special values in every other block (the rest normal), and all of them in the tail.
+      const bool special_here = (i / 16) % 2 == 1 || i >= n - 7;
+      s.data<float>()[i] = special_here ? std::bit_cast<float>(special[i % std::size(special)])
+                                        : 1.0f + static_cast<float>(i) / 3.0f;
+    }
+    cast_to_bf16(s, sb);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(sb.data<bf16>()[i].bits, to_bf16(s.data<float>()[i]).bits)
+          << "n " << n << " element " << i << " bits 0x" << std::hex
+          << std::bit_cast<uint32_t>(s.data<float>()[i]);
+  }
   EXPECT_THROW(cast_to_bf16(x, Tensor::empty({10}, DType::bf16)), Error);
   EXPECT_THROW(cast_to_bf16(x, Tensor::empty({37, 29}, DType::f32)), Error);
 }

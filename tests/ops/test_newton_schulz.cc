@@ -138,12 +138,14 @@ TEST(NewtonSchulz, BatchedMatchesSeparateAndBf16StaysInTheBand) {
     Tensor small = Tensor::empty({newton_schulz_workspace_elems(rows, cols, E, compute) - 1}, DType::f32);
     EXPECT_THROW(newton_schulz_orthogonalize(G, out, small, 5, compute), Error) << dtype_name(compute);
   }
-  EXPECT_THROW(newton_schulz_orthogonalize(G, G, Tensor::empty({newton_schulz_workspace_elems(rows, cols, E)}, DType::f32)),
+  EXPECT_THROW(newton_schulz_orthogonalize(
+                   G, G, Tensor::empty({newton_schulz_workspace_elems(rows, cols, E)}, DType::f32)),
                Error);  // out is the iterate: it must not overlap G
 }
 
 // The full iteration in double for one [rows, cols] matrix (transposed when rows > cols, which is
-// the same math as the kernel's tall form): X₀ = G/(‖G‖ + 1e-7), then `steps` quintic steps with every term (gradcheck.h's).
+// the same math as the kernel's tall form): X₀ = G/(‖G‖ + 1e-7), then `steps` quintic steps with every term
+// (gradcheck.h's).
 Vec orthogonalize_f64(const Vec& g, int64_t rows, int64_t cols, int steps) {
   const bool t = rows > cols;
   const int64_t r = t ? cols : rows, c = t ? rows : cols;

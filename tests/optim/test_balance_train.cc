@@ -12,8 +12,8 @@
 #include "ops/gradcheck.h"
 #include "optim/tiny.h"
 #include "zaya/core/random.h"
-#include "zaya/model/zaya_model.h"
 #include "zaya/core/threads.h"
+#include "zaya/model/zaya_model.h"
 #include "zaya/optim/balancer.h"
 #include "zaya/optim/muon.h"
 #include "zaya/optim/optimizer.h"
@@ -277,7 +277,8 @@ TEST(Optimizer, MuonMatricesSideBySideAreThreadCountFreeAndComplete) {
       ++muon_params;
       hp.weight_decay = g.weight_decay ? static_cast<float>(cfg.weight_decay) : 0.0f;
       Tensor p = m.param(i), mom = Tensor::zeros(p.shape(), DType::f32);
-      Tensor scratch = Tensor::zeros(Shape{muon_scratch_elems(g.rows, g.cols, g.count, DType::f32)}, DType::f32);
+      Tensor scratch =
+          Tensor::zeros(Shape{muon_scratch_elems(g.rows, g.cols, g.count, DType::f32)}, DType::f32);
       muon_update_stack(p, m.grad(i), mom, scratch, hp);
       const int64_t off = p.data<float>() - m.params_flat().data<float>();
       for (int64_t k = 0; k < p.numel(); ++k) {

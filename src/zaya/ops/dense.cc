@@ -6,6 +6,7 @@
 #include "zaya/ops/dense.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -477,8 +478,30 @@ void cast_to_bf16(const Tensor& src, const Tensor& dst) {
   const float* a = src.data<float>();
   bf16* b = dst.data<bf16>();
   const int64_t n = src.numel();
+#if defined(__AVX512BF16__)
+  // 16 floats per conversion instruction (GCC's loop over to_bf16 ran at ~1 element per ns: 8.6% of
+  // Muon's Newton–Schulz on one thread). The instruction rounds to nearest even and quiets NaNs as
+  // to_bf16 does, but reads subnormal inputs as zero, so a block holding one (never the case for
+  // the weights and iterates this casts) takes to_bf16 element by element: the same bits always.
+  const int64_t blocks = n / 16;
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+  for (int64_t k = 0; k < blocks; ++k) {
+    const __m512 x = _mm512_loadu_ps(a + 16 * k);
+    const __m512 mag =
+        _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
+    const __mmask16 sub = _mm512_cmp_ps_mask(mag, _mm512_set1_ps(FLT_MIN), _CMP_LT_OQ) &
+                          _mm512_cmp_ps_mask(mag, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    if (sub == 0) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + 16 * k), (__m256i)_mm512_cvtneps_pbh(x));
+    } else {
+      for (int64_t i = 16 * k; i < 16 * k + 16; ++i) b[i] = to_bf16(a[i]);
+    }
+  }
+  for (int64_t i = 16 * blocks; i < n; ++i) b[i] = to_bf16(a[i]);
+#else
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) b[i] = to_bf16(a[i]);
+#endif
 }
 
 void silu_forward(const Tensor& x, const Tensor& y) {

@@ -62,8 +62,8 @@ void quintic_step(const Tensor& X, const Tensor& Xn, const Tensor& A, const Tens
   const bool low = Xb.defined();
   const Tensor& x_in = low ? Xb : X;
   const Trans gram_left = tall ? Trans::T : Trans::N, gram_right = tall ? Trans::N : Trans::T;
-  gemm(x_in, gram_left, x_in, gram_right, A);  // A = X·Xᵀ
-  scale_and_round(A, b, B, Ab);                // B starts as b·A
+  gemm(x_in, gram_left, x_in, gram_right, A);                        // A = X·Xᵀ
+  scale_and_round(A, b, B, Ab);                                      // B starts as b·A
   gemm(low ? Ab : A, Trans::N, low ? Ab : A, Trans::N, B, c, 1.0f);  // B = b·A + c·A·A
   if (low) round_to_bf16(B, Bb);
   const Tensor& b_in = low ? Bb : B;

@@ -69,8 +69,8 @@ void muon_update_stack(const Tensor& param, const Tensor& grad, const Tensor& m,
   apply_update(param.data<float>(), O.data<float>(), n, hp, muon_scale(rows, cols), true);
 }
 
-void muon_update_on_this_thread(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
-                                const MuonHyper& hp) {
+void muon_update_on_this_thread(const Tensor& param, const Tensor& grad, const Tensor& m,
+                                const Tensor& scratch, const MuonHyper& hp) {
   ZAYA_CHECK(param.ndim() == 2, "muon_update_on_this_thread: param must be 2-D, found ", param.str());
   check_muon_args(param, grad, m, scratch, hp);
   const int64_t rows = param.size(0), cols = param.size(1), n = param.numel();

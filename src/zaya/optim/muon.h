@@ -43,7 +43,7 @@ void muon_update_stack(const Tensor& param, const Tensor& grad, const Tensor& m,
 // muon_update for one 2-D matrix with all of its work on the calling thread, for a caller that
 // shares matrices out among its threads (Optimizer::step). The same math as muon_update; the bits
 // can differ from it (one-thread GEMMs), never from one call of this to the next.
-void muon_update_on_this_thread(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
-                                const MuonHyper& hp);
+void muon_update_on_this_thread(const Tensor& param, const Tensor& grad, const Tensor& m,
+                                const Tensor& scratch, const MuonHyper& hp);
 
 }  // namespace zaya::optim

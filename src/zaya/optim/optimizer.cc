@@ -42,8 +42,10 @@ Optimizer::Optimizer(const OptimizerConfig& config, const model::ZayaModel& mode
     } else {
       v_offset_.push_back(-1);
       scratch = std::max(scratch, muon_scratch_elems(g.rows, g.cols, g.count, ns_dtype(cfg_)));
-      per_matrix_scratch_ = std::max(per_matrix_scratch_, muon_scratch_elems(g.rows, g.cols, 1, ns_dtype(cfg_)));
-      for (int64_t e = 0; e < g.count; ++e) muon_items_.push_back({static_cast<int>(i), e, ns_flops(g.rows, g.cols)});
+      per_matrix_scratch_ =
+          std::max(per_matrix_scratch_, muon_scratch_elems(g.rows, g.cols, 1, ns_dtype(cfg_)));
+      for (int64_t e = 0; e < g.count; ++e)
+        muon_items_.push_back({static_cast<int>(i), e, ns_flops(g.rows, g.cols)});
     }
   }
   // Largest first, ties in parameter order: the side-by-side loop hands them out in this order.
