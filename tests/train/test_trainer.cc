@@ -79,6 +79,38 @@ TEST_F(TrainerTest, ResumeIsBitExact) {
   }
 }
 
+// train.gemm_dtype = "bf16": the expert and LM-head GEMMs on bf16 inputs. The run must learn as
+// the f32 one does (the same 1.0-nat drop in 30 steps as LossDecreases), differ from it (the switch
+// reaches the model), and resume bit for bit like any run.
+TEST_F(TrainerTest, Bf16GemmsLearnAndResumeBitExact) {
+  auto bf16_config = [&](const std::string& run, int steps) {
+    return parse_run_config(toy_config(prefix_, root_ / run, steps), "toy.toml", {"train.gemm_dtype=bf16"});
+  };
+  const int total = 30, first = 12;
+  Trainer straight(bf16_config("straight", total), {.quiet = true});
+  ASSERT_EQ(straight.model().gemm_dtype(), DType::bf16);
+  TrainResult a = straight.run();
+  ASSERT_EQ(a.losses.size(), static_cast<size_t>(total));
+  EXPECT_LT(a.losses.back(), a.losses.front() - 1.0) << a.losses.front() << " -> " << a.losses.back();
+  Trainer f32(config("f32", total), {.quiet = true});
+  TrainResult f = f32.run();
+  EXPECT_NE(a.losses.back(), f.losses.back());
+  // bf16 inputs move the first step's loss by ~1e-3 relative at most (8 mantissa bits in a few
+  // products of length ≤ 64); a wrong product would move it by much more.
+  EXPECT_NEAR(a.losses.front(), f.losses.front(), 1e-2 * f.losses.front());
+  {
+    Trainer part(bf16_config("split", total), {.quiet = true, .stop_after_steps = first});
+    TrainResult b = part.run();
+    ASSERT_TRUE(b.interrupted);
+  }
+  Trainer resumed(bf16_config("split", total), {.resume = "latest", .quiet = true});
+  ASSERT_EQ(resumed.model().gemm_dtype(), DType::bf16);
+  TrainResult c = resumed.run();
+  ASSERT_EQ(c.losses.size(), static_cast<size_t>(total - first));
+  for (int i = 0; i < total - first; ++i) EXPECT_EQ(a.losses[first + i], c.losses[i]) << "step " << first + i;
+  EXPECT_EQ(flat(straight.model().params_flat()), flat(resumed.model().params_flat()));
+}
+
 TEST_F(TrainerTest, KillDuringSaveKeepsThePreviousCheckpoint) {
   // A child trains and is SIGKILLed while its step-10 checkpoint is being written (the save of
   // step 5 has committed; a test hook holds each commit for 3 s so the kill lands mid-save);
@@ -160,6 +192,14 @@ TEST_F(TrainerTest, ConfigErrorsNameTheKey) {
     return std::string();
   };
   EXPECT_NE(err("[extra]\nfoo = 1\n").find("unknown key 'extra.foo'"), std::string::npos);
+  std::string dtype;
+  try {
+    parse_run_config(toy_config(prefix_, root_ / "x", 10), "toy.toml", {"train.gemm_dtype=fp16"});
+  } catch (const Error& e) {
+    dtype = e.what();
+  }
+  EXPECT_NE(dtype.find("train.gemm_dtype"), std::string::npos) << dtype;
+  EXPECT_NE(dtype.find("fp16"), std::string::npos) << dtype;
   std::string seq = "";
   try {
     parse_run_config(toy_config(prefix_, root_ / "x", 10), "toy.toml", {"train.seq_len=128"});

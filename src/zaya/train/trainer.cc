@@ -78,6 +78,13 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
 
   model_ = std::make_unique<model::ZayaModel>(cfg_.model, t.micro_batch, t.seq_len);
   model_->init(t.seed);
+  if (t.gemm_dtype == "bf16") {
+    model_->set_gemm_dtype(DType::bf16);
+    if (!ops::gemm_bf16_native())
+      log_warn(
+          "train.gemm_dtype = \"bf16\": this CPU has no native bf16 matmul (avx512_bf16 or AMX), so "
+          "the bf16 GEMMs run in f32 on widened copies, slower than train.gemm_dtype = \"f32\"");
+  }
   optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, *model_);
 
   if (opts_.resume.empty() && fs::exists(fs::path(t.out_dir) / "latest"))
@@ -187,7 +194,9 @@ void Trainer::print_summary() const {
   log_info("memory: weights ", human_bytes(4 * P), " (f32), gradients ", human_bytes(4 * P),
            ", optimizer state ", human_bytes(static_cast<double>(optimizer_->state_bytes())),
            ", activations ", human_bytes(static_cast<double>(model_->activation_bytes())), " (",
-           cfg_.train.micro_batch, "x", cfg_.train.seq_len, " tokens per micro-batch)");
+           cfg_.train.micro_batch, "x", cfg_.train.seq_len,
+           " tokens per micro-batch); expert and LM-head GEMMs ",
+           cfg_.train.gemm_dtype == "bf16" ? "bf16 inputs, f32 accumulation" : "f32");
   log_info("optimizer: ", optimizer_->summary().str());
   if (!cfg_.has_recipe()) {
     log_info("batch: ", cfg_.train.micro_batch, " x ", cfg_.train.seq_len, " x ", cfg_.train.grad_accum,
