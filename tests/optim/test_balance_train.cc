@@ -257,6 +257,15 @@ TEST(Optimizer, MuonMatricesSideBySideAreThreadCountFreeAndComplete) {
       opt.step(m, 1e-2);
       after.push_back(to_f64(m.params_flat()));
     }
+    // More threads than Muon matrices: one all-thread call per parameter instead, from an
+    // optimizer built on one thread (its scratch must grow for that path).
+    restore();
+    set_num_threads(1);
+    Optimizer built_on_one(cfg, m);
+    const int many = static_cast<int>(built_on_one.summary().muon_matrices) + 1;
+    set_num_threads(many);
+    built_on_one.step(m, 1e-2);
+    const Vec batched = to_f64(m.params_flat());
     set_num_threads(saved_threads);
     EXPECT_EQ(after[0], after[1]) << (bf16 ? "bf16" : "f32") << ": 1 vs 2 threads";
     EXPECT_EQ(after[0], after[2]) << (bf16 ? "bf16" : "f32") << ": 1 vs 3 threads";
@@ -291,6 +300,10 @@ TEST(Optimizer, MuonMatricesSideBySideAreThreadCountFreeAndComplete) {
     ASSERT_GT(muon_params, 4);
     ASSERT_GT(update, 0.0);
     EXPECT_LT(std::sqrt(diff / update), 1e-5);
+    double diff_batched = 0;
+    for (size_t k = 0; k < batched.size(); ++k)
+      diff_batched += (batched[k] - after[0][k]) * (batched[k] - after[0][k]);
+    EXPECT_LT(std::sqrt(diff_batched / update), 1e-5) << "on " << many << " threads (batched path)";
   }
 }
 

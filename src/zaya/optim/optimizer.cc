@@ -41,7 +41,7 @@ Optimizer::Optimizer(const OptimizerConfig& config, const model::ZayaModel& mode
       n_adamw += specs_[i].shape.numel();
     } else {
       v_offset_.push_back(-1);
-      scratch = std::max(scratch, muon_scratch_elems(g.rows, g.cols, g.count, ns_dtype(cfg_)));
+      stack_scratch_ = std::max(stack_scratch_, muon_scratch_elems(g.rows, g.cols, g.count, ns_dtype(cfg_)));
       per_matrix_scratch_ =
           std::max(per_matrix_scratch_, muon_scratch_elems(g.rows, g.cols, 1, ns_dtype(cfg_)));
       for (int64_t e = 0; e < g.count; ++e)
@@ -54,7 +54,7 @@ Optimizer::Optimizer(const OptimizerConfig& config, const model::ZayaModel& mode
   summary_ = summarize_groups(specs_, cfg_);
   moment1_ = Tensor::zeros(Shape{model.params_flat().numel()}, DType::f32);
   adam_v_ = Tensor::zeros(Shape{std::max<int64_t>(n_adamw, 1)}, DType::f32);
-  if (muon_side_by_side(num_threads())) scratch = num_threads() * per_thread_scratch(per_matrix_scratch_);
+  scratch = muon_scratch_need(num_threads());
   if (scratch > 0) scratch_ = Tensor::zeros(Shape{scratch}, DType::f32);
   step_t_ = Tensor::zeros(Shape{1}, DType::i64);
   balance_step_t_ = Tensor::zeros(Shape{1}, DType::i64);
@@ -105,6 +105,11 @@ StepStats Optimizer::step(model::ZayaModel& model, double lr) {
   // does not change a bit; within each, every run applies the same float operations in the same order.
   const int threads = num_threads();
   const bool side_by_side = muon_side_by_side(threads);
+  if (scratch_.numel() < muon_scratch_need(threads)) {  // the thread count changed since construction
+    log_debug("optimizer: muon scratch grows to ", muon_scratch_need(threads) * 4, " bytes for ", threads,
+              " threads");
+    scratch_ = Tensor::zeros(Shape{muon_scratch_need(threads)}, DType::f32);
+  }
   for (size_t i = 0; i < specs_.size(); ++i) {
     const int idx = static_cast<int>(i);
     const ParamGroup& g = groups_[i];
@@ -128,6 +133,10 @@ bool Optimizer::muon_side_by_side(int threads) const {
   return !muon_items_.empty() && static_cast<int64_t>(muon_items_.size()) >= threads;
 }
 
+int64_t Optimizer::muon_scratch_need(int threads) const {
+  return muon_side_by_side(threads) ? threads * per_thread_scratch(per_matrix_scratch_) : stack_scratch_;
+}
+
 // Muon's matrices (an expert stack's one by one) shared out among the threads as they free up,
 // largest first, each run whole on the thread that takes it: momentum, Newton–Schulz with
 // one-thread GEMMs, update. No barrier falls between a matrix's 15 GEMMs and its passes, and each
@@ -137,10 +146,6 @@ bool Optimizer::muon_side_by_side(int threads) const {
 // the step is bitwise the same on any thread count that takes this path (one included).
 void Optimizer::muon_matrices_side_by_side(model::ZayaModel& model, MuonHyper mh, int threads) {
   const int64_t share = per_thread_scratch(per_matrix_scratch_);
-  if (scratch_.numel() < threads * share) {  // the thread count grew since the optimizer was built
-    log_debug("optimizer: muon scratch grows to ", threads * share * 4, " bytes for ", threads, " threads");
-    scratch_ = Tensor::zeros(Shape{threads * share}, DType::f32);
-  }
   const int64_t n_items = static_cast<int64_t>(muon_items_.size());
 #pragma omp parallel num_threads(threads)
   {

@@ -87,9 +87,11 @@ class Optimizer {
     double flops;    // Newton–Schulz FLOPs per step: the largest-first order
   };
   bool muon_side_by_side(int threads) const;
+  int64_t muon_scratch_need(int threads) const;  // f32 elements of scratch_ the step needs on `threads`
   void muon_matrices_side_by_side(model::ZayaModel& model, MuonHyper mh, int threads);
   std::vector<MuonItem> muon_items_;  // largest first
   int64_t per_matrix_scratch_ = 0;    // muon_scratch_elems of the largest single matrix
+  int64_t stack_scratch_ = 0;         // ... and of the largest parameter (an expert stack whole)
   Tensor scratch_;  // Muon: per-thread windows of per_matrix_scratch_ (side by side), else the largest
                     // stack's orthogonalized updates + Newton–Schulz workspace
   Tensor step_t_, balance_step_t_;  // i64 [1] mirrors of the counters for checkpoints
