@@ -183,29 +183,20 @@ TEST_F(TrainerTest, ExportHfThenImportHfRoundTripsTheWeights) {
 }
 
 TEST_F(TrainerTest, ConfigErrorsNameTheKey) {
-  auto err = [&](const std::string& extra) {
+  // The error text of the toy config with `extra` appended and `overrides` (--set) applied.
+  auto err = [&](const std::string& extra, std::vector<std::string> overrides = {}) {
     try {
-      parse_run_config(toy_config(prefix_, root_ / "x", 10) + extra, "toy.toml", {});
+      parse_run_config(toy_config(prefix_, root_ / "x", 10) + extra, "toy.toml", overrides);
     } catch (const Error& e) {
       return std::string(e.what());
     }
     return std::string();
   };
   EXPECT_NE(err("[extra]\nfoo = 1\n").find("unknown key 'extra.foo'"), std::string::npos);
-  std::string dtype;
-  try {
-    parse_run_config(toy_config(prefix_, root_ / "x", 10), "toy.toml", {"train.gemm_dtype=fp16"});
-  } catch (const Error& e) {
-    dtype = e.what();
-  }
+  const std::string dtype = err("", {"train.gemm_dtype=fp16"});
   EXPECT_NE(dtype.find("train.gemm_dtype"), std::string::npos) << dtype;
   EXPECT_NE(dtype.find("fp16"), std::string::npos) << dtype;
-  std::string seq = "";
-  try {
-    parse_run_config(toy_config(prefix_, root_ / "x", 10), "toy.toml", {"train.seq_len=128"});
-  } catch (const Error& e) {
-    seq = e.what();
-  }
+  const std::string seq = err("", {"train.seq_len=128"});
   EXPECT_NE(seq.find("train.seq_len"), std::string::npos) << seq;
   EXPECT_NE(seq.find("max_position_embeddings"), std::string::npos) << seq;
 }
