@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -95,9 +96,10 @@ TEST_F(TrainerTest, Bf16GemmsLearnAndResumeBitExact) {
   Trainer f32(config("f32", total), {.quiet = true});
   TrainResult f = f32.run();
   EXPECT_NE(a.losses.back(), f.losses.back());
-  // bf16 inputs move the first step's loss by ~1e-3 relative at most (8 mantissa bits in a few
-  // products of length ≤ 64); a wrong product would move it by much more.
-  EXPECT_NEAR(a.losses.front(), f.losses.front(), 1e-2 * f.losses.front());
+  // bf16 inputs moved the first step's loss by 4.8e-6 relative (measured, toy model at init); the
+  // bound leaves 20× for other CPUs' kernels, while a wrong product moves it by far more.
+  std::printf("[ bf16     ] first loss bf16 %.9f, f32 %.9f\n", a.losses.front(), f.losses.front());
+  EXPECT_NEAR(a.losses.front(), f.losses.front(), 1e-4 * f.losses.front());
   {
     Trainer part(bf16_config("split", total), {.quiet = true, .stop_after_steps = first});
     TrainResult b = part.run();

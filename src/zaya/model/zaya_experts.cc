@@ -109,6 +109,38 @@ void timed_gemm(std::atomic<int64_t>& ns, F&& f) {
   ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The fused backward's four products of one expert, each on the calling thread through the path a
+// side-by-side grouped call gives it, over rows [r0, r1) of the expert (the whole expert, or a row
+// piece for the two that go row by row), with their time summed into `ns`.
+struct ExpertBackwardProducts {
+  const LayerActs& t;
+  ScratchActs& s;
+  const LayerParams& p;
+  LayerParams& g;
+  std::atomic<int64_t>& ns;
+
+  void run(const Tensor& a, ops::Trans ta, const Tensor& b, const Tensor& c, float beta) const {
+    ops::GemmProblem one[1] = {{a, b, c}};
+    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ta, ops::Trans::N, 1.0f, beta); });
+  }
+  // y_e = act_e · W_d[e]ᵀ:  dact = dy·W_d
+  void dact(int64_t e, int64_t r0, int64_t r1) const {
+    run(s.dy.slice(r0, r1), ops::Trans::N, p.w_d.select(e), s.dact.slice(r0, r1), 0.0f);
+  }
+  // act = SiLU(g) ⊙ v, then gu_e = xp_e · W_gu[e]ᵀ:  SwiGLU's backward into dgu, dxp = dgu·W_gu
+  void dxp(int64_t e, int64_t r0, int64_t r1) const {
+    ops::swiglu_backward(s.dact.slice(r0, r1), t.gu.slice(r0, r1), s.dgu.slice(r0, r1));
+    run(s.dgu.slice(r0, r1), ops::Trans::N, p.w_gu.select(e), s.dxp.slice(r0, r1), 0.0f);
+  }
+  // dW_d += dyᵀ·act and dW_gu += dguᵀ·xp (all of the expert's rows: r0, r1 its offsets)
+  void dw_d(int64_t e, int64_t r0, int64_t r1) const {
+    run(s.dy.slice(r0, r1), ops::Trans::T, t.act.slice(r0, r1), g.w_d.select(e), 1.0f);
+  }
+  void dw_gu(int64_t e, int64_t r0, int64_t r1) const {
+    run(s.dgu.slice(r0, r1), ops::Trans::T, t.xp.slice(r0, r1), g.w_gu.select(e), 1.0f);
+  }
+};
+
 }  // namespace
 
 void ZayaModel::set_fused_experts(bool on) { fused_experts_ = on; }
@@ -233,12 +265,9 @@ bool ZayaModel::expert_backward_fused(int l) {
     if (!plan.few) return false;
   }
   const int threads = num_threads();
-  LayerActs& t = acts_[l];
-  ScratchActs& s = *scratch_;
-  const LayerParams& p = lp_[l];
-  LayerParams& g = lg_[l];
-  const int32_t* off = t.offsets.data<int32_t>();
+  const int32_t* off = acts_[l].offsets.data<int32_t>();
   std::atomic<int64_t> ns{0};
+  const ExpertBackwardProducts x{acts_[l], *scratch_, lp_[l], lg_[l], ns};
   plan_backward_side_tasks();
   const size_t experts = expert_order_.size(), side_tasks = side_order_.size();
   take_in_turn(experts + side_tasks, threads, [&](size_t j) {
@@ -247,19 +276,10 @@ bool ZayaModel::expert_backward_fused(int l) {
       return;
     }
     const int64_t e = static_cast<int64_t>(expert_order_[j]), r0 = off[e], r1 = off[e + 1];
-    const Tensor dy = s.dy.slice(r0, r1), dact = s.dact.slice(r0, r1), dgu = s.dgu.slice(r0, r1);
-    // y_e = act_e · W_d[e]ᵀ
-    ops::GemmProblem one[1] = {{dy, p.w_d.select(e), dact}};
-    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::N); });
-    one[0] = {dy, t.act.slice(r0, r1), g.w_d.select(e)};
-    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f); });
-    // act = SiLU(g) ⊙ v
-    ops::swiglu_backward(dact, t.gu.slice(r0, r1), dgu);
-    // gu_e = xp_e · W_gu[e]ᵀ
-    one[0] = {dgu, p.w_gu.select(e), s.dxp.slice(r0, r1)};
-    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::N); });
-    one[0] = {dgu, t.xp.slice(r0, r1), g.w_gu.select(e)};
-    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f); });
+    x.dact(e, r0, r1);
+    x.dw_d(e, r0, r1);
+    x.dxp(e, r0, r1);
+    x.dw_gu(e, r0, r1);
   });
   record_backward_gemm_time(l, ns.load());
   return true;
@@ -278,42 +298,29 @@ bool ZayaModel::expert_backward_fused(int l) {
 // region as long as the largest expert's (docs/results/model-cpu.md, session 24).
 void ZayaModel::expert_backward_pieces(int l) {
   const int threads = num_threads();
-  LayerActs& t = acts_[l];
-  ScratchActs& s = *scratch_;
-  const LayerParams& p = lp_[l];
-  LayerParams& g = lg_[l];
-  const int32_t* off = t.offsets.data<int32_t>();
+  const int32_t* off = acts_[l].offsets.data<int32_t>();
   cut_expert_rows(l, backward_pieces_);
   if (!pieces_left_)
     pieces_left_ = std::make_unique<std::atomic<int32_t>[]>(static_cast<size_t>(cfg_.num_experts));
   for (int64_t e = 0; e < cfg_.num_experts; ++e) pieces_left_[static_cast<size_t>(e)].store(0);
   for (const ExpertRows& pc : backward_pieces_) pieces_left_[static_cast<size_t>(pc.e)].fetch_add(1);
   std::atomic<int64_t> ns{0};
+  const ExpertBackwardProducts x{acts_[l], *scratch_, lp_[l], lg_[l], ns};
   plan_backward_side_tasks();
   const size_t pieces = backward_pieces_.size(), experts = expert_order_.size(),
                side_tasks = side_order_.size();
-  auto weight_grad = [&](const Tensor& dy, const Tensor& x, const Tensor& dw) {
-    ops::GemmProblem one[1] = {{dy, x, dw}};
-    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f); });
-  };
   take_in_turn(pieces + experts + side_tasks, threads, [&](size_t j) {
     if (j < pieces) {
       const auto [e, r0, r1] = backward_pieces_[j];
-      const Tensor dact = s.dact.slice(r0, r1), dgu = s.dgu.slice(r0, r1);
-      ops::GemmProblem one[1] = {{s.dy.slice(r0, r1), p.w_d.select(e), dact}};  // y_e = act_e · W_d[e]ᵀ
-      timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::N); });
-      ops::swiglu_backward(dact, t.gu.slice(r0, r1), dgu);    // act = SiLU(g) ⊙ v
-      one[0] = {dgu, p.w_gu.select(e), s.dxp.slice(r0, r1)};  // gu_e = xp_e · W_gu[e]ᵀ
-      timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::N); });
-      if (pieces_left_[static_cast<size_t>(e)].fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        const int64_t a = off[e], b = off[e + 1];
-        weight_grad(s.dgu.slice(a, b), t.xp.slice(a, b), g.w_gu.select(e));
-      }
+      x.dact(e, r0, r1);
+      x.dxp(e, r0, r1);
+      if (pieces_left_[static_cast<size_t>(e)].fetch_sub(1, std::memory_order_acq_rel) == 1)
+        x.dw_gu(e, off[e], off[e + 1]);
       return;
     }
     if (j < pieces + experts) {
-      const int64_t e = static_cast<int64_t>(expert_order_[j - pieces]), a = off[e], b = off[e + 1];
-      weight_grad(s.dy.slice(a, b), t.act.slice(a, b), g.w_d.select(e));
+      const int64_t e = static_cast<int64_t>(expert_order_[j - pieces]);
+      x.dw_d(e, off[e], off[e + 1]);
       return;
     }
     run_backward_side_task(l, j - pieces - experts);

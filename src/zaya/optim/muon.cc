@@ -18,8 +18,9 @@ int64_t muon_scratch_elems(int64_t rows, int64_t cols, int64_t count, DType ns_d
 
 namespace {
 
-void check_muon_args(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
-                     const MuonHyper& hp) {
+// Checks the arguments; returns the f32 elements of scratch the update uses.
+int64_t check_muon_args(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
+                        const MuonHyper& hp) {
   ZAYA_CHECK(param.ndim() == 2 || param.ndim() == 3,
              "muon_update: param must be [r, c] or an [E, r, c] stack, found ", param.str());
   check_dtype("muon_update: param", param, DType::f32);
@@ -32,6 +33,7 @@ void check_muon_args(const Tensor& param, const Tensor& grad, const Tensor& m, c
   const int64_t need = muon_scratch_elems(param.size(-2), param.size(-1), count, hp.ns_dtype);
   ZAYA_CHECK(scratch.numel() >= need, "muon_update: scratch has ", scratch.numel(), " elements, needs ", need,
              " for ", param.shape().str());
+  return need;
 }
 
 // m ← β·m + g, then g ← g + β·m (Nesterov: look one momentum step ahead), over n elements; on all
@@ -58,10 +60,8 @@ void apply_update(float* p, const float* o, int64_t n, const MuonHyper& hp, floa
 
 void muon_update_stack(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
                        const MuonHyper& hp) {
-  check_muon_args(param, grad, m, scratch, hp);
+  const int64_t need = check_muon_args(param, grad, m, scratch, hp);
   const int64_t rows = param.size(-2), cols = param.size(-1), n = param.numel();
-  const int64_t count = param.ndim() == 3 ? param.size(0) : 1;
-  const int64_t need = muon_scratch_elems(rows, cols, count, hp.ns_dtype);
   momentum_step(grad.data<float>(), m.data<float>(), n, hp.momentum, true);
   // Every matrix of a stack is orthogonalized on its own (one batched Newton–Schulz).
   Tensor O = scratch.window(0, param.shape());
@@ -72,9 +72,8 @@ void muon_update_stack(const Tensor& param, const Tensor& grad, const Tensor& m,
 void muon_update_on_this_thread(const Tensor& param, const Tensor& grad, const Tensor& m,
                                 const Tensor& scratch, const MuonHyper& hp) {
   ZAYA_CHECK(param.ndim() == 2, "muon_update_on_this_thread: param must be 2-D, found ", param.str());
-  check_muon_args(param, grad, m, scratch, hp);
+  const int64_t need = check_muon_args(param, grad, m, scratch, hp);
   const int64_t rows = param.size(0), cols = param.size(1), n = param.numel();
-  const int64_t need = muon_scratch_elems(rows, cols, 1, hp.ns_dtype);
   momentum_step(grad.data<float>(), m.data<float>(), n, hp.momentum, false);
   Tensor O = scratch.window(0, param.shape());
   ops::newton_schulz_orthogonalize_on_this_thread(grad, O, scratch.window(n, Shape{need - n}), hp.ns_steps,
