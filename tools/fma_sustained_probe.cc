@@ -1,7 +1,7 @@
 // The FMA units' rate on this machine over a chosen length of time, on 1 and then on 2 threads:
 // 12 independent AVX-512 FMA chains per thread, nothing from memory. On the shared 2-vCPU VM the
 // rate moves with the minute, not with the length of the run (session 22: 149–165 GFLOP/s on one
-// thread, 275–328 on two, over 0.5 s and 2.5 s alike; docs/results/model-cpu.md): the ceiling to
+// thread, 275–328 on two, over 0.5 s and 2.5 s alike; docs/results/model-cpu-sessions.md): the ceiling to
 // read the step's GEMM rates against. Compare tools/kernel_peak_probe.cc (a GEMM-shaped
 // kernel with its operands in L1).
 //   g++ -O2 -mavx512f -mfma tools/fma_sustained_probe.cc -o /tmp/fma_sustained_probe -pthread

@@ -1,7 +1,7 @@
 // One f32 GEMM shape through ops::gemm on the same operands every call (hot: they stay in cache)
 // against 40 operand sets taken in turn (cold: 260 MiB for the default shape, more than this
 // machine's share of L3 keeps), medians of 80 calls each, alternated three times. What separates
-// the GEMM rates inside the training step from bench_ops_gemm's (docs/results/model-cpu.md,
+// the GEMM rates inside the training step from bench_ops_gemm's (docs/results/model-cpu-sessions.md,
 // session 15). Default shape: the demo's qkv projection, NT 2048 × 512 × 256.
 //   g++ -std=c++20 -O2 -fopenmp -Isrc tools/gemm_cold_probe.cc build/cuda/libzaya_ops.a
 //       build/cuda/libzaya_core.a -L/usr/local/cuda/lib -Wl,-rpath,/usr/local/cuda/lib -lcudart -ldnnl

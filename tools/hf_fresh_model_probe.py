@@ -8,7 +8,7 @@ that against a model kept for the whole run, both each round (which goes first a
   .venv/bin/python tools/hf_fresh_model_probe.py --threads 2 --rounds 6     (after scripts/env.sh)
 
 Per round it prints both step times and fresh/kept; a ratio above 1 is how much the block
-pairing flattered zaya. Result: docs/results/model-cpu.md, session 21.
+pairing flattered zaya. Result: docs/results/model-cpu-sessions.md, session 21.
 """
 import argparse
 import statistics

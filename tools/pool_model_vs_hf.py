@@ -84,7 +84,7 @@ def main():
         sys.exit("no kept rounds in " + " ".join(args.files))
     # Since session 21 the script alternates single steps of resident programs (a "pairing:" line);
     # before, each round timed blocks of steps with a new transformers model every round, which read
-    # transformers ~5-10% slower (docs/results/model-cpu.md, session 21). Pooling both mixes two biases.
+    # transformers ~5-10% slower (docs/results/model-cpu-sessions.md, session 21). Pooling both mixes two biases.
     paired = sum("\npairing: single steps" in t for t in texts)
     if 0 < paired < len(args.files):
         print(f"warning: {paired} of {len(args.files)} files alternate single steps (--pairing step) and the "

@@ -4,7 +4,7 @@
 // same minutes of a shared VM whose speed drifts by up to 2× within minutes. It prints the median of
 // the paired time ratios A/B (> 1: B is faster) and how many pairs B won. On the 2-vCPU Intel VM it
 // resolves what tools/step_ab.py, whose variants are separate processes seconds apart, cannot (±10–15%
-// per round; docs/results/model-cpu.md, session 20), but not 1–1.5% in one run: with no switch
+// per round; docs/results/model-cpu-sessions.md, session 20), but not 1–1.5% in one run: with no switch
 // in the code at all, `step` read 0.992–1.015 over nine runs of 40–60 pairs, 1.010 on average
 // with B the variant that sets the variable (session 22, model-cpu/switch-ab-2026-11-27-s22.txt).
 // Run an A/A beside a small effect. `step` also prints how many gradient elements the two

@@ -2,7 +2,7 @@
 // product C += A·B, three ways: the 4-row block kernel with every size a compile-time constant,
 // the same kernel with the sizes only known at run time, and through mm() (what the attention
 // and CCA kernels call). It shows how much of the kernel's rate depends on what GCC can see at
-// the call site: the probe behind the tile-kernel notes in docs/results/model-cpu.md (session 12).
+// the call site: the probe behind the tile-kernel notes in docs/results/model-cpu-sessions.md (session 12).
 //   g++ -std=c++20 -O3 -DNDEBUG -march=native -fopenmp -Isrc tools/tile_mm_probe.cc -o /tmp/tile_mm_probe
 //   taskset -c 1 /tmp/tile_mm_probe
 #include <algorithm>

@@ -156,7 +156,7 @@ void ZayaModel::set_fused_experts(bool on) { fused_experts_ = on; }
 //    tasks) and the rest goes grouped;
 //  * not possible (large weights, bf16, one thread, one expert with tokens, fused way off): grouped.
 // The backward plans again from the same token counts (less than keeping a plan per layer). Every
-// way gives the same bits. Measured on 8 and 16 threads: docs/results/model-cpu.md, session 24.
+// way gives the same bits. Measured on 8 and 16 threads: docs/results/model-cpu-sessions.md, session 24.
 ops::SideBySidePlan ZayaModel::plan_fused_experts(int l) {
   if (!fused_experts_ || gemm_dtype_ != DType::f32) return {};
   const LayerActs& t = acts_[l];
@@ -204,7 +204,7 @@ void ZayaModel::cut_expert_rows(int l, std::vector<ExpertRows>& pieces) const {
 // The forward's tasks: whole experts when their plan is balanced; otherwise the experts' row
 // pieces (cut_expert_rows), or the grouped way on the AVX2-only paths. On 16 threads the demo's
 // forward experts took 15.2 ms per step as whole experts and 10.1 grouped; in pieces, 7.9 ms
-// (docs/results/model-cpu.md, session 24).
+// (docs/results/model-cpu-sessions.md, session 24).
 bool ZayaModel::plan_fused_forward(int l) {
   const int32_t* off = acts_[l].offsets.data<int32_t>();
   forward_pieces_.clear();
@@ -295,7 +295,7 @@ bool ZayaModel::expert_backward_fused(int l) {
 // then the side tasks. The threads take pieces largest first, then the dW_d tasks, then the side
 // tasks. Every product is the whole-task way's (the same one-thread paths, the pieces' rows
 // bitwise the whole expert's), so the bits are too. On 16 threads the whole tasks left the
-// region as long as the largest expert's (docs/results/model-cpu.md, session 24).
+// region as long as the largest expert's (docs/results/model-cpu-sessions.md, session 24).
 void ZayaModel::expert_backward_pieces(int l) {
   const int threads = num_threads();
   const int32_t* off = acts_[l].offsets.data<int32_t>();

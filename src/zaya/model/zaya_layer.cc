@@ -68,7 +68,7 @@ void router_input_backward(const Tensor& dr, const Tensor& carried, const float*
 // experts first takes them. The bits do not change: no GEMM's result depends on which or how many
 // threads run it (ops/gemm.cc: an uncut weight gradient runs on one thread everywhere,
 // reduction_may_split), and the experts' grouped way runs the same tasks one after another.
-// Layer 0's pending gradients run at the end of backward(). Measured in docs/results/model-cpu.md
+// Layer 0's pending gradients run at the end of backward(). Measured in docs/results/model-cpu-sessions.md
 // (session 22).
 void ZayaModel::router_backward(int l) {
   const int64_t N = B_ * T_, R = cfg_.router_hidden_size, E = cfg_.num_experts;

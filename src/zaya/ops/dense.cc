@@ -209,7 +209,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& 
   // Rows taken in chunks as threads free up, here and in the other row-wise norm and residual ops:
   // with static halves, the quicker of the VM's two vCPUs waited at the end of each of these
   // memory-bound passes (tools/perf_spin_attribution.py: its spin samples beside them halved,
-  // docs/results/model-cpu.md, session 22). Rows are independent, so the bits do not change.
+  // docs/results/model-cpu-sessions.md, session 22). Rows are independent, so the bits do not change.
 #pragma omp parallel for schedule(dynamic, 64)
   for (int64_t i = 0; i < n; ++i) {
     const float* xi = xp + i * f;

@@ -345,7 +345,7 @@ inline __m512 scaled_flushed(__m512 e, __m512 c, FlushBelow flush) {
 // `p` of `parts` of the `lines` 64-byte lines at `next` (lines `stride` floats apart; null: none).
 // The head's backward 1.029× and 1.036× (tools/switch_ab.cc head, 30 pairs, 22 and 23 won), the
 // whole demo step 1.007–1.021× (switch_ab step, three runs of 24 pairs, 13–20 won;
-// docs/results/model-cpu.md, session 20).
+// docs/results/model-cpu-sessions.md, session 20).
 inline void prefetch_share(const float* next, int64_t stride, int64_t lines, int64_t p, int64_t parts) {
   if (next == nullptr) return;
   for (int64_t q = p * lines / parts; q < (p + 1) * lines / parts; ++q)
