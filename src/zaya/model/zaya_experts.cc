@@ -189,11 +189,10 @@ void ZayaModel::cut_expert_rows(int l, std::vector<ExpertRows>& pieces) const {
   pieces.clear();
   for (size_t e : expert_order_) {
     const int64_t r0 = off[e], m = off[e + 1] - r0;
-    // n pieces of `step` rows (a multiple of 8, at least kMinPieceRows), the last one the rest
-    // (m − step·(n−1) ≥ m/n ≥ kMinPieceRows rows).
+    // n pieces of at least kMinPieceRows rows (the last m − step·(n−1) ≥ m/n ≥ kMinPieceRows).
     const int64_t n =
         std::clamp<int64_t>((m + target / 2) / target, 1, std::max<int64_t>(1, m / kMinPieceRows));
-    const int64_t step = n == 1 ? m : m / n / 8 * 8;
+    const int64_t step = ops::row_piece_step(m, n);
     for (int64_t k = 0; k < n; ++k)
       pieces.push_back({static_cast<int64_t>(e), r0 + k * step, k + 1 < n ? r0 + (k + 1) * step : r0 + m});
   }

@@ -51,6 +51,11 @@ struct SideBySidePlan {
 SideBySidePlan gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, Trans tb,
                                               std::vector<size_t>& order);
 
+// Rows of each of `count` row pieces of an m-row product but the last, which takes the rest
+// (at least m / count rows): a multiple of 8, or m for one piece. The grouped calls' row pieces and
+// the model's fused expert pieces cut rows this way.
+inline int64_t row_piece_step(int64_t m, int64_t count) { return count == 1 ? m : m / count / 8 * 8; }
+
 // f32 problems one after another on the calling thread, each through the one-thread path a
 // side-by-side grouped call gives it: the same bits as gemm_grouped there, and on any thread
 // count. For callers that run their own parallel loop over experts (the model's fused expert

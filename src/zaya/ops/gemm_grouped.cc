@@ -437,7 +437,7 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
   // halves do. `Gemm.GroupedRowProductsAreThreadCountFree`.
   if (ta == Trans::N && (!is_bf16 || d.m < 2 * kMinHalfRows) && threads > 1 && !omp_in_parallel()) {
     const int64_t count = std::clamp<int64_t>(d.m / kMinHalfRows, 1, 2 * static_cast<int64_t>(threads));
-    const int64_t step = count == 1 ? d.m : d.m / count / 8 * 8;  // the last piece ≥ d.m / count rows
+    const int64_t step = row_piece_step(d.m, count);
     run_pieces_in_turn(static_cast<size_t>(count), threads, [&](size_t j) {
       const int64_t r0 = static_cast<int64_t>(j) * step;
       run_grouped_rows(p, d, r0, j + 1 < static_cast<size_t>(count) ? step : d.m - r0, ta, tb, alpha, beta);

@@ -56,29 +56,33 @@ void apply_update(float* p, const float* o, int64_t n, const MuonHyper& hp, floa
   for (int64_t i = 0; i < n; ++i) p[i] -= lr * (wd * p[i] + s * o[i]);
 }
 
+// Momentum, Newton–Schulz on every matrix of the parameter, update: on all threads, or with all
+// of its work on the calling thread (`alone`).
+void update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
+            const MuonHyper& hp, bool alone) {
+  const int64_t need = check_muon_args(param, grad, m, scratch, hp);
+  const int64_t rows = param.size(-2), cols = param.size(-1), n = param.numel();
+  momentum_step(grad.data<float>(), m.data<float>(), n, hp.momentum, !alone);
+  // Every matrix of a stack is orthogonalized on its own (one batched Newton–Schulz).
+  Tensor O = scratch.window(0, param.shape()), ws = scratch.window(n, Shape{need - n});
+  if (alone)
+    ops::newton_schulz_orthogonalize_on_this_thread(grad, O, ws, hp.ns_steps, hp.ns_dtype);
+  else
+    ops::newton_schulz_orthogonalize(grad, O, ws, hp.ns_steps, hp.ns_dtype);
+  apply_update(param.data<float>(), O.data<float>(), n, hp, muon_scale(rows, cols), !alone);
+}
+
 }  // namespace
 
 void muon_update_stack(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
                        const MuonHyper& hp) {
-  const int64_t need = check_muon_args(param, grad, m, scratch, hp);
-  const int64_t rows = param.size(-2), cols = param.size(-1), n = param.numel();
-  momentum_step(grad.data<float>(), m.data<float>(), n, hp.momentum, true);
-  // Every matrix of a stack is orthogonalized on its own (one batched Newton–Schulz).
-  Tensor O = scratch.window(0, param.shape());
-  ops::newton_schulz_orthogonalize(grad, O, scratch.window(n, Shape{need - n}), hp.ns_steps, hp.ns_dtype);
-  apply_update(param.data<float>(), O.data<float>(), n, hp, muon_scale(rows, cols), true);
+  update(param, grad, m, scratch, hp, false);
 }
 
 void muon_update_on_this_thread(const Tensor& param, const Tensor& grad, const Tensor& m,
                                 const Tensor& scratch, const MuonHyper& hp) {
   ZAYA_CHECK(param.ndim() == 2, "muon_update_on_this_thread: param must be 2-D, found ", param.str());
-  const int64_t need = check_muon_args(param, grad, m, scratch, hp);
-  const int64_t rows = param.size(0), cols = param.size(1), n = param.numel();
-  momentum_step(grad.data<float>(), m.data<float>(), n, hp.momentum, false);
-  Tensor O = scratch.window(0, param.shape());
-  ops::newton_schulz_orthogonalize_on_this_thread(grad, O, scratch.window(n, Shape{need - n}), hp.ns_steps,
-                                                  hp.ns_dtype);
-  apply_update(param.data<float>(), O.data<float>(), n, hp, muon_scale(rows, cols), false);
+  update(param, grad, m, scratch, hp, true);
 }
 
 void muon_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
