@@ -12,6 +12,7 @@
 #include "zaya/core/threads.h"
 #include "zaya/model/params.h"
 #include "zaya/model/zaya_model.h"
+#include "zaya/ops/cpu/experts_cpu.h"
 #include "zaya/ops/gemm.h"
 
 namespace zaya::model {
@@ -195,7 +196,10 @@ TEST(ZayaModel, DeterministicAcrossThreadCountsWhenOneExpertTakesEveryToken) {
     set_num_threads(threads);
     ZayaModel m(c, B, T);
     m.init(5);
-    m.set_fused_experts(fused);
+    ops::cpu::set_fused_experts(fused);
+    struct Restore {
+      ~Restore() { ops::cpu::set_fused_experts(true); }
+    } restore;
     float* beta = m.balancing_biases().data<float>();
     beta[0] = 4.0f;  // expert 0 of the only layer: far above the router's logits at init
     const double loss = m.forward(b.tid, b.ttg);
@@ -237,7 +241,10 @@ TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
     set_num_threads(threads);
     ZayaModel m(c, B, T);
     m.init(33);  // the documented init: its router spreads tokens over the experts
-    m.set_fused_experts(fused);
+    ops::cpu::set_fused_experts(fused);
+    struct Restore {
+      ~Restore() { ops::cpu::set_fused_experts(true); }
+    } restore;
     ops::gemm_time_reset();
     ops::gemm_profile_shapes(true);
     double loss = m.forward(b.tid, b.ttg);

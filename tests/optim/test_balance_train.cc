@@ -144,7 +144,7 @@ RunResult train(const OptimizerConfig& cfg, int from, int to, const Saved* resum
   const int64_t B = 2, T = 16;
   model::ZayaModel m(mc, B, T);
   m.init(42);
-  Optimizer opt(cfg, m);
+  Optimizer opt(cfg, ParamTable::of(m));
   if (resume) {
     std::memcpy(m.params_flat().data<float>(),
                 std::vector<float>(resume->params.begin(), resume->params.end()).data(),
@@ -159,10 +159,10 @@ RunResult train(const OptimizerConfig& cfg, int from, int to, const Saved* resum
     r.losses.push_back(m.forward(batch.tid, batch.ttg, true));
     m.backward();
     std::vector<int64_t> counts;
-    Optimizer::accumulate_router_counts(m, counts);
-    StepStats st = opt.step(m, lr_at(cfg, opt.steps() + 1));
+    m.add_expert_counts(counts);
+    StepStats st = opt.step(lr_at(cfg, opt.steps() + 1));
     EXPECT_FALSE(st.skipped);
-    opt.balance_step(m, counts, st.lr);
+    opt.balance_step(counts, st.lr);
   }
   r.params = to_f64(m.params_flat());
   r.beta = to_f64(m.balancing_biases());
@@ -253,18 +253,18 @@ TEST(Optimizer, MuonMatricesSideBySideAreThreadCountFreeAndComplete) {
     for (int threads : {1, 2, 3}) {
       set_num_threads(threads);
       restore();
-      Optimizer opt(cfg, m);
-      opt.step(m, 1e-2);
+      Optimizer opt(cfg, ParamTable::of(m));
+      opt.step(1e-2);
       after.push_back(to_f64(m.params_flat()));
     }
     // More threads than Muon matrices: one all-thread call per parameter instead, from an
     // optimizer built on one thread (its scratch must grow for that path).
     restore();
     set_num_threads(1);
-    Optimizer built_on_one(cfg, m);
+    Optimizer built_on_one(cfg, ParamTable::of(m));
     const int many = static_cast<int>(built_on_one.summary().muon_matrices) + 1;
     set_num_threads(many);
-    built_on_one.step(m, 1e-2);
+    built_on_one.step(1e-2);
     const Vec batched = to_f64(m.params_flat());
     set_num_threads(saved_threads);
     EXPECT_EQ(after[0], after[1]) << (bf16 ? "bf16" : "f32") << ": 1 vs 2 threads";
@@ -272,7 +272,7 @@ TEST(Optimizer, MuonMatricesSideBySideAreThreadCountFreeAndComplete) {
     if (bf16) continue;
     // The reference: every Muon parameter through muon_update_stack, from the same state.
     restore();
-    Optimizer opt(cfg, m);  // for the grouping only
+    Optimizer opt(cfg, ParamTable::of(m));  // for the grouping only
     MuonHyper hp;
     hp.lr = 1e-2f;
     hp.momentum = static_cast<float>(cfg.muon_momentum);
@@ -311,7 +311,7 @@ TEST(Optimizer, StateNamesAndLoadErrors) {
   model::ZayaModel m(test::tiny_config(), 1, 4);
   m.init(1);
   OptimizerConfig cfg = train_config(true);
-  Optimizer opt(cfg, m);
+  Optimizer opt(cfg, ParamTable::of(m));
   std::map<std::string, Tensor> st;
   for (auto& [n, t] : opt.state_tensors()) st[n] = t.clone();
   EXPECT_TRUE(st.count("model.layers.0.self_attn.qkv_proj.q_proj.weight.muon_momentum"));
@@ -323,7 +323,7 @@ TEST(Optimizer, StateNamesAndLoadErrors) {
   // A checkpoint written with Muon off lacks the momentum tensors: the error names one.
   OptimizerConfig off = cfg;
   off.muon = false;
-  Optimizer adam_only(off, m);
+  Optimizer adam_only(off, ParamTable::of(m));
   try {
     adam_only.load_state(st);
     FAIL() << "expected an error";

@@ -42,7 +42,7 @@ TEST(AdamW, MatchesDoubleReferenceOverSeveralSteps) {
   cfg.muon = false;  // everything on AdamW
   cfg.grad_clip = 0;
   cfg.weight_decay = 0.1;
-  Optimizer opt(cfg, m);
+  Optimizer opt(cfg, ParamTable::of(m));
 
   const int64_t P = m.params_flat().numel();
   Vec p = to_f64(m.params_flat()), mm(P, 0.0), vv(P, 0.0);
@@ -59,7 +59,7 @@ TEST(AdamW, MatchesDoubleReferenceOverSeveralSteps) {
   for (int t = 1; t <= 4; ++t) {
     random_grads(m, 100 + t);
     Vec g = to_f64(m.grads_flat());
-    StepStats s = opt.step(m, lrs[t - 1]);
+    StepStats s = opt.step(lrs[t - 1]);
     EXPECT_EQ(s.step, t);
     double lr = lrs[t - 1], b1 = cfg.beta1, b2 = cfg.beta2;
     for (int64_t i = 0; i < P; ++i) {
@@ -241,14 +241,14 @@ TEST(Clipping, OptimizerClipsByGlobalNormAndReportsThePreClipNorm) {
   OptimizerConfig cfg;
   cfg.muon = false;
   cfg.grad_clip = 0.5;
-  Optimizer opt(cfg, m);
+  Optimizer opt(cfg, ParamTable::of(m));
   random_grads(m, 9);
   Vec g = to_f64(m.grads_flat());
   double norm = 0;
   for (double x : g) norm += x * x;
   norm = std::sqrt(norm);
   ASSERT_GT(norm, 10 * cfg.grad_clip);
-  StepStats s = opt.step(m, 1e-3);
+  StepStats s = opt.step(1e-3);
   // Squares summed in double: only the summation order differs from this loop.
   EXPECT_NEAR(s.grad_norm, norm, 1e-12 * norm);
   EXPECT_TRUE(s.clipped);
@@ -264,9 +264,9 @@ TEST(Clipping, OptimizerClipsByGlobalNormAndReportsThePreClipNorm) {
   // Under the limit nothing is scaled.
   OptimizerConfig loose = cfg;
   loose.grad_clip = 10 * norm;
-  Optimizer opt2(loose, m);
+  Optimizer opt2(loose, ParamTable::of(m));
   random_grads(m, 9);
-  EXPECT_FALSE(opt2.step(m, 1e-3).clipped);
+  EXPECT_FALSE(opt2.step(1e-3).clipped);
   Vec ge2(g.begin(), g.begin() + m_embed.numel());
   for (double& x : ge2) x *= (1 - cfg.beta1);
   EXPECT_LT(zaya::test::rel_error(state_map(opt2).at("model.embed_tokens.weight.adam_m"), ge2), 1e-6);
@@ -276,11 +276,11 @@ TEST(Optimizer, NonFiniteGradientSkipsTheStep) {
   model::ZayaModel m(test::tiny_config(), 1, 4);
   m.init(1);
   OptimizerConfig cfg;
-  Optimizer opt(cfg, m);
+  Optimizer opt(cfg, ParamTable::of(m));
   Vec before = to_f64(m.params_flat());
   random_grads(m, 2);
   m.grads_flat().data<float>()[17] = NAN;
-  StepStats s = opt.step(m, 1e-2);
+  StepStats s = opt.step(1e-2);
   EXPECT_TRUE(s.skipped);
   EXPECT_EQ(opt.steps(), 0);
   EXPECT_EQ(to_f64(m.params_flat()), before);

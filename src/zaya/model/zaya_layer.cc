@@ -2,76 +2,36 @@
 //   u = RMSNorm_in(x);  a = o_proj(attention(CCA(u)));  x_mid = RS_attn(a, x);
 //   w = RMSNorm_post(x_mid);  (m, r_l) = MoE(w, r_{l−1});  x_out = RS_mlp(m, x_mid).
 // The backward walks the same steps in reverse; each step's comment gives the forward it undoes.
-#include <omp.h>
-
-#include <algorithm>
 #include <cmath>
-#include <initializer_list>
 #include <vector>
 
-#include "zaya/core/parallel.h"
-#include "zaya/core/threads.h"
 #include "zaya/model/model_internal.h"
 #include "zaya/model/zaya_model.h"
 #include "zaya/ops/attention.h"
 #include "zaya/ops/cca.h"
 #include "zaya/ops/dense.h"
+#include "zaya/ops/experts.h"
 #include "zaya/ops/gemm.h"
+#include "zaya/ops/gemm_many.h"
 #include "zaya/ops/moe.h"
 #include "zaya/ops/rope.h"
+#include "zaya/ops/router_state.h"
 
 namespace zaya::model {
-
-namespace {
-
-// The router input's gradient at layer l: dr += carried (what reached r_l through layer l+1's
-// EDA); then, where layer l has EDA (r_l = h_l + s ⊙ r_{l−1}; r_prev non-null), ds += Σ_rows
-// dr ⊙ r_{l−1} and carried = dr ⊙ s for layer l−1. One pass over the rows: [N, R] is read row by
-// row (a column-by-column walk read each cache line R/16 times), in fixed 256-row chunks whose
-// partial ds are added in chunk order, so ds does not depend on the thread count.
-void router_input_backward(const Tensor& dr, const Tensor& carried, const float* r_prev, const float* s, float* ds,
-                           int64_t N, int64_t R) {
-  constexpr int64_t kRows = 256;
-  float* d = dr.data<float>();
-  float* c = carried.data<float>();
-  const int64_t chunks = (N + kRows - 1) / kRows;
-  std::vector<float> part(r_prev ? static_cast<size_t>(chunks * R) : 0, 0.0f);
-#pragma omp parallel for schedule(static)
-  for (int64_t ch = 0; ch < chunks; ++ch)
-    for (int64_t i = ch * kRows; i < std::min(N, (ch + 1) * kRows); ++i) {
-      float* di = d + i * R;
-      float* ci = c + i * R;
-      for (int64_t j = 0; j < R; ++j) di[j] += ci[j];
-      if (!r_prev) continue;
-      const float* ri = r_prev + i * R;
-      float* pj = part.data() + ch * R;
-      for (int64_t j = 0; j < R; ++j) {
-        pj[j] += di[j] * ri[j];
-        ci[j] = di[j] * s[j];
-      }
-    }
-  if (r_prev)
-    for (int64_t ch = 0; ch < chunks; ++ch)
-      for (int64_t j = 0; j < R; ++j) ds[j] += part[ch * R + j];
-}
-
-}  // namespace
 
 // Backward scheduling. Two pieces of a layer's backward lie off its critical path: the router's
 // backward, which needs only dL/dweight (from the unpermute) and joins the chain where dr·W_down
 // adds into dL/dw after the experts; and the weight gradients of the attention's projections
-// (dW_o, dW_qkv), which nothing downstream reads. Run in place, each is a chain of small GEMMs and
-// passes split across the threads, waiting at every join. So the router's backward, and the
-// projections' weight gradients of the layer above (pending_wgrads_: their dy lives in scratch
-// that the next layer overwrites only after its experts), run as side tasks of the fused experts
-// region (zaya_experts.cc), one task per thread, after the experts: whichever thread finishes its
-// experts first takes them. The bits do not change: no GEMM's result depends on which or how many
-// threads run it (ops/gemm.cc: an uncut weight gradient runs on one thread everywhere,
-// reduction_may_split), and the experts' grouped way runs the same tasks one after another.
-// Layer 0's pending gradients run at the end of backward(). Measured in docs/results/model-cpu-sessions.md
-// (session 22).
+// (dW_o, dW_qkv), which nothing downstream reads. So the router's backward, and the projections'
+// weight gradients of the layer above (pending_wgrads_: their dy lives in scratch that the next
+// layer overwrites only after its experts), are handed to the experts' backward as side tasks
+// (ops/experts.h) that a backend may run beside the experts; where it does not, they run right
+// after. Either way the bits are the same: the tasks touch memory the experts do not, and no GEMM's
+// result depends on which or how many threads run it. Layer 0's pending gradients run at the end of
+// backward(). A side task's cost is its FLOPs; the router's counts its GEMMs (dx and dW of W_down,
+// fc1, fc2, out_proj).
 void ZayaModel::router_backward(int l) {
-  const int64_t N = B_ * T_, R = cfg_.router_hidden_size, E = cfg_.num_experts;
+  const int64_t N = B_ * T_, E = cfg_.num_experts;
   LayerActs& t = acts_[l];
   ScratchActs& s = *scratch_;
   const LayerParams& p = lp_[l];
@@ -85,61 +45,45 @@ void ZayaModel::router_backward(int l) {
   ops::linear_backward(s.dg1, t.zr, p.fc1w, s.dzr, g.fc1w, g.fc1b);
   ops::rmsnorm_backward(s.dzr, t.r, p.w_rn, t.rstd_r, s.dr, g.w_rn);
   // + dL/dr_l through layer l+1's EDA; then this layer's EDA (layers ≥ 1): ds_l and the carry.
-  router_input_backward(s.dr, s.drc, l > 0 ? acts_[l - 1].r.data<float>() : nullptr,
-                        l > 0 ? p.s_eda.data<float>() : nullptr, l > 0 ? g.s_eda.data<float>() : nullptr, N,
-                        R);
+  if (l > 0)
+    ops::eda_backward(s.dr, s.drc, acts_[l - 1].r, p.s_eda, g.s_eda);
+  else
+    ops::eda_backward(s.dr, s.drc, Tensor{}, Tensor{}, Tensor{});
   // h_l = W_down w + b_down: the parameters' gradients here; dL/dw (+= dr·W_down) waits for the
   // experts' scatter into s.dw (layer_backward).
   ops::linear_backward(s.dr, t.w, p.w_down, Tensor{}, g.w_down, g.b_down);
 }
 
-// The side tasks of layer l's fused experts region in the order the threads take them: largest
-// first, so the region ends on small ones (side_order_: −1 the router's backward, else an index
-// into pending_wgrads_). Costs are FLOPs; the router's counts its GEMMs (dx and dW of W_down,
-// fc1, fc2, out_proj). Taken in push order, with dW_qkv's 0.4 GFLOP (one thread: ~3 ms) among the
-// last, the threads finished a layer's region 1.2 ms apart; largest first, 0.8–1.0 ms (a temporary
-// timer, docs/results/model-cpu/experts-region-gap-2026-11-27-s22.txt).
-void ZayaModel::plan_backward_side_tasks() {
+void ZayaModel::run_router_backward(void* model, int64_t l) {
+  static_cast<ZayaModel*>(model)->router_backward(static_cast<int>(l));
+}
+
+void ZayaModel::run_pending_weight_grad(void* model, int64_t j) {
+  const ops::GemmProblem& w = static_cast<ZayaModel*>(model)->pending_wgrads_[static_cast<size_t>(j)];
+  ops::gemm(w.A, ops::Trans::T, w.B, ops::Trans::N, w.C, 1.0f, 1.0f);
+}
+
+// Layer l's side tasks: its router's backward, then the pending weight gradients in the order they
+// were left (the backend orders them by cost).
+void ZayaModel::plan_backward_side_tasks(int l) {
   const double N = static_cast<double>(B_ * T_), H = static_cast<double>(cfg_.hidden_size),
                R = static_cast<double>(cfg_.router_hidden_size), E = static_cast<double>(cfg_.num_experts);
-  auto cost = [&](int id) {
-    if (id < 0) return 4.0 * N * (H * R + 2.0 * R * R + R * (E + 1.0));
-    const Tensor& dw = pending_wgrads_[static_cast<size_t>(id)].dw;
-    return 2.0 * N * static_cast<double>(dw.numel());
-  };
-  side_order_.clear();
-  side_order_.push_back(-1);
-  for (size_t i = 0; i < pending_wgrads_.size(); ++i) side_order_.push_back(static_cast<int>(i));
-  // A handful of tasks: insertion sort, stable, allocation-free.
-  for (size_t i = 1; i < side_order_.size(); ++i)
-    for (size_t j = i; j > 0 && cost(side_order_[j]) > cost(side_order_[j - 1]); --j)
-      std::swap(side_order_[j], side_order_[j - 1]);
+  side_tasks_.clear();
+  side_tasks_.push_back({&ZayaModel::run_router_backward, this, l, 4.0 * N * (H * R + 2.0 * R * R + R * (E + 1.0))});
+  for (size_t j = 0; j < pending_wgrads_.size(); ++j)
+    side_tasks_.push_back({&ZayaModel::run_pending_weight_grad, this, static_cast<int64_t>(j),
+                           2.0 * N * static_cast<double>(pending_wgrads_[j].C.numel())});
 }
 
-void ZayaModel::run_backward_side_task(int l, size_t j) {
-  const int id = side_order_[j];
-  if (id < 0) {
-    router_backward(l);
-    return;
-  }
-  pending_wgrads_[static_cast<size_t>(id)].run();
-}
-
-// The pending weight gradients outside an experts region: side by side, one per thread as the
-// threads free up (an uncut Aᵀ·B runs on one thread anyway: ops/gemm.cc, reduction_may_split).
+// The pending weight gradients dW += dyᵀ·x, all at once (independent GEMMs).
 void ZayaModel::run_pending_weight_grads() {
-  auto run = [&](size_t j) { pending_wgrads_[j].run(); };
-  const int threads = num_threads();
-  if (threads > 1 && pending_wgrads_.size() > 1 && !omp_in_parallel())
-    take_in_turn(pending_wgrads_.size(), threads, run);
-  else
-    for (size_t j = 0; j < pending_wgrads_.size(); ++j) run(j);
+  ops::gemm_many(pending_wgrads_, ops::Trans::T, ops::Trans::N, 1.0f, 1.0f);
   pending_wgrads_.clear();
 }
 
 void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   const int64_t N = B_ * T_, H = cfg_.hidden_size, kv = cfg_.kv_dim(), C = cfg_.conv_channels(),
-                R = cfg_.router_hidden_size, E = cfg_.num_experts, I = cfg_.moe_intermediate_size;
+                E = cfg_.num_experts;
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
   const ops::CcaDims dims{nq, nkv, hd};
@@ -173,14 +117,7 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   clock.part("forward: router");
   ops::rmsnorm_forward(t.x_mid, p.w_post, eps, t.w, t.rstd_post);
   ops::linear_forward(t.w, p.w_down, p.b_down, t.r);  // h_l = W_down w + b_down
-  if (l > 0) {                                         // EDA: r_l = h_l + s_l ⊙ r_{l−1}
-    const float* rp = acts_[l - 1].r.data<float>();
-    const float* sc = p.s_eda.data<float>();
-    float* r = t.r.data<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t j = 0; j < R; ++j) r[i * R + j] += sc[j] * rp[i * R + j];
-  }
+  if (l > 0) ops::eda_forward(t.r, acts_[l - 1].r, p.s_eda);  // EDA: r_l = h_l + s_l ⊙ r_{l−1}
   ops::rmsnorm_forward(t.r, p.w_rn, eps, t.zr, t.rstd_r);
   ops::linear_forward(t.zr, p.fc1w, p.fc1b, t.a1);
   ops::gelu_forward(t.a1, t.g1);
@@ -193,13 +130,11 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   // --- experts: grouped by expert, dropless ----------------------------------------------
   clock.part("forward: experts, residual");
   t.M = ops::moe_plan(t.counts, t.offsets, t.pos, t.src, t.choice, N, E);
-  if (t.M > 0 && !expert_forward_fused(l)) {
-    ops::moe_gather(t.xp, t.w, t.src, t.M, N, H);
-    expert_forward(l);
-  }
+  // Tokens per expert to the host (the load statistics and the balancer read them there).
+  Tensor::borrow(counts_host_.data() + l * E, Shape{E}, DType::i32).copy_from(t.counts);
+  ops::experts_forward(t.w, t.src, t.offsets, t.M, expert_weights(l), expert_acts(l));
   ops::moe_unpermute(t.m, t.y, t.weight, t.pos, t.M, N, H);  // m = p_choice · y (0 if skipped)
   ops::residual_scale_forward(t.m, t.x_mid, p.rs_mlp, s.xs[l + 1]);
-  (void)I;
 }
 
 // In: s.dxa = dL/dx_out, s.drc = dL/dr_l from layer l+1 (0 for the last layer).
@@ -220,18 +155,22 @@ void ZayaModel::layer_backward(int l) {
   ops::residual_scale_backward(s.dxa, t.m, t.x_mid, p.rs_mlp, s.dm, s.dxmid, g.rs_mlp);
   // m = weight · y[pos]
   ops::moe_unpermute_backward(s.dy, s.dweight, s.dm, t.y, t.weight, t.pos, t.M, N, H);
-  // The experts, with the router's backward and the pending weight gradients beside them (see
-  // "Backward scheduling" above); the same work one after another when the grouped way runs.
-  const bool fused = t.M > 0 && expert_backward_fused(l);
-  if (fused) {
-    pending_wgrads_.clear();
-  } else {
+  // The experts, with the router's backward and the pending weight gradients as side tasks (see
+  // "Backward scheduling" above), which run here when the backend did not run them beside the
+  // experts.
+  plan_backward_side_tasks(l);
+  const ops::ExpertScratch es{s.dact, s.dgu, s.dy16, s.dgu16};
+  const bool side_done = ops::experts_backward(s.dy, s.dxp, t.offsets, t.M, expert_weights(l),
+                                               ops::ExpertWeights{g.w_gu, g.w_d}, expert_acts(l), es, side_tasks_);
+  if (!side_done) {
     run_pending_weight_grads();
-    if (t.M > 0) expert_backward(l);
+    router_backward(l);
   }
+  pending_wgrads_.clear();
+  // The layer above is complete: its pending weight gradients were the last of it.
+  if (l + 1 < cfg_.num_hidden_layers) report_ready_layer(l + 1);
   ops::moe_gather_backward(s.dw, s.dxp, t.pos, t.M, N, H);  // xp = w[src]
   clock.part("backward: router");
-  if (!fused) router_backward(l);
   // h_l = W_down w + b_down; w also feeds the experts (s.dw from the gather).
   ops::linear_backward(s.dr, t.w, p.w_down, s.dw, Tensor{}, Tensor{}, {}, /*accumulate_dx=*/true);
   // w = RMSNorm_post(x_mid); x_mid also feeds the residual (s.dxmid holds that path's gradient).
@@ -265,9 +204,10 @@ void ZayaModel::layer_backward(int l) {
 std::vector<RouterStats> ZayaModel::router_stats() const {
   std::vector<RouterStats> out;
   const int64_t E = cfg_.num_experts, N = B_ * T_;
-  for (const LayerActs& t : acts_) {
+  for (size_t l = 0; l < acts_.size(); ++l) {
+    const LayerActs& t = acts_[l];
     RouterStats st;
-    const int32_t* c = t.counts.data<int32_t>();
+    const int32_t* c = counts_host_.data() + static_cast<int64_t>(l) * E;
     st.tokens_per_expert.assign(c, c + E);
     st.skipped = N - t.M;
     double h = 0;
@@ -280,6 +220,14 @@ std::vector<RouterStats> ZayaModel::router_stats() const {
     out.push_back(std::move(st));
   }
   return out;
+}
+
+void ZayaModel::add_expert_counts(std::vector<int64_t>& counts) const {
+  const size_t n = counts_host_.size();
+  if (counts.empty()) counts.assign(n, 0);
+  ZAYA_CHECK(counts.size() == n, "ZayaModel::add_expert_counts: counts has ", counts.size(),
+             " entries, expected layers x experts = ", n);
+  for (size_t i = 0; i < n; ++i) counts[i] += counts_host_[i];
 }
 
 Tensor ZayaModel::router_choice(int layer) const {

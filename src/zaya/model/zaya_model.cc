@@ -14,6 +14,7 @@
 #include "zaya/ops/gemm.h"
 #include "zaya/ops/loss.h"
 #include "zaya/ops/moe.h"
+#include "zaya/ops/scale_bias.h"
 
 namespace zaya::model {
 
@@ -69,13 +70,23 @@ LayerParams layer_params(const ModelConfig& /*c*/, int l, const std::function<Te
   return lp;
 }
 
-ZayaModel::ZayaModel(const ModelConfig& config, int64_t batch, int64_t seq_len) : cfg_(config) {
+namespace {
+// The skip class's balancing bias starts at −1 in every layer (DESIGN.md, "Router"); the rest at 0.
+void reset_balancing_biases(const Tensor& beta, int64_t experts) {
+  Tensor host = Tensor::zeros(beta.shape(), DType::f32);
+  for (int64_t l = 0; l < beta.size(0); ++l) host.select(l).window(experts, Shape{1}).fill_(-1.0);
+  Tensor(beta).copy_from(host);
+}
+}  // namespace
+
+ZayaModel::ZayaModel(const ModelConfig& config, int64_t batch, int64_t seq_len, Device device)
+    : cfg_(config), device_(device) {
   cfg_.validate("ZayaModel");
   specs_ = parameter_specs(cfg_);
   int64_t total = 0;
   for (const ParamSpec& s : specs_) total += s.shape.numel();
-  params_ = Tensor::zeros(Shape{total}, DType::f32);
-  grads_ = Tensor::zeros(Shape{total}, DType::f32);
+  params_ = Tensor::zeros(Shape{total}, DType::f32, device_);
+  grads_ = Tensor::zeros(Shape{total}, DType::f32, device_);
   int64_t off = 0;
   for (size_t i = 0; i < specs_.size(); ++i) {
     param_views_.push_back(params_.window(off, specs_[i].shape));
@@ -95,11 +106,21 @@ ZayaModel::ZayaModel(const ModelConfig& config, int64_t batch, int64_t seq_len) 
     lp_.back().w_qkv = params_.window(q_off, qkv_shape);
     lg_.back().w_qkv = grads_.window(q_off, qkv_shape);
   }
-  problems_.reserve(static_cast<size_t>(cfg_.num_experts));
+  // Each layer's parameters are contiguous (parameter_specs() lists them layer by layer): the
+  // ranges the backward reports as final.
+  layer_ranges_.assign(static_cast<size_t>(cfg_.num_hidden_layers), {-1, -1});
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    if (specs_[i].layer < 0) continue;
+    auto& [b, e] = layer_ranges_[static_cast<size_t>(specs_[i].layer)];
+    if (b < 0) b = offsets_[i];
+    ZAYA_ASSERT(e < 0 || e == offsets_[i]);
+    e = offsets_[i] + specs_[i].shape.numel();
+  }
   pending_wgrads_.reserve(4);  // a layer leaves three
-  side_order_.reserve(5);
-  beta_ = Tensor::zeros(Shape{cfg_.num_hidden_layers, cfg_.router_classes()}, DType::f32);
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) beta_.data<float>()[l * cfg_.router_classes() + cfg_.num_experts] = -1.0f;
+  side_tasks_.reserve(5);
+  counts_host_.assign(static_cast<size_t>(cfg_.num_hidden_layers * cfg_.num_experts), 0);
+  beta_ = Tensor::zeros(Shape{cfg_.num_hidden_layers, cfg_.router_classes()}, DType::f32, device_);
+  reset_balancing_biases(beta_, cfg_.num_experts);
   set_batch_shape(batch, seq_len);
 }
 
@@ -125,20 +146,23 @@ const LayerActs& ZayaModel::layer_acts(int l) const { return acts_.at(static_cas
 const Tensor& ZayaModel::final_hidden() const { return scratch_->hf; }
 
 void ZayaModel::init(uint64_t seed) {
+  // Drawn on the host into views of a host buffer (the model's own on the CPU), then copied.
+  Tensor host = device_ == Device::cpu ? params_ : Tensor::zeros(params_.shape(), DType::f32);
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];
-    Tensor& t = param_views_[i];
+    Tensor t = host.window(offsets_[i], s.shape);
     switch (s.init) {
       case InitKind::normal: fill_normal(t, mix(seed ^ mix(fnv1a(s.name))), 0, 0.0f, s.init_value); break;
       case InitKind::ones: t.fill_(1.0); break;
       case InitKind::zeros: t.zero_(); break;
       case InitKind::constant: t.fill_(s.init_value); break;
     }
+    // The padding row is zero at init, as torch's nn.Embedding(padding_idx) leaves it.
+    if (s.role == ParamRole::embedding && cfg_.pad_token_id >= 0 && cfg_.pad_token_id < cfg_.vocab_size)
+      t.select(cfg_.pad_token_id).zero_();
   }
-  // The padding row is zero at init, as torch's nn.Embedding(padding_idx) leaves it.
-  if (cfg_.pad_token_id >= 0 && cfg_.pad_token_id < cfg_.vocab_size) param_views_[0].select(cfg_.pad_token_id).zero_();
-  beta_.zero_();
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) beta_.data<float>()[l * cfg_.router_classes() + cfg_.num_experts] = -1.0f;
+  if (device_ != Device::cpu) params_.copy_from(host);
+  reset_balancing_biases(beta_, cfg_.num_experts);
 }
 
 void ZayaModel::set_batch_shape(int64_t batch, int64_t seq_len) {
@@ -166,10 +190,10 @@ void ZayaModel::set_gemm_dtype(DType dtype) {
   emb16_ = Tensor{};
   if (dtype == DType::bf16) {
     for (const LayerParams& p : lp_) {
-      w_gu16_.push_back(Tensor::empty(p.w_gu.shape(), DType::bf16));
-      w_d16_.push_back(Tensor::empty(p.w_d.shape(), DType::bf16));
+      w_gu16_.push_back(Tensor::empty(p.w_gu.shape(), DType::bf16, device_));
+      w_d16_.push_back(Tensor::empty(p.w_d.shape(), DType::bf16, device_));
     }
-    emb16_ = Tensor::empty(param_views_[0].shape(), DType::bf16);
+    emb16_ = Tensor::empty(param_views_[0].shape(), DType::bf16, device_);
   }
   plan();
   have_backward_ = false;
@@ -231,7 +255,7 @@ void ZayaModel::plan() {
   };
   run();
   saved_per_layer_ = layer_bytes;
-  arena_ = Arena(counted + kArenaAlign);
+  arena_ = Arena(counted + kArenaAlign, device_);
   counting = false;
   run();
   ZAYA_ASSERT(arena_.used() <= arena_.capacity());
@@ -244,7 +268,7 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
     check_dtype("ZayaModel::forward: targets", targets, DType::i32);
     check_shape("ZayaModel::forward: targets", targets, Shape{B_, T_});
   }
-  const int64_t N = B_ * T_, H = cfg_.hidden_size, L = cfg_.num_hidden_layers;
+  const int64_t N = B_ * T_, L = cfg_.num_hidden_layers;
   ScratchActs& s = *scratch_;
   SectionClock clock(*this);
   clock.part("forward: embedding");
@@ -258,15 +282,8 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   }
   // x⁰ = (Embed[t] + b_in) ⊙ g_in: bias first, then scale, no √H.
   ops::embedding_forward(ids, param_views_[0], s.emb);
-  {
-    const float* e = s.emb.data<float>();
-    const float* g = param("model.input_hidden_states_scale").data<float>();
-    const float* b = param("model.input_hidden_states_bias").data<float>();
-    float* x = s.xs[0].data<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t j = 0; j < H; ++j) x[i * H + j] = (e[i * H + j] + b[j]) * g[j];
-  }
+  ops::scale_bias_forward(s.emb, param("model.input_hidden_states_bias"), param("model.input_hidden_states_scale"),
+                          s.xs[0]);
   const bool need_backward = targets.defined() && for_backward;
   clock.stop();  // the layers time their own parts
   for (int l = 0; l < L; ++l) layer_forward(l, need_backward);
@@ -327,53 +344,55 @@ void ZayaModel::forward_logits(const Tensor& ids, const Tensor& logits) {
   ops::gemm(scratch_->hf, ops::Trans::N, param_views_[0], ops::Trans::T, logits);
 }
 
-void ZayaModel::backward() {
+ops::ExpertWeights ZayaModel::expert_weights(int l) const {
+  if (gemm_dtype_ == DType::bf16) return {w_gu16_[static_cast<size_t>(l)], w_d16_[static_cast<size_t>(l)]};
+  return {lp_[static_cast<size_t>(l)].w_gu, lp_[static_cast<size_t>(l)].w_d};
+}
+
+ops::ExpertActs ZayaModel::expert_acts(int l) const {
+  const LayerActs& t = acts_[static_cast<size_t>(l)];
+  return {t.xp, t.gu, t.act, t.y, t.xp16, t.act16};
+}
+
+void ZayaModel::report_ready(int64_t begin, int64_t end) const {
+  if (ready_ && *ready_ && begin < end) (*ready_)(begin, end);
+}
+
+void ZayaModel::report_ready_layer(int l) const {
+  const auto [begin, end] = layer_ranges_[static_cast<size_t>(l)];
+  report_ready(begin, end);
+}
+
+void ZayaModel::backward(const GradReadyFn& ready) {
   ZAYA_CHECK(have_backward_, "ZayaModel::backward: call forward(ids, targets, for_backward = true) first");
   have_backward_ = false;
   pending_wgrads_.clear();  // none left by a backward that threw
-  const int64_t N = B_ * T_, H = cfg_.hidden_size, L = cfg_.num_hidden_layers;
+  struct ClearReady {
+    const GradReadyFn*& r;
+    ~ClearReady() { r = nullptr; }
+  } clear_ready{ready_};
+  ready_ = &ready;
+  const int64_t L = cfg_.num_hidden_layers;
   ScratchActs& s = *scratch_;
   SectionClock clock(*this);
   clock.part("backward: final norm");
-  ops::rmsnorm_backward(s.dh, s.xs[L], param("model.norm.weight"), s.rstd_f, s.dxa, grad("model.norm.weight"));
+  const int norm = param_index("model.norm.weight");
+  ops::rmsnorm_backward(s.dh, s.xs[L], param_views_[norm], s.rstd_f, s.dxa, grad_views_[norm]);
+  report_ready(offsets_[norm], offsets_[norm] + specs_[norm].shape.numel());
   s.drc.zero_();  // the last layer's router state feeds nothing
   clock.stop();
   for (int l = static_cast<int>(L) - 1; l >= 0; --l) layer_backward(l);
   clock.part("backward: layer 0's projection weight gradients");
   run_pending_weight_grads();  // no experts region follows to take them (zaya_layer.cc)
+  report_ready_layer(0);
   clock.part("backward: embedding");
-  // x⁰ = (e + b) ⊙ g:  de = dx ⊙ g,  db += Σ_rows de,  dg += Σ_rows dx ⊙ (e + b). Column sums in
-  // row order, one thread per block of 16 columns (the rows are walked once, 16 contiguous floats
-  // at a time, instead of once per column at stride H): deterministic for any thread count.
-  const float* dx = s.dxa.data<float>();
-  const float* e = s.emb.data<float>();
-  const float* g = param("model.input_hidden_states_scale").data<float>();
-  const float* b = param("model.input_hidden_states_bias").data<float>();
-  float* dg = grad("model.input_hidden_states_scale").data<float>();
-  float* db = grad("model.input_hidden_states_bias").data<float>();
-  float* de = s.dtmp.data<float>();
-  constexpr int64_t kColBlock = 16;
-#pragma omp parallel for schedule(static)
-  for (int64_t j0 = 0; j0 < H; j0 += kColBlock) {
-    const int64_t nc = std::min(kColBlock, H - j0);
-    float sg[kColBlock] = {}, sb[kColBlock] = {};
-    for (int64_t i = 0; i < N; ++i) {
-      const float* dxr = dx + i * H + j0;
-      const float* er = e + i * H + j0;
-      float* der = de + i * H + j0;
-      for (int64_t c = 0; c < nc; ++c) {
-        const float d = dxr[c];
-        der[c] = d * g[j0 + c];
-        sb[c] += d * g[j0 + c];
-        sg[c] += d * (er[c] + b[j0 + c]);
-      }
-    }
-    for (int64_t c = 0; c < nc; ++c) {
-      dg[j0 + c] += sg[c];
-      db[j0 + c] += sb[c];
-    }
-  }
+  // x⁰ = (e + b) ⊙ g, e = Embed[ids].
+  ops::scale_bias_backward(s.dxa, s.emb, param("model.input_hidden_states_bias"),
+                           param("model.input_hidden_states_scale"), s.dtmp, grad("model.input_hidden_states_bias"),
+                           grad("model.input_hidden_states_scale"));
   ops::embedding_backward(s.dtmp, s.ids, grad_views_[0], cfg_.pad_token_id);
+  // The embedding and the input scale and bias: every parameter before layer 0's.
+  report_ready(0, layer_ranges_.empty() ? offsets_[norm] : layer_ranges_[0].first);
 }
 
 }  // namespace zaya::model

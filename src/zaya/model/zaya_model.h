@@ -1,14 +1,16 @@
-// ZayaModel: the ZAYA1 decoder (DESIGN.md, "The ZAYA1 model, exactly") on the CPU in fp32, with an
-// explicit forward and backward (the llm.c way): every parameter is a named view into one flat f32
-// buffer, gradients likewise, and every activation comes from one arena sized at construction for a
-// fixed (B, T), so a step allocates nothing.
+// ZayaModel: the ZAYA1 decoder (DESIGN.md, "The ZAYA1 model, exactly") with an explicit forward and
+// backward (the llm.c way): every parameter is a named view into one flat f32 buffer, gradients
+// likewise, and every activation comes from one arena sized at construction for a fixed (B, T), so a
+// step allocates nothing. The model is the math only: it calls ops:: fronts on tensors of its device
+// and never touches tensor memory itself (what the host must know, the tokens per expert, comes back
+// through one explicit copy per layer).
 //
 // Usage: ZayaModel m(cfg, B, T); m.init(seed); loss = m.forward(ids, targets); m.backward();
 // Gradients accumulate into grads() until zero_grad().
 #pragma once
 
-#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,6 +20,7 @@
 #include "zaya/core/tensor.h"
 #include "zaya/model/config.h"
 #include "zaya/model/params.h"
+#include "zaya/ops/experts.h"
 #include "zaya/ops/gemm.h"
 #include "zaya/ops/loss.h"
 #include "zaya/ops/rope.h"
@@ -37,14 +40,15 @@ struct LayerParams;   // views of one layer's parameters
 
 class ZayaModel {
  public:
-  // Allocates parameters, gradients (zeroed), balancing biases and the activation arena for
-  // batches of exactly [B, T] tokens. Parameters are left zero until init() or a load.
-  ZayaModel(const ModelConfig& config, int64_t batch, int64_t seq_len);
+  // Allocates parameters, gradients (zeroed), balancing biases and the activation arena on `device`
+  // for batches of exactly [B, T] tokens. Parameters are left zero until init() or a load.
+  ZayaModel(const ModelConfig& config, int64_t batch, int64_t seq_len, Device device = Device::cpu);
   ~ZayaModel();
   ZayaModel(const ZayaModel&) = delete;
   ZayaModel& operator=(const ZayaModel&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
+  Device device() const { return device_; }
   int64_t batch() const { return B_; }
   int64_t seq_len() const { return T_; }
 
@@ -61,11 +65,6 @@ class ZayaModel {
   void set_gemm_dtype(DType dtype);
   DType gemm_dtype() const { return gemm_dtype_; }
 
-  // The experts' two ways (zaya_experts.cc): fused, one task per expert (default; taken in f32
-  // for small expert weights when the threads stay even), or grouped, one pass per step over every
-  // expert. Both give the same bits; the switch is for tests and A/B benchmarks.
-  void set_fused_experts(bool on);
-
   // Deterministic init from `seed` following each ParamSpec's init; each parameter draws from its
   // own Philox stream keyed by (seed, hash of its HF name), so adding or reordering parameters
   // does not change the others. Balancing biases are reset to 0 (skip class −1).
@@ -80,6 +79,7 @@ class ZayaModel {
   Tensor param(const std::string& name) const;  // throws naming `name` if unknown
   Tensor grad(const std::string& name) const;
   int param_index(const std::string& name) const;  // −1 if unknown
+  int64_t param_offset(int i) const { return offsets_[static_cast<size_t>(i)]; }  // in the flat buffers
   // Balancing biases β, [L, E+1] f32: not parameters (no loss gradient).
   const Tensor& balancing_biases() const { return beta_; }
   void zero_grad() { grads_.zero_(); }
@@ -92,10 +92,22 @@ class ZayaModel {
   // Logits [B·T, V] for ids [B, T] (no loss; the full vocabulary matrix is materialized).
   void forward_logits(const Tensor& ids, const Tensor& logits);
   // Backpropagates the last forward(ids, targets, true) into every parameter gradient (+=).
-  void backward();
+  // `ready`, when given, is called with each flat range [begin, end) of the gradient buffer (element
+  // offsets into grads_flat()) as soon as nothing in this backward will change it again, in that
+  // order: the final norm first, then the layers from the last to the first, then the embedding and
+  // the input scale and bias. The ranges cover every parameter exactly once. This is where gradient
+  // buckets start their reductions while the backward goes on.
+  using GradReadyFn = std::function<void(int64_t begin, int64_t end)>;
+  void backward(const GradReadyFn& ready = {});
+  // Layer l's parameters as one flat range [begin, end) (they are contiguous in the buffers).
+  std::pair<int64_t, int64_t> layer_range(int l) const { return layer_ranges_.at(static_cast<size_t>(l)); }
 
   // Routing statistics of the last forward, one entry per layer.
   std::vector<RouterStats> router_stats() const;
+  // Adds the last forward's per-layer routed-token counts (real experts, skip excluded) to
+  // `counts` [L·E], layer-major, resizing it on first use: what the balancer steps on, summed over
+  // micro-batches (and, with data parallelism, over ranks).
+  void add_expert_counts(std::vector<int64_t>& counts) const;
   // The expert chosen by each token in layer l in the last forward ([B·T] i32, E = skip).
   Tensor router_choice(int layer) const;
 
@@ -133,25 +145,19 @@ class ZayaModel {
   void layer_backward(int l);
   void head_backward_from_logits(const ops::CrossEntropyResult& res, const Tensor& targets);
   ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
-  void expert_forward(int l);
-  void expert_backward(int l);
-  ops::SideBySidePlan plan_fused_experts(int l);
-  bool plan_fused_forward(int l);
-  struct ExpertRows {
-    int64_t e, r0, r1;  // expert e's rows [r0, r1) of the grouped order
-  };
-  void cut_expert_rows(int l, std::vector<ExpertRows>& pieces) const;
-  void expert_backward_pieces(int l);
-  void record_backward_gemm_time(int l, int64_t ns);
-  bool expert_forward_fused(int l);
-  bool expert_backward_fused(int l);
+  ops::ExpertWeights expert_weights(int l) const;  // the GEMM weights: f32, or their bf16 copies
+  ops::ExpertActs expert_acts(int l) const;
   void router_backward(int l);
-  void plan_backward_side_tasks();
-  void run_backward_side_task(int l, size_t j);
+  void plan_backward_side_tasks(int l);
   void run_pending_weight_grads();
+  static void run_router_backward(void* model, int64_t l);
+  static void run_pending_weight_grad(void* model, int64_t j);
+  void report_ready(int64_t begin, int64_t end) const;
+  void report_ready_layer(int l) const;
   friend class SectionClock;
 
   ModelConfig cfg_;
+  Device device_ = Device::cpu;
   int64_t B_ = 0, T_ = 0;
   std::vector<ParamSpec> specs_;
   std::map<std::string, int> index_;
@@ -163,23 +169,14 @@ class ZayaModel {
   Arena arena_;
   std::vector<LayerActs> acts_;
   std::vector<LayerParams> lp_, lg_;  // parameter and gradient views per layer
-  std::vector<ops::GemmProblem> problems_;  // reused by the expert GEMMs (no per-step allocation)
-  bool fused_experts_ = true;
-  std::vector<int64_t> expert_ids_;   // the fused experts' plan (reused): experts with tokens,
-  std::vector<size_t> expert_order_;  // and the order the threads take them in
-  std::vector<ExpertRows> forward_pieces_;   // the fused forward's tasks (plan_fused_forward)
-  std::vector<ExpertRows> backward_pieces_;  // the uneven backward's row tasks (expert_backward_pieces)
-  std::unique_ptr<std::atomic<int32_t>[]> pieces_left_;     // per expert: its row tasks not yet done
-  std::string fused_forward_label_, fused_backward_label_;  // their GEMM-time rows
-  // Weight gradients dW += dyᵀ·x left for later in the backward (zaya_layer.cc, "Backward
-  // scheduling"): nothing downstream reads them, so they run as side tasks of the next layer's
-  // fused experts region. Reused: reserved once, a step allocates nothing.
-  struct WeightGrad {
-    Tensor dy, x, dw;
-    void run() const { ops::gemm(dy, ops::Trans::T, x, ops::Trans::N, dw, 1.0f, 1.0f); }
-  };
-  std::vector<WeightGrad> pending_wgrads_;
-  std::vector<int> side_order_;  // the side tasks' order (plan_backward_side_tasks), reused
+  // Weight gradients dW += dyᵀ·x (Trans T, N; accumulating) left for later in the backward
+  // (zaya_layer.cc, "Backward scheduling"): nothing downstream reads them, so they become side
+  // tasks of the next layer's experts. Reused: reserved once, a step allocates nothing.
+  std::vector<ops::GemmProblem> pending_wgrads_;
+  std::vector<ops::SideTask> side_tasks_;
+  std::vector<int32_t> counts_host_;  // [L, E] tokens per expert of the last forward, on the host
+  std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // each layer's flat parameter range
+  const GradReadyFn* ready_ = nullptr;  // the running backward's callback, or null
   std::unique_ptr<ScratchActs> scratch_;
   size_t saved_per_layer_ = 0;
   bool have_backward_ = false;

@@ -27,43 +27,79 @@ int64_t per_thread_scratch(int64_t per_matrix) { return (per_matrix + 15) / 16 *
 
 }  // namespace
 
-Optimizer::Optimizer(const OptimizerConfig& config, const model::ZayaModel& model)
-    : cfg_(config), specs_(model.specs()) {
+Optimizer::Optimizer(const OptimizerConfig& config, const ParamTable& table, ShardRange range)
+    : cfg_(config), table_(table), range_(range) {
   cfg_.validate("Optimizer");
-  const float* base = model.params_flat().data<float>();
+  table_.validate("Optimizer");
+  const int64_t P = table_.numel();
+  if (range_.end < 0) range_.end = P;
+  ZAYA_CHECK(0 <= range_.begin && range_.begin <= range_.end && range_.end <= P, "Optimizer: shard range [",
+             range_.begin, ", ", range_.end, ") is not inside the ", P, "-element parameter buffer");
+  const std::vector<model::ParamSpec>& specs = table_.specs;
   int64_t n_adamw = 0, scratch = 0;
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    groups_.push_back(group_of(specs_[i], cfg_));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    groups_.push_back(group_of(specs[i], cfg_));
     const ParamGroup& g = groups_.back();
-    offset_.push_back(model.param(static_cast<int>(i)).data<float>() - base);
+    const Owned o = owned(i);
     if (g.group == Group::adamw) {
       v_offset_.push_back(n_adamw);
-      n_adamw += specs_[i].shape.numel();
-    } else {
-      v_offset_.push_back(-1);
-      stack_scratch_ = std::max(stack_scratch_, muon_scratch_elems(g.rows, g.cols, g.count, ns_dtype(cfg_)));
-      per_matrix_scratch_ =
-          std::max(per_matrix_scratch_, muon_scratch_elems(g.rows, g.cols, 1, ns_dtype(cfg_)));
-      for (int64_t e = 0; e < g.count; ++e)
-        muon_items_.push_back({static_cast<int>(i), e, ns_flops(g.rows, g.cols)});
+      n_adamw += o.last - o.first;
+      continue;
     }
+    v_offset_.push_back(-1);
+    if (!o.any()) continue;
+    // Each matrix of the parameter (an expert stack has g.count) is owned whole or not at all.
+    const int64_t per = g.rows * g.cols;
+    for (int64_t e = 0; e < g.count; ++e) {
+      const int64_t m0 = e * per, m1 = m0 + per;
+      const bool in = o.first <= m0 && m1 <= o.last, out = m1 <= o.first || o.last <= m0;
+      ZAYA_CHECK(in || out, "Optimizer: shard range [", range_.begin, ", ", range_.end, ") cuts Muon matrix ",
+                 specs[i].name, g.count > 1 ? str(" [expert ", e, "]") : std::string(), " (elements [",
+                 table_.offsets[i] + m0, ", ", table_.offsets[i] + m1,
+                 ")); a Muon matrix needs a whole owner (move the range to a matrix boundary)");
+      if (in) muon_items_.push_back({static_cast<int>(i), e, ns_flops(g.rows, g.cols)});
+    }
+    stack_scratch_ = std::max(stack_scratch_, muon_scratch_elems(g.rows, g.cols, g.count, ns_dtype(cfg_)));
+    per_matrix_scratch_ = std::max(per_matrix_scratch_, muon_scratch_elems(g.rows, g.cols, 1, ns_dtype(cfg_)));
   }
   // Largest first, ties in parameter order: the side-by-side loop hands them out in this order.
   std::stable_sort(muon_items_.begin(), muon_items_.end(),
                    [](const MuonItem& a, const MuonItem& b) { return a.flops > b.flops; });
-  summary_ = summarize_groups(specs_, cfg_);
-  moment1_ = Tensor::zeros(Shape{model.params_flat().numel()}, DType::f32);
+  summary_ = summarize_groups(specs, cfg_);
+  moment1_ = Tensor::zeros(Shape{std::max<int64_t>(range_.end - range_.begin, 1)}, DType::f32);
   adam_v_ = Tensor::zeros(Shape{std::max<int64_t>(n_adamw, 1)}, DType::f32);
   scratch = muon_scratch_need(num_threads());
   if (scratch > 0) scratch_ = Tensor::zeros(Shape{scratch}, DType::f32);
   step_t_ = Tensor::zeros(Shape{1}, DType::i64);
   balance_step_t_ = Tensor::zeros(Shape{1}, DType::i64);
-  const model::ModelConfig& mc = model.config();
-  balancer_ = BalanceController(mc.num_hidden_layers, mc.num_experts, cfg_.balance_lr, cfg_.balance_beta1,
-                                cfg_.balance_beta2, cfg_.balance_eps);
+  const Tensor& beta = table_.balancing_biases;
+  ZAYA_CHECK(!cfg_.balance_enabled || (beta.defined() && beta.ndim() == 2 && beta.size(1) >= 2),
+             "Optimizer: the expert-balance controller needs balancing biases [L, E+1] in the parameter table, found ",
+             beta.defined() ? beta.str() : std::string("none"));
+  if (beta.defined())
+    balancer_ = BalanceController(beta.size(0), beta.size(1) - 1, cfg_.balance_lr, cfg_.balance_beta1,
+                                  cfg_.balance_beta2, cfg_.balance_eps);
   log_info(summary_.str());
   log_info("optimizer state: ", state_bytes(), " bytes (", cfg_.muon ? "muon + adamw" : "adamw only",
-           ", muon scratch ", scratch * 4, " bytes)");
+           ", muon scratch ", scratch * 4, " bytes",
+           range_.begin == 0 && range_.end == P ? std::string()
+                                                : str(", elements [", range_.begin, ", ", range_.end, ") of ", P),
+           ")");
+}
+
+Optimizer::Owned Optimizer::owned(size_t i) const {
+  const int64_t off = table_.offsets[i], n = table_.specs[i].shape.numel();
+  return {std::clamp<int64_t>(range_.begin - off, 0, n), std::clamp<int64_t>(range_.end - off, 0, n)};
+}
+
+bool Optimizer::whole(size_t i) const {
+  const Owned o = owned(i);
+  return o.first == 0 && o.last == table_.specs[i].shape.numel();
+}
+
+Tensor Optimizer::moment1(size_t i, const Owned& o) const {
+  const int64_t at = table_.offsets[i] + o.first - range_.begin;
+  return whole(i) ? moment1_.window(at, table_.specs[i].shape) : moment1_.window(at, Shape{o.last - o.first});
 }
 
 size_t Optimizer::state_bytes() const {
@@ -71,22 +107,31 @@ size_t Optimizer::state_bytes() const {
          balancer_.m().nbytes() + balancer_.v().nbytes();
 }
 
-StepStats Optimizer::step(model::ZayaModel& model, double lr) {
-  ZAYA_CHECK(model.specs().size() == specs_.size() && model.params_flat().numel() == moment1_.numel(),
-             "Optimizer::step: model does not match the one the optimizer was built for");
+StepStats Optimizer::step(double lr) {
   ZAYA_CHECK(std::isfinite(lr) && lr >= 0, "Optimizer::step: learning rate must be finite and >= 0, found ",
              lr);
   StepStats s;
   s.lr = lr;
-  const Tensor grads = model.grads_flat();
-  std::span<const Tensor> all(&grads, 1);
-  s.grad_norm = cfg_.grad_clip > 0 ? ops::clip_grad_norm(all, cfg_.grad_clip) : ops::global_grad_norm(all);
+  const bool full = range_.begin == 0 && range_.end == table_.numel();
+  const Tensor grads = full ? table_.grads : table_.grads.window(range_.begin, Shape{range_.end - range_.begin});
+  std::span<const Tensor> mine(&grads, 1);
+  if (!sum_across_ranks_) {
+    s.grad_norm = cfg_.grad_clip > 0 ? ops::clip_grad_norm(mine, cfg_.grad_clip) : ops::global_grad_norm(mine);
+  } else {
+    // The global norm from every shard's part, then PyTorch's clip_grad_norm_ rule on this shard.
+    const double local = ops::global_grad_norm(mine);
+    s.grad_norm = std::sqrt(sum_across_ranks_(local * local));
+    if (cfg_.grad_clip > 0 && std::isfinite(s.grad_norm)) {
+      const double f = cfg_.grad_clip / (s.grad_norm + 1e-6);
+      if (f < 1.0) ops::scale_inplace(grads, static_cast<float>(f));
+    }
+  }
   s.clipped = cfg_.grad_clip > 0 && s.grad_norm + 1e-6 > cfg_.grad_clip;
   if (!std::isfinite(s.grad_norm)) {
     log_warn("optimizer: non-finite gradient norm ", s.grad_norm, " at step ", step_ + 1, ": update skipped");
     s.skipped = true;
     s.step = step_;
-    model.zero_grad();
+    table_.grads.zero_();
     return s;
   }
   s.step = ++step_;
@@ -110,22 +155,36 @@ StepStats Optimizer::step(model::ZayaModel& model, double lr) {
               " threads");
     scratch_ = Tensor::zeros(Shape{muon_scratch_need(threads)}, DType::f32);
   }
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    const int idx = static_cast<int>(i);
+  for (size_t i = 0; i < table_.specs.size(); ++i) {
     const ParamGroup& g = groups_[i];
-    const Shape& shape = specs_[i].shape;
+    const Owned o = owned(i);
+    if (!o.any()) continue;
     const float wd = g.weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
-    Tensor m = moment1_.window(offset_[i], shape);
+    const Tensor m = moment1(i, o);
     if (g.group == Group::adamw) {
       ah.weight_decay = wd;
-      ops::adamw_update(model.param(idx), model.grad(idx), m, adam_v_.window(v_offset_[i], shape), ah, step_);
+      const bool all = whole(i);
+      const Shape n{o.last - o.first};
+      const int64_t at = table_.offsets[i] + o.first;
+      ops::adamw_update(all ? table_.param(i) : table_.params.window(at, n),
+                        all ? table_.grad(i) : table_.grads.window(at, n), m,
+                        adam_v_.window(v_offset_[i], all ? table_.specs[i].shape : n), ah, step_);
     } else if (!side_by_side) {
       mh.weight_decay = wd;
-      muon_update_stack(model.param(idx), model.grad(idx), m, scratch_, mh);
+      if (whole(i)) {
+        muon_update_stack(table_.param(i), table_.grad(i), m, scratch_, mh);
+      } else {  // the owned matrices of an expert stack, one by one
+        for (const MuonItem& it : muon_items_)
+          if (static_cast<size_t>(it.param) == i)
+            muon_update_stack(table_.param(i).select(it.matrix), table_.grad(i).select(it.matrix),
+                              moment1_.window(table_.offsets[i] - range_.begin + it.matrix * g.rows * g.cols,
+                                              Shape{g.rows, g.cols}),
+                              scratch_, mh);
+      }
     }
   }
-  if (side_by_side) muon_matrices_side_by_side(model, mh, threads);
-  model.zero_grad();
+  if (side_by_side) muon_matrices_side_by_side(mh, threads);
+  table_.grads.zero_();
   return s;
 }
 
@@ -144,7 +203,7 @@ int64_t Optimizer::muon_scratch_need(int threads) const {
 // one all-thread call per parameter, six alternated pairs of runs on two cores (docs/optim.md,
 // "Muon's matrices side by side"). A matrix's result does not depend on the thread that runs it, so
 // the step is bitwise the same on any thread count that takes this path (one included).
-void Optimizer::muon_matrices_side_by_side(model::ZayaModel& model, MuonHyper mh, int threads) {
+void Optimizer::muon_matrices_side_by_side(MuonHyper mh, int threads) {
   const int64_t share = per_thread_scratch(per_matrix_scratch_);
   const int64_t n_items = static_cast<int64_t>(muon_items_.size());
 #pragma omp parallel num_threads(threads)
@@ -153,55 +212,48 @@ void Optimizer::muon_matrices_side_by_side(model::ZayaModel& model, MuonHyper mh
 #pragma omp for schedule(dynamic, 1)
     for (int64_t k = 0; k < n_items; ++k) {
       const MuonItem& it = muon_items_[static_cast<size_t>(k)];
-      const ParamGroup& g = groups_[static_cast<size_t>(it.param)];
-      const Shape& shape = specs_[static_cast<size_t>(it.param)].shape;
+      const size_t i = static_cast<size_t>(it.param);
+      const ParamGroup& g = groups_[i];
+      const Shape& shape = table_.specs[i].shape;
       MuonHyper h = mh;
       h.weight_decay = g.weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
-      Tensor p = model.param(it.param), gr = model.grad(it.param);
-      Tensor m = moment1_.window(offset_[static_cast<size_t>(it.param)], shape);
+      Tensor p = table_.param(i), gr = table_.grad(i);
+      Tensor m = moment1_.window(table_.offsets[i] - range_.begin, shape);
       if (shape.ndim() == 3) p = p.select(it.matrix), gr = gr.select(it.matrix), m = m.select(it.matrix);
       muon_update_on_this_thread(p, gr, m, scratch, h);
     }
   }
 }
 
-void Optimizer::balance_step(model::ZayaModel& model, std::span<const int64_t> counts, double lr) {
+void Optimizer::balance_step(std::span<const int64_t> counts, double lr) {
   if (!cfg_.balance_enabled) return;
   double scale = 1.0;
   if (cfg_.balance_follow_schedule) {
     ZAYA_CHECK(lr >= 0, "Optimizer::balance_step: optim.balance_follow_schedule needs the step's learning rate");
     scale = cfg_.lr > 0 ? lr / cfg_.lr : 0.0;
   }
-  balancer_.step(model.balancing_biases(), counts, scale);
-}
-
-void Optimizer::accumulate_router_counts(const model::ZayaModel& model, std::vector<int64_t>& counts) {
-  const int64_t L = model.config().num_hidden_layers, E = model.config().num_experts;
-  if (counts.empty()) counts.assign(static_cast<size_t>(L * E), 0);
-  ZAYA_CHECK(static_cast<int64_t>(counts.size()) == L * E, "accumulate_router_counts: counts has ",
-             counts.size(), " entries, expected layers x experts = ", L * E);
-  std::vector<model::RouterStats> stats = model.router_stats();
-  ZAYA_ASSERT(static_cast<int64_t>(stats.size()) == L);
-  for (int64_t l = 0; l < L; ++l) {
-    ZAYA_ASSERT(static_cast<int64_t>(stats[l].tokens_per_expert.size()) == E);
-    for (int64_t e = 0; e < E; ++e) counts[l * E + e] += stats[l].tokens_per_expert[e];
-  }
+  balancer_.step(table_.balancing_biases, counts, scale);
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() {
   std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < table_.specs.size(); ++i)
+    ZAYA_CHECK(whole(i) || !owned(i).any(), "Optimizer::state_tensors: the shard range [", range_.begin, ", ",
+               range_.end, ") cuts parameter ", table_.specs[i].name,
+               "; checkpoints of cut parameters come with ZeRO-1's sharded state");
   step_t_.data<int64_t>()[0] = step_;
   balance_step_t_.data<int64_t>()[0] = balancer_.steps();
   out.emplace_back("optim.step", step_t_);
   out.emplace_back("optim.balance_step", balance_step_t_);
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    const Shape& shape = specs_[i].shape;
-    Tensor m = moment1_.window(offset_[i], shape);
+  for (size_t i = 0; i < table_.specs.size(); ++i) {
+    if (!owned(i).any()) continue;
+    const model::ParamSpec& spec = table_.specs[i];
+    const Tensor m = moment1(i, owned(i));
     if (groups_[i].group == Group::adamw) {
-      out.emplace_back(specs_[i].name + ".adam_m", m);
-      out.emplace_back(specs_[i].name + ".adam_v", adam_v_.window(v_offset_[i], shape));
+      out.emplace_back(spec.name + ".adam_m", m);
+      out.emplace_back(spec.name + ".adam_v", adam_v_.window(v_offset_[i], spec.shape));
     } else {
-      out.emplace_back(specs_[i].name + ".muon_momentum", m);
+      out.emplace_back(spec.name + ".muon_momentum", m);
     }
   }
   for (int64_t l = 0; l < balancer_.m().size(0); ++l) {

@@ -83,6 +83,21 @@ CkptConfig read_ckpt(ConfigReader& r) {
   return c;
 }
 
+ParallelConfig read_parallel(ConfigReader& r) {
+  ParallelConfig p;
+  r.get("parallel.device", p.device);
+  r.get("parallel.dp", p.dp);
+  r.get("parallel.cp", p.cp);
+  r.get("parallel.bucket_mb", p.bucket_mb);
+  need(p.device == "cpu" || p.device == "cuda", r.file(), "parallel.device", "\"cpu\" or \"cuda\"",
+       "\"" + p.device + "\"");
+  need(p.dp >= 0, r.file(), "parallel.dp", ">= 1, or 0 for the world size / parallel.cp", std::to_string(p.dp));
+  need(p.cp >= 1, r.file(), "parallel.cp", ">= 1", std::to_string(p.cp));
+  need(p.bucket_mb > 0 && p.bucket_mb <= 4096, r.file(), "parallel.bucket_mb", "in (0, 4096] MiB",
+       std::to_string(p.bucket_mb));
+  return p;
+}
+
 // Cross-checks [recipe] against [model], [data] and [train] and derives the run length.
 void check_recipe(RunConfig& c, bool explicit_steps, bool explicit_seq, bool explicit_accum,
                   bool explicit_total) {
@@ -157,6 +172,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   c.data = read_data(r);
   c.train = read_train(r);
   c.ckpt = read_ckpt(r);
+  c.parallel = read_parallel(r);
   c.recipe = optim::Recipe::from_toml(r);
   r.finish();
   need(!recipe_section || c.has_recipe(), source, "recipe.phases", "at least one [[recipe.phases]] table",

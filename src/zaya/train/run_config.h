@@ -5,6 +5,7 @@
 //   [model]  model::ModelConfig            [optim]  optim::OptimizerConfig
 //   [data]   DataConfig (below)            [train]  TrainConfig (below)
 //   [ckpt]   CkptConfig (below)          [recipe] optim::Recipe (optional; docs/train.md)
+//   [parallel] ParallelConfig (below)
 #pragma once
 
 #include <cstdint>
@@ -54,12 +55,24 @@ struct CkptConfig {
   std::string snapshot = "deferred";
 };
 
+// Where and over how many ranks the run trains (docs/train.md, "Devices and ranks"). The world
+// (the launcher's ranks) must equal dp × cp.
+struct ParallelConfig {
+  std::string device = "cpu";  // "cpu" or "cuda" (one GPU per rank)
+  int64_t dp = 0;              // data-parallel ranks; 0: the world size / cp
+  int64_t cp = 1;              // context-parallel ranks per data-parallel replica
+  // Gradient bucket size for the data-parallel reductions, in MiB: buckets are reduced as soon as
+  // backward fills them, while it goes on.
+  double bucket_mb = 32;
+};
+
 struct RunConfig {
   model::ModelConfig model;
   optim::OptimizerConfig optim;
   DataConfig data;
   TrainConfig train;
   CkptConfig ckpt;
+  ParallelConfig parallel;
   // The multi-phase recipe and batch ramp; no phases: none (a fixed micro_batch x seq_len x
   // grad_accum step). With a recipe, each phase's rope_theta is filled in (0 -> model.rope_theta),
   // train.seq_len and train.grad_accum describe phase 0's first step, and train.steps and

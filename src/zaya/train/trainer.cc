@@ -17,6 +17,8 @@
 #include "zaya/optim/schedule.h"
 #include "zaya/train/batch.h"
 #include "zaya/train/model_io.h"
+#include "zaya/train/step_metrics.h"
+#include "zaya/train/train_step.h"
 
 namespace zaya::train {
 namespace fs = std::filesystem;
@@ -44,6 +46,26 @@ extern "C" void on_stop_signal(int sig) {
   std::raise(sig);
 }
 
+// The world this process belongs to, against [parallel], before anything is loaded: a world
+// larger than one rank must not train silently as several copies of one run into one directory.
+void check_parallel(RunConfig& c) {
+  ParallelConfig& p = c.parallel;
+  const int world = dist::launcher_world_size();
+  if (p.dp == 0) p.dp = std::max<int64_t>(1, world / p.cp);
+  if (p.dp * p.cp != world)
+    throw Error(str("parallel.dp x parallel.cp = ", p.dp, " x ", p.cp, " = ", p.dp * p.cp,
+                    " ranks, but this process was launched in a world of ", world,
+                    world == 1 ? " (launch the ranks with mpirun -np N or srun)" : ""),
+                {.file = c.source, .field = "parallel.dp"});
+  if (world > 1)
+    throw Error(str("data-parallel training is not built yet: this process is rank ", dist::launcher_rank(), " of ",
+                    world, "; run `zaya train` as one process (without mpirun or srun) until it lands"),
+                {.file = c.source, .field = "parallel.dp"});
+  if (p.device == "cuda")
+    throw Error("training on a GPU is not built yet (the model's CUDA kernels come first); use \"cpu\"",
+                {.file = c.source, .field = "parallel.device", .found = "\"cuda\""});
+}
+
 }  // namespace
 
 void install_stop_handlers(std::atomic<bool>* flag) {
@@ -54,6 +76,8 @@ void install_stop_handlers(std::atomic<bool>* flag) {
 
 Trainer::Trainer(RunConfig config, TrainOptions options)
     : cfg_(std::move(config)), opts_(std::move(options)) {
+  check_parallel(cfg_);
+  comm_ = dist::make_local_communicator();
   const auto& t = cfg_.train;
   train_data_ = std::make_unique<data::DataLoader>(cfg_.data.train, t.seq_len, cfg_.data.seed);
   for (int d = 0; d < train_data_->num_datasets(); ++d)
@@ -76,7 +100,8 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
                " tokens but model.vocab_size is ", cfg_.model.vocab_size);
   }
 
-  model_ = std::make_unique<model::ZayaModel>(cfg_.model, t.micro_batch, t.seq_len);
+  model_ = std::make_unique<model::ZayaModel>(cfg_.model, t.micro_batch, t.seq_len,
+                                              cfg_.parallel.device == "cuda" ? Device::cuda : Device::cpu);
   model_->init(t.seed);
   if (t.gemm_dtype == "bf16") {
     model_->set_gemm_dtype(DType::bf16);
@@ -85,7 +110,7 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
           "train.gemm_dtype = \"bf16\": this CPU has no native bf16 matmul (avx512_bf16 or AMX), so "
           "the bf16 GEMMs run in f32 on widened copies, slower than train.gemm_dtype = \"f32\"");
   }
-  optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, *model_);
+  optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, optim::ParamTable::of(*model_));
 
   if (opts_.resume.empty() && fs::exists(fs::path(t.out_dir) / "latest"))
     throw Error(
@@ -242,7 +267,7 @@ nlohmann::json Trainer::state_json() const {
                    {"data_offsets", train_data_->dataset_offsets()},
                    {"batch_size", batch_}};
   }
-  s["world"] = {{"size", 1}, {"data_parallel", 1}};
+  s["world"] = {{"size", comm_->size()}, {"data_parallel", cfg_.parallel.dp}, {"context_parallel", cfg_.parallel.cp}};
   s["rng"] = {{"init_seed", cfg_.train.seed}, {"data_seed", cfg_.data.seed}};
   return s;
 }
@@ -292,11 +317,70 @@ void Trainer::restore(const std::string& where) {
                              : std::string());
 }
 
+std::optional<double> Trainer::evaluate_now(const char* when, Progress& progress, MetricsSink& metrics) {
+  if (!val_data_) return std::nullopt;
+  auto t0 = Clock::now();
+  EvalResult r = evaluate(*model_, *val_data_, cfg_.train.eval_samples);
+  if (progress.is_bar()) std::fprintf(stderr, "\n");
+  char line[160];
+  std::snprintf(line, sizeof line, "validation (%s, step %lld): loss %.4f, perplexity %.2f over %lld tokens (%.1f s)",
+                when, static_cast<long long>(step_), r.loss, r.perplexity, static_cast<long long>(r.tokens),
+                seconds_since(t0));
+  log_info(line);
+  metrics.write({{"step", step_}, {"tokens", tokens_}, {"val_loss", r.loss}, {"val_perplexity", r.perplexity}});
+  return r.loss;
+}
+
+// A phase starts (recipe runs): the plain log line and a metrics record. The model and loaders
+// were set up by enter_phase.
+void Trainer::announce_phase(int64_t batch, Progress& progress, MetricsSink& metrics) {
+  const optim::Phase& ph = cfg_.recipe.phases[static_cast<size_t>(phase_)];
+  std::string mix;
+  std::vector<double> weights;
+  for (int d = 0; d < train_data_->num_datasets(); ++d) {
+    weights.push_back(train_data_->weight(d));
+    mix += str(d ? ", " : "", fs::path(cfg_.data.train[static_cast<size_t>(d)].prefix).filename().string(), " ",
+               train_data_->weight(d));
+  }
+  if (progress.is_bar()) std::fprintf(stderr, "\n");
+  const int64_t micro = cfg_.train.micro_batch;
+  log_info("phase ", phase_, " '", ph.name, "' starts at step ", step_ + 1, ", token ", tokens_, ": seq_len ",
+           ph.seq_len, ", rope_theta ", ph.rope_theta, ", batch ", batch, " (", batch / micro, " x micro-batch ",
+           micro, "), data weights ", mix);
+  metrics.write({{"event", "phase_start"},
+                 {"phase", phase_},
+                 {"name", ph.name},
+                 {"step", step_ + 1},
+                 {"tokens", tokens_},
+                 {"seq_len", ph.seq_len},
+                 {"rope_theta", ph.rope_theta},
+                 {"batch_size", batch},
+                 {"data_weights", weights},
+                 {"data_offsets", train_data_->dataset_offsets()}});
+}
+
+// Micro-batches of the next step; a recipe run first enters the step's phase and follows its
+// batch ramp.
+int64_t Trainer::prepare_step(Progress& progress, MetricsSink& metrics) {
+  const int64_t micro = cfg_.train.micro_batch;
+  if (!cfg_.has_recipe()) return cfg_.train.grad_accum;
+  const optim::RecipeStep rs = cfg_.recipe.step_at(tokens_, micro);
+  if (rs.phase != phase_) {
+    enter_phase(rs.phase, nullptr);
+    announce_phase(rs.batch_size, progress, metrics);
+  } else if (batch_ != 0 && rs.batch_size != batch_) {
+    if (progress.is_bar()) std::fprintf(stderr, "\n");
+    log_info("batch ramp: ", rs.batch_size, " sequences (", rs.batch_size / micro, " x micro-batch ", micro,
+             ") from step ", step_ + 1, ", token ", tokens_);
+  }
+  batch_ = rs.batch_size;
+  return rs.batch_size / micro;
+}
+
 TrainResult Trainer::run() {
   const auto& t = cfg_.train;
   if (!opts_.quiet) print_summary();
   const double peak = measure_gemm_peak();
-  double flops_per_token = model::training_flops_per_token(cfg_.model, model_->seq_len());
   log_info("MFU denominator: measured f32 GEMM peak ", static_cast<int>(peak / 1e9), " GFLOP/s (1024^3, ",
            num_threads(), " threads)");
 
@@ -305,189 +389,45 @@ TrainResult Trainer::run() {
   result.first_step = step_;
   Progress progress(step_, t.steps, t.progress && !opts_.quiet);
   const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_experts;
-
-  Tensor rows, ids, targets;  // [micro_batch, seq_len (+1)], reshaped when a phase changes seq_len
-  auto shape_batch = [&] {
-    const int64_t T = model_->seq_len();
-    rows = Tensor::empty({t.micro_batch, T + 1}, DType::i32);
-    ids = Tensor::empty({t.micro_batch, T}, DType::i32);
-    targets = Tensor::empty({t.micro_batch, T}, DType::i32);
-    flops_per_token = model::training_flops_per_token(cfg_.model, T);
-  };
-  shape_batch();
-  std::vector<int64_t> counts;
-  std::vector<int64_t> skipped(static_cast<size_t>(L));
-
-  auto evaluate_now = [&](const char* when) -> std::optional<double> {
-    if (!val_data_) return std::nullopt;
-    auto t0 = Clock::now();
-    EvalResult r = evaluate(*model_, *val_data_, t.eval_samples);
-    if (progress.is_bar()) std::fprintf(stderr, "\n");
-    char line[160];
-    std::snprintf(line, sizeof line,
-                  "validation (%s, step %lld): loss %.4f, perplexity %.2f over %lld tokens (%.1f s)", when,
-                  static_cast<long long>(step_), r.loss, r.perplexity, static_cast<long long>(r.tokens),
-                  seconds_since(t0));
-    log_info(line);
-    metrics.write(
-        {{"step", step_}, {"tokens", tokens_}, {"val_loss", r.loss}, {"val_perplexity", r.perplexity}});
-    return r.loss;
-  };
-
-  // A phase starts (recipe runs): the plain log line and a metrics record. The model and loaders
-  // were set up by enter_phase.
-  auto announce_phase = [&](int64_t batch) {
-    const optim::Phase& ph = cfg_.recipe.phases[static_cast<size_t>(phase_)];
-    std::string mix;
-    std::vector<double> weights;
-    for (int d = 0; d < train_data_->num_datasets(); ++d) {
-      weights.push_back(train_data_->weight(d));
-      mix += str(d ? ", " : "", fs::path(cfg_.data.train[static_cast<size_t>(d)].prefix).filename().string(),
-                 " ", train_data_->weight(d));
-    }
-    if (progress.is_bar()) std::fprintf(stderr, "\n");
-    log_info("phase ", phase_, " '", ph.name, "' starts at step ", step_ + 1, ", token ", tokens_,
-             ": seq_len ", ph.seq_len, ", rope_theta ", ph.rope_theta, ", batch ", batch, " (",
-             batch / t.micro_batch, " x micro-batch ", t.micro_batch, "), data weights ", mix);
-    metrics.write({{"event", "phase_start"},
-                   {"phase", phase_},
-                   {"name", ph.name},
-                   {"step", step_ + 1},
-                   {"tokens", tokens_},
-                   {"seq_len", ph.seq_len},
-                   {"rope_theta", ph.rope_theta},
-                   {"batch_size", batch},
-                   {"data_weights", weights},
-                   {"data_offsets", train_data_->dataset_offsets()}});
-  };
+  TrainStep train_step(*model_, *optimizer_, *comm_);
   if (cfg_.has_recipe() && step_ == 0 && step_ < t.steps)
-    announce_phase(cfg_.recipe.step_at(tokens_, t.micro_batch).batch_size);
+    announce_phase(cfg_.recipe.step_at(tokens_, t.micro_batch).batch_size, progress, metrics);
 
   while (step_ < t.steps) {
-    int64_t n_micro = t.grad_accum;
-    if (cfg_.has_recipe()) {
-      const optim::RecipeStep rs = cfg_.recipe.step_at(tokens_, t.micro_batch);
-      if (rs.phase != phase_) {
-        enter_phase(rs.phase, nullptr);
-        if (rows.size(1) != model_->seq_len() + 1) shape_batch();
-        announce_phase(rs.batch_size);
-      } else if (batch_ != 0 && rs.batch_size != batch_) {
-        if (progress.is_bar()) std::fprintf(stderr, "\n");
-        log_info("batch ramp: ", rs.batch_size, " sequences (", rs.batch_size / t.micro_batch,
-                 " x micro-batch ", t.micro_batch, ") from step ", step_ + 1, ", token ", tokens_);
-      }
-      batch_ = rs.batch_size;
-      n_micro = rs.batch_size / t.micro_batch;
-    }
-    const int64_t step_tokens = n_micro * t.micro_batch * model_->seq_len();
-    auto step_start = Clock::now();
-    double t_data = 0, t_fwd = 0, t_bwd = 0;
-    double loss = 0;
-    counts.assign(static_cast<size_t>(L * E), 0);
-    std::fill(skipped.begin(), skipped.end(), 0);
-    for (int64_t micro = 0; micro < n_micro; ++micro) {
-      auto t0 = Clock::now();
-      train_data_->next_batch(0, 1, rows);
-      split_rows(rows, ids, targets);
-      auto t1 = Clock::now();
-      loss += model_->forward(ids, targets) / static_cast<double>(n_micro);
-      auto t2 = Clock::now();
-      model_->backward();
-      auto t3 = Clock::now();
-      optim::Optimizer::accumulate_router_counts(*model_, counts);
-      auto stats = model_->router_stats();
-      for (int64_t l = 0; l < L; ++l)
-        skipped[static_cast<size_t>(l)] += stats[static_cast<size_t>(l)].skipped;
-      t_data += std::chrono::duration<double>(t1 - t0).count();
-      t_fwd += std::chrono::duration<double>(t2 - t1).count();
-      t_bwd += std::chrono::duration<double>(t3 - t2).count();
-    }
-    // Gradients were summed over micro-batches of equal token counts: average them.
-    if (n_micro > 1) {
-      float s = 1.0f / static_cast<float>(n_micro);
-      float* g = model_->grads_flat().data<float>();
-      for (int64_t i = 0; i < model_->grads_flat().numel(); ++i) g[i] *= s;
-    }
-    // A deferred checkpoint snapshot copies the parameters and optimizer state while this step's
-    // forward and backward run; the optimizer must not change them before that copy is done.
-    const double t_fence = writer_->fence();
-    auto t_opt0 = Clock::now();
+    const int64_t micro_batches = prepare_step(progress, metrics);
     const double lr = optim::lr_at(cfg_.optim, step_ + 1);
-    optim::StepStats st = optimizer_->step(*model_, lr);
-    optimizer_->balance_step(*model_, counts, lr);
-    double t_opt = seconds_since(t_opt0);
+    const StepResult r = train_step.run(*train_data_, micro_batches, lr, [&] { return writer_->fence(); });
     ++step_;
-    tokens_ += step_tokens;
-    result.losses.push_back(loss);
+    tokens_ += r.tokens;
+    result.losses.push_back(r.loss);
     result.phases.push_back(std::max(phase_, 0));
-    result.batch_sizes.push_back(n_micro * t.micro_batch);
+    result.batch_sizes.push_back(r.sequences);
 
-    const double dt = seconds_since(step_start);
-    const double tok_s = static_cast<double>(step_tokens) / dt;
-    const double mfu = flops_per_token * tok_s / peak;
-    nlohmann::json rec = {{"step", step_},
-                          {"tokens", tokens_},
-                          {"loss", loss},
-                          {"lr", lr},
-                          {"grad_norm", st.grad_norm},
-                          {"clipped", st.clipped},
-                          {"skipped_update", st.skipped},
-                          {"tokens_per_s", tok_s},
-                          {"mfu", mfu},
-                          {"time",
-                           {{"data", t_data},
-                            {"forward", t_fwd},
-                            {"backward", t_bwd},
-                            {"optimizer", t_opt},
-                            {"checkpoint_fence", t_fence},
-                            {"step", dt}}}};
-    // Expert loads: entropy of the routed-token distribution normalized by ln E (1 = uniform),
-    // max/min load relative to uniform (1 = its fair share), and the skip fraction.
-    std::vector<double> entropy, max_load, min_load, skip_frac;
-    double min_entropy = 1;
-    for (int64_t l = 0; l < L; ++l) {
-      int64_t routed = 0;
-      for (int64_t e = 0; e < E; ++e) routed += counts[static_cast<size_t>(l * E + e)];
-      double h = 0, mx = 0, mn = 1e30;
-      for (int64_t e = 0; e < E; ++e) {
-        double f =
-            routed ? static_cast<double>(counts[static_cast<size_t>(l * E + e)]) / static_cast<double>(routed)
-                   : 0;
-        if (f > 0) h -= f * std::log(f);
-        mx = std::max(mx, f * static_cast<double>(E));
-        mn = std::min(mn, f * static_cast<double>(E));
-      }
-      double hn = E > 1 ? h / std::log(static_cast<double>(E)) : 1.0;
-      entropy.push_back(hn);
-      max_load.push_back(mx);
-      min_load.push_back(mn);
-      skip_frac.push_back(static_cast<double>(skipped[static_cast<size_t>(l)]) /
-                          static_cast<double>(routed + skipped[static_cast<size_t>(l)]));
-      min_entropy = std::min(min_entropy, hn);
-    }
+    // Metrics.
+    const ExpertLoads loads = expert_loads(r.expert_counts, r.skipped, L, E);
+    nlohmann::json rec =
+        step_record(r, step_, tokens_, model::training_flops_per_token(cfg_.model, model_->seq_len()), peak, loads);
     if (cfg_.has_recipe()) {
       rec["phase"] = phase_;
       rec["batch_size"] = batch_;
       rec["seq_len"] = model_->seq_len();
     }
-    rec["expert_entropy"] = entropy;
-    rec["expert_max_load"] = max_load;
-    rec["expert_min_load"] = min_load;
-    rec["skip_fraction"] = skip_frac;
     metrics.write(rec);
     char extra[96];
     if (cfg_.has_recipe())
       std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f  phase %d  batch %lld", lr,
-                    st.grad_norm, min_entropy, phase_, static_cast<long long>(batch_));
+                    r.update.grad_norm, loads.min_entropy, phase_, static_cast<long long>(batch_));
     else
-      std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f", lr, st.grad_norm, min_entropy);
-    progress.update(step_ - 1, loss, tok_s, t.log_every, extra);
-    if (!std::isfinite(loss)) log_warn("step ", step_, ": non-finite loss");
+      std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f", lr, r.update.grad_norm, loads.min_entropy);
+    progress.update(step_ - 1, r.loss, static_cast<double>(r.tokens) / r.time.step, t.log_every, extra);
+    if (!std::isfinite(r.loss)) log_warn("step ", step_, ": non-finite loss");
 
-    bool stop_requested =
+    // Evaluation and checkpoint policies.
+    const bool stop_requested =
         (opts_.stop && opts_.stop->load()) ||
         (opts_.stop_after_steps >= 0 && step_ - result.first_step >= opts_.stop_after_steps);
-    if (t.eval_every > 0 && step_ % t.eval_every == 0 && step_ < t.steps) evaluate_now("periodic");
+    if (t.eval_every > 0 && step_ % t.eval_every == 0 && step_ < t.steps)
+      evaluate_now("periodic", progress, metrics);
     if (stop_requested) {
       if (progress.is_bar()) std::fprintf(stderr, "\n");
       log_info("stop requested at step ", step_, ": saving a checkpoint");
@@ -500,7 +440,7 @@ TrainResult Trainer::run() {
       result.last_checkpoint = save(false);
   }
   progress.finish();
-  result.final_val_loss = evaluate_now("final");
+  result.final_val_loss = evaluate_now("final", progress, metrics);
   if (cfg_.ckpt.save_final) result.last_checkpoint = save(/*wait=*/true);
   writer_->wait();
   result.last_step = step_;

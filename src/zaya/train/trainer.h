@@ -1,9 +1,10 @@
-// The training loop (`zaya train`): data -> forward/backward (gradient accumulation) -> clip +
-// Muon/AdamW -> expert balancing -> metrics, evaluation and checkpoints, with exact resume.
+// The training loop (`zaya train`): each step is a TrainStep (data -> forward/backward with
+// gradient accumulation -> gradient sync -> clip + Muon/AdamW -> expert balancing); around it the
+// trainer keeps the recipe's phases, metrics, evaluation and checkpoints, with exact resume.
 //
 // One object owns the run's components (torchtitan-style: one config, no globals); run() executes
-// it. A world of one rank for now; the data loader's state and the checkpoint format already
-// reshard to any data-parallel size.
+// it. Rank and world size come from the communicator; until data parallelism lands the world must
+// be one rank (a larger one stops at start with a clear error).
 #pragma once
 
 #include <atomic>
@@ -14,6 +15,7 @@
 
 #include "zaya/ckpt/writer.h"
 #include "zaya/data/loader.h"
+#include "zaya/dist/communicator.h"
 #include "zaya/model/zaya_model.h"
 #include "zaya/optim/optimizer.h"
 #include "zaya/train/progress.h"
@@ -56,6 +58,9 @@ class Trainer {
   std::string save(bool wait);
   nlohmann::json state_json() const;
   double measure_gemm_peak() const;
+  std::optional<double> evaluate_now(const char* when, Progress& progress, MetricsSink& metrics);
+  void announce_phase(int64_t batch, Progress& progress, MetricsSink& metrics);
+  int64_t prepare_step(Progress& progress, MetricsSink& metrics);
   // Recipe runs: builds phase p's train (and validation) loader, reshapes the model to the phase's
   // sequence length and switches its RoPE θ. `offsets`: the datasets' starting counts (from a
   // checkpoint); null: continue from the current phase's loader (phase_ < 0: start at 0).
@@ -64,6 +69,7 @@ class Trainer {
 
   RunConfig cfg_;
   TrainOptions opts_;
+  std::unique_ptr<dist::Communicator> comm_;
   std::unique_ptr<model::ZayaModel> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<data::DataLoader> train_data_, val_data_;

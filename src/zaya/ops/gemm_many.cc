@@ -1,0 +1,21 @@
+// Argument checks and dispatch for independent GEMMs (kernel in cpu/gemm_many_cpu.cc; each problem
+// is checked again by ops::gemm).
+#include "zaya/ops/gemm_many.h"
+
+#include "zaya/ops/cpu/gemm_many_cpu.h"
+#include "zaya/ops/cpu/op_checks.h"
+
+namespace zaya::ops {
+
+void gemm_many(std::span<const GemmProblem> problems, Trans ta, Trans tb, float alpha, float beta) {
+  constexpr std::string_view op = "ops::gemm_many";
+  for (size_t i = 0; i < problems.size(); ++i) {
+    seq::require_cpu(op, "C", problems[i].C);
+    for (size_t j = 0; j < i; ++j)
+      ZAYA_CHECK(problems[i].C.raw() != problems[j].C.raw(), op, ": problems ", j, " and ", i,
+                 " write the same output ", problems[i].C.str());
+  }
+  cpu::gemm_many(problems, ta, tb, alpha, beta);
+}
+
+}  // namespace zaya::ops

@@ -1,0 +1,32 @@
+#include "zaya/optim/param_table.h"
+
+namespace zaya::optim {
+
+ParamTable ParamTable::of(const model::ZayaModel& m) {
+  ParamTable t;
+  t.specs = m.specs();
+  t.params = m.params_flat();
+  t.grads = m.grads_flat();
+  t.balancing_biases = m.balancing_biases();
+  for (size_t i = 0; i < t.specs.size(); ++i) t.offsets.push_back(m.param_offset(static_cast<int>(i)));
+  return t;
+}
+
+void ParamTable::validate(const char* who) const {
+  ZAYA_CHECK(specs.size() == offsets.size(), who, ": parameter table has ", specs.size(), " specs and ",
+             offsets.size(), " offsets");
+  ZAYA_CHECK(params.defined() && grads.defined(), who, ": parameter table without parameter or gradient buffer");
+  ZAYA_CHECK(params.dtype() == DType::f32 && grads.dtype() == DType::f32, who,
+             ": parameter table buffers must be f32, found ", params.str(), " and ", grads.str());
+  ZAYA_CHECK(params.numel() == grads.numel() && params.device() == grads.device(), who, ": parameters ",
+             params.str(), " and gradients ", grads.str(), " differ in size or device");
+  int64_t end = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ZAYA_CHECK(offsets[i] >= end && offsets[i] + specs[i].shape.numel() <= params.numel(), who, ": parameter '",
+               specs[i].name, "' at offset ", offsets[i], " overlaps the one before it or runs past the ",
+               params.numel(), "-element buffer");
+    end = offsets[i] + specs[i].shape.numel();
+  }
+}
+
+}  // namespace zaya::optim

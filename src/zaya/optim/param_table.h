@@ -1,0 +1,43 @@
+// ParamTable: what an optimizer needs to know of a model, and nothing more: every parameter's name,
+// shape and role (model::ParamSpec), its element offset in the flat parameter and gradient buffers,
+// the two buffers themselves, and the balancing biases the expert-balance controller updates. The
+// optimizer never sees the model object, so the same optimizer serves any model that lays its
+// parameters out in flat buffers, on any device, and any slice of them (ZeRO-1's shards).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "zaya/core/tensor.h"
+#include "zaya/model/params.h"
+#include "zaya/model/zaya_model.h"
+
+namespace zaya::optim {
+
+struct ParamTable {
+  std::vector<model::ParamSpec> specs;
+  std::vector<int64_t> offsets;  // element offset of each parameter in `params` and `grads`
+  Tensor params;                 // flat f32 [P]
+  Tensor grads;                  // flat f32 [P], the same layout
+  Tensor balancing_biases;       // [L, E+1] f32 (not trained by the loss), or undefined
+
+  int64_t numel() const { return params.numel(); }
+  Tensor param(size_t i) const { return params.window(offsets[i], specs[i].shape); }
+  Tensor grad(size_t i) const { return grads.window(offsets[i], specs[i].shape); }
+
+  // The table of a ZayaModel: views of its live buffers.
+  static ParamTable of(const model::ZayaModel& m);
+  // Throws naming the first inconsistency (offsets out of order or past the buffers, a dtype or a
+  // size mismatch between params and grads).
+  void validate(const char* who) const;
+};
+
+// The elements [begin, end) of the flat buffers whose optimizer state one optimizer owns: all of
+// them on one rank; one contiguous shard per data-parallel rank under ZeRO-1. An end of −1 means
+// the end of the buffers.
+struct ShardRange {
+  int64_t begin = 0;
+  int64_t end = -1;
+};
+
+}  // namespace zaya::optim

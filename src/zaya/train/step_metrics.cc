@@ -1,0 +1,59 @@
+#include "zaya/train/step_metrics.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace zaya::train {
+
+ExpertLoads expert_loads(const std::vector<int64_t>& counts, const std::vector<int64_t>& skipped, int64_t L,
+                         int64_t E) {
+  ExpertLoads out;
+  for (int64_t l = 0; l < L; ++l) {
+    int64_t routed = 0;
+    for (int64_t e = 0; e < E; ++e) routed += counts[static_cast<size_t>(l * E + e)];
+    double h = 0, mx = 0, mn = 1e30;
+    for (int64_t e = 0; e < E; ++e) {
+      double f = routed ? static_cast<double>(counts[static_cast<size_t>(l * E + e)]) / static_cast<double>(routed)
+                        : 0;
+      if (f > 0) h -= f * std::log(f);
+      mx = std::max(mx, f * static_cast<double>(E));
+      mn = std::min(mn, f * static_cast<double>(E));
+    }
+    double hn = E > 1 ? h / std::log(static_cast<double>(E)) : 1.0;
+    out.entropy.push_back(hn);
+    out.max_load.push_back(mx);
+    out.min_load.push_back(mn);
+    out.skip_fraction.push_back(static_cast<double>(skipped[static_cast<size_t>(l)]) /
+                                static_cast<double>(routed + skipped[static_cast<size_t>(l)]));
+    out.min_entropy = std::min(out.min_entropy, hn);
+  }
+  return out;
+}
+
+nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, double flops_per_token, double peak,
+                           const ExpertLoads& loads) {
+  const double tok_s = static_cast<double>(r.tokens) / r.time.step;
+  nlohmann::json rec = {{"step", step},
+                        {"tokens", tokens},
+                        {"loss", r.loss},
+                        {"lr", r.update.lr},
+                        {"grad_norm", r.update.grad_norm},
+                        {"clipped", r.update.clipped},
+                        {"skipped_update", r.update.skipped},
+                        {"tokens_per_s", tok_s},
+                        {"mfu", flops_per_token * tok_s / peak},
+                        {"time",
+                         {{"data", r.time.data},
+                          {"forward", r.time.forward},
+                          {"backward", r.time.backward},
+                          {"optimizer", r.time.optimizer},
+                          {"checkpoint_fence", r.time.checkpoint_fence},
+                          {"step", r.time.step}}}};
+  rec["expert_entropy"] = loads.entropy;
+  rec["expert_max_load"] = loads.max_load;
+  rec["expert_min_load"] = loads.min_load;
+  rec["skip_fraction"] = loads.skip_fraction;
+  return rec;
+}
+
+}  // namespace zaya::train

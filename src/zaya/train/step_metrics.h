@@ -1,0 +1,29 @@
+// What the trainer records of a step: the metrics.jsonl record (loss, learning rate, gradient
+// norm, throughput, MFU, the step's time by part, expert loads) and the progress line's extras.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zaya/train/train_step.h"
+
+namespace zaya::train {
+
+// Expert loads of one step, per layer: entropy of the routed-token distribution normalized by ln E
+// (1 = uniform), max/min load relative to uniform (1 = its fair share), and the skip fraction.
+struct ExpertLoads {
+  std::vector<double> entropy, max_load, min_load, skip_fraction;
+  double min_entropy = 1;
+};
+ExpertLoads expert_loads(const std::vector<int64_t>& counts, const std::vector<int64_t>& skipped, int64_t layers,
+                         int64_t experts);
+
+// The step's record: `step` and `tokens` are the totals after it; `flops_per_token` and `peak`
+// (FLOP/s) give the MFU.
+nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, double flops_per_token, double peak,
+                           const ExpertLoads& loads);
+
+}  // namespace zaya::train

@@ -1,0 +1,51 @@
+// One optimizer step of training, the part of the loop that a world size changes (torchtitan's
+// train_step): micro-batches of this rank's samples, forward and backward accumulating gradients,
+// the gradient-sync point, the checkpoint fence, clipping and the update, the expert balancer. The
+// trainer around it decides what to do with the result (metrics, evaluation, checkpoints).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "zaya/core/tensor.h"
+#include "zaya/data/loader.h"
+#include "zaya/dist/communicator.h"
+#include "zaya/model/zaya_model.h"
+#include "zaya/optim/optimizer.h"
+
+namespace zaya::train {
+
+struct StepTimes {
+  double data = 0, forward = 0, backward = 0, optimizer = 0, checkpoint_fence = 0, step = 0;  // seconds
+};
+
+struct StepResult {
+  double loss = 0;                     // mean training loss over the step's micro-batches
+  optim::StepStats update;             // the optimizer's step (norm, clipping, skipped)
+  int64_t sequences = 0;               // sequences in the step, over every rank
+  int64_t tokens = 0;                  // tokens in the step, over every rank
+  std::vector<int64_t> expert_counts;  // [L·E] tokens each real expert got, over every rank
+  std::vector<int64_t> skipped;        // [L] tokens that chose the skip class, over every rank
+  StepTimes time;
+};
+
+class TrainStep {
+ public:
+  TrainStep(model::ZayaModel& model, optim::Optimizer& optimizer, dist::Communicator& comm);
+
+  // `micro_batches` micro-batches from `data` (rows for this rank), then the update with learning
+  // rate `lr`. `fence` runs just before the update and returns the seconds it waited (a deferred
+  // checkpoint snapshot must finish copying the weights first).
+  StepResult run(data::DataLoader& data, int64_t micro_batches, double lr, const std::function<double()>& fence);
+
+ private:
+  void shape_batch();  // (re)allocates the batch tensors for the model's current [B, T]
+
+  model::ZayaModel& model_;
+  optim::Optimizer& optimizer_;
+  dist::Communicator& comm_;
+  Tensor rows_, ids_, targets_;  // [B, T+1], [B, T], [B, T] i32
+};
+
+}  // namespace zaya::train
