@@ -247,27 +247,74 @@ TEST(MpiTimeoutChild, WorkNamesTheRankThatNeverIssued) {
   std::fflush(stdout);
 }
 
-// Each rank reports its own exit code, since mpirun reports one; with orte_abort_on_non_zero_status
-// off a rank that leaves without MPI_Finalize (as a broken communicator does) does not take the
-// others down before they report.
+// The same, but the last rank is inside a wait on another communicator, so it answers the census
+// (every live communicator of a process answers while any of them waits) with its latest operation
+// on this one, an earlier one: it is named as not having issued the collective, not as silent.
+TEST(MpiTimeoutChild, BehindRankIsNamedWithItsLatestCollective) {
+  if (!std::getenv("ZAYA_MPI_TIMEOUT_TEST"))
+    GTEST_SKIP() << "runs only as an mpirun child of MpiIntegration.WorkTimeoutNamesTheRankThatNeverIssued";
+  auto c = make_mpi_communicator({.timeout_s = 20, .census_s = kCensus});
+  // The late rank's wait there outlasts the others' timeout and census, so it is still answering.
+  auto other = make_mpi_communicator({.timeout_s = 20, .census_s = kCensus});
+  const int n = c->size(), me = c->rank(), late = n - 1;
+  c->barrier();  // #1 on c
+  c->set_timeout(kShortTimeout);
+  other->set_timeout(3 * (kShortTimeout + kCensus) + 1.0);
+  std::vector<float> x(4, 1.0f), y(4, 0.0f);
+  if (me == late) {
+    try {
+      other->barrier();  // the others never come: it times out after they have left
+    } catch (const Error& e) {
+      std::printf("zaya-late-rank %d: %s\n", me, e.what());
+    }
+    return;
+  }
+  try {
+    c->all_reduce(x.data(), y.data(), 4, DType::f32);  // #2
+    ADD_FAILURE() << "the all_reduce completed without rank " << late;
+  } catch (const CollectiveTimeout& e) {
+    std::printf("zaya-timeout rank %d: %s\n", me, e.what());
+    EXPECT_EQ(e.missing(), std::vector<int>{late});
+    EXPECT_NE(std::string(e.what()).find(str("collective #2 (all_reduce) on rank ", me, " of ", n, " timed out after ",
+                                             kShortTimeout, " s: rank ", late,
+                                             " has not issued it (its latest is collective #1)")),
+              std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find("never arrived"), std::string::npos) << e.what();
+  }
+  std::fflush(stdout);
+}
+
+// Runs one MpiTimeoutChild test under mpirun with np ranks. Each rank reports its own exit code,
+// since mpirun reports one; with orte_abort_on_non_zero_status off a rank that leaves without
+// MPI_Finalize (as one with a broken communicator does) does not take the others down before they
+// report.
+test::CliRun run_timeout_child(int np, const std::string& test) {
+  return test::run_shell(test_support::mpirun(np, "--mca orte_abort_on_non_zero_status 0 -x ZAYA_MPI_TIMEOUT_TEST=1") +
+                         "sh -c '\"$0\" \"$@\"; rc=$?; echo \"zaya-rank-exit $OMPI_COMM_WORLD_RANK $rc\"; exit $rc' " +
+                         test_support::self_exe() + " --gtest_filter=MpiTimeoutChild." + test + " --gtest_brief=1");
+}
+
+void expect_survivors_report(const test::CliRun& r, int np, const std::string& what) {
+  for (int survivor = 0; survivor < np - 1; ++survivor) {
+    EXPECT_NE(r.output.find(str("zaya-timeout rank ", survivor, ": ", what, " on rank ", survivor, " of ", np)),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find(str("zaya-rank-exit ", survivor, " 0")), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(r.output.find("Failure"), std::string::npos) << r.output;
+}
+
 TEST(MpiIntegration, WorkTimeoutNamesTheRankThatNeverIssued) {
   for (int np : {2, 3}) {
     const auto t0 = std::chrono::steady_clock::now();
-    const test::CliRun r = test::run_shell(
-        test_support::mpirun(np, "--mca orte_abort_on_non_zero_status 0 -x ZAYA_MPI_TIMEOUT_TEST=1") +
-        "sh -c '\"$0\" \"$@\"; rc=$?; echo \"zaya-rank-exit $OMPI_COMM_WORLD_RANK $rc\"; exit $rc' " +
-        test_support::self_exe() + " --gtest_filter=MpiTimeoutChild.* --gtest_brief=1");
+    const test::CliRun r = run_timeout_child(np, "WorkNamesTheRankThatNeverIssued");
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (int survivor = 0; survivor < np - 1; ++survivor) {
-      EXPECT_NE(r.output.find(str("zaya-timeout rank ", survivor, ": collective #3 (all_reduce) on rank ", survivor,
-                                  " of ", np)),
-                std::string::npos)
-          << r.output;
-      EXPECT_NE(r.output.find(str("zaya-rank-exit ", survivor, " 0")), std::string::npos) << r.output;
-    }
-    EXPECT_EQ(r.output.find("Failure"), std::string::npos) << r.output;
+    expect_survivors_report(r, np, "collective #3 (all_reduce)");
     EXPECT_LT(seconds, 20) << r.output;  // 0.4 s timeout + 0.4 s census + the late rank's nap
   }
+  const test::CliRun r = run_timeout_child(3, "BehindRankIsNamedWithItsLatestCollective");
+  expect_survivors_report(r, 3, "collective #2 (all_reduce)");
 }
 
 }  // namespace zaya::dist
