@@ -116,8 +116,10 @@ class Communicator {
   // Completes once every rank has issued its barrier. It orders ranks, not data: Works issued
   // before it are not implied complete.
   virtual Work start_barrier() = 0;
-  // Point-to-point; a send must be matched by a recv of the same count and tag on `peer` (the nccl
-  // backend ignores tags: sends and recvs between two ranks match in issue order).
+  // Point-to-point; a send must be matched by a recv of the same count and tag on `peer`. The nccl
+  // backend ignores tags (sends and recvs between two ranks match in issue order) and runs a
+  // communicator's operations one after another in issue order, so the issue order alone must not
+  // deadlock there (e.g. even ranks send first); MPI also allows every rank to post its recv first.
   virtual Work start_send(const void* buf, size_t count, DType dtype, int peer, int tag = 0) = 0;
   virtual Work start_recv(void* buf, size_t count, DType dtype, int peer, int tag = 0) = 0;
 

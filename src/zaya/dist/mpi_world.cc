@@ -3,10 +3,10 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <iterator>
-#include <numeric>
 #include <cstring>
+#include <iterator>
 #include <mutex>
+#include <numeric>
 #include <sstream>
 
 #include "zaya/core/log.h"
@@ -170,7 +170,8 @@ void Watchdog::answer_queries() {
   });
 }
 
-// Answers census queries on every live communicator, at most once per kProbeEvery.
+// Answers census queries on every live communicator, at most once per kProbeEvery; returns
+// whether it did (the moments at which a wait also looks at its deadline).
 static bool census_due() {
   const auto now = std::chrono::steady_clock::now();
   if (now - g_last_probe < kProbeEvery) return false;
