@@ -176,12 +176,8 @@ static bool census_due() {
   const auto now = std::chrono::steady_clock::now();
   if (now - g_last_probe < kProbeEvery) return false;
   g_last_probe = now;
-  std::vector<Watchdog*> all;
-  {
-    std::lock_guard<std::mutex> lock(g_watchdogs_mutex);
-    all = g_watchdogs;
-  }
-  for (Watchdog* w : all) w->answer_census();
+  std::lock_guard<std::mutex> lock(g_watchdogs_mutex);  // answering never makes or drops one
+  for (Watchdog* w : g_watchdogs) w->answer_census();
   return true;
 }
 
