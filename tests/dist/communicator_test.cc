@@ -13,13 +13,21 @@
 #include <string>
 #include <vector>
 
+#include "communicator_test_util.h"
 #include "test_util.h"
 #include "zaya/core/cuda_runtime.h"
 #include "zaya/core/dtype.h"
 #include "zaya/core/tensor.h"
 
 namespace zaya::dist {
-namespace {
+using test_support::Buf;
+using test_support::check_every_operation;
+using test_support::check_meshes;
+using test_support::check_nonblocking;
+using test_support::is_mpi_child;
+using test_support::is_singleton_child;
+using test_support::run_as_singleton_child;
+
 
 TEST(LocalCommunicator, IsAWorldOfOneThatCopies) {
   auto c = make_local_communicator();
@@ -51,30 +59,8 @@ TEST(Communicator, BackendNamesParse) {
 // ---- Every collective on small integers, whose sums are exact in f32 and bf16: the MPI backend as
 // an mpirun child, the NCCL backend on a GPU (a world of one here; more ranks under mpirun). ----
 
-// A buffer on the communicator's device (a Tensor there), filled from a host vector and read back
-// into it, so the same checks run on host buffers (MPI) and device buffers (NCCL).
-template <class T>
-class Buf {
- public:
-  Buf(const Communicator& c, std::vector<T> init) : host_(std::move(init)), t_(host_view().to(c.device())) {}
-  Buf(const Communicator& c, size_t n, T fill) : Buf(c, std::vector<T>(n, fill)) {}
-  T* data() { return static_cast<T*>(t_.raw()); }
-  // The contents as they are now.
-  const std::vector<T>& get() {
-    host_view().copy_from(t_);
-    return host_;
-  }
-
- private:
-  Tensor host_view() {
-    return Tensor::borrow(host_.data(), Shape{static_cast<int64_t>(host_.size())}, dtype_of<T>::value);
-  }
-  std::vector<T> host_;
-  Tensor t_;
-};
-
 // The checks hold for any world size n >= 1 (the ring of sends needs a peer, so n >= 2).
-void check_every_operation(Communicator& c) {
+void test_support::check_every_operation(Communicator& c) {
   const int n = c.size(), me = c.rank();
   const size_t k = 5;  // elements per rank block: odd on purpose
 
@@ -161,34 +147,15 @@ void check_every_operation(Communicator& c) {
   c.barrier();
 }
 
-bool is_mpi_child() { return std::getenv("ZAYA_MPI_SELF_TEST") != nullptr; }
-
 TEST(MpiSelf, EveryOperation) {
   if (!is_mpi_child()) GTEST_SKIP() << "runs only as an mpirun child of MpiIntegration.CommunicatorOps";
-  auto c = make_mpi_communicator({.timeout_s = 20});
-  ASSERT_GE(c->size(), 2);
-  check_every_operation(*c);
+  Communicator& c = test_support::mpi_self_world();
+  ASSERT_GE(c.size(), 2);
+  check_every_operation(c);
 }
 
-// The tests that start MPI in-process (a singleton: no launcher) run their checks in a child
-// process, this test binary again filtered to the same test, with ZAYA_MPI_SINGLETON_CHILD set. The
-// parent stays free of MPI: MPI cannot start again in a process that finalized it, and a singleton
-// start leaves OMPI_/PMIX_ variables in the environment that break later mpirun launches from the
-// same process (MpiIntegration.*, when the binary runs whole). Isolated singleton: no runtime
-// daemon to start, which a bare GPU image lacks.
-bool is_singleton_child() { return std::getenv("ZAYA_MPI_SINGLETON_CHILD") != nullptr; }
-
-// Runs this binary's test `name` as a singleton child; expects it to pass (not skip).
-void run_as_singleton_child(const std::string& name) {
-  const test::CliRun run =
-      test::run_shell("ZAYA_MPI_SINGLETON_CHILD=1 OMPI_MCA_ess_singleton_isolated=1 " +
-                      std::filesystem::read_symlink("/proc/self/exe").string() + " --gtest_filter=" + name);
-  EXPECT_EQ(run.code, 0) << run.output;
-  EXPECT_NE(run.output.find("[  PASSED  ] 1 test."), std::string::npos) << run.output;
-  EXPECT_EQ(run.output.find("SKIPPED"), std::string::npos) << run.output;
-}
-
-// The MPI backend started without a launcher: a singleton world of one, as NcclWorld starts it.
+// The MPI backend started without a launcher: a singleton world of one, as NcclWorld starts it;
+// also its Works and its 1 × 1 mesh.
 TEST(MpiWorldOfOne, SingletonRunsEveryOperation) {
   if (launcher_world_size() > 1) GTEST_SKIP() << "under a launcher of several ranks: MpiSelf.* covers it";
   if (!is_singleton_child()) {
@@ -198,11 +165,14 @@ TEST(MpiWorldOfOne, SingletonRunsEveryOperation) {
   auto c = make_mpi_communicator({.timeout_s = 20});
   ASSERT_EQ(c->size(), 1);
   check_every_operation(*c);
+  check_nonblocking(*c);
+  check_meshes(*c);
 }
 
 // The NCCL backend on device buffers: in a world of one (MPI as a singleton), NCCL makes a
 // one-rank communicator and every collective runs as NCCL's device-side copy or reduction of one
-// input. Under mpirun on a machine with several GPUs the same test covers n ranks, one GPU each.
+// input; the Works wait on CUDA events and the 1 × 1 mesh comes from ncclCommSplit. Under mpirun
+// on a machine with several GPUs the same test covers n ranks, one GPU each.
 TEST(NcclWorld, EveryOperationOnDeviceBuffers) {
   if (!cuda::built_with_cuda()) GTEST_SKIP() << "this build has no CUDA (the nccl backend is not built)";
   if (cuda::device_count() == 0) GTEST_SKIP() << "no GPU: " << cuda::no_device_reason();
@@ -215,10 +185,11 @@ TEST(NcclWorld, EveryOperationOnDeviceBuffers) {
   ASSERT_EQ(c->backend(), Backend::nccl);
   EXPECT_EQ(c->size(), launcher_world_size());
   check_every_operation(*c);
+  check_nonblocking(*c);
+  check_meshes(*c);
   if (c->size() == 1) {
     EXPECT_THROW(c->broadcast(nullptr, nullptr, 1, DType::f32, 1), Error);  // root out of range
   }
 }
 
-}  // namespace
 }  // namespace zaya::dist

@@ -28,6 +28,19 @@ Backend parse_backend(const std::string& name, const std::string& field, bool* i
   throw Error("unknown communicator backend", {.field = field, .expected = "auto, local, mpi or nccl", .found = name});
 }
 
+void Work::wait() {
+  if (!impl_) return;
+  impl_->wait();
+  impl_.reset();
+}
+
+bool Work::test() {
+  if (!impl_) return true;
+  if (!impl_->test()) return false;
+  impl_.reset();
+  return true;
+}
+
 void Communicator::set_timeout(double seconds) {
   ZAYA_CHECK(seconds > 0, "collective timeout must be positive, found ", seconds, " s");
   options_.timeout_s = seconds;
@@ -55,29 +68,37 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
 
-  // With one rank every collective is the identity from send to recv.
-  void all_reduce(const void* s, void* r, size_t n, DType t) override { copy(s, r, n, t); }
-  void reduce_scatter(const void* s, void* r, size_t n, DType t) override { copy(s, r, n, t); }
-  void all_gather(const void* s, void* r, size_t n, DType t) override { copy(s, r, n, t); }
-  void broadcast(const void* s, void* r, size_t n, DType t, int root) override {
+  // With one rank every collective is the identity from send to recv, done inside start_<op>.
+  Work start_all_reduce(const void* s, void* r, size_t n, DType t) override { return copy(s, r, n, t); }
+  Work start_reduce_scatter(const void* s, void* r, size_t n, DType t) override { return copy(s, r, n, t); }
+  Work start_all_gather(const void* s, void* r, size_t n, DType t) override { return copy(s, r, n, t); }
+  Work start_broadcast(const void* s, void* r, size_t n, DType t, int root) override {
     ZAYA_CHECK(root == 0, "broadcast root ", root, " out of range for a world of 1");
-    copy(s, r, n, t);
+    return copy(s, r, n, t);
   }
-  void all_to_all(const void* s, void* r, size_t n, DType t) override { copy(s, r, n, t); }
-  void barrier() override {}
-  void send(const void*, size_t, DType, int peer, int) override {
+  Work start_all_to_all(const void* s, void* r, size_t n, DType t) override { return copy(s, r, n, t); }
+  Work start_barrier() override { return {}; }
+  Work start_send(const void*, size_t, DType, int peer, int) override {
     throw Error(str("send to rank ", peer, " in a world of 1: there is no peer"));
   }
-  void recv(void*, size_t, DType, int peer, int) override {
+  Work start_recv(void*, size_t, DType, int peer, int) override {
     throw Error(str("recv from rank ", peer, " in a world of 1: there is no peer"));
+  }
+  std::unique_ptr<Communicator> split(int color, int) override {
+    ZAYA_CHECK(color >= 0, "split: color must be non-negative, found ", color);
+    return std::make_unique<LocalCommunicator>(options_);
   }
   double host_max(double v) override { return v; }
   int64_t host_sum(int64_t v) override { return v; }
-  void host_all_gather(const void* s, void* r, size_t bytes) override { copy(s, r, bytes, DType::u8); }
+  void host_all_gather(const void* s, void* r, size_t bytes) override { copy_now(s, r, bytes, DType::u8); }
 
  private:
-  static void copy(const void* s, void* r, size_t n, DType t) {
+  static void copy_now(const void* s, void* r, size_t n, DType t) {
     if (s != r && n > 0) std::memmove(r, s, n * dtype_size(t));
+  }
+  static Work copy(const void* s, void* r, size_t n, DType t) {
+    copy_now(s, r, n, t);
+    return {};
   }
 };
 

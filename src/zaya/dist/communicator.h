@@ -19,7 +19,13 @@
 //   j and lands in block rank() of j's recv. In place when send == recv.
 // - all_reduce / broadcast are in place when send == recv.
 //
-// Every collective has a timeout (Options::timeout_s). When it expires the communicator finds which
+// Every collective has a non-blocking form, start_<op>(...), that issues it and returns a Work; the
+// blocking form <op>(...) is exactly start_<op>(...).wait(). Several Works may be outstanding at once
+// and waited in any order, provided every rank of the communicator issues its collectives in the
+// same order (the order of start_* calls, blocking calls included). The caller keeps the buffers
+// alive and untouched until the Work completes, and a Work must not outlive its communicator.
+//
+// Every wait has a timeout (Options::timeout_s). When it expires the communicator finds which
 // ranks never arrived (see docs/dist.md, "Timeouts") and throws CollectiveTimeout naming them; the
 // communicator is then broken: every later call throws, and it will not finalize MPI (a finalize
 // with a dead peer would hang) — the process should exit non-zero.
@@ -60,6 +66,39 @@ class CollectiveTimeout : public Error {
   std::vector<int> missing_;
 };
 
+// A collective in flight, returned by Communicator::start_<op>. Move-only value: a default
+// constructed (or moved-from) Work has nothing to wait for and counts as complete, which is what the
+// local backend returns since its collectives finish inside start_<op>.
+//
+// wait() returns when the collective has completed on this rank (its recv buffer may be read, its
+// send buffer reused), or throws CollectiveTimeout after the communicator's timeout, naming the
+// ranks that never issued it. test() says whether it has completed, without blocking; it also
+// throws on a broken communicator or an asynchronous backend error. Destroying a Work that has not
+// completed waits for it (errors are logged, not thrown, since a destructor cannot throw), unless
+// the communicator is already broken.
+class [[nodiscard]] Work {
+ public:
+  // What a backend implements; wait() and test() may be called again after completion.
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    virtual bool test() = 0;
+    virtual void wait() = 0;
+  };
+
+  Work() = default;
+  explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Work(Work&&) noexcept = default;
+  Work& operator=(Work&&) noexcept = default;
+  ~Work() = default;
+
+  void wait();
+  bool test();
+
+ private:
+  std::unique_ptr<Impl> impl_;  // null once complete
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -68,15 +107,45 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  virtual void all_reduce(const void* send, void* recv, size_t count, DType dtype) = 0;
-  virtual void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype) = 0;
-  virtual void all_gather(const void* send, void* recv, size_t send_count, DType dtype) = 0;
-  virtual void broadcast(const void* send, void* recv, size_t count, DType dtype, int root) = 0;
-  virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;
-  virtual void barrier() = 0;
-  // Point-to-point; a send must be matched by a recv of the same count and tag on `peer`.
-  virtual void send(const void* buf, size_t count, DType dtype, int peer, int tag = 0) = 0;
-  virtual void recv(void* buf, size_t count, DType dtype, int peer, int tag = 0) = 0;
+  // Non-blocking forms: issue the operation and return its Work.
+  virtual Work start_all_reduce(const void* send, void* recv, size_t count, DType dtype) = 0;
+  virtual Work start_reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype) = 0;
+  virtual Work start_all_gather(const void* send, void* recv, size_t send_count, DType dtype) = 0;
+  virtual Work start_broadcast(const void* send, void* recv, size_t count, DType dtype, int root) = 0;
+  virtual Work start_all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // Completes once every rank has issued its barrier. It orders ranks, not data: Works issued
+  // before it are not implied complete.
+  virtual Work start_barrier() = 0;
+  // Point-to-point; a send must be matched by a recv of the same count and tag on `peer`. The nccl
+  // backend ignores tags (sends and recvs between two ranks match in issue order) and runs a
+  // communicator's operations one after another in issue order, so the issue order alone must not
+  // deadlock there (e.g. even ranks send first); MPI also allows every rank to post its recv first.
+  virtual Work start_send(const void* buf, size_t count, DType dtype, int peer, int tag = 0) = 0;
+  virtual Work start_recv(void* buf, size_t count, DType dtype, int peer, int tag = 0) = 0;
+
+  // Blocking forms: start_<op>(...).wait().
+  void all_reduce(const void* send, void* recv, size_t count, DType dtype) {
+    start_all_reduce(send, recv, count, dtype).wait();
+  }
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype) {
+    start_reduce_scatter(send, recv, recv_count, dtype).wait();
+  }
+  void all_gather(const void* send, void* recv, size_t send_count, DType dtype) {
+    start_all_gather(send, recv, send_count, dtype).wait();
+  }
+  void broadcast(const void* send, void* recv, size_t count, DType dtype, int root) {
+    start_broadcast(send, recv, count, dtype, root).wait();
+  }
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype) {
+    start_all_to_all(send, recv, count, dtype).wait();
+  }
+  void barrier() { start_barrier().wait(); }
+  void send(const void* buf, size_t count, DType dtype, int peer, int tag = 0) {
+    start_send(buf, count, dtype, peer, tag).wait();
+  }
+  void recv(void* buf, size_t count, DType dtype, int peer, int tag = 0) {
+    start_recv(buf, count, dtype, peer, tag).wait();
+  }
 
   // Control-plane reductions of host scalars (timings, error counts), whatever the backend's
   // buffers are. Also bounded by the timeout.
@@ -84,6 +153,12 @@ class Communicator {
   virtual int64_t host_sum(int64_t value) = 0;
   // recv (host, size()*bytes) gets every rank's `bytes` host bytes in rank order.
   virtual void host_all_gather(const void* send, void* recv, size_t bytes) = 0;
+
+  // A new communicator over the ranks of this one that pass the same `color` (>= 0), ordered by
+  // `key` (ties by rank here), on the same backend and device, with these options. Collective:
+  // every rank calls it, after a barrier that is bounded by the timeout like any collective.
+  // dist/mesh.h builds the dp and cp axes with it.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
   const Options& options() const { return options_; }
   void set_timeout(double seconds);

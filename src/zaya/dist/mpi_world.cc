@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <mutex>
+#include <numeric>
 #include <sstream>
 
 #include "zaya/core/log.h"
@@ -80,15 +82,44 @@ MPI_Datatype mpi_datatype(DType t) {
 
 MPI_Op mpi_sum(DType t) { return t == DType::bf16 ? g_bf16_sum : MPI_SUM; }
 
-Watchdog::Watchdog(MPI_Comm world) {
-  MPI_Comm_dup(world, &side_);
+namespace {
+
+// Every live Watchdog of the process, so that a rank waiting in one communicator still answers
+// census queries on the others (a rank blocked on the dp axis has not vanished from the cp axis).
+// MPI is FUNNELED: only one thread polls, but communicators may be made and dropped elsewhere.
+std::mutex g_watchdogs_mutex;
+std::vector<Watchdog*> g_watchdogs;
+std::chrono::steady_clock::time_point g_last_probe{};
+
+}  // namespace
+
+Watchdog::Watchdog(MPI_Comm comm) {
+  MPI_Comm_dup(comm, &side_);
   // A peer that died must surface as silence or an error code here, never as an abort.
   MPI_Comm_set_errhandler(side_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(side_, &rank_);
   MPI_Comm_size(side_, &size_);
+  int world_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Group mine, world;
+  MPI_Comm_group(side_, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks(size_);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  world_rank_.resize(size_);
+  MPI_Group_translate_ranks(mine, size_, ranks.data(), world, world_rank_.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+  if (world_rank_ == ranks && size_ == world_size) world_rank_.clear();
+  std::lock_guard<std::mutex> lock(g_watchdogs_mutex);
+  g_watchdogs.push_back(this);
 }
 
 Watchdog::~Watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(g_watchdogs_mutex);
+    std::erase(g_watchdogs, this);
+  }
   if (broken_) return;  // the side communicator may have a dead member; leave it to exit()
   for (Reply& r : replies_) MPI_Wait(&r.request, MPI_STATUS_IGNORE);
   MPI_Comm_free(&side_);
@@ -96,18 +127,29 @@ Watchdog::~Watchdog() {
 
 void Watchdog::check_usable() const {
   if (broken_)
-    throw Error(str("communicator is broken: collective #", seq_, " (", what_,
-                    ") timed out earlier; exit and restart the job"));
+    throw Error(str("communicator is broken: collective #", broken_seq_, " (", broken_what_,
+                    ") failed earlier; exit and restart the job"));
 }
 
-void Watchdog::begin(const char* what) {
+void Watchdog::mark_broken(uint64_t seq, const char* what) {
+  if (broken_) return;
+  broken_ = true;
+  broken_seq_ = seq;
+  broken_what_ = what;
+  mark_mpi_broken();
+}
+
+uint64_t Watchdog::begin(const char* /*what*/) {
   check_usable();
-  ++seq_;
-  what_ = what;
+  return ++seq_;
 }
 
-// A query carries the asker's collective number; the reply carries ours and whether we are
-// waiting inside one (we only ever answer from inside a wait, so always 1).
+std::string Watchdog::rank_name(int r) const {
+  if (world_rank_.empty()) return std::to_string(r);
+  return str(r, " (world rank ", world_rank_[r], ")");
+}
+
+// A query carries the asker's collective number; the reply carries the latest one we issued.
 void Watchdog::answer_queries() {
   for (;;) {
     int flag = 0;
@@ -120,7 +162,7 @@ void Watchdog::answer_queries() {
     r.payload = seq_;
     MPI_Isend(&r.payload, 1, MPI_UINT64_T, st.MPI_SOURCE, kReplyTag, side_, &r.request);
   }
-  // Reap finished replies so the vector stays short.
+  // Reap finished replies so the list stays short.
   std::erase_if(replies_, [](Reply& r) {
     int done = 0;
     MPI_Test(&r.request, &done, MPI_STATUS_IGNORE);
@@ -128,39 +170,70 @@ void Watchdog::answer_queries() {
   });
 }
 
-void Watchdog::wait(MPI_Request* requests, int n, double timeout_s, double census_s) {
-  wait_until(
-      [&] {
-        int done = 0;
-        int rc = MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
-        ZAYA_CHECK(rc == MPI_SUCCESS, "MPI error in collective #", seq_, " (", what_, "): code ", rc);
-        return done != 0;
-      },
-      timeout_s, census_s);
+// Answers census queries on every live communicator, at most once per kProbeEvery; returns
+// whether it did (the moments at which a wait also looks at its deadline).
+static bool census_due() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - g_last_probe < kProbeEvery) return false;
+  g_last_probe = now;
+  std::lock_guard<std::mutex> lock(g_watchdogs_mutex);  // answering never makes or drops one
+  for (Watchdog* w : g_watchdogs) w->answer_census();
+  return true;
 }
 
-void Watchdog::wait_until(const std::function<bool()>& done, double timeout_s, double census_s) {
+void Watchdog::answer_census() {
+  if (!broken_) answer_queries();
+}
+
+bool Watchdog::poll(const std::function<bool()>& done) {
+  check_usable();
+  if (done()) return true;
+  census_due();
+  return false;
+}
+
+bool Watchdog::testall(uint64_t seq, const char* what, MPI_Request* requests, int n) {
+  int done = 0;
+  int rc = MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    mark_broken(seq, what);
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    throw Error(str("MPI error in collective #", seq, " (", what, ") on rank ", rank_name(rank_), ": ",
+                    std::string(text, len)));
+  }
+  return done != 0;
+}
+
+bool Watchdog::test(uint64_t seq, const char* what, MPI_Request* requests, int n) {
+  return poll([&] { return testall(seq, what, requests, n); });
+}
+
+void Watchdog::wait(uint64_t seq, const char* what, MPI_Request* requests, int n, double timeout_s,
+                    double census_s) {
+  wait_until(seq, what, [&] { return testall(seq, what, requests, n); }, timeout_s, census_s);
+}
+
+void Watchdog::wait_until(uint64_t seq, const char* what, const std::function<bool()>& done, double timeout_s,
+                          double census_s) {
   using clock = std::chrono::steady_clock;
+  check_usable();
   const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
                                            std::chrono::duration<double>(timeout_s));
   for (int spin = 0;; ++spin) {
     if (done()) return;
-    auto now = clock::now();
-    if (now - last_probe_ >= kProbeEvery) {
-      last_probe_ = now;
-      answer_queries();
-      if (now >= deadline) census_and_throw(done, timeout_s, census_s);
-    }
+    if (census_due() && clock::now() >= deadline) census_and_throw(seq, what, done, timeout_s, census_s);
     // Ranks may outnumber cores (mpirun --oversubscribe): give the core away now and then.
     if ((spin & 63) == 63) sched_yield();
   }
 }
 
-void Watchdog::census_and_throw(const std::function<bool()>& done, double timeout_s, double census_s) {
+void Watchdog::census_and_throw(uint64_t seq, const char* what, const std::function<bool()>& done,
+                                double timeout_s, double census_s) {
   using clock = std::chrono::steady_clock;
-  broken_ = true;
-  mark_mpi_broken();
-  std::vector<uint64_t> query_payload(1, seq_);
+  mark_broken(seq, what);
+  std::vector<uint64_t> query_payload(1, seq);
   std::vector<MPI_Request> queries;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
@@ -173,7 +246,8 @@ void Watchdog::census_and_throw(const std::function<bool()>& done, double timeou
   const auto end = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(census_s));
   int answered = 1;
   while (clock::now() < end && answered < size_) {
-    answer_queries();
+    answer_queries();  // peers that time out too ask us in turn
+    census_due();      // and other communicators' peers keep their answers
     int flag = 0;
     MPI_Status st;
     if (MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, side_, &flag, &st) == MPI_SUCCESS && flag) {
@@ -186,29 +260,32 @@ void Watchdog::census_and_throw(const std::function<bool()>& done, double timeou
     }
   }
   // A late arrival may have completed the collective after all; that is still a timeout (the
-  // deadline passed), but say so.
-  bool completed_late = done();
+  // deadline passed), but say so. An error from done() now is beside the point.
+  bool completed_late = false;
+  try {
+    completed_late = done();
+  } catch (const std::exception&) {
+  }
 
-  std::vector<int> missing, elsewhere;
+  std::vector<int> silent, behind, missing;
   for (int p = 0; p < size_; ++p) {
-    if (answer[p] < 0) missing.push_back(p);
-    else if (static_cast<uint64_t>(answer[p]) != seq_) elsewhere.push_back(p);
+    if (answer[p] < 0) silent.push_back(p);
+    else if (static_cast<uint64_t>(answer[p]) < seq) behind.push_back(p);
   }
+  std::merge(silent.begin(), silent.end(), behind.begin(), behind.end(), std::back_inserter(missing));
   std::ostringstream msg;
-  msg << "collective #" << seq_ << " (" << what_ << ") on rank " << rank_ << " of " << size_
+  msg << "collective #" << seq << " (" << what << ") on rank " << rank_name(rank_) << " of " << size_
       << " timed out after " << timeout_s << " s: ";
-  auto list = [&](const std::vector<int>& ranks) {
-    for (size_t i = 0; i < ranks.size(); ++i) msg << (i ? ", " : "") << ranks[i];
-  };
-  if (!missing.empty()) {
-    msg << (missing.size() == 1 ? "rank " : "ranks ");
-    list(missing);
-    msg << " never arrived (no answer to a census within " << census_s << " s: dead, hung, or busy outside any collective)";
-  } else {
-    msg << "every rank answered the census but the collective did not complete";
+  if (!silent.empty()) {
+    msg << (silent.size() == 1 ? "rank " : "ranks ");
+    for (size_t i = 0; i < silent.size(); ++i) msg << (i ? ", " : "") << rank_name(silent[i]);
+    msg << " never arrived (no answer to a census within " << census_s
+        << " s: dead, hung, or busy outside any collective)";
   }
-  for (int p : elsewhere)
-    msg << "; rank " << p << " is waiting in collective #" << answer[p] << " instead";
+  for (size_t i = 0; i < behind.size(); ++i)
+    msg << (silent.empty() && i == 0 ? "" : "; ") << "rank " << rank_name(behind[i])
+        << " has not issued it (its latest is collective #" << answer[behind[i]] << ")";
+  if (missing.empty()) msg << "every rank has issued it but it did not complete";
   if (completed_late) msg << "; the collective completed during the census";
   throw CollectiveTimeout(msg.str(), missing);
 }

@@ -26,44 +26,60 @@ void mark_mpi_broken();
 MPI_Datatype mpi_datatype(DType t);  // bf16 is a committed 2-byte contiguous type
 MPI_Op mpi_sum(DType t);             // MPI_SUM, or the fp32-accumulating bf16 sum
 
-// Polls non-blocking MPI work against a deadline. While waiting it answers census queries from
-// peers; when the deadline passes it asks every peer "which collective are you in?" over a side
-// communicator, waits Options::census_s for answers, and throws CollectiveTimeout naming the
-// ranks that stayed silent (dead, hung, or busy outside any collective) and the ranks that are
-// waiting in a different collective. See docs/dist.md, "Timeouts".
+// Numbers the operations of one communicator and waits for them against a deadline. Every rank
+// numbers its operations in issue order, so "collective #k" names the same call on every rank.
+// While any wait or test of any communicator in the process polls, every live Watchdog answers
+// census queries from its peers with the number of the latest operation it has issued. When a
+// wait's deadline passes it asks every peer, over a side communicator, for that number, waits
+// Options::census_s for answers, and throws CollectiveTimeout naming the ranks that have not issued
+// the operation: those that stayed silent (dead, hung, or busy outside any collective) and those
+// whose latest operation is an earlier one. See docs/dist.md, "Timeouts".
 class Watchdog {
  public:
-  explicit Watchdog(MPI_Comm world);
+  explicit Watchdog(MPI_Comm comm);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // Starts collective number seq()+1 called `what` (for messages).
-  void begin(const char* what);
-  // Waits until all `requests` complete (MPI_Testall), or throws.
-  void wait(MPI_Request* requests, int n, double timeout_s, double census_s);
-  // Waits until done() is true (e.g. a CUDA stream query), or throws. done() is polled.
-  void wait_until(const std::function<bool()>& done, double timeout_s, double census_s);
+  // Numbers the next operation (called `what` in messages) and returns its number.
+  uint64_t begin(const char* what);
+  // Waits until done() is true (polled), or throws for operation `seq`.
+  void wait_until(uint64_t seq, const char* what, const std::function<bool()>& done, double timeout_s,
+                  double census_s);
+  // done(), answering census queries now and then; never blocks.
+  bool poll(const std::function<bool()>& done);
+  // The same for MPI requests (MPI_Testall); an MPI error breaks the communicator and throws.
+  void wait(uint64_t seq, const char* what, MPI_Request* requests, int n, double timeout_s, double census_s);
+  bool test(uint64_t seq, const char* what, MPI_Request* requests, int n);
 
-  uint64_t seq() const { return seq_; }
+  uint64_t seq() const { return seq_; }  // the latest operation issued
   bool broken() const { return broken_; }
   void check_usable() const;
+  // Answers this communicator's pending census queries (called for every live Watchdog while any
+  // of them polls).
+  void answer_census();
+  // Marks the communicator unusable (and MPI not to be finalized) after an error in `what`.
+  void mark_broken(uint64_t seq, const char* what);
 
  private:
   void answer_queries();
-  [[noreturn]] void census_and_throw(const std::function<bool()>& done, double timeout_s, double census_s);
+  bool testall(uint64_t seq, const char* what, MPI_Request* requests, int n);
+  [[noreturn]] void census_and_throw(uint64_t seq, const char* what, const std::function<bool()>& done,
+                                     double timeout_s, double census_s);
+  std::string rank_name(int r) const;  // "2", or "2 (world rank 5)" on a sub-communicator
 
   MPI_Comm side_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  std::vector<int> world_rank_;  // empty when ranks are world ranks
   uint64_t seq_ = 0;
-  std::string what_;
   bool broken_ = false;
+  uint64_t broken_seq_ = 0;
+  std::string broken_what_;
   struct Reply {
     MPI_Request request = MPI_REQUEST_NULL;
     uint64_t payload = 0;
   };
   std::list<Reply> replies_;  // census replies we sent that may still be in flight
-  std::chrono::steady_clock::time_point last_probe_{};
 };
 
 }  // namespace zaya::dist::detail
