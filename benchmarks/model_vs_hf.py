@@ -17,8 +17,9 @@ within minutes, only measurements taken side by side compare. With --pairing ste
 the two zaya programs stay resident (`zaya forward --bench-paced`, one step per line on its stdin)
 next to one transformers model, and a round alternates single steps of the three, rotating which
 goes first, so each program's steps are timed within a second of the others'. --pairing block
-runs each measurement as a block of --steps steps (zaya as a new process each round), as before
-session 21. Each round starts with a machine
+runs each measurement as a block of --steps steps (zaya as a new process each round) with a new
+transformers model each round, which steps ~11% slower than a kept one: it reads ~5% in zaya's
+favour (docs/results/model-cpu.md). Each round starts with a machine
 probe (the best of five 1024³ fp32 matmuls in torch on the same threads: the FMA speed of that
 moment, measured by neither program), so rounds can be compared by the machine's state
 (tools/pool_model_vs_hf.py --by-probe). Each line also shows the CPU time the hypervisor stole
@@ -246,8 +247,8 @@ def main():
     print(f"batch {a.batch} x {a.seq} = {tokens} tokens/step, {a.steps} timed steps, {a.threads} threads, "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     # transformers' first measurement in a process runs ~1.5× slower than the later ones even after
-    # its own warm-up step (1000-1250 against 630-870 ms per step in every one of ten runs on a Zen
-    # 4, 2026-11-25), which made round 1 flatter zaya. One untimed measurement first, so every round
+    # its own warm-up step (1000-1250 against 630-870 ms per step in ten runs on a 2-core Zen 4),
+    # which would make round 1 flatter zaya. One untimed measurement first, so every round
     # times the steady state; zaya runs as a new process each round and its warm-up step is enough.
     # (Paired: one untimed round of all three, after zaya's own warm-up step.)
     paired = a.pairing == "step"

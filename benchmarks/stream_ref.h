@@ -1,9 +1,8 @@
 // "Beyond cache sizes" for the memory-bound benchmarks, and the STREAM triad they are compared to.
 //
 // STREAM's rule: every array at least 4× the sum of the caches, or the "bandwidth" measured is the
-// last-level cache's. That matters here: the development VM reports a 300 MiB L3, so 32 MiB tensors
-// (what these benchmarks used before) were L3-resident and the triad then ran at L3 speed (30-40
-// GB/s at 2 threads against ~15 GB/s from DRAM). Sizes are therefore read off the machine at run
+// last-level cache's. That matters here: a VM can report a 300 MiB L3, where 32 MiB tensors are
+// L3-resident and the triad runs at L3 speed (30-40 GB/s at 2 threads against ~15 GB/s from DRAM). Sizes are therefore read off the machine at run
 // time: per-array bytes = 4 × (L2 per core × cores + L3), capped so that six such arrays (the most
 // any benchmark holds) take at most half of physical memory, and rounded to whole rows.
 #pragma once

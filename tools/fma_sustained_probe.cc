@@ -1,11 +1,8 @@
 // The FMA units' rate on this machine over a chosen length of time, on 1 and then on 2 threads:
-// 12 independent AVX-512 FMA chains per thread, nothing from memory. On the shared 2-vCPU VM the
-// rate moves with the minute, not with the length of the run (session 22: 149–165 GFLOP/s on one
-// thread, 275–328 on two, over 0.5 s and 2.5 s alike; docs/results/model-cpu-sessions.md): the ceiling to
-// read the step's GEMM rates against. Compare tools/kernel_peak_probe.cc (a GEMM-shaped
-// kernel with its operands in L1).
-//   g++ -O2 -mavx512f -mfma tools/fma_sustained_probe.cc -o /tmp/fma_sustained_probe -pthread
-//   /tmp/fma_sustained_probe [ITERATIONS]      (default 2e8: ~1 s per thread count; 1e9: ~5 s)
+// 12 independent AVX-512 FMA chains per thread, nothing from memory. It is the ceiling to read the
+// training step's GEMM rates against (docs/results/model-cpu.md). On a shared VM the rate moves with
+// the minute, not with the length of the run, so run it beside the measurement it calibrates.
+//   build/cuda/tools/fma_sustained_probe [ITERATIONS]   (default 2e8: ~1 s per thread count; 1e9: ~5 s)
 #include <immintrin.h>
 
 #include <chrono>
@@ -17,7 +14,7 @@
 namespace {
 
 // 12 chains of ITERATIONS FMAs each on 16 lanes; returns their sum so nothing is optimized away.
-float run(long iterations) {
+__attribute__((target("avx512f,fma"))) float run(long iterations) {
   __m512 a[12];
   for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(1.0f + static_cast<float>(i) * 1e-7f);
   const __m512 b = _mm512_set1_ps(0.9999999f), c = _mm512_set1_ps(1e-7f);
@@ -26,12 +23,22 @@ float run(long iterations) {
     for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], b, c);
   __m512 s = a[0];
   for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
-  return _mm512_reduce_add_ps(s);
+  // Summed through memory: GCC 12's _mm512_reduce_add_ps trips its own -Wuninitialized.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  float sum = 0.0f;
+  for (float v : lanes) sum += v;
+  return sum;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Built for any x86-64 (the kernel carries its own target), so say so instead of dying on SIGILL.
+  if (!__builtin_cpu_supports("avx512f")) {
+    std::fprintf(stderr, "fma_sustained_probe: this CPU has no AVX-512F; the probe measures AVX-512 FMAs\n");
+    return 2;
+  }
   const long iterations = argc > 1 ? std::atol(argv[1]) : 200000000L;
   for (int threads = 1; threads <= 2; ++threads) {
     std::vector<float> sums(static_cast<size_t>(threads));

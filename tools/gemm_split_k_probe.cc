@@ -3,15 +3,15 @@
 // omp_set_num_threads(t), results compared bit for bit with t = 1 (NN=1 in the environment: A·B
 // instead). The evidence behind reduction_may_split (src/zaya/ops/gemm.cc): with few output blocks
 // to share out, brgemm splits K among the threads, so the partial sums depend on the thread count.
+// Run it again after changing the oneDNN version or on a new CPU family: the rule follows oneDNN's
+// blocking, which both change.
 //
-//   g++ -std=c++20 -O2 -fopenmp tools/gemm_split_k_probe.cc -ldnnl -o /tmp/gemm_split_k_probe
-//   /tmp/gemm_split_k_probe [K]      (K: tokens, default 2048)
+//   build/cuda/tools/gemm_split_k_probe [K]      (K: tokens, default 2048; NN=1 for A·B)
 //
-// On the 2-core Intel VM (oneDNN 2.6.3, brg:avx512_core), K = 2048: every M × N with N ≤ 64
+// On a 2-core Intel Xeon (oneDNN 2.6.3, brg:avx512_core), K = 2048: every M × N with N ≤ 64
 // (M 9–1024) differed on 2 threads, the demo router's 64×64 and 9×64 among them; N ≥ 65 did not,
 // nor did 3, 4 or 8 threads. At K = 8192 every shape tried differed on 8 threads (up to 1024 ×
-// 256), most on 4, and N ≤ 64 on 2. The plain form A·B never differed (K 2048; results in
-// docs/results/ops-cpu/gemm-split-k-2026-11-27-s22.txt).
+// 256), most on 4, and N ≤ 64 on 2. The plain form A·B never differed (K 2048).
 #include <omp.h>
 
 #include <cstdio>

@@ -2,7 +2,7 @@
 profiler over a few steps (after warm-up ones) of benchmarks/model_vs_hf.py's model, ops sorted by
 their own CPU time. It sits beside
 `zaya forward --bench-steps N --sections --gemm-shapes`, for comparing the two programs part by part
-(docs/results/model-cpu-sessions.md, session 22).
+(docs/results/model-cpu.md).
 
 Run (after scripts/setup.sh; source scripts/env.sh first):
   .venv/bin/python tools/hf_step_profile.py [--threads 2] [--steps 3] [--rows 30]

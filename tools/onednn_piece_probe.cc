@@ -1,14 +1,14 @@
-// One-thread oneDNN (the system's libdnnl 2.6) f32 matmul rate for C[M,N] = op(A)·op(B) run as P
-// row pieces of M/P rows, with the operands' row strides padded by PAD_A / PAD_B floats: the probe
-// behind the GEMM piece rules in src/zaya/ops/gemm.cc (no-copy threshold, padded copies). Operands
-// are 64-byte aligned, like zaya's tensors. Prints the best of 5 passes and oneDNN's kernel name.
-// Two environment switches make it the expert GEMMs' case (src/zaya/ops/gemm_grouped.cc):
-// RUNTIME_M=1 builds the primitive with M as a runtime dim (one primitive for every token count),
-// EXPERTS=E gives the pieces E distinct B operands in turn (expert weights, not one hot copy).
-//   g++ -O2 -std=c++20 tools/onednn_piece_probe.cc -ldnnl -fopenmp -o /tmp/onednn_piece_probe
-//   OMP_NUM_THREADS=1 /tmp/onednn_piece_probe M N K TA TB PAD_A PAD_B P    (TA, TB: n or t)
-//   e.g. OMP_NUM_THREADS=1 /tmp/onednn_piece_probe 8192 256 2048 t n 0 0 1   (the demo LM head's dW)
-//   RUNTIME_M=1 EXPERTS=8 OMP_NUM_THREADS=1 /tmp/onednn_piece_probe 2048 1024 256 n t 0 0 8
+// One-thread oneDNN f32 matmul rate for C[M,N] = op(A)·op(B) run as P row pieces of M/P rows, with
+// the operands' row strides padded by PAD_A / PAD_B floats: the probe behind the GEMM piece rules in
+// src/zaya/ops/gemm.cc (no-copy threshold, padded copies), to run again when oneDNN or the CPU
+// changes. Operands are 64-byte aligned, like zaya's tensors. Prints the best of 5 passes and
+// oneDNN's kernel name. Two environment switches make it the expert GEMMs' case
+// (src/zaya/ops/gemm_grouped.cc): RUNTIME_M=1 builds the primitive with M as a runtime dim (one
+// primitive for every token count), EXPERTS=E gives the pieces E distinct B operands in turn
+// (expert weights, not one hot copy).
+//   OMP_NUM_THREADS=1 build/cuda/tools/onednn_piece_probe M N K TA TB PAD_A PAD_B P    (TA, TB: n or t)
+//   e.g. OMP_NUM_THREADS=1 build/cuda/tools/onednn_piece_probe 8192 256 2048 t n 0 0 1   (the demo LM head's dW)
+//   RUNTIME_M=1 EXPERTS=8 OMP_NUM_THREADS=1 build/cuda/tools/onednn_piece_probe 2048 1024 256 n t 0 0 8
 //       (the demo's expert gate_up: 8 experts of 256 tokens)
 #include <algorithm>
 #include <chrono>

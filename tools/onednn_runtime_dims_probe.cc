@@ -1,11 +1,10 @@
-// One-thread oneDNN (the system's libdnnl 2.6) f32 matmul C[M,N] = op(A)·op(B) built two ways: for
-// the fixed shape, and with the token dim a runtime dim as zaya's grouped expert GEMMs build it (M
-// when TA = n: x·Wᵀ and dy·W; K when TA = t: dyᵀ·x). Prints the best of 30 calls of each and the
-// kernel oneDNN picked (brgemm takes no runtime dims in 2.6: those go to its jit GEMM). The probe
-// behind docs/ops-gemm.md's note on runtime dims.
-//   g++ -O2 -std=c++20 tools/onednn_runtime_dims_probe.cc -ldnnl -o /tmp/onednn_runtime_dims_probe
-//   OMP_NUM_THREADS=1 /tmp/onednn_runtime_dims_probe M N K TA TB     (TA, TB: n or t)
-//   e.g. OMP_NUM_THREADS=1 /tmp/onednn_runtime_dims_probe 256 1024 256 n t   (the demo's gate_up x·Wᵀ)
+// One-thread oneDNN f32 matmul C[M,N] = op(A)·op(B) built two ways: for the fixed shape, and with
+// the token dim a runtime dim as zaya's grouped expert GEMMs build it (M when TA = n: x·Wᵀ and dy·W;
+// K when TA = t: dyᵀ·x). Prints the best of 30 calls of each and the kernel oneDNN picked (brgemm
+// takes no runtime dims in oneDNN 2.6: those go to its jit GEMM). The probe behind docs/ops-gemm.md's
+// note on runtime dims, to run again when the oneDNN version changes.
+//   OMP_NUM_THREADS=1 build/cuda/tools/onednn_runtime_dims_probe M N K TA TB     (TA, TB: n or t)
+//   e.g. OMP_NUM_THREADS=1 build/cuda/tools/onednn_runtime_dims_probe 256 1024 256 n t   (the demo's gate_up x·Wᵀ)
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>

@@ -3,7 +3,7 @@ region), what is the other one doing? Reads `perf script` output of a 2-thread r
 cpu-clock with call graphs, pairs each libgomp sample of one thread with the other thread's sample
 nearest in time, and counts the other thread's function (its innermost frame in zaya, or its top
 frame; "[JIT]" for oneDNN's generated GEMM code). The list says which kernels leave a thread
-waiting at their end (docs/results/model-cpu-sessions.md, sessions 21 and 22).
+waiting at their end.
 
   perf record -e cpu-clock -F 2000 -g -o /tmp/perf.data build/cuda/zaya --threads 2 forward \\
       --init-config configs/demo.toml --seed 1 --bench-steps 20 --batch 8 --seq 256

@@ -3,8 +3,8 @@
 the console output of `bench_ops_gemm --benchmark_filter=vs_square` (medians when the run used
 --benchmark_repetitions, otherwise the single rows); one bar per shape and dtype, the 80% bar drawn.
 
-    .venv/bin/python tools/plot_gemm_vs_square.py docs/results/ops-cpu/gemm-vs-square.txt \
-        [more.txt ...] -o docs/results/ops-cpu/gemm-vs-square.png
+    .venv/bin/python tools/plot_gemm_vs_square.py docs/results/ops-cpu/gemm-vs-square-0950.txt \
+        [more.txt ...] -o gemm-vs-square.png
 Several files (e.g. two OpenMP wait policies) give grouped bars, labelled by file name.
 """
 import argparse

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Plot benchmarks/model_vs_hf.py runs: each round's zaya/transformers fp32 ratio, run by run.
 
-  tools/plot_model_vs_hf.py docs/results/model-cpu/model_vs_hf-*.txt -o docs/results/model-cpu/ratios.png
+  tools/plot_model_vs_hf.py run1.txt run2.txt ... -o ratios.png     (outputs of benchmarks/model_vs_hf.sh)
 
 One column per output file, in the order given (the files' names sort by start time). Dots are the
 rounds, the bar is the run's median, the dashed line the 2× bar of issue #4. Rounds the script left
-out of its median for hypervisor steal (marked "[left out of the median" since 7fdfc55) are grey
+out of its median for hypervisor steal (marked "[left out of the median") are grey
 crosses and do not enter the bar; a run with no other rounds has no bar. A file holding only a
 summary and no per-round lines is skipped with a message.
 """

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Pool the rounds of several benchmarks/model_vs_hf.py runs into one verdict on issue #4's 2× bar.
 
-  tools/pool_model_vs_hf.py docs/results/model-cpu/model_vs_hf-2026-11-26-s19-*.txt
+  tools/pool_model_vs_hf.py run1.txt run2.txt ...     (outputs of benchmarks/model_vs_hf.sh)
 
 Files from the two pairings of benchmarks/model_vs_hf.py (single steps alternating, the default
-since session 21, and the older blocks) should be pooled apart: it warns when they are mixed.
+and the older blocks) should be pooled apart: it warns when they are mixed.
 
 Prints, over every kept round of the files (rounds the script left out for hypervisor steal stay
 out), the median of the zaya/transformers fp32 ratio, of the bf16-GEMM ratio and of the GEMM floor,
@@ -14,7 +14,7 @@ runs (a block bootstrap, 10 000 resamples, fixed seed), which is wider and more 
 resampling rounds. A bar is met with confidence when the interval's lower end is at or above it.
 
 --by-probe also splits the kept rounds that carry a machine probe (benchmarks/model_vs_hf.py prints
-one per round since session 20: a torch fp32 matmul timed just before the round, measured by neither
+one per round: a torch fp32 matmul timed just before the round, measured by neither
 program) into quarters by the probe, with each quarter's median ratio and steps: whether the ratio
 depends on the machine's speed at the time. (Splitting by zaya's own GEMM rate would not do: it is
 part of zaya's step, so its fast rounds are zaya's lucky ones.)
@@ -82,9 +82,9 @@ def main():
     runs = [r for r in (kept_rounds(t) for t in texts) if r]
     if not runs:
         sys.exit("no kept rounds in " + " ".join(args.files))
-    # Since session 21 the script alternates single steps of resident programs (a "pairing:" line);
-    # before, each round timed blocks of steps with a new transformers model every round, which read
-    # transformers ~5-10% slower (docs/results/model-cpu-sessions.md, session 21). Pooling both mixes two biases.
+    # The default pairing alternates single steps of resident programs (a "pairing:" line); the block
+    # pairing builds a new transformers model every round, whose steps run ~5-10% slower than a kept
+    # model's (docs/results/model-cpu.md, "How it is measured"). Pooling both mixes two biases.
     paired = sum("\npairing: single steps" in t for t in texts)
     if 0 < paired < len(args.files):
         print(f"warning: {paired} of {len(args.files)} files alternate single steps (--pairing step) and the "

@@ -3,9 +3,7 @@
 // and dh = e·E), best and median of 8 calls each, with the GFLOP/s of the best. The harness behind the
 // per-kernel figures in docs/ops-gemm.md ("The tied LM head and its loss, fused"); the end-to-end
 // A/B against the row-major path is bench_ops_dense's BM_cross_entropy_tied.
-//   g++ -std=c++20 -O3 -march=native -fopenmp -Isrc tools/tied_head_probe.cc build/cuda/libzaya_ops.a
-//       build/cuda/libzaya_core.a -o /tmp/tied_head_probe      (one line)
-//   OMP_NUM_THREADS=2 /tmp/tied_head_probe
+//   OMP_NUM_THREADS=2 build/cuda/tools/tied_head_probe
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
