@@ -78,7 +78,7 @@ run | tests)
   export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   "$pack_dir/test_dist" --gtest_filter='LocalCommunicator.*:MpiWorldOfOne.*:NcclWorld.*' 2>&1 |
     tee -a "$out/tests.txt" || status=1
-  # `tests` stops at 128 MB: up to 1 GB the two passes ran past 150-170 s limits (sessions 24, 26).
+  # `tests` stops at 128 MB: up to 1 GB the two passes ran past 150-170 s limits (earlier runs).
   max_bytes=1G && [[ "$1" == tests ]] && max_bytes=128M
   for dtype in float bfloat16; do  # one file for both: the device tool brings back 8 files at most
     "$pack_dir/zaya" bench collectives --backend nccl --op all --dtype "$dtype" -b 8 -e "$max_bytes" -f 8 -n 20 -w 5 \
