@@ -203,5 +203,51 @@ TEST_F(TrainerTest, ConfigErrorsNameTheKey) {
   EXPECT_NE(seq.find("max_position_embeddings"), std::string::npos) << seq;
 }
 
+// [parallel]: bad values name the key; a world larger than one rank, a dp x cp that does not
+// match the world and device = "cuda" stop at start with a clear error, before anything is written
+// (two ranks must not silently train the same thing into one directory).
+TEST_F(TrainerTest, ParallelSectionAndWorldChecks) {
+  auto parse_err = [&](std::vector<std::string> overrides) {
+    try {
+      parse_run_config(toy_config(prefix_, root_ / "x", 10), "toy.toml", overrides);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string dev = parse_err({"parallel.device=gpu"});
+  EXPECT_NE(dev.find("parallel.device"), std::string::npos) << dev;
+  EXPECT_NE(parse_err({"parallel.cp=0"}).find("parallel.cp"), std::string::npos);
+  EXPECT_NE(parse_err({"parallel.bucket_mb=0"}).find("parallel.bucket_mb"), std::string::npos);
+  RunConfig ok = parse_run_config(toy_config(prefix_, root_ / "x", 10), "toy.toml", {});
+  EXPECT_EQ(ok.parallel.device, "cpu");
+  EXPECT_EQ(ok.parallel.dp, 0);  // the world size / cp, decided at start
+  EXPECT_EQ(ok.parallel.cp, 1);
+
+  auto start_err = [&](const std::string& run, std::vector<std::string> overrides) {
+    try {
+      Trainer t(parse_run_config(toy_config(prefix_, root_ / run, 10), "toy.toml", overrides), {.quiet = true});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string dp = start_err("dp", {"parallel.dp=2"});
+  EXPECT_NE(dp.find("parallel.dp"), std::string::npos) << dp;
+  EXPECT_NE(dp.find("world of 1"), std::string::npos) << dp;
+  const std::string cuda = start_err("cuda", {"parallel.device=cuda"});
+  EXPECT_NE(cuda.find("parallel.device"), std::string::npos) << cuda;
+  EXPECT_NE(cuda.find("not built yet"), std::string::npos) << cuda;
+  // As mpirun -np 2 would start this rank.
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  const std::string world = start_err("world", {});
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  EXPECT_NE(world.find("data-parallel training is not built yet"), std::string::npos) << world;
+  EXPECT_NE(world.find("rank 1 of 2"), std::string::npos) << world;
+  for (const char* run : {"dp", "cuda", "world"}) EXPECT_FALSE(fs::exists(root_ / run)) << run << " was created";
+}
+
 }  // namespace
 }  // namespace zaya::train
