@@ -14,7 +14,10 @@
 #include "zaya/ops/attention.h"
 #include "zaya/ops/cca.h"
 #include "zaya/ops/dense.h"
+#include "zaya/ops/experts.h"
 #include "zaya/ops/moe.h"
+#include "zaya/ops/router_state.h"
+#include "zaya/ops/scale_bias.h"
 
 namespace zaya::model {
 
@@ -39,7 +42,6 @@ ZayaDecoder::ZayaDecoder(ZayaModel& model, int64_t batch, int64_t max_len) : m_(
   choice_ = i32({B}); weight_ = f({B}); counts_ = i32({E}); offsets_ = i32({E + 1}); pos_ = i32({B});
   src_ = i32({B}); xp_ = f({B, H}); gu_ = f({B, 2 * I}); act_ = f({B, I}); y_ = f({B, H}); mo_ = f({B, H});
   hf_ = f({B, H});
-  problems_.reserve(static_cast<size_t>(E));
 }
 
 void ZayaDecoder::prefill(const Tensor& ids, const Tensor& logits) {
@@ -95,17 +97,10 @@ void ZayaDecoder::step(const Tensor& ids, const Tensor& logits) {
   check_shape("ZayaDecoder::step: logits", logits, Shape{B_, c.vocab_size});
   ZAYA_CHECK(len_ > 0, "ZayaDecoder::step: call prefill() first");
   ZAYA_CHECK(len_ < S_, "ZayaDecoder::step: cache full (", S_, " positions); construct the decoder with a larger max_len");
-  const int64_t H = c.hidden_size;
   // x⁰ = (Embed[t] + b_in) ⊙ g_in
   ops::embedding_forward(ids, m_.param(0), u_);
-  {
-    const float* e = u_.data<float>();
-    const float* g = m_.param("model.input_hidden_states_scale").data<float>();
-    const float* bi = m_.param("model.input_hidden_states_bias").data<float>();
-    float* x = x_.data<float>();
-    for (int64_t i = 0; i < B_; ++i)
-      for (int64_t j = 0; j < H; ++j) x[i * H + j] = (e[i * H + j] + bi[j]) * g[j];
-  }
+  ops::scale_bias_forward(u_, m_.param("model.input_hidden_states_bias"), m_.param("model.input_hidden_states_scale"),
+                          x_);
   for (int l = 0; l < c.num_hidden_layers; ++l) layer_step(l);
   ops::rmsnorm_forward(x_, m_.param("model.norm.weight"), static_cast<float>(c.rms_norm_eps), hf_, rstd_);
   ops::gemm(hf_, ops::Trans::N, m_.param(0), ops::Trans::T, logits);
@@ -116,7 +111,7 @@ void ZayaDecoder::step(const Tensor& ids, const Tensor& logits) {
 void ZayaDecoder::layer_step(int l) {
   const ModelConfig& c = m_.config();
   const int64_t B = B_, H = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), C = c.conv_channels(),
-                R = c.router_hidden_size, E = c.num_experts, nq = c.num_attention_heads,
+                E = c.num_experts, nq = c.num_attention_heads,
                 nkv = c.num_key_value_heads, hd = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const ops::CcaDims dims{nq, nkv, hd};
@@ -154,13 +149,7 @@ void ZayaDecoder::layer_step(int l) {
   // --- router (EDA reads the previous layer's r of this same token) ------------------------
   ops::rmsnorm_forward(xmid_, p.w_post, eps, w_, rstd_);
   ops::linear_forward(w_, p.w_down, p.b_down, r_);
-  if (l > 0) {
-    const float* rp = rprev_.data<float>();
-    const float* sc = p.s_eda.data<float>();
-    float* r = r_.data<float>();
-    for (int64_t i = 0; i < B; ++i)
-      for (int64_t j = 0; j < R; ++j) r[i * R + j] += sc[j] * rp[i * R + j];
-  }
+  if (l > 0) ops::eda_forward(r_, rprev_, p.s_eda);  // r_l = h_l + s_l ⊙ r_{l−1}
   ops::rmsnorm_forward(r_, p.w_rn, eps, zr_, rstd_);
   ops::linear_forward(zr_, p.fc1w, p.fc1b, a1_);
   ops::gelu_forward(a1_, g1_);
@@ -173,21 +162,7 @@ void ZayaDecoder::layer_step(int l) {
 
   // --- experts ---------------------------------------------------------------------------
   const int64_t M = ops::moe_plan(counts_, offsets_, pos_, src_, choice_, B, E);
-  const int32_t* off = offsets_.data<int32_t>();
-  if (M > 0) {
-    ops::moe_gather(xp_, w_, src_, M, B, H);
-    problems_.clear();
-    for (int64_t e = 0; e < E; ++e)
-      if (off[e + 1] > off[e])
-        problems_.push_back({xp_.slice(off[e], off[e + 1]), p.w_gu.select(e), gu_.slice(off[e], off[e + 1])});
-    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
-    ops::swiglu_forward(gu_.slice(0, M), act_.slice(0, M));
-    problems_.clear();
-    for (int64_t e = 0; e < E; ++e)
-      if (off[e + 1] > off[e])
-        problems_.push_back({act_.slice(off[e], off[e + 1]), p.w_d.select(e), y_.slice(off[e], off[e + 1])});
-    ops::gemm_grouped(problems_, ops::Trans::N, ops::Trans::T);
-  }
+  ops::experts_forward(w_, src_, offsets_, M, {p.w_gu, p.w_d}, {xp_, gu_, act_, y_, Tensor{}, Tensor{}});
   ops::moe_unpermute(mo_, y_, weight_, pos_, M, B, H);
   ops::residual_scale_forward(mo_, xmid_, p.rs_mlp, x_);  // x_out written over the layer input
 }

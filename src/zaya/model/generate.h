@@ -53,7 +53,6 @@ class ZayaDecoder {
   Tensor x_, u_, proj_, z_, qt_, kt_, vc_, vd_, conv_, qpre_, kpre_, q_, k_, v_, att_, o_, xmid_, rstd_, w_, r_,
       rprev_, zr_, a1_, g1_, a2_, g2_, rlogits_, probs_, choice_, weight_, counts_, offsets_, pos_, src_, xp_, gu_,
       act_, y_, mo_, hf_;
-  std::vector<ops::GemmProblem> problems_;
 };
 
 struct SamplingOptions {
