@@ -24,6 +24,17 @@ TEST(Cli, SysinfoSucceeds) {
 
 TEST(Cli, HelpSucceeds) { EXPECT_EQ(zaya("--help").code, 0); }
 
+// The binary names the instruction sets it was built for (and passed its own start-up check to
+// print anything at all).
+TEST(Cli, VersionAndSysinfoNameTheBuildIsa) {
+  CliRun v = zaya("--version");
+  EXPECT_EQ(v.code, 0) << v.output;
+  EXPECT_NE(v.output.find("zaya, built for -march="), std::string::npos) << v.output;
+  CliRun s = zaya("sysinfo");
+  EXPECT_EQ(s.code, 0) << s.output;
+  EXPECT_NE(s.output.find("build isa      -march="), std::string::npos) << s.output;
+}
+
 TEST(Cli, UsageErrorsExitTwo) {
   EXPECT_EQ(zaya("").code, 2);                     // no subcommand
   EXPECT_EQ(zaya("--no-such-flag sysinfo").code, 2);
