@@ -26,8 +26,8 @@ std::string joined(const IsaList& l) {
   return s;
 }
 
-const IsaList kV3 = list_of({"sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "bmi", "bmi2", "f16c",
-                             "fma", "lzcnt", "movbe"});
+const IsaList kV3 = list_of({"sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "bmi", "bmi2",
+                             "f16c", "fma", "lzcnt", "movbe"});
 
 TEST(CpuIsa, MissingIsWhatTheBuildUsesAndTheCpuLacks) {
   const IsaList built = list_of({"avx2", "fma", "avx512f", "avx512bw", "avx512bf16"});
@@ -55,7 +55,8 @@ TEST(CpuIsa, MessageNamesTheBuildTheMissingExtensionsAndTheFix) {
 
 TEST(CpuIsa, BestLevelIsTheNewestWhoseExtensionsAllArePresent) {
   EXPECT_EQ(std::string(best_x86_64_level(IsaList{})), "x86-64");
-  EXPECT_EQ(std::string(best_x86_64_level(list_of({"sse3", "ssse3", "sse4.1", "sse4.2", "popcnt"}))), "x86-64-v2");
+  EXPECT_EQ(std::string(best_x86_64_level(list_of({"sse3", "ssse3", "sse4.1", "sse4.2", "popcnt"}))),
+            "x86-64-v2");
   EXPECT_EQ(std::string(best_x86_64_level(kV3)), "x86-64-v3");
   IsaList v4 = kV3;
   for (const char* n : {"avx512f", "avx512bw", "avx512cd", "avx512dq"}) v4.names[v4.count++] = n;

@@ -18,20 +18,40 @@ struct IsaProbe {
 };
 
 // __builtin_cpu_supports takes only a string literal, hence one function per extension.
-#define ZAYA_ISA_PROBE(name) \
-  IsaProbe { name, [] { return __builtin_cpu_supports(name) != 0; } }
+#define ZAYA_ISA_PROBE(name)                               \
+  IsaProbe {                                               \
+    name, [] { return __builtin_cpu_supports(name) != 0; } \
+  }
 
 // Every extension cpu_isa_build.cc may record, in its order.
 constexpr IsaProbe kProbes[] = {
-    ZAYA_ISA_PROBE("sse3"),         ZAYA_ISA_PROBE("ssse3"),       ZAYA_ISA_PROBE("sse4.1"),
-    ZAYA_ISA_PROBE("sse4.2"),       ZAYA_ISA_PROBE("popcnt"),      ZAYA_ISA_PROBE("avx"),
-    ZAYA_ISA_PROBE("avx2"),         ZAYA_ISA_PROBE("fma"),         ZAYA_ISA_PROBE("f16c"),
-    ZAYA_ISA_PROBE("bmi"),          ZAYA_ISA_PROBE("bmi2"),        ZAYA_ISA_PROBE("lzcnt"),
-    ZAYA_ISA_PROBE("movbe"),        ZAYA_ISA_PROBE("avxvnni"),     ZAYA_ISA_PROBE("avx512f"),
-    ZAYA_ISA_PROBE("avx512cd"),     ZAYA_ISA_PROBE("avx512bw"),    ZAYA_ISA_PROBE("avx512dq"),
-    ZAYA_ISA_PROBE("avx512vl"),     ZAYA_ISA_PROBE("avx512ifma"),  ZAYA_ISA_PROBE("avx512vbmi"),
-    ZAYA_ISA_PROBE("avx512vbmi2"),  ZAYA_ISA_PROBE("avx512vnni"),  ZAYA_ISA_PROBE("avx512bitalg"),
-    ZAYA_ISA_PROBE("avx512vpopcntdq"), ZAYA_ISA_PROBE("avx512bf16"), ZAYA_ISA_PROBE("avx512fp16"),
+    ZAYA_ISA_PROBE("sse3"),
+    ZAYA_ISA_PROBE("ssse3"),
+    ZAYA_ISA_PROBE("sse4.1"),
+    ZAYA_ISA_PROBE("sse4.2"),
+    ZAYA_ISA_PROBE("popcnt"),
+    ZAYA_ISA_PROBE("avx"),
+    ZAYA_ISA_PROBE("avx2"),
+    ZAYA_ISA_PROBE("fma"),
+    ZAYA_ISA_PROBE("f16c"),
+    ZAYA_ISA_PROBE("bmi"),
+    ZAYA_ISA_PROBE("bmi2"),
+    ZAYA_ISA_PROBE("lzcnt"),
+    ZAYA_ISA_PROBE("movbe"),
+    ZAYA_ISA_PROBE("avxvnni"),
+    ZAYA_ISA_PROBE("avx512f"),
+    ZAYA_ISA_PROBE("avx512cd"),
+    ZAYA_ISA_PROBE("avx512bw"),
+    ZAYA_ISA_PROBE("avx512dq"),
+    ZAYA_ISA_PROBE("avx512vl"),
+    ZAYA_ISA_PROBE("avx512ifma"),
+    ZAYA_ISA_PROBE("avx512vbmi"),
+    ZAYA_ISA_PROBE("avx512vbmi2"),
+    ZAYA_ISA_PROBE("avx512vnni"),
+    ZAYA_ISA_PROBE("avx512bitalg"),
+    ZAYA_ISA_PROBE("avx512vpopcntdq"),
+    ZAYA_ISA_PROBE("avx512bf16"),
+    ZAYA_ISA_PROBE("avx512fp16"),
 };
 #undef ZAYA_ISA_PROBE
 static_assert(sizeof(kProbes) / sizeof(kProbes[0]) <= kMaxIsaFeatures);
@@ -75,7 +95,8 @@ const char* build_march() { return detail::kBuildMarch; }
 
 IsaList build_isa() {
   IsaList l;
-  for (int i = 0; i < detail::kBuildIsaCount && l.count < kMaxIsaFeatures; ++i) l.names[l.count++] = detail::kBuildIsa[i];
+  for (int i = 0; i < detail::kBuildIsaCount && l.count < kMaxIsaFeatures; ++i)
+    l.names[l.count++] = detail::kBuildIsa[i];
   return l;
 }
 
