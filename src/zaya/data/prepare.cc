@@ -181,7 +181,8 @@ DocumentCut cut_single_document(const std::string& text, double f, const std::st
   // A line start p (text[p - 1] is a newline) leaves non-blank text on both sides iff
   // first_text < p <= last_text.
   const size_t first_text = first == text.end() ? text.size() : static_cast<size_t>(first - text.begin());
-  const size_t last_text = last == text.rend() ? 0 : text.size() - 1 - static_cast<size_t>(last - text.rbegin());
+  const size_t last_text =
+      last == text.rend() ? 0 : text.size() - 1 - static_cast<size_t>(last - text.rbegin());
   const auto usable = [&](size_t p) { return p > first_text && p <= last_text; };
   const size_t target =
       std::max<size_t>(1, static_cast<size_t>(std::floor((1.0 - f) * static_cast<double>(text.size()))));
@@ -200,8 +201,8 @@ DocumentCut cut_single_document(const std::string& text, double f, const std::st
   ZAYA_CHECK(cut > 0, source,
              ": the input is one document with a single line of text; a train/validation split needs at least "
              "2 documents (more input files, JSONL lines or --doc-split paragraph) or a line to cut at");
-  return {.byte = static_cast<int64_t>(cut),
-          .line = 1 + static_cast<int64_t>(std::count(text.begin(), text.begin() + static_cast<ptrdiff_t>(cut), '\n'))};
+  const auto lines_before = std::count(text.begin(), text.begin() + static_cast<ptrdiff_t>(cut), '\n');
+  return {.byte = static_cast<int64_t>(cut), .line = 1 + static_cast<int64_t>(lines_before)};
 }
 
 double unigram_cross_entropy(const std::vector<int64_t>& train_counts,
