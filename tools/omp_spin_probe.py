@@ -4,7 +4,7 @@ before sleeping), the reason for benchmarks/model_vs_hf.py's --settle-ms.
 
   .venv/bin/python tools/omp_spin_probe.py --threads 2      (after source scripts/env.sh)
 
-After each step of a resident `zaya forward --bench-paced` process (its CPU time read from
+After each step of a resident `zaya bench step --paced` process (its CPU time read from
 /proc/PID/stat, in clock ticks: 10 ms here) and of a kept transformers model (this process's CPU
 time, including this loop's own small share), prints the CPU milliseconds used 5, 10, 20, 50, 100
 and 200 ms after the step returned. Result: docs/results/model-cpu-sessions.md, session 21.

@@ -102,7 +102,7 @@ void ab_step(int pairs) {
   ConfigReader reader = ConfigReader::from_file("configs/demo.toml");
   model::ZayaModel m(model::ModelConfig::from_toml(reader), B, T);
   m.init(1);
-  // The tokens of `zaya forward --bench-steps` (apps/cmd_forward.cc), so the steps are the same.
+  // The tokens of `zaya bench step` (apps/cmd_bench_step.cc), so the steps are the same.
   const int64_t V = m.config().vocab_size;
   std::vector<int32_t> ids(static_cast<size_t>(B * T)), tg(ids.size());
   for (size_t i = 0; i < ids.size(); ++i)
