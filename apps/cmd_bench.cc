@@ -1,4 +1,5 @@
-// `zaya bench collectives`, `zaya bench gemm` and `zaya bench membw`: command-line wiring only.
+// `zaya bench collectives`, `gemm`, `membw` and `ckpt`: command-line wiring only (`zaya bench step`
+// lives in cmd_bench_step.cc).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -130,8 +131,9 @@ int run_collectives(const CollectivesFlags& fl, const std::string& command) {
 }
 
 void add_bench(CLI::App& app, Commands& commands) {
-  auto* bench = app.add_subcommand("bench", "Collective, GEMM and memory-bandwidth benchmarks");
+  auto* bench = app.add_subcommand("bench", "Training-step, collective, GEMM, memory-bandwidth and checkpoint benchmarks");
   bench->require_subcommand(1);
+  add_bench_step(*bench, commands);
 
   auto fl = std::make_shared<CollectivesFlags>();
   auto* coll = bench->add_subcommand("collectives", "Collective microbenchmarks in the nccl-tests format (run under mpirun)");

@@ -22,6 +22,18 @@ struct DataArgs {
   bool dump_ids = false;
 };
 
+// What `prepare` did with an input of one document (docs/data.md), or nothing.
+std::string cut_note(const data::PrepareStats& s) {
+  if (!s.single_document_cut) return "";
+  const int64_t bytes = s.input_bytes, val = bytes - s.cut.byte;
+  char share[32];
+  std::snprintf(share, sizeof share, "%.1f%%", 100.0 * static_cast<double>(val) / static_cast<double>(bytes));
+  return str("split:        the input is one document (", s.cut_source, "), so its lines from ", s.cut.line,
+             " (the last ", val, " bytes, ", share,
+             ") are the validation split and the lines before it the training split; give several files, "
+             "JSONL lines or --doc-split paragraph to split by documents instead\n");
+}
+
 int run_prepare(const DataArgs& a) {
   data::PrepareOptions o = a.prepare;
   o.doc_split = data::parse_doc_split(a.doc_split);
@@ -33,7 +45,7 @@ int run_prepare(const DataArgs& a) {
             << o.out_prefix << "_train.bin/.idx\n"
             << "val:          " << s.val.documents << " documents, " << s.val.tokens << " tokens -> "
             << o.out_prefix << "_val.bin/.idx\n"
-            << std::setprecision(4) << "unigram baseline: " << s.unigram_baseline
+            << cut_note(s) << std::setprecision(4) << "unigram baseline: " << s.unigram_baseline
             << " nats/token (cross-entropy of train unigram frequencies on val)\n"
             << std::setprecision(1) << "total:        " << s.total_seconds << " s; stats in " << o.out_prefix
             << ".json\n";

@@ -2,6 +2,7 @@
 
 #include "commands.h"
 #include "zaya/bench/sysinfo.h"
+#include "zaya/core/cpu_isa.h"
 
 namespace zaya::app {
 namespace {
@@ -10,6 +11,9 @@ void add_sysinfo(CLI::App& app, Commands& commands) {
   auto* cmd = app.add_subcommand("sysinfo", "Print cores, memory, CPU ISA, library versions and CUDA devices");
   commands.push_back({cmd, [] {
                         std::cout << bench::format_sysinfo(bench::query_sysinfo());
+                        char build_isa[1024];
+                        format_build_isa(build_isa, sizeof build_isa);
+                        std::cout << "build isa      " << build_isa << "\n";
                         return 0;
                       }});
 }

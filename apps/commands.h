@@ -29,6 +29,9 @@ struct RegisterCommand {
   RegisterCommand(const char* name, Registrar add) { command_registry().push_back({name, add}); }
 };
 
+// `zaya bench step` (apps/cmd_bench_step.cc), added under the `bench` command by apps/cmd_bench.cc.
+void add_bench_step(CLI::App& bench, Commands& commands);
+
 // Subcommands whose implementation has not landed yet: they say so and exit 2. Names already
 // registered are skipped.
 void add_pending_commands(CLI::App& app, Commands& commands);

@@ -6,13 +6,24 @@
 #include <iostream>
 
 #include "commands.h"
+#include "zaya/core/cpu_isa.h"
 #include "zaya/core/error.h"
 #include "zaya/core/log.h"
 #include "zaya/core/threads.h"
 
+// The CPU check runs before every other static initializer of the binary (priority 101 comes
+// before the default), so on a CPU that lacks an instruction set of the build the user gets a
+// message naming it instead of SIGILL in whichever initializer or kernel first uses it. This file
+// and zaya/core/cpu_isa.cc are compiled for baseline x86-64 (CMakeLists.txt) for the same reason.
+__attribute__((constructor(101))) static void check_cpu_before_anything_else() { zaya::require_build_isa(); }
+
 int main(int argc, char** argv) {
   CLI::App app{"zaya: train, survive, characterize and size ZAYA1-style MoE language models"};
   app.require_subcommand(1);
+  char build_isa[1024];
+  zaya::format_build_isa(build_isa, sizeof build_isa);
+  app.set_version_flag("--version", std::string("zaya, built for ") + build_isa,
+                       "Print the instruction sets this binary was built for (CMake ZAYA_ARCH) and exit");
   int threads = 0;
   std::string log_level = "info";
   app.add_option("--threads", threads, "Threads for OpenMP, oneDNN and BLAS (default: $ZAYA_THREADS or all)");

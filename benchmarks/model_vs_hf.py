@@ -1,7 +1,7 @@
 """One training step (forward + backward of the next-token loss) of a ZAYA1 model in zaya and in
 transformers' ZayaForCausalLM (torch CPU, fp32, same thread count), in one run.
 
-zaya side: `zaya --threads N forward --init-config CFG --bench-steps S --batch B --seq T` (random
+zaya side: `zaya --threads N bench step --init-config CFG --steps S --batch B --seq T` (random
 tokens, one untimed warm-up step, mean over S steps). transformers side: the same shapes, the same
 kind of random tokens, model(input_ids, labels).loss.backward(), one untimed warm-up, mean over S.
 Both models start from their own random init (routing is input-dependent on both sides; HF's key
@@ -14,7 +14,7 @@ projections, attention, conv and router stay fp32).
 The three measurements run interleaved for --rounds rounds (zaya fp32, zaya bf16, transformers in
 each) and the ratios are taken per round and as the median: on a shared VM whose speed drifts
 within minutes, only measurements taken side by side compare. With --pairing step (the default)
-the two zaya programs stay resident (`zaya forward --bench-paced`, one step per line on its stdin)
+the two zaya programs stay resident (`zaya bench step --paced`, one step per line on its stdin)
 next to one transformers model, and a round alternates single steps of the three, rotating which
 goes first, so each program's steps are timed within a second of the others'. --pairing block
 runs each measurement as a block of --steps steps (zaya as a new process each round) with a new
@@ -59,11 +59,11 @@ def model_config(path):
 
 
 def zaya_bench_command(binary, cfg, threads, batch, seq, steps, gemm_dtype, workdir):
-    """`zaya forward --bench-steps` on cfg's model (written as a TOML into workdir)."""
+    """`zaya bench step` on cfg's model (written as a TOML into workdir)."""
     toml = Path(workdir) / "model.toml"
     toml.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in cfg.items()))
-    return [binary, "--threads", str(threads), "forward", "--init-config", str(toml), "--seed", "1",
-            "--bench-steps", str(steps), "--batch", str(batch), "--seq", str(seq), "--gemm-dtype", gemm_dtype]
+    return [binary, "--threads", str(threads), "bench", "step", "--init-config", str(toml), "--seed", "1",
+            "--steps", str(steps), "--batch", str(batch), "--seq", str(seq), "--gemm-dtype", gemm_dtype]
 
 
 def arena_mib(out):
@@ -83,12 +83,12 @@ def run_zaya(binary, cfg, threads, batch, seq, steps, gemm_dtype="f32"):
 
 
 class PacedZaya:
-    """A resident `zaya forward --bench-paced` process: step() runs one timed training step."""
+    """A resident `zaya bench step --paced` process: step() runs one timed training step."""
 
     def __init__(self, binary, cfg, threads, batch, seq, max_steps, gemm_dtype="f32"):
         self.dir = tempfile.TemporaryDirectory()
         self.cmd = zaya_bench_command(binary, cfg, threads, batch, seq, max_steps, gemm_dtype, self.dir.name) + [
-            "--bench-paced"]
+            "--paced"]
         self.p = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, bufsize=1)
         line = self.p.stdout.readline()

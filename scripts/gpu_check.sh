@@ -27,8 +27,8 @@
 #                                      OUTDIR rather than into new ones)
 #
 # The binaries are built with -march=native, so the GPU machine's CPU must have this one's
-# vector extensions; `run` prints both machines' flags first, for when a binary dies on an
-# illegal instruction. Results: docs/results/gpu-check.md and docs/results/model-cpu.md.
+# vector extensions; `run` prints both machines' flags first, for when a test binary dies on an
+# illegal instruction (zaya itself names any missing extension and exits 2). Results: docs/results/gpu-check.md and docs/results/model-cpu.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack_dir=build/gpu_check
@@ -113,7 +113,7 @@ model-vs-hf)
   python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
   CUDA_VISIBLE_DEVICES= python3 benchmarks/model_vs_hf.py --zaya "$pack_dir/zaya" --threads "$threads" \
     --rounds "$rounds" 2>&1 | tee -a "$out/model_vs_hf-t$threads.txt"
-  "$pack_dir/zaya" --threads "$threads" forward --init-config configs/demo.toml --seed 1 --bench-steps 5 \
+  "$pack_dir/zaya" --threads "$threads" bench step --init-config configs/demo.toml --seed 1 --steps 5 \
     --batch 8 --seq 256 --sections 2>&1 | tee -a "$out/model_vs_hf-t$threads.txt"
   ;;
 *)

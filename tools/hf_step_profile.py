@@ -1,7 +1,7 @@
 """Where transformers' ZayaForCausalLM spends a training step of the demo shapes on the CPU: torch's
 profiler over a few steps (after warm-up ones) of benchmarks/model_vs_hf.py's model, ops sorted by
 their own CPU time. It sits beside
-`zaya forward --bench-steps N --sections --gemm-shapes`, for comparing the two programs part by part
+`zaya bench step --steps N --sections --gemm-shapes`, for comparing the two programs part by part
 (docs/results/model-cpu.md).
 
 Run (after scripts/setup.sh; source scripts/env.sh first):

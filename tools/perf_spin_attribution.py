@@ -5,8 +5,8 @@ nearest in time, and counts the other thread's function (its innermost frame in 
 frame; "[JIT]" for oneDNN's generated GEMM code). The list says which kernels leave a thread
 waiting at their end.
 
-  perf record -e cpu-clock -F 2000 -g -o /tmp/perf.data build/cuda/zaya --threads 2 forward \\
-      --init-config configs/demo.toml --seed 1 --bench-steps 20 --batch 8 --seq 256
+  perf record -e cpu-clock -F 2000 -g -o /tmp/perf.data build/cuda/zaya --threads 2 bench step \\
+      --init-config configs/demo.toml --seed 1 --steps 20 --batch 8 --seq 256
   perf script -i /tmp/perf.data -F tid,time,ip,sym,dso > /tmp/perf.txt
   python3 tools/perf_spin_attribution.py /tmp/perf.txt [--top 25]
 

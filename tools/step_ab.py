@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A/B whole training steps of the demo model on a machine whose speed drifts.
 
-Runs `zaya --threads T forward --init-config CFG --seed 1 --bench-steps S --batch 8 --seq 256` for
+Runs `zaya --threads T bench step --init-config CFG --seed 1 --steps S --batch 8 --seq 256` for
 each variant in turn (the order reversed every other round), ROUNDS times, and prints per variant
 the median step, the median GEMM time, and the median of the per-round ratios first/this (> 1:
 this variant is faster than the first) with their range and how many rounds it won. A variant is
@@ -36,8 +36,8 @@ def parse_variant(text):
 
 def run(binary, extra, args):
     env = dict(os.environ, **extra)
-    cmd = [binary, "--threads", str(args.threads), "forward", "--init-config", str(args.config), "--seed", "1",
-           "--bench-steps", str(args.steps), "--batch", "8", "--seq", "256"] + (["--sections"] if args.section else [])
+    cmd = [binary, "--threads", str(args.threads), "bench", "step", "--init-config", str(args.config), "--seed", "1",
+           "--steps", str(args.steps), "--batch", "8", "--seq", "256"] + (["--sections"] if args.section else [])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     step = re.search(r"step ([\d.]+) ms", out.stdout)
     gemm = re.search(r"GEMMs ([\d.]+) ms", out.stdout)

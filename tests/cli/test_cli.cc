@@ -24,6 +24,17 @@ TEST(Cli, SysinfoSucceeds) {
 
 TEST(Cli, HelpSucceeds) { EXPECT_EQ(zaya("--help").code, 0); }
 
+// The binary names the instruction sets it was built for (and passed its own start-up check to
+// print anything at all).
+TEST(Cli, VersionAndSysinfoNameTheBuildIsa) {
+  CliRun v = zaya("--version");
+  EXPECT_EQ(v.code, 0) << v.output;
+  EXPECT_NE(v.output.find("zaya, built for -march="), std::string::npos) << v.output;
+  CliRun s = zaya("sysinfo");
+  EXPECT_EQ(s.code, 0) << s.output;
+  EXPECT_NE(s.output.find("build isa      -march="), std::string::npos) << s.output;
+}
+
 TEST(Cli, UsageErrorsExitTwo) {
   EXPECT_EQ(zaya("").code, 2);                     // no subcommand
   EXPECT_EQ(zaya("--no-such-flag sysinfo").code, 2);
@@ -73,21 +84,20 @@ std::string tiny_model_config(const std::string& name, int layers) {
   return path;
 }
 
-// `zaya forward --bench-steps --gemm-shapes` on a tiny random model: the per-shape GEMM table is
-// printed, with the grouped expert calls as "grouped" rows and the LM head's logits GEMM.
-TEST(Cli, ForwardBenchPrintsGemmShapes) {
+// `zaya bench step --gemm-shapes` on a tiny random model: the per-shape GEMM table is printed,
+// with the grouped expert calls as "grouped" rows and the LM head's logits GEMM.
+TEST(Cli, BenchStepPrintsGemmShapes) {
   const std::string cfg = tiny_model_config("zaya_cli_tiny_model.toml", 1);
-  CliRun r = zaya("--threads 1 forward --init-config " + cfg +
-                  " --seed 1 --bench-steps 1 --batch 2 --seq 16 --gemm-shapes");
+  CliRun r = zaya("--threads 1 bench step --init-config " + cfg + " --seed 1 --steps 1 --batch 2 --seq 16 --gemm-shapes");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("bench: GEMM shapes"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("grouped NT ?x64x32 f32"), std::string::npos) << r.output;  // experts' gate_up
   EXPECT_NE(r.output.find("NT 32x96x32 f32"), std::string::npos) << r.output;        // LM-head logits
 }
 
-TEST(Cli, ForwardBenchPartsAddUpToTheStep) {
+TEST(Cli, BenchStepPartsAddUpToTheStep) {
   const std::string cfg = tiny_model_config("zaya_cli_tiny_model_sections.toml", 2);
-  CliRun r = zaya("--threads 1 forward --init-config " + cfg + " --seed 1 --bench-steps 2 --batch 2 --seq 16 --sections");
+  CliRun r = zaya("--threads 1 bench step --init-config " + cfg + " --seed 1 --steps 2 --batch 2 --seq 16 --sections");
   EXPECT_EQ(r.code, 0) << r.output;
   // Every part of both passes is listed once, and the parts account for the whole step: they are
   // consecutive clock intervals inside forward() and backward(), which the step time brackets.
@@ -126,14 +136,14 @@ TEST(Cli, ForwardBenchPartsAddUpToTheStep) {
   EXPECT_NEAR(gemm_sum, gemm, 0.02 * gemm + 0.01 * parts) << r.output;
 }
 
-// `forward --bench-paced` (benchmarks/model_vs_hf.py's paired steps): one timed step per line of
+// `bench step --paced` (benchmarks/model_vs_hf.py's paired steps): one timed step per line of
 // standard input, each reported as it ends, and a summary over the steps run when the input ends
-// before --bench-steps.
-TEST(Cli, ForwardBenchPacedRunsOneStepPerInputLine) {
+// before --steps.
+TEST(Cli, BenchStepPacedRunsOneStepPerInputLine) {
   const std::string cfg = tiny_model_config("zaya_cli_tiny_model_paced.toml", 1);
   CliRun r = zaya::test::run_shell("printf '\\n\\n' | " + std::string(ZAYA_BINARY) +
-                                   " --threads 1 forward --init-config " + cfg +
-                                   " --seed 1 --bench-steps 5 --batch 2 --seq 16 --bench-paced");
+                                   " --threads 1 bench step --init-config " + cfg +
+                                   " --seed 1 --steps 5 --batch 2 --seq 16 --paced");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_LT(r.output.find("bench: ready"), r.output.find("bench: step 1 ")) << r.output;
   std::istringstream in(r.output);
@@ -151,14 +161,45 @@ TEST(Cli, ForwardBenchPacedRunsOneStepPerInputLine) {
     std::sscanf(line.c_str(), "bench: batch 2 x 16 tokens, %d steps", &summary_steps);
     std::sscanf(line.c_str(), "bench: forward %lf ms", &fwd_mean);
   }
-  EXPECT_EQ(steps, 2) << r.output;  // two input lines, not --bench-steps 5
+  EXPECT_EQ(steps, 2) << r.output;  // two input lines, not --steps 5
   EXPECT_EQ(summary_steps, 2) << r.output;
   // The summary is the mean of the reported steps (printed to 0.01 ms; the step lines to 0.001).
   EXPECT_NEAR(fwd_mean, fwd_sum / 2, 0.006) << r.output;
 
-  CliRun no_steps = zaya("--threads 1 forward --init-config " + cfg + " --bench-paced");
-  EXPECT_NE(no_steps.code, 0);
-  EXPECT_NE(no_steps.output.find("--bench-paced needs --bench-steps"), std::string::npos) << no_steps.output;
+  CliRun no_steps = zaya("--threads 1 bench step --init-config " + cfg + " --paced");
+  EXPECT_EQ(no_steps.code, 2);
+  EXPECT_NE(no_steps.output.find("--steps is required"), std::string::npos) << no_steps.output;
+}
+
+// The plain summary a one-step run prints (the lines benchmarks/model_vs_hf.py and tools/step_ab.py
+// parse); its times are not checked, only that each line is there.
+TEST(Cli, BenchStepPrintsTheTimingLines) {
+  const std::string cfg = tiny_model_config("zaya_cli_tiny_model_step.toml", 1);
+  CliRun r = zaya("--threads 1 bench step --init-config " + cfg + " --seed 1 --steps 1 --batch 2 --seq 16");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* line : {"bench: batch 2 x 16 tokens, 1 steps, gemm f32, loss ", "bench: forward ", "bench: tokens/s ",
+                           "bench: GEMMs ", "bench: activation arena "})
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  double fwd = -1, bwd = -1, step = -1;
+  const size_t at = r.output.find("bench: forward ");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_EQ(std::sscanf(r.output.c_str() + at, "bench: forward %lf ms, backward %lf ms, step %lf ms", &fwd, &bwd, &step),
+            3)
+      << r.output;
+}
+
+// forward runs the model only: its former benchmark flags fail (exit 2) with a pointer to
+// `zaya bench step` and the flag's new name.
+TEST(Cli, ForwardBenchFlagsPointAtBenchStep) {
+  const std::string cfg = tiny_model_config("zaya_cli_tiny_model_moved.toml", 1);
+  CliRun r = zaya("--threads 1 forward --init-config " + cfg + " --seed 1 --bench-steps 2 --batch 2 --seq 16");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("zaya: error: forward: --bench-steps moved to `zaya bench step` (as --steps)"),
+            std::string::npos)
+      << r.output;
+  CliRun s = zaya("--threads 1 forward --init-config " + cfg + " --ids 1,2,3 --sections");
+  EXPECT_EQ(s.code, 2) << s.output;
+  EXPECT_NE(s.output.find("--sections moved to `zaya bench step`"), std::string::npos) << s.output;
 }
 }  // namespace
 

@@ -58,6 +58,18 @@ TEST_F(DataCli, PrepareAndInspect) {
   EXPECT_NE(r.out.find("text: "), std::string::npos) << r.out;
 }
 
+// One text file with the default --doc-split file is one document: prepare cuts its tail off as
+// the validation split and says so.
+TEST_F(DataCli, PrepareOfOneTextFileSaysHowItSplit) {
+  CliRun r = zaya("--log-level warn data prepare --input " + dir_ + "/corpus.txt --vocab 350 --out " + dir_ + "/out/p");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("split:        the input is one document (" + dir_ + "/corpus.txt), so its lines from "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("train:        1 documents"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("val:          1 documents"), std::string::npos) << r.out;
+}
+
 TEST_F(DataCli, BadInputsExitTwoWithOneLineAndNoFiles) {
   std::ofstream(dir_ + "/empty.txt").flush();
   const std::string out = " --out " + dir_ + "/out/p";

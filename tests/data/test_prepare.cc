@@ -119,6 +119,91 @@ TEST_F(Prepare, ExistingTokenizerAndFileDocuments) {
   EXPECT_EQ(st.vocab_size, 400);
 }
 
+// A single text file (one document under the default --doc-split file) used to stop with "the
+// input holds 1 document(s)"; its tail now becomes the validation split, cut at a line start.
+TEST_F(Prepare, OneTextFileIsCutIntoTrainingAndValidationText) {
+  std::string text;
+  for (const std::string& p : paragraphs_) text += p + "\n";
+  std::ofstream(dir_ + "/in/one.txt") << text;
+  PrepareOptions o = options();
+  o.inputs = {dir_ + "/in/one.txt"};
+  o.doc_split = DocSplit::file;
+  o.val_fraction = 0.1;
+  const PrepareStats st = prepare(o);
+  ASSERT_TRUE(st.single_document_cut);
+  EXPECT_EQ(st.cut_source, dir_ + "/in/one.txt");
+  EXPECT_EQ(st.train.documents, 1);
+  EXPECT_EQ(st.val.documents, 1);
+  // The cut is the first line start at or after 90% of the bytes.
+  const size_t target = static_cast<size_t>(std::floor((1.0 - o.val_fraction) * static_cast<double>(text.size())));
+  const size_t cut = static_cast<size_t>(st.cut.byte);
+  ASSERT_GE(cut, target);
+  EXPECT_EQ(text[cut - 1], '\n');
+  EXPECT_EQ(text.find('\n', target - 1), cut - 1);
+  EXPECT_EQ(st.cut.line, 1 + std::count(text.begin(), text.begin() + static_cast<ptrdiff_t>(cut), '\n'));
+
+  // The two documents decode to the text before and after the cut, each followed by EOS.
+  Tokenizer tok = Tokenizer::load(o.out_prefix + ".model");
+  IndexedDataset train(o.out_prefix + "_train"), val(o.out_prefix + "_val");
+  std::vector<int32_t> t = train.document(0), v = val.document(0);
+  ASSERT_EQ(t.back(), 1);
+  ASSERT_EQ(v.back(), 1);
+  t.pop_back();
+  v.pop_back();
+  EXPECT_EQ(tok.decode(t), text.substr(0, cut));
+  EXPECT_EQ(tok.decode(v), text.substr(cut));
+
+  std::ifstream js(o.out_prefix + ".json");
+  const nlohmann::json j = nlohmann::json::parse(js);
+  EXPECT_EQ(j["single_document_cut"]["byte"].get<int64_t>(), st.cut.byte);
+  EXPECT_EQ(j["single_document_cut"]["line"].get<int64_t>(), st.cut.line);
+}
+
+TEST_F(Prepare, SeveralDocumentsAreNotCut) {
+  const PrepareStats st = prepare(options());
+  EXPECT_FALSE(st.single_document_cut);
+  std::ifstream js(options().out_prefix + ".json");
+  EXPECT_FALSE(nlohmann::json::parse(js).contains("single_document_cut"));
+}
+
+TEST_F(Prepare, TheCutIsAtALineStartWithTextOnBothSides) {
+  // 10 lines of 10 bytes: 90% of 100 bytes is byte 90, the start of line 10.
+  std::string ten;
+  for (int i = 0; i < 10; ++i) ten += "line " + std::to_string(i) + "...\n";
+  ASSERT_EQ(ten.size(), 100u);
+  DocumentCut c = cut_single_document(ten, 0.1, "ten");
+  EXPECT_EQ(c.byte, 90);
+  EXPECT_EQ(c.line, 10);
+  c = cut_single_document(ten, 0.15, "ten");  // byte 85 is inside line 9: the next line start
+  EXPECT_EQ(c.byte, 90);
+  // Blank lines at the end are not text: the cut moves back to the last line with text after it.
+  c = cut_single_document("first line\nsecond line\n\n\n  \n\n\n\n\n\n\n\n\n\n", 0.1, "blank tail");
+  EXPECT_EQ(c.byte, 11);
+  EXPECT_EQ(c.line, 2);
+  // A long last line: the only usable line start is before the target.
+  c = cut_single_document("a\n" + std::string(200, 'b'), 0.05, "long");
+  EXPECT_EQ(c.byte, 2);
+  // Leading blank lines do not count as training text.
+  c = cut_single_document("\n\n\nonly\nlines\n", 0.9, "lead");
+  EXPECT_EQ(c.byte, 8);
+  try {
+    cut_single_document("\n  one line of text  \n\n", 0.1, "single.txt");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("single.txt: the input is one document with a single line"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(Prepare, OneLineOfTextIsAnErrorAndLeavesNothing) {
+  std::ofstream(dir_ + "/in/line.txt") << "just one line, nothing to cut\n";
+  PrepareOptions o = options();
+  o.inputs = {dir_ + "/in/line.txt"};
+  EXPECT_THROW(prepare(o), Error);
+  EXPECT_TRUE(outputs().empty());
+}
+
 TEST_F(Prepare, SplitRuleIsDeterministicAndNearTheFraction) {
   int64_t n_val = 0;
   for (int64_t i = 0; i < 100000; ++i) n_val += is_validation_document(7, i, 0.1);

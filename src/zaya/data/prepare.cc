@@ -173,6 +173,38 @@ std::vector<bool> split_documents(int64_t n, uint64_t seed, double f) {
   return val;
 }
 
+DocumentCut cut_single_document(const std::string& text, double f, const std::string& source) {
+  ZAYA_CHECK(f > 0.0 && f < 1.0, "--val-fraction: expected a value in (0, 1), found ", f);
+  const auto blank = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  const auto first = std::find_if_not(text.begin(), text.end(), blank);
+  const auto last = std::find_if_not(text.rbegin(), text.rend(), blank);
+  // A line start p (text[p - 1] is a newline) leaves non-blank text on both sides iff
+  // first_text < p <= last_text.
+  const size_t first_text = first == text.end() ? text.size() : static_cast<size_t>(first - text.begin());
+  const size_t last_text =
+      last == text.rend() ? 0 : text.size() - 1 - static_cast<size_t>(last - text.rbegin());
+  const auto usable = [&](size_t p) { return p > first_text && p <= last_text; };
+  const size_t target =
+      std::max<size_t>(1, static_cast<size_t>(std::floor((1.0 - f) * static_cast<double>(text.size()))));
+  size_t cut = 0;
+  for (size_t nl = text.find('\n', target - 1); nl != std::string::npos && nl + 1 <= last_text;
+       nl = text.find('\n', nl + 1))
+    if (usable(nl + 1)) {
+      cut = nl + 1;
+      break;
+    }
+  for (size_t nl = target - 1; cut == 0 && nl > 0;) {  // none at or after the target: look before it
+    nl = text.rfind('\n', nl - 1);
+    if (nl == std::string::npos || nl + 1 <= first_text) break;
+    if (usable(nl + 1)) cut = nl + 1;
+  }
+  ZAYA_CHECK(cut > 0, source,
+             ": the input is one document with a single line of text; a train/validation split needs at least "
+             "2 documents (more input files, JSONL lines or --doc-split paragraph) or a line to cut at");
+  const auto lines_before = std::count(text.begin(), text.begin() + static_cast<ptrdiff_t>(cut), '\n');
+  return {.byte = static_cast<int64_t>(cut), .line = 1 + static_cast<int64_t>(lines_before)};
+}
+
 double unigram_cross_entropy(const std::vector<int64_t>& train_counts,
                              const std::vector<int64_t>& val_counts) {
   ZAYA_ASSERT(train_counts.size() == val_counts.size());
@@ -215,7 +247,23 @@ PrepareStats prepare(const PrepareOptions& o) {
       log_info("data prepare: read ", i + 1, "/", files.size(), " files, ", docs.size(), " documents");
   }
   st.input_files = static_cast<int64_t>(files.size());
-  const std::vector<bool> is_val = split_documents(static_cast<int64_t>(docs.size()), o.seed, o.val_fraction);
+  std::vector<bool> is_val;
+  if (docs.size() == 1) {
+    // One document (a single text file, the usual first corpus): its tail is the validation split.
+    st.cut = cut_single_document(docs[0].text, o.val_fraction, docs[0].source);
+    st.single_document_cut = true;
+    st.cut_source = docs[0].source;
+    Document val{docs[0].text.substr(static_cast<size_t>(st.cut.byte)),
+                 str(docs[0].source, " from line ", st.cut.line)};
+    docs[0].text.resize(static_cast<size_t>(st.cut.byte));
+    docs.push_back(std::move(val));
+    is_val = {false, true};
+    if (o.progress)
+      log_info("data prepare: one document (", st.cut_source, "): lines from ", st.cut.line,
+               " are the validation split");
+  } else {
+    is_val = split_documents(static_cast<int64_t>(docs.size()), o.seed, o.val_fraction);
+  }
   if (o.progress)
     log_info("data prepare: ", files.size(), " files, ", docs.size(), " documents, ", st.input_bytes,
              " bytes");
@@ -325,6 +373,8 @@ PrepareStats prepare(const PrepareOptions& o) {
       {"unigram_baseline_nats_per_token", st.unigram_baseline},
       {"seconds", st.total_seconds},
   };
+  if (st.single_document_cut)
+    j["single_document_cut"] = {{"source", st.cut_source}, {"byte", st.cut.byte}, {"line", st.cut.line}};
   {
     std::ofstream js(temps.add(o.out_prefix + ".json"), std::ios::trunc);
     js << j.dump(2) << "\n";

@@ -33,8 +33,19 @@ struct SplitStats {
   int64_t tokens = 0;  // including one EOS per document
 };
 
+// Where the text of a lone document is cut into its training and validation parts.
+struct DocumentCut {
+  int64_t byte = 0;  // the validation part starts here, at the start of a line
+  int64_t line = 0;  // that line's number (1-based) within the document
+};
+
 struct PrepareStats {
   SplitStats train, val;
+  // The inputs held one document, cut in two at `cut` (docs/data.md: one document) instead of
+  // split by documents; `cut_source` names where the document came from.
+  bool single_document_cut = false;
+  DocumentCut cut;
+  std::string cut_source;
   int vocab_size = 0;
   std::string dtype;
   int64_t input_files = 0;
@@ -63,6 +74,11 @@ bool is_validation_document(uint64_t seed, int64_t index, double val_fraction);
 // Assigns every document to a split; guarantees a non-empty validation split when there are at
 // least two documents (throws if fewer).
 std::vector<bool> split_documents(int64_t num_documents, uint64_t seed, double val_fraction);
+// Where a lone document is cut (docs/data.md: one document): at the first line start at or after
+// (1 - val_fraction) of its bytes with non-blank text on both sides, else at the last such line
+// start before it. A text without such a line start (one non-blank line) is a zaya::Error naming
+// `source`.
+DocumentCut cut_single_document(const std::string& text, double val_fraction, const std::string& source);
 // Cross-entropy in nats/token of add-one-smoothed unigram counts on `val_counts`.
 double unigram_cross_entropy(const std::vector<int64_t>& train_counts,
                              const std::vector<int64_t>& val_counts);
