@@ -343,17 +343,22 @@ bool experts_backward(const Tensor& dy, const Tensor& dxp, const Tensor& offsets
   if (M == 0) return false;
   const int32_t* off = offsets.data<int32_t>();
   const int64_t E = offsets.numel() - 1, H = a.xp.size(1), I = a.act.size(1);
+  // Whole experts on a balanced plan; row pieces on an uneven one, except on the AVX2-only paths,
+  // which keep whole experts when there are no more of them than threads and go grouped otherwise.
   const SideBySidePlan plan = plan_fused(off, E, w, a);
-  bool whole = plan.balanced;
-  if (plan.possible && !plan.balanced && gemm_avx2_paths()) whole = plan.few;
-  if (!plan.possible || (!plan.balanced && gemm_avx2_paths() && !plan.few)) {
+  enum class Way { grouped, whole, pieces } way = Way::grouped;
+  if (plan.balanced)
+    way = Way::whole;
+  else if (plan.possible)
+    way = !gemm_avx2_paths() ? Way::pieces : plan.few ? Way::whole : Way::grouped;
+  if (way == Way::grouped) {
     grouped_backward(dy, dxp, off, E, M, w, grads, a, scratch);
     return false;
   }
   std::atomic<int64_t> ns{0};
   const ExpertBackwardProducts x{dy, dxp, w, grads, a, scratch, ns};
   order_side_tasks(side);
-  if (whole)
+  if (way == Way::whole)
     fused_backward_whole(x, off);
   else
     fused_backward_pieces(x, off, E, M);
