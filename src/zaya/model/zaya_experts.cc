@@ -26,6 +26,7 @@
 #include "zaya/core/threads.h"
 #include "zaya/model/model_internal.h"
 #include "zaya/model/zaya_model.h"
+#include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/gemm.h"
 #include "zaya/ops/moe.h"
@@ -121,7 +122,7 @@ struct ExpertBackwardProducts {
 
   void run(const Tensor& a, ops::Trans ta, const Tensor& b, const Tensor& c, float beta) const {
     ops::GemmProblem one[1] = {{a, b, c}};
-    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ta, ops::Trans::N, 1.0f, beta); });
+    timed_gemm(ns, [&] { ops::cpu::gemm_grouped_on_this_thread(one, ta, ops::Trans::N, 1.0f, beta); });
   }
   // y_e = act_e · W_d[e]ᵀ:  dact = dy·W_d
   void dact(int64_t e, int64_t r0, int64_t r1) const {
@@ -157,7 +158,7 @@ void ZayaModel::set_fused_experts(bool on) { fused_experts_ = on; }
 //  * not possible (large weights, bf16, one thread, one expert with tokens, fused way off): grouped.
 // The backward plans again from the same token counts (less than keeping a plan per layer). Every
 // way gives the same bits. Measured on 8 and 16 threads: docs/results/model-cpu-sessions.md, session 24.
-ops::SideBySidePlan ZayaModel::plan_fused_experts(int l) {
+ops::cpu::SideBySidePlan ZayaModel::plan_fused_experts(int l) {
   if (!fused_experts_ || gemm_dtype_ != DType::f32) return {};
   const LayerActs& t = acts_[l];
   const int32_t* off = t.offsets.data<int32_t>();
@@ -169,8 +170,8 @@ ops::SideBySidePlan ZayaModel::plan_fused_experts(int l) {
           {t.xp.slice(off[e], off[e + 1]), lp_[l].w_gu.select(e), t.gu.slice(off[e], off[e + 1])});
       expert_ids_.push_back(e);
     }
-  const ops::SideBySidePlan plan =
-      ops::gemm_grouped_side_by_side_plan(problems_, ops::Trans::N, ops::Trans::T, expert_order_);
+  const ops::cpu::SideBySidePlan plan =
+      ops::cpu::gemm_grouped_side_by_side_plan(problems_, ops::Trans::N, ops::Trans::T, expert_order_);
   for (size_t& i : expert_order_) i = static_cast<size_t>(expert_ids_[i]);
   return plan;
 }
@@ -192,7 +193,7 @@ void ZayaModel::cut_expert_rows(int l, std::vector<ExpertRows>& pieces) const {
     // n pieces of at least kMinPieceRows rows (the last m − step·(n−1) ≥ m/n ≥ kMinPieceRows).
     const int64_t n =
         std::clamp<int64_t>((m + target / 2) / target, 1, std::max<int64_t>(1, m / kMinPieceRows));
-    const int64_t step = ops::row_piece_step(m, n);
+    const int64_t step = ops::cpu::row_piece_step(m, n);
     for (int64_t k = 0; k < n; ++k)
       pieces.push_back({static_cast<int64_t>(e), r0 + k * step, k + 1 < n ? r0 + (k + 1) * step : r0 + m});
   }
@@ -207,12 +208,12 @@ void ZayaModel::cut_expert_rows(int l, std::vector<ExpertRows>& pieces) const {
 bool ZayaModel::plan_fused_forward(int l) {
   const int32_t* off = acts_[l].offsets.data<int32_t>();
   forward_pieces_.clear();
-  const ops::SideBySidePlan plan = plan_fused_experts(l);
+  const ops::cpu::SideBySidePlan plan = plan_fused_experts(l);
   if (plan.balanced) {
     for (size_t e : expert_order_) forward_pieces_.push_back({static_cast<int64_t>(e), off[e], off[e + 1]});
     return true;
   }
-  if (!plan.possible || ops::gemm_avx2_paths()) return false;
+  if (!plan.possible || ops::cpu::gemm_avx2_paths()) return false;
   cut_expert_rows(l, forward_pieces_);
   return true;
 }
@@ -231,16 +232,16 @@ bool ZayaModel::expert_forward_fused(int l) {
     const auto [e, r0, r1] = forward_pieces_[j];
     ops::moe_gather_rows(t.xp, t.w, t.src, r0, r1, N, H);
     ops::GemmProblem one[1] = {{t.xp.slice(r0, r1), p.w_gu.select(e), t.gu.slice(r0, r1)}};
-    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::T); });
+    timed_gemm(ns, [&] { ops::cpu::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::T); });
     ops::swiglu_forward(t.gu.slice(r0, r1), t.act.slice(r0, r1));
     one[0] = {t.act.slice(r0, r1), p.w_d.select(e), t.y.slice(r0, r1)};
-    timed_gemm(ns, [&] { ops::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::T); });
+    timed_gemm(ns, [&] { ops::cpu::gemm_grouped_on_this_thread(one, ops::Trans::N, ops::Trans::T); });
   });
   // The GEMMs' share of the region's wall time: their thread time over the threads.
   if (fused_forward_label_.empty())  // built once: a step allocates nothing
     fused_forward_label_ = "fused experts forward f32 (NT ?x" + std::to_string(2 * I) + "x" +
                            std::to_string(H) + ", NT ?x" + std::to_string(H) + "x" + std::to_string(I) + ")";
-  ops::gemm_time_record(fused_forward_label_, 1e-9 * static_cast<double>(ns.load()) / threads,
+  ops::cpu::gemm_time_record(fused_forward_label_, 1e-9 * static_cast<double>(ns.load()) / threads,
                         2.0 * static_cast<double>(t.M) * (2 * I * H + H * I));
   return true;
 }
@@ -254,10 +255,10 @@ bool ZayaModel::expert_forward_fused(int l) {
 // AVX2-only paths), the tasks are finer (expert_backward_pieces). Returns false (nothing done)
 // when the grouped way should run.
 bool ZayaModel::expert_backward_fused(int l) {
-  const ops::SideBySidePlan plan = plan_fused_experts(l);
+  const ops::cpu::SideBySidePlan plan = plan_fused_experts(l);
   if (!plan.possible) return false;
   if (!plan.balanced) {
-    if (!ops::gemm_avx2_paths()) {
+    if (!ops::cpu::gemm_avx2_paths()) {
       expert_backward_pieces(l);
       return true;
     }
@@ -334,7 +335,7 @@ void ZayaModel::record_backward_gemm_time(int l, int64_t ns) {
     fused_backward_label_ = "fused experts backward f32 (NN, TN of ?x" + std::to_string(H) + "x" +
                             std::to_string(I) + " and ?x" + std::to_string(I) + "x" + std::to_string(H) +
                             " shapes)";
-  ops::gemm_time_record(fused_backward_label_, 1e-9 * static_cast<double>(ns) / num_threads(),
+  ops::cpu::gemm_time_record(fused_backward_label_, 1e-9 * static_cast<double>(ns) / num_threads(),
                         4.0 * static_cast<double>(acts_[l].M) * (2 * I * H + H * I));
 }
 

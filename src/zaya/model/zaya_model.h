@@ -18,6 +18,7 @@
 #include "zaya/core/tensor.h"
 #include "zaya/model/config.h"
 #include "zaya/model/params.h"
+#include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/ops/gemm.h"
 #include "zaya/ops/loss.h"
 #include "zaya/ops/rope.h"
@@ -135,7 +136,7 @@ class ZayaModel {
   ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
   void expert_forward(int l);
   void expert_backward(int l);
-  ops::SideBySidePlan plan_fused_experts(int l);
+  ops::cpu::SideBySidePlan plan_fused_experts(int l);
   bool plan_fused_forward(int l);
   struct ExpertRows {
     int64_t e, r0, r1;  // expert e's rows [r0, r1) of the grouped order
