@@ -368,7 +368,7 @@ void register_all() {
                 G{"zaya1/expert_down_dx", 4096, 16, 2048, 2048, GroupedKind::dx},
                 G{"zaya1/expert_down_dw", 4096, 16, 2048, 2048, GroupedKind::dw}}) {
       // bf16 with small weights (the demo's), and every bf16 weight gradient, run zaya's AMX kernel
-      // where the CPU has one (ops::gemm_use_amx); gemm_grouped_ab times it against oneDNN call by call.
+      // where the CPU has one (ops::cpu::gemm_use_amx); gemm_grouped_ab times it against oneDNN call by call.
       benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d).c_str(), bench_grouped, g.tokens,
                                    g.experts, g.n, g.k, dt, g.kind)
           ->Unit(benchmark::kMillisecond)

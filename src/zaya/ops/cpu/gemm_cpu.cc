@@ -326,7 +326,7 @@ Pieces pieces_of(const Dims& d, bool m_only) {
 
 // oneDNN 2.6's AVX2 no-copy sgemm reads its operands in place, and with rows a multiple of 512
 // bytes apart (every power-of-two width from 128 floats) they share a few L1 sets
-// (tools/onednn_piece_probe.cc, one Zen 3 core, 2026-11-25):
+// (tools/onednn_piece_probe.cc, one Zen 3 core):
 //  * Aᵀ·B (the weight gradients dYᵀ·X), both operands: an 8192×256×2048 product ran at 30–43
 //    GFLOP/s, at 92–94 with both operands' rows 64 bytes further apart; 256×256×2048: 70 → 93.
 //  * A·B, B's rows: 256×512×256 ran at 62–67 GFLOP/s with B's rows 2 KiB apart and 94–98 padded,

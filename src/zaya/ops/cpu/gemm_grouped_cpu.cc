@@ -186,7 +186,7 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
 // side by side measured 0.92× (gate_up) to 1.03× (weight gradient) there; on 2 Zen 4 cores, f32
 // 0.93–0.94× (gate_up, dx) and 1.03× (dW). The exception is bf16 x·Wᵀ and dy·W at a runtime M
 // (oneDNN without AMX, bf16_fixed_shapes): ZAYA1's gate_up ran 1.03–1.18× side by side there
-// (4 alternations of bench_ops_gemm gemm_grouped/zaya1 with a temporary switch, 2026-11-25), its
+// (4 alternations of bench_ops_gemm gemm_grouped/zaya1 with a temporary switch), its
 // dx 0.89–1.31× (median 1.06×).
 //
 // split_problems says more than whether the call itself runs side by side (`balanced`): whether
@@ -433,8 +433,8 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
   // run whole on one thread. oneDNN's own threading of that kernel gave other bits than one
   // thread: f32 x·Wᵀ with K ≥ 1024 at every M ≥ 16 (K × N 1024 × 128 to 1024 × 512, 2048 × 128
   // and × 256, 4096 × 128), and a one-row dy·W, f32 at every small weight tried with K ≥ 512 and
-  // bf16 at large ones (tools/grouped_thread_bits_probe.cc on the 2-vCPU Intel VM, oneDNN 2.6.3;
-  // docs/results/model-cpu/determinism-2026-11-27-s24.txt). A demo training run whose router sent
+  // bf16 at large ones (tools/grouped_thread_bits_probe.cc on the 2-vCPU Intel VM, oneDNN 2.6.3).
+  // A demo training run whose router sent
   // one token to an expert drifted from its one-thread twin that way. Pieces of at least
   // kMinHalfRows rows give the whole product's bits for their rows, as the side-by-side row
   // halves do. `Gemm.GroupedRowProductsAreThreadCountFree`.
