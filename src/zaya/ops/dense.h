@@ -4,8 +4,9 @@
 // [N, F] f32; outputs are preallocated by the caller; parameter gradients ACCUMULATE
 // (dW += ...) so micro-batches can add up, activation gradients are WRITTEN (dx = ...). Optional
 // tensors (a bias, a gradient nobody needs) are passed as an undefined Tensor{}. Every op is bitwise
-// deterministic across runs and thread counts: rows are split among threads, and reductions over
-// rows (parameter gradients) are split by column, each column summed by one thread in row order.
+// deterministic across runs and, on the CPU, thread counts: rows are split among threads, and
+// reductions over rows (parameter gradients) are split by column, each column summed by one thread
+// in row order.
 #pragma once
 
 #include <cstdint>
