@@ -9,31 +9,36 @@ OpDevice::OpDevice(std::string_view op, std::initializer_list<TensorArg> args) :
 
 OpDevice::OpDevice(std::string_view op, std::string_view what, std::span<const Tensor> list) : op_(op) {
   for (size_t i = 0; i < list.size(); ++i)
-    if (first_ == nullptr || list[i].device() != device_) add(str(what, " ", i), list[i]);
+    if (!any_ || list[i].device() != device_) add(str(what, " ", i), list[i]);
 }
 
 void OpDevice::add(std::string_view name, const Tensor& t) {
   if (!t.defined()) return;
-  if (first_ == nullptr) {
-    first_ = &t;
+  if (!any_) {
+    any_ = true;
     first_name_ = name;
+    first_shape_ = t.shape();
+    first_dtype_ = t.dtype();
     device_ = t.device();
     return;
   }
-  ZAYA_CHECK(t.device() == device_, op_, ": ", name, " is ", t.str(), ", but ", first_name_, " is ",
-             first_->str(), ": every tensor of one call must be on the same device");
+  ZAYA_CHECK(t.device() == device_, op_, ": ", name, " is ", t.str(), ", but ", first_name_, " is ", first_str(),
+             ": every tensor of one call must be on the same device");
 }
 
 void OpDevice::add(std::string_view list, size_t index, std::string_view field, const Tensor& t) {
-  if (!t.defined() || (first_ != nullptr && t.device() == device_)) return;
+  if (!t.defined() || (any_ && t.device() == device_)) return;
   add(str(list, "[", index, "]", field), t);
+}
+
+std::string OpDevice::first_str() const {
+  return str(dtype_name(first_dtype_), first_shape_.str(), " ", device_name(device_));
 }
 
 void OpDevice::no_kernel() const {
   const std::string_view backend = device_ == Device::cuda ? "CUDA" : "CPU";
-  if (first_ == nullptr) throw Error(str("no ", backend, " kernel for ops::", op_, " yet"));
-  throw Error(
-      str("no ", backend, " kernel for ops::", op_, " yet (", first_name_, " is ", first_->str(), ")"));
+  if (!any_) throw Error(str("no ", backend, " kernel for ops::", op_, " yet"));
+  throw Error(str("no ", backend, " kernel for ops::", op_, " yet (", first_name_, " is ", first_str(), ")"));
 }
 
 namespace check {

@@ -54,10 +54,16 @@ class OpDevice {
   [[noreturn]] void no_kernel() const;
 
  private:
+  // "<dtype>[<shape>] <device>" of the first defined argument, as Tensor::str() writes it.
+  std::string first_str() const;
+
   std::string_view op_;
   Device device_ = Device::cpu;
+  // The first defined argument, kept by value (the tensor may be a temporary of the caller's).
+  bool any_ = false;
   std::string first_name_;
-  const Tensor* first_ = nullptr;
+  Shape first_shape_;
+  DType first_dtype_ = DType::f32;
 };
 
 namespace check {
