@@ -14,6 +14,7 @@
 #include "zaya/core/philox.h"
 #include "zaya/model/params.h"
 #include "zaya/model/zaya_model.h"
+#include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/ops/gemm.h"
 
 namespace zaya::app {
@@ -44,11 +45,11 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
   Tensor tid = Tensor::borrow(ids.data(), Shape{B, T}, DType::i32);
   Tensor ttg = Tensor::borrow(tg.data(), Shape{B, T}, DType::i32);
   double fwd = 0, bwd = 0, loss = 0;
-  ops::gemm_profile_shapes(gemm_shapes);
+  ops::cpu::gemm_profile_shapes(gemm_shapes);
   m.time_sections(sections);
   for (int64_t s = -1; s < steps; ++s) {
     if (s == 0) {  // the warm-up step builds the GEMM primitives
-      ops::gemm_time_reset();
+      ops::cpu::gemm_time_reset();
       m.reset_section_times();
       if (paced) {
         std::printf("bench: ready\n");
@@ -60,7 +61,7 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
       steps = s;  // the driver closed the pipe: the summary covers the steps run
       break;
     }
-    const ops::GemmTimeStats gemm_before = ops::gemm_time_stats();
+    const ops::cpu::GemmTimeStats gemm_before = ops::cpu::gemm_time_stats();
     m.zero_grad();
     auto t0 = clock::now();
     loss = m.forward(tid, ttg, true);
@@ -73,7 +74,7 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
       fwd += f;
       bwd += b;
       if (paced) {
-        const ops::GemmTimeStats g = ops::gemm_time_stats();
+        const ops::cpu::GemmTimeStats g = ops::cpu::gemm_time_stats();
         std::printf("bench: step %lld forward %.3f ms backward %.3f ms gemm %.3f ms %.3f GFLOP\n",
                     static_cast<long long>(s + 1), 1e3 * f, 1e3 * b, 1e3 * (g.seconds - gemm_before.seconds),
                     1e-9 * (g.flops - gemm_before.flops));
@@ -90,7 +91,7 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
               1e3 * step);
   std::printf("bench: tokens/s %.1f\n", static_cast<double>(B * T) / step);
   // The GEMM floor: what the step would take if everything but the library GEMMs took no time.
-  const ops::GemmTimeStats g = ops::gemm_time_stats();
+  const ops::cpu::GemmTimeStats g = ops::cpu::gemm_time_stats();
   std::printf(
       "bench: GEMMs %.2f ms per step (%lld calls, %.2f GFLOP at %.1f GFLOP/s), everything else %.2f ms\n",
       1e3 * g.seconds / n, static_cast<long long>(g.calls / steps), 1e-9 * g.flops / n,
@@ -102,9 +103,9 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
         static_cast<double>(g.side_by_side_calls) / n,
         1e3 * g.side_by_side_gap_seconds / static_cast<double>(g.side_by_side_calls));
   if (gemm_shapes) {
-    ops::gemm_profile_shapes(false);
+    ops::cpu::gemm_profile_shapes(false);
     std::printf("bench: GEMM shapes (per step; op letters, M x N x K, ? = tokens per expert)\n");
-    for (const ops::GemmShapeTime& r : ops::gemm_shape_times())
+    for (const ops::cpu::GemmShapeTime& r : ops::cpu::gemm_shape_times())
       std::printf("bench:   %-34s %4.1f calls %8.2f ms %7.3f GFLOP %6.1f GFLOP/s\n", r.shape.c_str(),
                   static_cast<double>(r.calls) / n, 1e3 * r.seconds / n, 1e-9 * r.flops / n,
                   r.seconds > 0 ? 1e-9 * r.flops / r.seconds : 0.0);

@@ -13,6 +13,9 @@
 #include "stream_ref.h"
 #include "zaya/core/random.h"
 #include "zaya/core/threads.h"
+#include "zaya/ops/cpu/dense_cpu.h"
+#include "zaya/ops/cpu/loss_cpu.h"
+#include "zaya/ops/cpu/newton_schulz_cpu.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/loss.h"
 #include "zaya/ops/newton_schulz.h"
@@ -122,8 +125,8 @@ void BM_swiglu_backward(benchmark::State& state) {
 // Arg 0: as the model calls it (streaming stores for an output beyond the caches); 1: plain stores.
 void BM_softmax_forward(benchmark::State& state) {
   Tensor x = randn({kRows, kCols}, 1), y = out({kRows, kCols});
-  const auto mode = state.range(0) ? ops::StoreMode::cached : ops::StoreMode::automatic;
-  for (auto _ : state) ops::softmax_forward(x, y, mode);
+  const auto mode = state.range(0) ? ops::cpu::StoreMode::cached : ops::cpu::StoreMode::automatic;
+  for (auto _ : state) ops::cpu::softmax_forward(x, y, mode);
   set_bytes(state, 2 * kRows * kCols * 4);
 }
 
@@ -173,14 +176,14 @@ void BM_grad_norm(benchmark::State& state) {
 void BM_cross_entropy_tied(benchmark::State& state) {
   const int64_t n = 2048, h = 256, vocab = 8192;
   ops::CrossEntropyOptions opt{.chunk = state.range(0)};
-  ops::cross_entropy_use_fused_head(state.range(1) != 0);
+  ops::cpu::cross_entropy_use_fused_head(state.range(1) != 0);
   Tensor hid = randn({n, h}, 1), E = randn({vocab, h}, 2), dh = Tensor::empty({n, h}, DType::f32);
   Tensor dE = Tensor::zeros({vocab, h}, DType::f32), lse = Tensor::empty({n}, DType::f32);
   Tensor ws = Tensor::empty({ops::cross_entropy_workspace_elems(n, vocab, opt)}, DType::f32);
   Tensor tg = Tensor::empty({n}, DType::i32);
   for (int64_t i = 0; i < n; ++i) tg.data<int32_t>()[i] = static_cast<int32_t>((i * 7919) % vocab);
   for (auto _ : state) ops::cross_entropy_tied_forward_backward(hid, E, tg, dh, dE, lse, ws, opt);
-  ops::cross_entropy_use_fused_head(true);
+  ops::cpu::cross_entropy_use_fused_head(true);
   // Three [N, V, H] products (the recomputing path runs a fourth, the logits again, not counted).
   state.counters["GFLOP/s"] =
       benchmark::Counter(3 * 2.0 * n * h * vocab * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
@@ -230,7 +233,7 @@ void BM_newton_schulz(benchmark::State& state) {
       const Tensor mine = ws.window(omp_get_thread_num() * per, Shape{per});
 #pragma omp for schedule(dynamic, 1)
       for (int64_t e = 0; e < batch; ++e)
-        ops::newton_schulz_orthogonalize_on_this_thread(g.select(e), o.select(e), mine, 5, compute);
+        ops::cpu::newton_schulz_orthogonalize_on_this_thread(g.select(e), o.select(e), mine, 5, compute);
     }
   }
   const double r = static_cast<double>(std::min(rows, cols)), c = static_cast<double>(std::max(rows, cols));

@@ -16,6 +16,7 @@
 #include "zaya/core/random.h"
 #include "zaya/core/threads.h"
 #include "zaya/ops/cpu/amx_gemm.h"
+#include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/ops/gemm.h"
 
 namespace {
@@ -152,14 +153,14 @@ void bench_grouped(benchmark::State& state, int64_t tokens, int64_t experts, int
     auto ps = g.problems(it);
     g.run(ps);
   }
-  ops::GemmCacheStats before = ops::gemm_cache_stats();
+  ops::cpu::GemmCacheStats before = ops::cpu::gemm_cache_stats();
   for (auto _ : state) {
     state.PauseTiming();
     auto ps = g.problems(it++);
     state.ResumeTiming();
     g.run(ps);
   }
-  ops::GemmCacheStats after = ops::gemm_cache_stats();
+  ops::cpu::GemmCacheStats after = ops::cpu::gemm_cache_stats();
   set_flops(state, g.flops());
   state.counters["misses/iter"] = benchmark::Counter(static_cast<double>(after.misses - before.misses),
                                                      benchmark::Counter::kAvgIterations);
@@ -222,7 +223,7 @@ void bench_grouped_two_ways(benchmark::State& state, const GroupedCall& g, void 
 // zaya's AMX kernel against oneDNN (bf16, small weights).
 void bench_grouped_ab(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k,
                       GroupedKind kind) {
-  bench_grouped_two_ways(state, GroupedCall(tokens, experts, n, k, DType::bf16, kind), ops::gemm_use_amx, "amx",
+  bench_grouped_two_ways(state, GroupedCall(tokens, experts, n, k, DType::bf16, kind), ops::cpu::gemm_use_amx, "amx",
                          "onednn");
 }
 
@@ -231,7 +232,7 @@ void bench_grouped_ab(benchmark::State& state, int64_t tokens, int64_t experts, 
 void bench_grouped_split_ab(benchmark::State& state, int64_t tokens, int64_t experts, int64_t n, int64_t k,
                             GroupedKind kind) {
   bench_grouped_two_ways(state, GroupedCall(tokens, experts, n, k, DType::f32, kind),
-                         ops::gemm_grouped_side_by_side, "side", "serial");
+                         ops::cpu::gemm_grouped_side_by_side, "side", "serial");
 }
 
 // The bar as one measurement: a model GEMM against the library's square GEMM of the
@@ -367,7 +368,7 @@ void register_all() {
                 G{"zaya1/expert_down_dx", 4096, 16, 2048, 2048, GroupedKind::dx},
                 G{"zaya1/expert_down_dw", 4096, 16, 2048, 2048, GroupedKind::dw}}) {
       // bf16 with small weights (the demo's), and every bf16 weight gradient, run zaya's AMX kernel
-      // where the CPU has one (ops::gemm_use_amx); gemm_grouped_ab times it against oneDNN call by call.
+      // where the CPU has one (ops::cpu::gemm_use_amx); gemm_grouped_ab times it against oneDNN call by call.
       benchmark::RegisterBenchmark(str("gemm_grouped/", g.name, "/", d).c_str(), bench_grouped, g.tokens,
                                    g.experts, g.n, g.k, dt, g.kind)
           ->Unit(benchmark::kMillisecond)

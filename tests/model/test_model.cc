@@ -13,6 +13,7 @@
 #include "zaya/model/params.h"
 #include "zaya/model/zaya_model.h"
 #include "zaya/ops/cpu/experts_cpu.h"
+#include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/ops/gemm.h"
 
 namespace zaya::model {
@@ -245,12 +246,12 @@ TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
     struct Restore {
       ~Restore() { ops::cpu::set_fused_experts(true); }
     } restore;
-    ops::gemm_time_reset();
-    ops::gemm_profile_shapes(true);
+    ops::cpu::gemm_time_reset();
+    ops::cpu::gemm_profile_shapes(true);
     double loss = m.forward(b.tid, b.ttg);
     m.backward();
-    ops::gemm_profile_shapes(false);
-    for (const ops::GemmShapeTime& r : ops::gemm_shape_times()) {
+    ops::cpu::gemm_profile_shapes(false);
+    for (const ops::cpu::GemmShapeTime& r : ops::cpu::gemm_shape_times()) {
       ran.fwd |= r.shape.find("fused experts forward") != std::string::npos;
       ran.bwd |= r.shape.find("fused experts backward") != std::string::npos;
     }
@@ -263,12 +264,12 @@ TEST(ZayaModel, FusedAndGroupedExpertsGiveTheSameBits) {
   // Both GEMM path families: the default, and the AVX2-only CPUs' shape-fixed pieces (forced).
   for (bool avx2 : {false, true}) {
     SCOPED_TRACE(avx2 ? "AVX2 paths forced" : "default GEMM paths");
-    ops::gemm_force_avx2_paths(avx2);
+    ops::cpu::gemm_force_avx2_paths(avx2);
     std::vector<float> g_fused, g_grouped, g_one, g_many;
     Ran r_fused, r_grouped, r_one, r_many;
     const double l_fused = run(2, true, g_fused, r_fused), l_grouped = run(2, false, g_grouped, r_grouped),
                  l_one = run(1, true, g_one, r_one), l_many = run(6, true, g_many, r_many);
-    ops::gemm_force_avx2_paths(false);
+    ops::cpu::gemm_force_avx2_paths(false);
     ASSERT_TRUE(r_fused.fwd && r_fused.bwd)
         << "the fused way did not run on 2 threads (its plan rejected this routing)";
     EXPECT_FALSE(r_grouped.fwd || r_grouped.bwd);

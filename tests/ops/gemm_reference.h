@@ -54,7 +54,7 @@ inline bool same_bits(const Tensor& a, const Tensor& b) {
 // The grouped expert GEMMs with token counts that change from group to group and call to call, in
 // the three forms the MoE layer uses (x·Wᵀ, dy·W, and dW += dyᵀ·x with the tokens as the
 // reduction dim), f32 and bf16. The counts cover the bf16 path's row blocks (kRowBlock = 32 in
-// gemm_grouped.cc): below one block, exact blocks, a block plus a tail, several blocks plus a tail.
+// ops/cpu/gemm_grouped_cpu.cc): below one block, exact blocks, a block plus a tail, several blocks plus a tail.
 struct GroupedForm {
   Trans ta, tb;
   float beta;

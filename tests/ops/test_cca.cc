@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "ops/device_dispatch.h"
 #include "gradcheck.h"
 #include "zaya/core/threads.h"
 #include "zaya/ops/cca.h"
@@ -471,6 +472,47 @@ TEST(CcaQk, RejectsAShortRopeTableAndWrongShapes) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("z has shape [8, 49], expected [8, 48]"), std::string::npos) << e.what();
   }
+}
+
+// The CCA fronts handed CUDA tensors (host memory labelled CUDA: device_dispatch.h) check them as on
+// the CPU and stop at the dispatch naming the op; mixed devices name the argument.
+TEST(CcaDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgument) {
+  test::CudaLabelled cu;
+  const ops::CcaDims d{2, 1, 2};
+  const int64_t B = 1, T = 2, N = B * T, C = d.channels(), half = 2;
+  ops::CcaConvWeights w{cu({C, 1, 2}), cu({C}), cu({C, d.hd, 2}), cu({C})};
+  ops::CcaConvWeights gw{cu({C, 1, 2}), cu({C}), cu({C, d.hd, 2}), cu({C})};
+  Tensor z = cu({B, T, C}), out = cu({B, T, C}), dz = cu({B, T, C}), dout = cu({B, T, C});
+  Tensor out1 = cu({B, 1, C}), state = cu({B, 2, C}), z1 = cu({B, 1, C});
+  Tensor conv = cu({N, C}), dconv = cu({N, C});
+  Tensor q = cu({N, d.nq * d.hd}), k = cu({N, d.nkv * d.hd}), q2 = cu({N, d.nq * d.hd}), k2 = cu({N, d.nkv * d.hd});
+  Tensor dq = cu({N, d.nq * d.hd}), dk = cu({N, d.nkv * d.hd}), dq2 = cu({N, d.nq * d.hd}), dk2 = cu({N, d.nkv * d.hd});
+  Tensor vcd = cu({B, T, 2 * half}), v = cu({B, T, 2 * half}), v1 = cu({B, 1, 2 * half}), vstate = cu({B, half});
+  Tensor vc = cu({B, 1, half}), vd = cu({B, 1, half});
+  Tensor temp = cu({d.nkv}), dtemp = cu({d.nkv});
+  ops::RopeTable rope = ops::make_rope_table(d.hd, 1.0, 1e4, 4);
+  Tensor cos_cpu = rope.cos, sin_cpu = rope.sin;
+  rope.cos = test::as_cuda(cos_cpu);
+  rope.sin = test::as_cuda(sin_cpu);
+  using test::expect_no_cuda_kernel;
+  expect_no_cuda_kernel("cca_conv_forward", [&] { ops::cca_conv_forward(out, z, w, B, T, d); });
+  expect_no_cuda_kernel("cca_conv_backward", [&] { ops::cca_conv_backward(dz, gw, dout, z, w, B, T, d); });
+  expect_no_cuda_kernel("cca_conv_decode", [&] { ops::cca_conv_decode(out1, state, z1, w, B, d); });
+  expect_no_cuda_kernel("mean_skip_forward", [&] { ops::mean_skip_forward(q, k, conv, q2, k2, N, d); });
+  expect_no_cuda_kernel("mean_skip_backward", [&] { ops::mean_skip_backward(dconv, dq, dk, dq2, dk2, N, d); });
+  expect_no_cuda_kernel("value_shift_forward", [&] { ops::value_shift_forward(v, vcd, B, T, half); });
+  expect_no_cuda_kernel("value_shift_backward", [&] { ops::value_shift_backward(vcd, v, B, T, half); });
+  expect_no_cuda_kernel("value_shift_decode", [&] { ops::value_shift_decode(v1, vstate, vc, vd, B, half); });
+  expect_no_cuda_kernel("qk_norm_forward", [&] { ops::qk_norm_forward(q2, k2, q, k, temp, N, d); });
+  expect_no_cuda_kernel("qk_norm_backward",
+                        [&] { ops::qk_norm_backward(dq, dk, dtemp, dq2, dk2, q, k, temp, N, d); });
+  expect_no_cuda_kernel("cca_qk_forward", [&] { ops::cca_qk_forward(q, k, q2, k2, conv, z, temp, rope, B, T, d); });
+  expect_no_cuda_kernel("cca_qk_backward",
+                        [&] { ops::cca_qk_backward(dconv, dz, dtemp, dq, dk, q2, k2, temp, rope, B, T, d); });
+  ops::RopeTable cpu_rope = rope;
+  cpu_rope.cos = cos_cpu;
+  test::expect_mixed_devices("cca_qk_forward", "cos table",
+                             [&] { ops::cca_qk_forward(q, k, q2, k2, conv, z, temp, cpu_rope, B, T, d); });
 }
 
 }  // namespace

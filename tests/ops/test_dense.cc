@@ -1,5 +1,7 @@
 // Dense ops against float64 references: forward values, backward by central finite differences of
-// the reference (gradcheck.h), accumulation of parameter gradients, determinism, errors.
+// the reference (gradcheck.h), accumulation of parameter gradients, errors and the device dispatch.
+// The CPU kernels' own choices (store modes, thread counts) are in cpu/test_dense_cpu.cc, the
+// vector math under them in cpu/test_seq_vec.cc.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -9,9 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "ops/device_dispatch.h"
 #include "ops/gradcheck.h"
-#include "zaya/core/threads.h"
-#include "zaya/ops/cpu/seq_vec.h"
 #include "zaya/ops/dense.h"
 
 namespace zaya::ops {
@@ -329,202 +330,6 @@ void check_elementwise(Fwd fwd, Bwd bwd, double (*f)(double)) {
 double silu_d(double x) { return x / (1 + std::exp(-x)); }
 double gelu_d(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
 
-// GELU's erf is cpu::erf_fast (a vectorizable polynomial fit, seq_vec.h), not libm's erff. Over a
-// dense grid of [−6, 6] (step 2⁻¹⁸, 3.1 M points, both pieces and the switch between them at
-// 0.921875, and the saturation to 1), it must stay within 1.25 ulp of erf in double, the ulp being
-// the spacing of floats just above |erf(x)| (the smaller one at a power of two, so the stricter
-// choice). Measured when it was written: 1.08 ulp, max |error| 6.4e-8, both near |x| = 1.056.
-TEST(Activations, ErfFastWithinOneUlpOfDouble) {
-  double worst_ulps = 0, worst_x = 0;
-  for (int64_t i = -(int64_t{6} << 18); i <= (int64_t{6} << 18); ++i) {
-    const float x = std::ldexp(static_cast<float>(i), -18);
-    const double ref = std::erf(static_cast<double>(x));
-    const float r = static_cast<float>(std::fabs(ref));
-    const double ulp = std::nextafter(r, 2.0f) - r;
-    const double ulps = std::fabs(cpu::erf_fast(x) - ref) / ulp;
-    if (ulps > worst_ulps) worst_ulps = ulps, worst_x = x;
-  }
-  EXPECT_LE(worst_ulps, 1.25) << "at x = " << worst_x;
-  // Tiny arguments (erf(x) ≈ 2x/√π), the tails, and the special values.
-  for (float x : {1e-30f, -3e-20f, 1e-8f, 4.5f, -9.0f, 1e30f}) {
-    const double ref = std::erf(static_cast<double>(x));
-    EXPECT_NEAR(cpu::erf_fast(x), ref,
-                1.25 * (std::nextafter(std::fabs(static_cast<float>(ref)), 2.0f) -
-                        std::fabs(static_cast<float>(ref))))
-        << "x = " << x;
-  }
-  EXPECT_EQ(cpu::erf_fast(INFINITY), 1.0f);
-  EXPECT_EQ(cpu::erf_fast(-INFINITY), -1.0f);
-  EXPECT_EQ(cpu::erf_fast(0.0f), 0.0f);
-  EXPECT_TRUE(std::isnan(cpu::erf_fast(NAN)));
-}
-
-// erf_fast_n (16 AVX-512 lanes where the CPU has them) must give erf_fast's bits for every input:
-// a grid over [−6, 6] plus the specials, at a length that leaves a scalar tail.
-TEST(Activations, ErfFastVectorEqualsScalar) {
-  std::vector<float> x;
-  for (int64_t i = -(int64_t{6} << 14); i <= (int64_t{6} << 14); ++i) x.push_back(std::ldexp(static_cast<float>(i), -14));
-  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 3.999999f, 4.0f, -4.0f, 0.5f, -0.5f, 1e30f, INFINITY, -INFINITY})
-    x.push_back(v);
-  x.push_back(0.25f);  // odd length
-  std::vector<float> y(x.size());
-  cpu::erf_fast_n(x.data(), y.data(), static_cast<int64_t>(x.size()));
-  for (size_t i = 0; i < x.size(); ++i) {
-    const float s = cpu::erf_fast(x[i]);
-    ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(s)) << "x = " << x[i];
-  }
-  float nan_in = NAN, nan_out = 0.0f;
-  std::vector<float> nans(17, NAN), out(17);
-  cpu::erf_fast_n(nans.data(), out.data(), 17);
-  for (float v : out) EXPECT_TRUE(std::isnan(v));
-  cpu::erf_fast_n(&nan_in, &nan_out, 1);
-  EXPECT_TRUE(std::isnan(nan_out));
-}
-
-#if defined(__AVX512F__)
-TEST(SeqVec, Sum16LanesEqualsSum16) {
-  // The CCA conv forward adds 16 outputs' partial sums at once; the decode step (and the HF
-  // parity of the key temperature's gradient) rely on its bits being sum16's. Values spread over
-  // 12 binades so that the additions round differently in any other order; partials 20 floats
-  // apart, as a row stride other than 16 would be.
-  std::mt19937 gen(7);
-  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> expo(-6, 6);
-  constexpr int64_t ld = 20;
-  for (int trial = 0; trial < 200; ++trial) {
-    float p[16 * ld];
-    for (float& v : p) v = std::ldexp(mant(gen), expo(gen));
-    float got[16];
-    _mm512_storeu_ps(got, cpu::sum16_lanes(p, ld));
-    for (int o = 0; o < 16; ++o) {
-      float lanes[16];
-      for (int l = 0; l < 16; ++l) lanes[l] = p[l * ld + o];
-      ASSERT_EQ(std::bit_cast<uint32_t>(got[o]), std::bit_cast<uint32_t>(cpu::sum16(lanes))) << "output " << o;
-    }
-  }
-}
-#endif
-
-#if ZAYA_AVX2
-TEST(SeqVec, Sum16x8EqualsSum16) {
-  // The AVX2 form of the same reduction (8 outputs at once), under the same contract.
-  std::mt19937 gen(7);
-  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> expo(-6, 6);
-  for (int trial = 0; trial < 200; ++trial) {
-    float acc[128];
-    for (float& v : acc) v = std::ldexp(mant(gen), expo(gen));
-    float got[8];
-    _mm256_storeu_ps(got, cpu::sum16_x8(acc));
-    for (int o = 0; o < 8; ++o) {
-      float lanes[16];
-      std::copy(acc + 16 * o, acc + 16 * o + 16, lanes);
-      ASSERT_EQ(std::bit_cast<uint32_t>(got[o]), std::bit_cast<uint32_t>(cpu::sum16(lanes))) << "output " << o;
-    }
-  }
-}
-
-TEST(SeqVec, ExpFastV8MatchesScalarAndExpSumsMatchLoops) {
-  // expf_fast_v8 does expf_fast's operations (GCC contracts the scalar form to the same FMAs), and
-  // the AVX2 exp sums keep the plain loops' 16 partial sums and sum16's tree: all bitwise (a tail of
-  // n mod 16 goes through the scalar form in both).
-  std::mt19937 gen(3);
-  std::uniform_real_distribution<float> u(-90.0f, 5.0f);
-  for (int trial = 0; trial < 100; ++trial) {
-    alignas(32) float x[8], got[8];
-    for (float& v : x) v = u(gen);
-    _mm256_storeu_ps(got, cpu::expf_fast_v8(_mm256_loadu_ps(x)));
-    for (int l = 0; l < 8; ++l)
-      ASSERT_EQ(std::bit_cast<uint32_t>(got[l]), std::bit_cast<uint32_t>(cpu::expf_fast(x[l]))) << x[l];
-  }
-  for (int64_t n : {1, 15, 16, 17, 100, 1000}) {
-    std::vector<float> x(static_cast<size_t>(n)), e(x.size());
-    std::uniform_real_distribution<float> v(-20.0f, 3.0f);
-    for (float& a : x) a = v(gen);
-    float acc[16] = {};
-    for (int64_t i = 0; i < n; ++i) acc[i % 16] += cpu::expf_fast(x[i] - 1.0f);
-    const float want = cpu::sum16(acc);
-    const float s1 = cpu::sum_expf(x.data(), n, 1.0f);
-    const float s2 = cpu::exp_store_sum(e.data(), x.data(), n, 1.0f);
-    EXPECT_EQ(std::bit_cast<uint32_t>(s1), std::bit_cast<uint32_t>(want)) << n;
-    EXPECT_EQ(std::bit_cast<uint32_t>(s2), std::bit_cast<uint32_t>(want)) << n;
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(e[i], cpu::expf_fast(x[i] - 1.0f)) << i;
-    EXPECT_EQ(cpu::maxf(x.data(), n), *std::max_element(x.begin(), x.end()));
-  }
-}
-#endif
-
-#if defined(__AVX512F__)
-TEST(SeqVec, ExpFastVectorMatchesScalar) {
-  // The attention kernels' 16-lane exp against expf_fast (itself ~1 ulp from exp in double, tested
-  // through softmax and SwiGLU): the same operations, so equal bits wherever the scalar form's
-  // `a * b + c` contracts to the FMA the vector form uses; 1 ulp allowed where it does not.
-  std::vector<float> x;
-  for (float v = -100.0f; v <= 100.0f; v += 0.01171875f) x.push_back(v);
-  for (float v : {0.0f, -0.0f, -87.0f, 88.0f, -1e-30f, 1e-30f, -INFINITY}) x.push_back(v);
-  while (x.size() % 16) x.push_back(0.5f);
-  for (size_t i = 0; i < x.size(); i += 16) {
-    float y[16];
-    _mm512_storeu_ps(y, cpu::expf_fast_v(_mm512_loadu_ps(x.data() + i)));
-    for (int l = 0; l < 16; ++l) {
-      const float s = cpu::expf_fast(x[i + l]);
-      ASSERT_LE(std::abs(std::bit_cast<int32_t>(y[l]) - std::bit_cast<int32_t>(s)), 1) << "x = " << x[i + l];
-    }
-  }
-}
-
-TEST(SeqVec, ExpNonpositiveMatchesExpFastVector) {
-  // The fused head's softmax exp against expf_fast_v on every 256th float of [−87, 0] (4.4 million
-  // values): the same reduction and polynomial, n rounded from v·log2(e) instead of from its exact
-  // FMA, so at most 1 ulp apart (a rounding tie); the count of differing values is printed. Below
-  // −87: exact small values or 0 (expf_fast_v clamps to exp(−87)); −inf gives 0; NaN stays NaN.
-  int64_t differ = 0, n = 0;
-  float x[16];
-  int lanes = 0;
-  auto check = [&] {
-    float a[16], b[16];
-    _mm512_storeu_ps(a, cpu::expf_fast_v(_mm512_loadu_ps(x)));
-    _mm512_storeu_ps(b, cpu::expf_nonpositive_v(_mm512_loadu_ps(x)));
-    for (int l = 0; l < lanes; ++l) {
-      const int32_t d = std::abs(std::bit_cast<int32_t>(a[l]) - std::bit_cast<int32_t>(b[l]));
-      ASSERT_LE(d, 1) << "v = " << x[l];
-      differ += d != 0;
-    }
-    n += lanes;
-    lanes = 0;
-  };
-  for (uint32_t u = std::bit_cast<uint32_t>(-87.0f); u >= 0x80000000u; u -= 256) {  // −87 → −0 by magnitude
-    x[lanes++] = std::bit_cast<float>(u);
-    if (lanes == 16) check();
-  }
-  if (lanes) check();
-  std::printf("expf_nonpositive_v: %lld of %lld values differ from expf_fast_v by 1 ulp\n",
-              static_cast<long long>(differ), static_cast<long long>(n));
-  const float special[16] = {-90.0f, -100.0f, -103.0f, -104.0f, -200.0f, -1e30f, -INFINITY, NAN,
-                             0.0f,   -0.0f,   -1e-30f,  -1.0f,   -0.5f,   -2.5f, -20.0f,    -50.0f};
-  float y[16];
-  _mm512_storeu_ps(y, cpu::expf_nonpositive_v(_mm512_loadu_ps(special)));
-  for (int l = 0; l < 16; ++l) {
-    if (std::isnan(special[l])) {
-      EXPECT_TRUE(std::isnan(y[l]));
-      continue;
-    }
-    const double want = std::exp(static_cast<double>(special[l]));
-    EXPECT_NEAR(y[l], want, 2e-7 * want + 1e-45) << "v = " << special[l];  // ~2 ulp, or a subnormal's spacing
-  }
-}
-
-TEST(SeqVec, Transpose16) {
-  std::vector<float> src(16 * 21), dst(16 * 19, -1.0f);  // padded leading dimensions 21 and 19
-  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i);
-  cpu::transpose16(dst.data(), 19, src.data(), 21);
-  for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c) ASSERT_EQ(dst[c * 19 + r], src[r * 21 + c]) << r << "," << c;
-  for (int c = 0; c < 16; ++c)
-    for (int r = 16; r < 19; ++r) EXPECT_EQ(dst[c * 19 + r], -1.0f);  // nothing past 16 written
-}
-#endif
-
 TEST(Activations, Silu) { check_elementwise(silu_forward, silu_backward, silu_d); }
 TEST(Activations, GeluExactErf) { check_elementwise(gelu_forward, gelu_backward, gelu_d); }
 
@@ -620,67 +425,60 @@ TEST(Softmax, ForwardBackward) {
   }
 }
 
-// Outputs larger than the caches are written with streaming stores from a row buffer; the values
-// must be the very same floats as the plain path's (bitwise), for rows that start at any alignment
-// (f = 1000 and 37 are not multiples of 16 floats, so most rows start mid-cache-line).
-TEST(Activations, SoftmaxStreamingStoresGiveTheSameBits) {
-  for (Rows s : {Rows{37, 1000}, Rows{5, 37}, Rows{3, 2048}}) {
-    Tensor x = random_tensor({s.n, s.f}, 11, 3.0f);
-    Tensor a = Tensor::empty({s.n, s.f}, DType::f32), b = Tensor::empty({s.n, s.f}, DType::f32);
-    softmax_forward(x, a, StoreMode::cached);
-    softmax_forward(x, b, StoreMode::streaming);
-    for (int64_t i = 0; i < a.numel(); ++i)
-      ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << s.n << "x" << s.f << " at " << i;
-  }
+// Every dense front, handed CUDA tensors (host memory labelled CUDA: device_dispatch.h), checks
+// them as on the CPU and then stops at the dispatch, naming the op.
+TEST(DenseDevice, CudaTensorsGetTheNoKernelErrorNamingTheOp) {
+  using test::as_cuda;
+  const int64_t n = 4, f = 8;
+  Tensor x = as_cuda(random_tensor({n, f}, 1)), y = as_cuda(random_tensor({n, f}, 2));
+  Tensor dy = as_cuda(random_tensor({n, f}, 3)), dx = as_cuda(random_tensor({n, f}, 4));
+  Tensor W = as_cuda(random_tensor({f, f}, 5)), dW = as_cuda(random_tensor({f, f}, 6));
+  Tensor w = as_cuda(random_tensor({f}, 7)), dw = as_cuda(random_tensor({f}, 8));
+  Tensor rstd = as_cuda(random_tensor({n}, 9));
+  Tensor ids = as_cuda(Tensor::zeros({n}, DType::i32)), E = as_cuda(random_tensor({16, f}, 10));
+  Tensor gu = as_cuda(random_tensor({n, 2 * f}, 11)), dgu = as_cuda(random_tensor({n, 2 * f}, 12));
+  Tensor x16 = as_cuda(Tensor::zeros({n, f}, DType::bf16));
+  const ResidualScaleParams p{w, w, w, w}, g{dw, dw, dw, dw};
+  using test::expect_no_cuda_kernel;
+  expect_no_cuda_kernel("linear_forward", [&] { linear_forward(x, W, w, y); });
+  expect_no_cuda_kernel("linear_backward", [&] { linear_backward(dy, x, W, dx, dW, dw); });
+  expect_no_cuda_kernel("embedding_forward", [&] { embedding_forward(ids, E, y); });
+  expect_no_cuda_kernel("embedding_backward", [&] { embedding_backward(dy, ids, E); });
+  expect_no_cuda_kernel("rmsnorm_forward", [&] { rmsnorm_forward(x, w, 1e-6f, y, rstd); });
+  expect_no_cuda_kernel("rmsnorm_backward", [&] { rmsnorm_backward(dy, x, w, rstd, dx, dw); });
+  expect_no_cuda_kernel("residual_scale_forward", [&] { residual_scale_forward(x, x, p, y); });
+  expect_no_cuda_kernel("residual_scale_backward", [&] { residual_scale_backward(dy, x, x, p, dx, dx, g); });
+  expect_no_cuda_kernel("silu_forward", [&] { silu_forward(x, y); });
+  expect_no_cuda_kernel("silu_backward", [&] { silu_backward(dy, x, dx); });
+  expect_no_cuda_kernel("gelu_forward", [&] { gelu_forward(x, y); });
+  expect_no_cuda_kernel("gelu_backward", [&] { gelu_backward(dy, x, dx); });
+  expect_no_cuda_kernel("swiglu_forward", [&] { swiglu_forward(gu, y); });
+  expect_no_cuda_kernel("swiglu_backward", [&] { swiglu_backward(dy, gu, dgu); });
+  expect_no_cuda_kernel("cast_to_bf16", [&] { cast_to_bf16(x, x16); });
+  expect_no_cuda_kernel("softmax_forward", [&] { softmax_forward(x, y); });
+  expect_no_cuda_kernel("softmax_backward", [&] { softmax_backward(dy, y, dx); });
+  // The message names the first tensor argument with its dtype, shape and device.
+  EXPECT_EQ(test::error_of([&] { rmsnorm_forward(x16, w, 1e-6f, y, rstd); }),
+            "rmsnorm_forward: x must be f32, found bf16[4, 8] cuda");
+  EXPECT_EQ(test::error_of([&] { rmsnorm_forward(x, w, 1e-6f, y, rstd); }),
+            "no CUDA kernel for ops::rmsnorm_forward yet (x is f32[4, 8] cuda)");
 }
 
-// ------------------------------------------------------------------------------------ determinism
-// Every op's outputs and gradients, bitwise, over 1, 2, 2, 1 threads.
-std::vector<Tensor> run_all(int threads) {
-  set_num_threads(threads);
-  const int64_t n = 150, f = 200, out = 96, vocab = 50;  // n: 3 row chunks of the norms (64, 64, 22)
-  Tensor x = random_tensor({n, f}, 1), w = random_tensor({f}, 2), g = random_tensor({n, f}, 3);
-  Tensor W = random_tensor({out, f}, 4), b = random_tensor({out}, 5), gy = random_tensor({n, out}, 6);
-  std::vector<Tensor> r;
-  auto add = [&](Shape s) { return r.emplace_back(Tensor::zeros(s, DType::f32)); };
-  linear_forward(x, W, b, add({n, out}));
-  linear_backward(gy, x, W, add({n, f}), add({out, f}), add({out}));
-  Tensor y = add({n, f}), rstd = add({n});
-  rmsnorm_forward(x, w, 1e-5f, y, rstd);
-  rmsnorm_backward(g, x, w, rstd, add({n, f}), add({f}));
-  ResidualScaleParams p{w, w, random_tensor({f}, 7), random_tensor({f}, 8)};
-  residual_scale_forward(g, x, p, add({n, f}));
-  ResidualScaleParams grads{add({f}), add({f}), add({f}), add({f})};
-  residual_scale_backward(g, g, x, p, add({n, f}), add({n, f}), grads);
-  Tensor ids = Tensor::empty({n}, DType::i32);
-  for (int64_t i = 0; i < n; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % vocab);
-  embedding_backward(g, ids, add({vocab, f}), 3);
-  softmax_forward(x, y);
-  softmax_backward(g, y, add({n, f}));
-  gelu_backward(g, x, add({n, f}));
-  swiglu_backward(random_tensor({n, f / 2}, 9), x, add({n, f}));
-  return r;
-}
-
-TEST(Dense, BitwiseDeterministicAcrossThreadCounts) {
-  int saved = num_threads();
-  auto a = run_all(1), b = run_all(2), c = run_all(2), d = run_all(1);
-  set_num_threads(saved);
-  for (size_t i = 0; i < a.size(); ++i)
-    for (const auto* o : {&b, &c, &d})
-      EXPECT_EQ(0, std::memcmp(a[i].raw(), (*o)[i].raw(), a[i].nbytes())) << "output " << i;
-}
-
-TEST(Dense, CudaTensorsAreRejected) {
-  float dummy[16];
-  Tensor x = Tensor::borrow(dummy, {4, 4}, DType::f32, Device::cuda);  // never dereferenced
-  Tensor y = Tensor::empty({4, 4}, DType::f32);
-  try {
-    silu_forward(x, y);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no CUDA kernel yet"), std::string::npos) << e.what();
-  }
+TEST(DenseDevice, MixedDevicesAreRejectedNamingTheArgument) {
+  const int64_t n = 4, f = 8;
+  Tensor x = random_tensor({n, f}, 1), y = Tensor::empty({n, f}, DType::f32);
+  Tensor w = random_tensor({f}, 7), rstd = Tensor::empty({n}, DType::f32);
+  Tensor W = random_tensor({f, f}, 5);
+  using test::as_cuda;
+  using test::expect_mixed_devices;
+  expect_mixed_devices("rmsnorm_forward", "y", [&] { rmsnorm_forward(x, w, 1e-6f, as_cuda(y), rstd); });
+  expect_mixed_devices("rmsnorm_forward", "w", [&] { rmsnorm_forward(as_cuda(x), w, 1e-6f, y, rstd); });
+  expect_mixed_devices("linear_forward", "W", [&] { linear_forward(x, as_cuda(W), {}, y); });
+  expect_mixed_devices("silu_forward", "y", [&] { silu_forward(x, as_cuda(y)); });
+  // The whole message: the op, the argument and both tensors with their devices.
+  EXPECT_EQ(test::error_of([&] { silu_forward(as_cuda(x), y); }),
+            "silu_forward: y is f32[4, 8] cpu, but x is f32[4, 8] cuda: every tensor of one call must be on the "
+            "same device");
 }
 
 TEST(CastToBf16, RoundsEveryElementToNearestEven) {

@@ -8,11 +8,13 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/device_dispatch.h"
 #include "ops/gradcheck.h"
 #include "zaya/core/error.h"
 #include "zaya/core/threads.h"
 #include "zaya/ops/cpu/experts_cpu.h"
 #include "zaya/ops/experts.h"
+#include "zaya/ops/gemm_many.h"
 #include "zaya/ops/moe.h"
 
 namespace zaya::ops {
@@ -176,7 +178,7 @@ TEST(Experts, BadArgumentsNameTheOpAndTheArgument) {
   const std::string m1 = message([&] {
     experts_forward(c.x, c.src, c.offsets, c.M, {c.w_gu, c.w_d.slice(0, 2)}, b.a);
   });
-  EXPECT_NE(m1.find("ops::experts_forward"), std::string::npos) << m1;
+  EXPECT_NE(m1.find("experts_forward"), std::string::npos) << m1;
   EXPECT_NE(m1.find("down"), std::string::npos) << m1;
   ExpertActs short_y = b.a;
   short_y.y = Tensor::zeros({1, H}, DType::f32);
@@ -186,6 +188,23 @@ TEST(Experts, BadArgumentsNameTheOpAndTheArgument) {
     experts_forward(c.x, c.src, c.offsets, c.M, {random_tensor({E, 2 * I, H}, 1, 1.0f, DType::bf16), c.w_d}, b.a);
   });
   EXPECT_NE(m3.find("down"), std::string::npos) << m3;  // bf16 gate_up with f32 down
+}
+
+// The experts' fronts (and gemm_many's) handed CUDA tensors (host memory labelled CUDA:
+// device_dispatch.h) stop at the dispatch naming the op; mixed devices name the argument.
+TEST(ExpertsDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgument) {
+  test::CudaLabelled cu;
+  Tensor x = cu({N, H}), src = cu({N}, DType::i32), offsets = cu({E + 1}, DType::i32);
+  const ExpertWeights w{cu({E, 2 * I, H}), cu({E, H, I})}, g{cu({E, 2 * I, H}), cu({E, H, I})};
+  const ExpertActs a{cu({N, H}), cu({N, 2 * I}), cu({N, I}), cu({N, H}), Tensor{}, Tensor{}};
+  const ExpertScratch s{cu({N, I}), cu({N, 2 * I}), Tensor{}, Tensor{}};
+  Tensor dy = cu({N, H}), dxp = cu({N, H});
+  test::expect_no_cuda_kernel("experts_forward", [&] { experts_forward(x, src, offsets, 4, w, a); });
+  test::expect_no_cuda_kernel("experts_backward", [&] { experts_backward(dy, dxp, offsets, 4, w, g, a, s, {}); });
+  const GemmProblem p[1] = {{cu({4, 3}), cu({3, 5}), cu({4, 5})}};
+  test::expect_no_cuda_kernel("gemm_many", [&] { gemm_many(p, Trans::N, Trans::N); });
+  Tensor src_cpu = Tensor::zeros({N}, DType::i32);
+  test::expect_mixed_devices("experts_forward", "src", [&] { experts_forward(x, src_cpu, offsets, 4, w, a); });
 }
 
 }  // namespace

@@ -6,8 +6,11 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/device_dispatch.h"
 #include "ops/gradcheck.h"
+#include "ops/loss_reference.h"
 #include "zaya/core/threads.h"
+#include "zaya/ops/cpu/loss_cpu.h"
 #include "zaya/ops/loss.h"
 
 namespace zaya::ops {
@@ -16,37 +19,8 @@ namespace {
 using test::random_tensor;
 using test::to_f64;
 using Vec = std::vector<double>;
-
-// Mean over non-ignored rows of logsumexp(h·Eᵀ) − (h·Eᵀ)[t], with the whole [N, V] logits.
-double ce_reference(const Vec& h, const Vec& e, const std::vector<int32_t>& t, int64_t n, int64_t hd, int64_t v,
-                    Vec* lse_out = nullptr) {
-  double total = 0;
-  int64_t count = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    Vec logits(v);
-    double mx = -INFINITY;
-    for (int64_t j = 0; j < v; ++j) {
-      double s = 0;
-      for (int64_t k = 0; k < hd; ++k) s += h[i * hd + k] * e[j * hd + k];
-      logits[j] = s;
-      mx = std::max(mx, s);
-    }
-    double sum = 0;
-    for (double l : logits) sum += std::exp(l - mx);
-    double lse = mx + std::log(sum);
-    if (lse_out) lse_out->push_back(lse);
-    if (t[i] == -100) continue;
-    total += lse - logits[t[i]];
-    ++count;
-  }
-  return count ? total / count : 0.0;
-}
-
-Tensor make_targets(const std::vector<int32_t>& t) {
-  Tensor out = Tensor::empty({static_cast<int64_t>(t.size())}, DType::i32);
-  std::memcpy(out.raw(), t.data(), t.size() * 4);
-  return out;
-}
+using loss_test::ce_reference;
+using loss_test::make_targets;
 
 Vec plus(const Vec& a, const Vec& b) {
   Vec c(a.size());
@@ -121,7 +95,7 @@ TEST(CrossEntropy, LargerShapeAgainstAnalyticGradient) {
 }
 
 // Logits spread over hundreds of nats: most probabilities are below 2^-100 (and below float's normal
-// range), which the op stores as 0 before the head GEMMs (loss.cc, flush_tiny). The gradients must
+// range), which the op stores as 0 before the head GEMMs (cpu/loss_cpu.cc, flush_tiny). The gradients must
 // still equal the closed form in double (which keeps every tiny term), for the kept-exps path
 // (chunk = V) and the recomputing one; the loss too.
 TEST(CrossEntropy, SpreadLogitsWithTinyProbabilitiesMatchReference) {
@@ -174,34 +148,6 @@ TEST(CrossEntropy, AllTargetsIgnoredGivesZeroLossAndGrads) {
   EXPECT_EQ(0, std::memcmp(dE.raw(), dE0.raw(), dE.nbytes()));
 }
 
-TEST(CrossEntropy, BitwiseDeterministicAcrossThreadCounts) {
-  const int64_t n = 64, hd = 48, v = 700;
-  std::vector<int32_t> t(n);
-  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 31) % v);
-  Tensor h = random_tensor({n, hd}, 1), E = random_tensor({v, hd}, 2), tg = make_targets(t);
-  for (int64_t chunk : {128, 1024}) {  // recomputing backward; kept exps (one chunk covers V)
-  CrossEntropyOptions opt{.chunk = chunk};
-  int saved = num_threads();
-  std::vector<double> losses;
-  std::vector<Tensor> grads;
-  for (int threads : {1, 2, 2, 1}) {
-    set_num_threads(threads);
-    Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
-    Tensor lse = Tensor::empty({n}, DType::f32), dh = Tensor::empty({n, hd}, DType::f32);
-    Tensor dE = Tensor::zeros({v, hd}, DType::f32);
-    losses.push_back(cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt).loss);
-    grads.push_back(dh);
-    grads.push_back(dE);
-  }
-  set_num_threads(saved);
-  for (size_t i = 1; i < losses.size(); ++i) {
-    EXPECT_EQ(losses[i], losses[0]);
-    EXPECT_EQ(0, std::memcmp(grads[2 * i].raw(), grads[0].raw(), grads[0].nbytes()));
-    EXPECT_EQ(0, std::memcmp(grads[2 * i + 1].raw(), grads[1].raw(), grads[1].nbytes()));
-  }
-  }
-}
-
 TEST(CrossEntropy, KeptExpsBackwardMatchesRecomputingBackward) {
   // One chunk covering V takes the backward from the forward's kept exponentials (the one-hot part
   // as a separate [N, H] correction); several chunks recompute G = softmax − onehot per chunk. Both
@@ -224,68 +170,6 @@ TEST(CrossEntropy, KeptExpsBackwardMatchesRecomputingBackward) {
   EXPECT_NEAR(loss[0], loss[1], 1e-6 * std::fabs(loss[0]));
   EXPECT_LT(test::rel_error(out[2], to_f64(out[0])), 1e-5);
   EXPECT_LT(test::rel_error(out[3], to_f64(out[1])), 1e-5);
-}
-
-// The kept-exps case (one chunk covers V) runs on the fused strip-layout head where the build has
-// AVX-512 (cpu/tied_head_cpu.h) and on row-major logits with library GEMMs otherwise or when
-// switched off. Both against the closed form in double, and against each other, on shapes that
-// leave partial 16-token blocks, 16-column strips and 16-wide panels (n, V, hd not multiples of
-// 16), span several of the fused path's forward blocks (32 vocabulary rows, the last one a single
-// partial strip for V = 33 and 300; 8-token panels), dh's vocabulary blocks (256 rows), dE's strip
-// groups (256 rows) and token blocks (256 tokens; both at once in 300 × 300), and have
-// ignored rows and tokens sharing a target (dE's one-hot correction).
-TEST(CrossEntropy, FusedHeadMatchesRowMajorPathAndReference) {
-  struct Case {
-    int64_t n, hd, v;
-  };
-  for (const Case c :
-       {Case{7, 13, 50}, Case{70, 40, 600}, Case{150, 16, 33}, Case{2100, 8, 20}, Case{300, 24, 300}}) {
-    std::vector<int32_t> t(c.n);
-    for (int64_t i = 0; i < c.n; ++i) t[i] = i % 11 == 5 ? -100 : static_cast<int32_t>((i % 13) * 7 % c.v);
-    Tensor h = random_tensor({c.n, c.hd}, 21, 1.5f), E = random_tensor({c.v, c.hd}, 22, 1.5f), tg = make_targets(t);
-    Vec hv = to_f64(h), ev = to_f64(E), lse_ref;
-    const double loss_ref = ce_reference(hv, ev, t, c.n, c.hd, c.v, &lse_ref);
-    int64_t count = 0;
-    for (int32_t x : t) count += x != -100;
-    Vec dh_ref(c.n * c.hd, 0.0), de_ref(c.v * c.hd, 0.0);
-    for (int64_t i = 0; i < c.n; ++i) {
-      if (t[i] == -100) continue;
-      for (int64_t j = 0; j < c.v; ++j) {
-        double l = 0;
-        for (int64_t k = 0; k < c.hd; ++k) l += hv[i * c.hd + k] * ev[j * c.hd + k];
-        const double g = (std::exp(l - lse_ref[i]) - (j == t[i] ? 1.0 : 0.0)) / count;
-        for (int64_t k = 0; k < c.hd; ++k) {
-          dh_ref[i * c.hd + k] += g * ev[j * c.hd + k];
-          de_ref[j * c.hd + k] += g * hv[i * c.hd + k];
-        }
-      }
-    }
-    std::vector<Tensor> out;
-    std::vector<double> loss;
-    for (bool fused : {true, false}) {
-      cross_entropy_use_fused_head(fused);
-      CrossEntropyOptions opt{.chunk = 8192};
-      Tensor ws = Tensor::empty({cross_entropy_workspace_elems(c.n, c.v, opt)}, DType::f32);
-      Tensor lse = Tensor::empty({c.n}, DType::f32), dh = random_tensor({c.n, c.hd}, 23);
-      Tensor dE = Tensor::zeros({c.v, c.hd}, DType::f32);
-      CrossEntropyResult r = cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt);
-      const std::string where = str("n ", c.n, " hd ", c.hd, " v ", c.v, fused ? " fused" : " row-major");
-      // f32 logits of up to 40 products and sums of up to 600 exponentials: ~1e-6 relative.
-      EXPECT_NEAR(r.loss, loss_ref, 1e-5 * std::fabs(loss_ref)) << where;
-      EXPECT_EQ(r.count, count) << where;
-      EXPECT_LT(test::rel_error(lse, lse_ref), 1e-6) << where;
-      EXPECT_LT(test::rel_error(dh, dh_ref), 5e-5) << where;
-      EXPECT_LT(test::rel_error(dE, de_ref), 5e-5) << where;
-      out.push_back(dh);
-      out.push_back(dE);
-      loss.push_back(r.loss);
-    }
-    cross_entropy_use_fused_head(true);
-    // Same math, different f32 rounding (the logits' products in another order): ~1e-6 relative.
-    EXPECT_NEAR(loss[0], loss[1], 1e-6 * std::fabs(loss[1]));
-    EXPECT_LT(test::rel_error(out[0], to_f64(out[2])), 1e-5);
-    EXPECT_LT(test::rel_error(out[1], to_f64(out[3])), 1e-5);
-  }
 }
 
 TEST(CrossEntropy, LossFromCallerLogitsMatchesTheFusedForward) {
@@ -361,6 +245,29 @@ TEST(CrossEntropy, LogitsBackwardIsSoftmaxMinusOnehotOverCount) {
   // expf_fast is within a few ulp of exp; the result is f32: 1e-5 relative covers both.
   EXPECT_LT(test::rel_error(logits, want), 1e-5);
   for (int64_t j = 0; j < V; ++j) EXPECT_EQ(logits.data<float>()[1 * V + j], 0.0f);  // ignored row
+}
+
+// The cross-entropy fronts handed CUDA tensors (host memory labelled CUDA: device_dispatch.h) check
+// them as on the CPU and stop at the dispatch naming the op (before the targets would be read on the
+// host); mixed devices name the argument.
+TEST(CrossEntropyDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgument) {
+  test::CudaLabelled cu;
+  const int64_t n = 4, h = 8, vocab = 16;
+  const CrossEntropyOptions opt;
+  Tensor H = cu({n, h}), E = cu({vocab, h}), targets = cu({n}, DType::i32), lse = cu({n});
+  Tensor ws = cu({cross_entropy_workspace_elems(n, vocab, opt)}), dH = cu({n, h}), dE = cu({vocab, h});
+  Tensor logits = cu({n, vocab});
+  using test::expect_no_cuda_kernel;
+  expect_no_cuda_kernel("cross_entropy_tied_forward",
+                        [&] { cross_entropy_tied_forward(H, E, targets, lse, ws, opt); });
+  expect_no_cuda_kernel("cross_entropy_tied_forward_backward",
+                        [&] { cross_entropy_tied_forward_backward(H, E, targets, dH, dE, lse, ws, opt); });
+  expect_no_cuda_kernel("cross_entropy_logits_forward", [&] { cross_entropy_logits_forward(logits, targets, lse); });
+  expect_no_cuda_kernel("cross_entropy_logits_backward",
+                        [&] { cross_entropy_logits_backward(logits, lse, targets, n); });
+  Tensor targets_cpu = Tensor::zeros({n}, DType::i32);
+  test::expect_mixed_devices("cross_entropy_tied_forward", "targets",
+                             [&] { cross_entropy_tied_forward(H, E, targets_cpu, lse, ws, opt); });
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/device_dispatch.h"
 #include "ops/gradcheck.h"
 #include "zaya/ops/newton_schulz.h"
 
@@ -196,11 +197,25 @@ TEST(NewtonSchulz, NearlyZeroMatricesTakeTheLinearPath) {
       for (DType compute : {DType::f32, DType::bf16}) {
         Tensor one = Tensor::empty({rows, cols}, DType::f32);
         Tensor ws2 = Tensor::empty({newton_schulz_workspace_elems(rows, cols, 1, compute)}, DType::f32);
-        newton_schulz_orthogonalize_on_this_thread(G.select(0).clone(), one, ws2, 5, compute);
+        newton_schulz_orthogonalize(G.select(0).clone(), one, ws2, 5, compute);
         EXPECT_LT(test::rel_error(one, want), 1e-6) << rows << "x" << cols << " scale " << scale << " alone";
       }
     }
   }
+}
+
+// The Newton–Schulz fronts handed CUDA tensors (host memory labelled CUDA: device_dispatch.h) check
+// them as on the CPU and stop at the dispatch naming the op; mixed devices name the argument.
+TEST(NewtonSchulzDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgument) {
+  test::CudaLabelled cu;
+  const int64_t r = 4, c = 6;
+  Tensor X = cu({r, c}), Xn = cu({r, c}), A = cu({r, r}), B = cu({r, r});
+  Tensor G = cu({r, c}), out = cu({r, c}), ws = cu({newton_schulz_workspace_elems(r, c)});
+  test::expect_no_cuda_kernel("newton_schulz_step", [&] { newton_schulz_step(X, Xn, A, B); });
+  test::expect_no_cuda_kernel("newton_schulz_orthogonalize", [&] { newton_schulz_orthogonalize(G, out, ws); });
+  Tensor ws_cpu = Tensor::zeros({newton_schulz_workspace_elems(r, c)}, DType::f32);
+  test::expect_mixed_devices("newton_schulz_orthogonalize", "workspace",
+                             [&] { newton_schulz_orthogonalize(G, out, ws_cpu); });
 }
 
 }  // namespace

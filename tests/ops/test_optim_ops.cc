@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/device_dispatch.h"
 #include "ops/gradcheck.h"
 #include "zaya/core/threads.h"
 #include "zaya/ops/optim_ops.h"
@@ -87,35 +88,6 @@ TEST(AdamW, MatchesDoubleOverSeveralSteps) {
   EXPECT_THROW(adamw_update(p, bad, m, v, hp, 1), Error);
 }
 
-// The update runs 16 elements at a time where the CPU has AVX-512 and one at a time for the rest;
-// both must give bitwise the same numbers. A 1-element tensor takes the scalar path only, so each
-// element of a 2·16 + 5 element update is replayed alone and compared exactly.
-TEST(AdamW, VectorAndScalarPathsAgreeBitwise) {
-  const int64_t n = 37;
-  AdamWHyper hp{.lr = 0.02f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-  Tensor p = random_tensor({n}, 1), m = random_tensor({n}, 2, 0.1f), v = random_tensor({n}, 3, 0.1f);
-  for (int64_t i = 0; i < n; ++i) v.data<float>()[i] *= v.data<float>()[i];  // a second moment: >= 0
-  v.data<float>()[5] = 0.0f;  // sqrt(0) + eps in the denominator
-  Tensor g = random_tensor({n}, 4);
-  std::vector<float> p1(n), m1(n), v1(n);
-  for (int64_t i = 0; i < n; ++i) {
-    auto one = [&](const Tensor& t) {
-      Tensor s = Tensor::empty({1}, DType::f32);
-      s.data<float>()[0] = t.data<float>()[i];
-      return s;
-    };
-    Tensor pi = one(p), mi = one(m), vi = one(v), gi = one(g);
-    adamw_update(pi, gi, mi, vi, hp, 3);
-    p1[i] = pi.data<float>()[0], m1[i] = mi.data<float>()[0], v1[i] = vi.data<float>()[0];
-  }
-  adamw_update(p, g, m, v, hp, 3);
-  for (int64_t i = 0; i < n; ++i) {
-    EXPECT_EQ(p.data<float>()[i], p1[i]) << "p[" << i << "]";
-    EXPECT_EQ(m.data<float>()[i], m1[i]) << "m[" << i << "]";
-    EXPECT_EQ(v.data<float>()[i], v1[i]) << "v[" << i << "]";
-  }
-}
-
 // A moment that would fall below float's normal range is stored as 0 (x86 runs arithmetic on
 // subnormals through microcode assists: the embedding rows of tokens no batch holds decay into that
 // range in ~650 steps). Normal moments are untouched, and the scalar path agrees (one element).
@@ -146,6 +118,23 @@ TEST(AdamW, SubnormalMomentsAreStoredAsZero) {
       }
     }
   }
+}
+
+// The optimizer fronts handed CUDA tensors (host memory labelled CUDA: device_dispatch.h) check them
+// as on the CPU and stop at the dispatch naming the op; mixed devices name the argument.
+TEST(OptimOpsDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgument) {
+  test::CudaLabelled cu;
+  Tensor p = cu({5, 3}), g = cu({5, 3}), m = cu({5, 3}), v = cu({5, 3});
+  const std::vector<Tensor> grads{g, cu({7})};
+  using test::expect_no_cuda_kernel;
+  expect_no_cuda_kernel("global_grad_norm", [&] { global_grad_norm(grads); });
+  expect_no_cuda_kernel("global_grad_norm", [&] { clip_grad_norm(grads, 1.0); });
+  expect_no_cuda_kernel("scale_inplace", [&] { scale_inplace(g, 0.5f); });
+  expect_no_cuda_kernel("adamw_update", [&] { adamw_update(p, g, m, v, AdamWHyper{}, 1); });
+  Tensor m_cpu = Tensor::zeros({5, 3}, DType::f32);
+  test::expect_mixed_devices("adamw_update", "m", [&] { adamw_update(p, g, m_cpu, v, AdamWHyper{}, 1); });
+  const std::vector<Tensor> mixed{g, Tensor::zeros({7}, DType::f32)};
+  test::expect_mixed_devices("global_grad_norm", "gradient 1", [&] { global_grad_norm(mixed); });
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "ops/device_dispatch.h"
 #include "gradcheck.h"
 #include "zaya/ops/rope.h"
 
@@ -83,6 +84,21 @@ TEST(Rope, RejectsPositionsBeyondTheTable) {
   Tensor x = test::random_tensor(Shape{1, 3, 2, 16}, 1);
   EXPECT_THROW(ops::rope_forward(x, x, t, 1, 3, 2, 16, 2), Error);
   EXPECT_NO_THROW(ops::rope_forward(x, x, t, 1, 3, 2, 16, 1));
+}
+
+// The RoPE fronts handed CUDA tensors (host memory labelled CUDA: device_dispatch.h) check them as on
+// the CPU and stop at the dispatch naming the op; a table on another device is named.
+TEST(RopeDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgument) {
+  test::CudaLabelled cu;
+  const int64_t B = 1, T = 3, heads = 2, hd = 4;
+  ops::RopeTable cpu_table = ops::make_rope_table(hd, 0.5, 1e4, 8), table = cpu_table;
+  table.cos = test::as_cuda(cpu_table.cos);
+  table.sin = test::as_cuda(cpu_table.sin);
+  Tensor x = cu({B, T, heads, hd}), y = cu({B, T, heads, hd});
+  test::expect_no_cuda_kernel("rope_forward", [&] { ops::rope_forward(y, x, table, B, T, heads, hd); });
+  test::expect_no_cuda_kernel("rope_backward", [&] { ops::rope_backward(x, y, table, B, T, heads, hd); });
+  test::expect_mixed_devices("rope_forward", "cos table",
+                             [&] { ops::rope_forward(y, x, cpu_table, B, T, heads, hd); });
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/device_dispatch.h"
 #include "ops/gradcheck.h"
 #include "zaya/core/error.h"
 #include "zaya/core/threads.h"
@@ -101,6 +102,18 @@ TEST(RouterState, ParameterGradientsDoNotDependOnThreads) {
   set_num_threads(default_num_threads());
   EXPECT_EQ(runs[0], runs[1]);
   EXPECT_EQ(runs[0], runs[2]);
+}
+
+TEST(RouterStateDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgument) {
+  test::CudaLabelled cu;
+  Tensor r = cu({N, R}), rp = cu({N, R}), s = cu({R}), ds = cu({R}), c = cu({N, R});
+  Tensor x = cu({N, R}), b = cu({R}), g = cu({R}), y = cu({N, R}), db = cu({R}), dg = cu({R});
+  test::expect_no_cuda_kernel("eda_forward", [&] { eda_forward(r, rp, s); });
+  test::expect_no_cuda_kernel("eda_backward", [&] { eda_backward(r, c, rp, s, ds); });
+  test::expect_no_cuda_kernel("scale_bias_forward", [&] { scale_bias_forward(x, b, g, y); });
+  test::expect_no_cuda_kernel("scale_bias_backward", [&] { scale_bias_backward(y, x, b, g, x, db, dg); });
+  Tensor s_cpu = Tensor::zeros({R}, DType::f32);
+  test::expect_mixed_devices("eda_forward", "s", [&] { eda_forward(r, rp, s_cpu); });
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "zaya/core/tensor.h"
 #include "zaya/model/config.h"
 #include "zaya/ops/cca.h"
+#include "zaya/ops/profile.h"
 #include "zaya/ops/dense.h"
 #include "zaya/model/zaya_model.h"
 
@@ -27,13 +28,13 @@ class SectionClock {
     if (!m_.time_sections_) return;
     stop();
     name_ = name;
-    gemm0_ = ops::gemm_time_stats().seconds;
+    gemm0_ = ops::gemm_seconds(m_.device());
     t0_ = std::chrono::steady_clock::now();
   }
   void stop() {
     if (name_ == nullptr) return;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    const double g = ops::gemm_time_stats().seconds - gemm0_;
+    const double g = ops::gemm_seconds(m_.device()) - gemm0_;
     auto it = std::find_if(m_.sections_.begin(), m_.sections_.end(), [&](const auto& x) { return x.name == name_; });
     if (it == m_.sections_.end()) it = m_.sections_.insert(m_.sections_.end(), {name_, 0, 0.0, 0.0});
     it->calls += 1;
@@ -45,7 +46,7 @@ class SectionClock {
  private:
   ZayaModel& m_;
   const char* name_ = nullptr;
-  double gemm0_ = 0.0;  // the GEMM clock (ops::gemm_time_stats) when the part began
+  double gemm0_ = 0.0;  // the GEMM clock (ops::gemm_seconds) when the part began
   std::chrono::steady_clock::time_point t0_;
 };
 

@@ -114,7 +114,7 @@ class ZayaModel {
   // Wall time of each part of the step (blocks of the forward and the backward, the head and
   // loss, the embedding) since the last reset, when enabled (off by default: two clock reads per
   // part). Every op inside ends with its threads joined, so the parts add up to the step. The
-  // GEMMs are inside the parts (ops::gemm_time_stats() has them separately). In the order first
+  // GEMMs are inside the parts (ops::gemm_seconds() has them separately). In the order first
   // seen, which is the order of the step.
   struct SectionTime {
     std::string name;

@@ -1,29 +1,16 @@
-// CPU kernels for dense.h: forward and backward side by side, the math written out (llm.c style).
-// Threads split rows (independent). Sums over rows go either by columns (each column summed by one
-// thread) or by fixed row chunks whose partials are then added in chunk order (the norms and the
-// residual scaling, which read each row once): either way the order depends only on the shapes,
-// so results do not depend on the thread count.
+// The dense ops' fronts: argument checks for any device, then the kernel for the tensors' device
+// (CPU: cpu/dense_cpu.cc).
 #include "zaya/ops/dense.h"
 
-#include <algorithm>
-#include <cfloat>
-#include <cmath>
-#include <vector>
+#include <initializer_list>
+#include <string>
+#include <utility>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
-#include "zaya/core/cpu_caches.h"
-#include "zaya/ops/cpu/op_checks.h"
-#include "zaya/ops/cpu/seq_vec.h"
-#include "zaya/ops/gemm.h"
+#include "zaya/ops/checks.h"
+#include "zaya/ops/cpu/dense_cpu.h"
 
 namespace zaya::ops {
 namespace {
-
-using detail::require_cpu;
-using detail::require_f32;
 
 int64_t last_dim(const Tensor& t) { return t.ndim() == 0 ? 1 : t.size(-1); }
 int64_t rows_of(const Tensor& t) {
@@ -31,694 +18,259 @@ int64_t rows_of(const Tensor& t) {
   return f == 0 ? 0 : t.numel() / f;
 }
 
-// Σ_i a[i]·b[i] in a fixed order: 16 running lanes (so the compiler can vectorize it), the tail,
-// then the lanes in order. The order depends only on n, never on threads.
-inline float dot_fixed(const float* a, const float* b, int64_t n) {
-  float lane[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; ++j) lane[j] += a[i + j] * b[i + j];
-  float s = 0;
-  for (; i < n; ++i) s += a[i] * b[i];
-  for (int j = 0; j < 16; ++j) s += lane[j];
-  return s;
-}
-
-// out[j] += Σ_n term(n, j): each block of 64 columns belongs to one thread, which adds rows in
-// order into a zero-started local sum and adds that to out once.
-constexpr int64_t kColBlock = 64;
-// Row chunk of RMSNorm's one-pass backward: per-chunk partial weight-gradient sums, added in chunk
-// order (a fixed order for any thread count).
-constexpr int64_t kNormRowChunk = 64;
-template <class Term>
-void column_reduce(int64_t rows, int64_t cols, float* out, Term term) {
-  int64_t blocks = (cols + kColBlock - 1) / kColBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    int64_t c0 = blk * kColBlock, c1 = std::min(cols, c0 + kColBlock);
-    float acc[kColBlock] = {};
-    for (int64_t n = 0; n < rows; ++n)
-      for (int64_t j = c0; j < c1; ++j) acc[j - c0] += term(n, j);
-    for (int64_t j = c0; j < c1; ++j) out[j] += acc[j - c0];
+// Every tensor f32 and shaped like the first; errors name the op and the tensor.
+void check_f32_like(std::string_view op,
+                    std::initializer_list<std::pair<const char*, const Tensor*>> tensors) {
+  const auto& [first, like] = *tensors.begin();
+  for (auto [name, t] : tensors) {
+    check::f32(op, name, *t);
+    check_same_shape(str(op, ": ", name, " vs ", first), *t, *like);
   }
 }
 
-void check_vector(const char* op, const char* what, const Tensor& t, int64_t f) {
-  require_f32(op, what, t);
-  check_shape(str(op, ": ", what), t, Shape{f});
+void check_residual_params(std::string_view op, const ResidualScaleParams& p, int64_t f,
+                           std::string_view prefix) {
+  check::vector(op, str(prefix, "hidden_states_scale"), p.hidden_scale, f);
+  check::vector(op, str(prefix, "hidden_states_bias"), p.hidden_bias, f);
+  check::vector(op, str(prefix, "residual_scale"), p.residual_scale, f);
+  check::vector(op, str(prefix, "residual_bias"), p.residual_bias, f);
 }
 
 }  // namespace
 
-// ---------------------------------------------------------------------------------------------
-// linear: y = x·Wᵀ + b.  dx = dy·W,  dW += dyᵀ·x,  db += Σ_rows dy.
-
 void linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y) {
-  const char* op = "linear_forward";
-  require_cpu(op, x);
-  require_cpu(op, W);
-  require_f32(op, "y", y);
+  constexpr std::string_view op = "linear_forward";
+  const OpDevice on(op, {{"x", x}, {"W", W}, {"b", b}, {"y", y}});
+  check::defined(op, "x", x);
+  check::defined(op, "W", W);
+  check::f32(op, "y", y);
   ZAYA_CHECK(x.ndim() == 2 && W.ndim() == 2, op, ": x ", x.str(), " and W ", W.str(), " must be 2-D");
+  ZAYA_CHECK(x.dtype() == W.dtype() && (x.dtype() == DType::f32 || x.dtype() == DType::bf16), op,
+             ": x and W must both be f32 or both bf16, found ", x.str(), " and ", W.str());
   ZAYA_CHECK(x.size(1) == W.size(1), op, ": x ", x.shape().str(), " has ", x.size(1), " features, W ",
              W.shape().str(), " expects ", W.size(1));
-  int64_t n = x.size(0), out = W.size(0);
-  check_shape("linear_forward: y", y, Shape{n, out});
-  gemm(x, Trans::N, W, Trans::T, y, 1.0f, 0.0f);
-  if (b.defined()) {
-    check_vector(op, "b", b, out);
-    const float* bp = b.data<float>();
-    float* yp = y.data<float>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < out; ++j) yp[i * out + j] += bp[j];
-  }
+  const int64_t n = x.size(0), out = W.size(0);
+  check::shape(op, "y", y, Shape{n, out});
+  if (b.defined()) check::vector(op, "b", b, out);
+  if (on.cpu()) return cpu::linear_forward(x, W, b, y);
+  on.no_kernel();
 }
 
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dx, const Tensor& dW,
                      const Tensor& db, const Tensor& dy_bf16, bool accumulate_dx) {
-  const char* op = "linear_backward";
-  require_f32(op, "dy", dy);
-  require_cpu(op, x);
-  require_cpu(op, W);
+  constexpr std::string_view op = "linear_backward";
+  const OpDevice on(
+      op, {{"dy", dy}, {"x", x}, {"W", W}, {"dx", dx}, {"dW", dW}, {"db", db}, {"dy_bf16", dy_bf16}});
+  check::f32(op, "dy", dy);
+  check::defined(op, "x", x);
+  check::defined(op, "W", W);
   ZAYA_CHECK(x.ndim() == 2 && W.ndim() == 2, op, ": x ", x.str(), " and W ", W.str(), " must be 2-D");
-  int64_t n = x.size(0), in = x.size(1), out = W.size(0);
-  check_shape("linear_backward: W", W, Shape{out, in});
-  check_shape("linear_backward: dy", dy, Shape{n, out});
-  // The GEMM operand that stands for dy: dy itself (f32), or its bf16 copy next to bf16 x and W.
-  Tensor g = dy;
+  ZAYA_CHECK(x.dtype() == W.dtype() && (x.dtype() == DType::f32 || x.dtype() == DType::bf16), op,
+             ": x and W must both be f32 or both bf16, found ", x.str(), " and ", W.str());
+  const int64_t n = x.size(0), in = x.size(1), out = W.size(0);
+  check::shape(op, "W", W, Shape{out, in});
+  check::shape(op, "dy", dy, Shape{n, out});
   if (x.dtype() == DType::bf16) {
     ZAYA_CHECK(dy_bf16.defined() && dy_bf16.dtype() == DType::bf16, op,
                ": bf16 x and W need a bf16 dy workspace [", n, ", ", out, "], found ",
                dy_bf16.defined() ? dy_bf16.str() : std::string("none"));
-    require_cpu(op, dy_bf16);
-    check_shape("linear_backward: dy_bf16", dy_bf16, Shape{n, out});
-    const float* s = dy.data<float>();
-    bf16* d = dy_bf16.data<bf16>();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n * out; ++i) d[i] = to_bf16(s[i]);
-    g = dy_bf16;
+    check::shape(op, "dy_bf16", dy_bf16, Shape{n, out});
   }
   if (dx.defined()) {
-    require_f32(op, "dx", dx);
-    check_shape("linear_backward: dx", dx, Shape{n, in});
-    gemm(g, Trans::N, W, Trans::N, dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
+    check::f32(op, "dx", dx);
+    check::shape(op, "dx", dx, Shape{n, in});
   }
   if (dW.defined()) {
-    require_f32(op, "dW", dW);
-    check_shape("linear_backward: dW", dW, Shape{out, in});
-    gemm(g, Trans::T, x, Trans::N, dW, 1.0f, 1.0f);
+    check::f32(op, "dW", dW);
+    check::shape(op, "dW", dW, Shape{out, in});
   }
-  if (db.defined()) {
-    check_vector(op, "db", db, out);
-    const float* d = dy.data<float>();
-    column_reduce(n, out, db.data<float>(), [&](int64_t i, int64_t j) { return d[i * out + j]; });
-  }
+  if (db.defined()) check::vector(op, "db", db, out);
+  if (on.cpu()) return cpu::linear_backward(dy, x, W, dx, dW, db, dy_bf16, accumulate_dx);
+  on.no_kernel();
 }
-
-// ---------------------------------------------------------------------------------------------
-// embedding: y[n] = E[ids[n]].  dE[ids[n]] += dy[n] unless ids[n] == padding_idx.
-
-namespace {
-void check_ids(const char* op, const Tensor& ids, int64_t vocab) {
-  require_cpu(op, ids);
-  ZAYA_CHECK(ids.dtype() == DType::i32, op, ": ids must be i32, found ", ids.str());
-  const int32_t* p = ids.data<int32_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i)
-    ZAYA_CHECK(p[i] >= 0 && p[i] < vocab, op, ": token id ", p[i], " at position ", i,
-               " is outside the vocabulary [0, ", vocab, ")");
-}
-}  // namespace
 
 void embedding_forward(const Tensor& ids, const Tensor& E, const Tensor& y) {
-  const char* op = "embedding_forward";
-  require_f32(op, "E", E);
-  require_f32(op, "y", y);
+  constexpr std::string_view op = "embedding_forward";
+  const OpDevice on(op, {{"ids", ids}, {"E", E}, {"y", y}});
+  check::i32(op, "ids", ids);
+  check::f32(op, "E", E);
+  check::f32(op, "y", y);
   ZAYA_CHECK(E.ndim() == 2, op, ": E must be [V, H], found ", E.str());
-  int64_t vocab = E.size(0), h = E.size(1), n = ids.numel();
-  check_ids(op, ids, vocab);
-  check_shape("embedding_forward: y", y, Shape{n, h});
-  const int32_t* id = ids.data<int32_t>();
-  const float* e = E.data<float>();
-  float* out = y.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) std::copy_n(e + int64_t{id[i]} * h, h, out + i * h);
+  check::shape(op, "y", y, Shape{ids.numel(), E.size(1)});
+  if (on.cpu()) return cpu::embedding_forward(ids, E, y);
+  on.no_kernel();
 }
 
 void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dE, int64_t padding_idx) {
-  const char* op = "embedding_backward";
-  require_f32(op, "dy", dy);
-  require_f32(op, "dE", dE);
+  constexpr std::string_view op = "embedding_backward";
+  const OpDevice on(op, {{"dy", dy}, {"ids", ids}, {"dE", dE}});
+  check::f32(op, "dy", dy);
+  check::i32(op, "ids", ids);
+  check::f32(op, "dE", dE);
   ZAYA_CHECK(dE.ndim() == 2, op, ": dE must be [V, H], found ", dE.str());
-  int64_t vocab = dE.size(0), h = dE.size(1), n = ids.numel();
-  check_ids(op, ids, vocab);
-  check_shape("embedding_backward: dy", dy, Shape{n, h});
-  const int32_t* id = ids.data<int32_t>();
-  const float* g = dy.data<float>();
-  float* de = dE.data<float>();
-  // Threads own column blocks of H and walk the tokens in order, so repeated ids add up in token
-  // order whatever the thread count (a scatter by rows would race on repeated ids).
-  int64_t blocks = (h + kColBlock - 1) / kColBlock;
-#pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    int64_t c0 = blk * kColBlock, c1 = std::min(h, c0 + kColBlock);
-    for (int64_t i = 0; i < n; ++i) {
-      if (id[i] == padding_idx) continue;
-      float* row = de + int64_t{id[i]} * h;
-      for (int64_t j = c0; j < c1; ++j) row[j] += g[i * h + j];
-    }
-  }
+  check::shape(op, "dy", dy, Shape{ids.numel(), dE.size(1)});
+  if (on.cpu()) return cpu::embedding_backward(dy, ids, dE, padding_idx);
+  on.no_kernel();
 }
-
-// ---------------------------------------------------------------------------------------------
-// rmsnorm: r = 1/sqrt(mean(x²) + eps), x̂ = x·r, y = w ⊙ x̂.
-// backward: with ĝ = dy ⊙ w, dx = r·(ĝ − x̂·mean(ĝ ⊙ x̂)),  dw += Σ_rows dy ⊙ x̂.
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
-  const char* op = "rmsnorm_forward";
-  require_f32(op, "x", x);
-  int64_t f = last_dim(x), n = rows_of(x);
-  check_vector(op, "w", w, f);
-  require_f32(op, "y", y);
-  check_same_shape("rmsnorm_forward: y vs x", y, x);
-  require_f32(op, "rstd", rstd);
-  check_shape("rmsnorm_forward: rstd", rstd, Shape{n});
-  const float* xp = x.data<float>();
-  const float* wp = w.data<float>();
-  float* yp = y.data<float>();
-  float* rp = rstd.data<float>();
-  // Rows taken in chunks as threads free up, here and in the other row-wise norm and residual ops:
-  // with static halves, the quicker of the VM's two vCPUs waited at the end of each of these
-  // memory-bound passes (tools/perf_spin_attribution.py: its spin samples beside them halved,
-  // docs/results/model-cpu-sessions.md, session 22). Rows are independent, so the bits do not change.
-#pragma omp parallel for schedule(dynamic, 64)
-  for (int64_t i = 0; i < n; ++i) {
-    const float* xi = xp + i * f;
-    float r = 1.0f / std::sqrt(dot_fixed(xi, xi, f) / static_cast<float>(f) + eps);
-    rp[i] = r;
-    for (int64_t j = 0; j < f; ++j) yp[i * f + j] = wp[j] * (xi[j] * r);
-  }
+  constexpr std::string_view op = "rmsnorm_forward";
+  const OpDevice on(op, {{"x", x}, {"w", w}, {"y", y}, {"rstd", rstd}});
+  check::f32(op, "x", x);
+  check::vector(op, "w", w, last_dim(x));
+  check::f32(op, "y", y);
+  check_same_shape(str(op, ": y vs x"), y, x);
+  check::f32(op, "rstd", rstd);
+  check::shape(op, "rstd", rstd, Shape{rows_of(x)});
+  if (on.cpu()) return cpu::rmsnorm_forward(x, w, eps, y, rstd);
+  on.no_kernel();
 }
-
-namespace {
-
-// dx of one row: x̂ = x·r, ĝ = dy ⊙ w, dx = r·(ĝ − x̂·mean(ĝ ⊙ x̂)), the mean in a fixed order;
-// written, or added to dxi with `accumulate`.
-void rmsnorm_backward_row(const float* gi, const float* xi, const float* wp, float r, int64_t f, float* dxi,
-                          bool accumulate) {
-  // mean(ĝ ⊙ x̂) = r·mean(dy ⊙ w ⊙ x)
-  float lane[16] = {};
-  int64_t j = 0;
-  for (; j + 16 <= f; j += 16)
-    for (int l = 0; l < 16; ++l) lane[l] += gi[j + l] * wp[j + l] * xi[j + l];
-  float s = 0;
-  for (; j < f; ++j) s += gi[j] * wp[j] * xi[j];
-  for (int l = 0; l < 16; ++l) s += lane[l];
-  const float mean_gx = s * r / static_cast<float>(f);
-  for (j = 0; j < f; ++j) {
-    const float d = r * (gi[j] * wp[j] - xi[j] * r * mean_gx);
-    dxi[j] = accumulate ? dxi[j] + d : d;
-  }
-}
-
-}  // namespace
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                       const Tensor& dx, const Tensor& dw, bool accumulate_dx) {
-  const char* op = "rmsnorm_backward";
-  require_f32(op, "x", x);
-  int64_t f = last_dim(x), n = rows_of(x);
-  require_f32(op, "dy", dy);
-  check_same_shape("rmsnorm_backward: dy vs x", dy, x);
-  check_vector(op, "w", w, f);
-  require_f32(op, "rstd", rstd);
-  check_shape("rmsnorm_backward: rstd", rstd, Shape{n});
-  const float* xp = x.data<float>();
-  const float* gp = dy.data<float>();
-  const float* wp = w.data<float>();
-  const float* rp = rstd.data<float>();
+  constexpr std::string_view op = "rmsnorm_backward";
+  const OpDevice on(op, {{"dy", dy}, {"x", x}, {"w", w}, {"rstd", rstd}, {"dx", dx}, {"dw", dw}});
+  check::f32(op, "x", x);
+  const int64_t f = last_dim(x);
+  check::f32(op, "dy", dy);
+  check_same_shape(str(op, ": dy vs x"), dy, x);
+  check::vector(op, "w", w, f);
+  check::f32(op, "rstd", rstd);
+  check::shape(op, "rstd", rstd, Shape{rows_of(x)});
   if (dx.defined()) {
-    require_f32(op, "dx", dx);
-    check_same_shape("rmsnorm_backward: dx vs x", dx, x);
+    check::f32(op, "dx", dx);
+    check_same_shape(str(op, ": dx vs x"), dx, x);
   }
-  if (dw.defined()) check_vector(op, "dw", dw, f);
-  float* dxp = dx.defined() ? dx.data<float>() : nullptr;
-  if (!dw.defined()) {
-    if (!dxp) return;
-#pragma omp parallel for schedule(dynamic, 64)
-    for (int64_t i = 0; i < n; ++i)
-      rmsnorm_backward_row(gp + i * f, xp + i * f, wp, rp[i], f, dxp + i * f, accumulate_dx);
-    return;
-  }
-  // One pass over x and dy for both gradients (the op is memory-bound): rows go in fixed chunks of
-  // kNormRowChunk; each chunk writes its rows' dx and its own partial dw, and the partials are then
-  // added in chunk order, column by column. The chunking depends only on n, so dw is bitwise the
-  // same for any thread count.
-  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-  thread_local std::vector<float> partial;  // kept between calls: no page faults per call
-  partial.assign(static_cast<size_t>(chunks * f), 0.0f);
-  float* const part = partial.data();  // the caller's buffer: a thread_local name would mean each worker's own
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t c = 0; c < chunks; ++c) {
-    float* __restrict__ pw = part + c * f;
-    const int64_t i1 = std::min(n, (c + 1) * kNormRowChunk);
-    for (int64_t i = c * kNormRowChunk; i < i1; ++i) {
-      const float* __restrict__ gi = gp + i * f;
-      const float* __restrict__ xi = xp + i * f;
-      const float r = rp[i];
-      if (dxp) rmsnorm_backward_row(gi, xi, wp, r, f, dxp + i * f, accumulate_dx);
-      for (int64_t j = 0; j < f; ++j) pw[j] += gi[j] * (xi[j] * r);  // dw += dy ⊙ x̂
-    }
-  }
-  column_reduce(chunks, f, dw.data<float>(), [&](int64_t c, int64_t j) { return part[c * f + j]; });
+  if (dw.defined()) check::vector(op, "dw", dw, f);
+  if (on.cpu()) return cpu::rmsnorm_backward(dy, x, w, rstd, dx, dw, accumulate_dx);
+  on.no_kernel();
 }
-
-// ---------------------------------------------------------------------------------------------
-// residual scaling: y = (h + b_h) ⊙ s_h + (x + b_x) ⊙ s_x.
-// backward: dh = dy ⊙ s_h, dx = dy ⊙ s_x, ds_h += Σ dy ⊙ (h + b_h), db_h += Σ dy ⊙ s_h,
-//           ds_x += Σ dy ⊙ (x + b_x), db_x += Σ dy ⊙ s_x.
-
-namespace {
-void check_params(const char* op, const ResidualScaleParams& p, int64_t f) {
-  check_vector(op, "hidden_states_scale", p.hidden_scale, f);
-  check_vector(op, "hidden_states_bias", p.hidden_bias, f);
-  check_vector(op, "residual_scale", p.residual_scale, f);
-  check_vector(op, "residual_bias", p.residual_bias, f);
-}
-
-// One row of residual_scale_backward: dh, dx (when wanted) and the row's terms of the three column
-// sums. Restrict-qualified parameters, so that every loop vectorizes.
-void residual_scale_backward_row(const float* __restrict__ gi, const float* __restrict__ hi,
-                                 const float* __restrict__ xi, const float* __restrict__ sh,
-                                 const float* __restrict__ bh, const float* __restrict__ sx,
-                                 const float* __restrict__ bx, int64_t f, float* __restrict__ dhi,
-                                 float* __restrict__ dxi, float* __restrict__ p_sh, float* __restrict__ p_sx,
-                                 float* __restrict__ p_g) {
-  if (dhi)
-    for (int64_t j = 0; j < f; ++j) dhi[j] = gi[j] * sh[j];
-  if (dxi)
-    for (int64_t j = 0; j < f; ++j) dxi[j] = gi[j] * sx[j];
-  for (int64_t j = 0; j < f; ++j) {
-    p_sh[j] += gi[j] * (hi[j] + bh[j]);
-    p_sx[j] += gi[j] * (xi[j] + bx[j]);
-    p_g[j] += gi[j];
-  }
-}
-}  // namespace
 
 void residual_scale_forward(const Tensor& h, const Tensor& x, const ResidualScaleParams& p, const Tensor& y) {
-  const char* op = "residual_scale_forward";
-  require_f32(op, "h", h);
-  require_f32(op, "x", x);
-  require_f32(op, "y", y);
-  check_same_shape("residual_scale_forward: x vs h", x, h);
-  check_same_shape("residual_scale_forward: y vs h", y, h);
-  int64_t f = last_dim(h), n = rows_of(h);
-  check_params(op, p, f);
-  const float *hp = h.data<float>(), *xp = x.data<float>();
-  const float *sh = p.hidden_scale.data<float>(), *bh = p.hidden_bias.data<float>();
-  const float *sx = p.residual_scale.data<float>(), *bx = p.residual_bias.data<float>();
-  float* yp = y.data<float>();
-#pragma omp parallel for schedule(dynamic, 64)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < f; ++j) {
-      int64_t k = i * f + j;
-      yp[k] = (hp[k] + bh[j]) * sh[j] + (xp[k] + bx[j]) * sx[j];
-    }
+  constexpr std::string_view op = "residual_scale_forward";
+  const OpDevice on(op, {{"h", h},
+                         {"x", x},
+                         {"hidden_states_scale", p.hidden_scale},
+                         {"hidden_states_bias", p.hidden_bias},
+                         {"residual_scale", p.residual_scale},
+                         {"residual_bias", p.residual_bias},
+                         {"y", y}});
+  check_f32_like(op, {{"h", &h}, {"x", &x}, {"y", &y}});
+  check_residual_params(op, p, last_dim(h), "");
+  if (on.cpu()) return cpu::residual_scale_forward(h, x, p, y);
+  on.no_kernel();
 }
 
 void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x, const ResidualScaleParams& p,
                              const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads) {
-  const char* op = "residual_scale_backward";
-  require_f32(op, "h", h);
-  require_f32(op, "x", x);
-  require_f32(op, "dy", dy);
-  check_same_shape("residual_scale_backward: x vs h", x, h);
-  check_same_shape("residual_scale_backward: dy vs h", dy, h);
-  int64_t f = last_dim(h), n = rows_of(h);
-  check_params(op, p, f);
-  check_params(op, grads, f);
-  const float *hp = h.data<float>(), *xp = x.data<float>(), *gp = dy.data<float>();
-  const float *sh = p.hidden_scale.data<float>(), *bh = p.hidden_bias.data<float>();
-  const float *sx = p.residual_scale.data<float>(), *bx = p.residual_bias.data<float>();
-  for (const Tensor* t : {&dh, &dx}) {
+  constexpr std::string_view op = "residual_scale_backward";
+  const OpDevice on(op, {{"dy", dy},
+                         {"h", h},
+                         {"x", x},
+                         {"hidden_states_scale", p.hidden_scale},
+                         {"hidden_states_bias", p.hidden_bias},
+                         {"residual_scale", p.residual_scale},
+                         {"residual_bias", p.residual_bias},
+                         {"dh", dh},
+                         {"dx", dx},
+                         {"grad of hidden_states_scale", grads.hidden_scale},
+                         {"grad of hidden_states_bias", grads.hidden_bias},
+                         {"grad of residual_scale", grads.residual_scale},
+                         {"grad of residual_bias", grads.residual_bias}});
+  check_f32_like(op, {{"h", &h}, {"x", &x}, {"dy", &dy}});
+  const int64_t f = last_dim(h);
+  check_residual_params(op, p, f, "");
+  check_residual_params(op, grads, f, "grad of ");
+  for (auto [name, t] : {std::pair{"dh", &dh}, {"dx", &dx}}) {
     if (!t->defined()) continue;
-    require_f32(op, t == &dh ? "dh" : "dx", *t);
-    check_same_shape(t == &dh ? "residual_scale_backward: dh vs h" : "residual_scale_backward: dx vs h", *t,
-                     h);
+    check::f32(op, name, *t);
+    check_same_shape(str(op, ": ", name, " vs h"), *t, h);
   }
-  float* dhp = dh.defined() ? dh.data<float>() : nullptr;
-  float* dxp = dx.defined() ? dx.data<float>() : nullptr;
-  // One pass over dy, h and x (the op is memory-bound) writes dh and dx and three column sums per
-  // chunk of kNormRowChunk rows: Σ dy ⊙ (h + b_h), Σ dy ⊙ (x + b_x) and Σ dy. The chunks' partials
-  // are then added in chunk order, so the parameter gradients do not depend on the thread count.
-  const int64_t chunks = (n + kNormRowChunk - 1) / kNormRowChunk;
-  thread_local std::vector<float> partial;  // kept between calls: no page faults per call
-  partial.assign(static_cast<size_t>(chunks * 3 * f), 0.0f);
-  float* const part = partial.data();  // the caller's buffer (each worker's thread_local is its own)
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t c = 0; c < chunks; ++c) {
-    float* p_sh = part + c * 3 * f;
-    float* p_sx = p_sh + f;
-    float* p_g = p_sx + f;
-    for (int64_t i = c * kNormRowChunk; i < std::min(n, (c + 1) * kNormRowChunk); ++i)
-      residual_scale_backward_row(gp + i * f, hp + i * f, xp + i * f, sh, bh, sx, bx, f, dhp ? dhp + i * f : nullptr,
-                                  dxp ? dxp + i * f : nullptr, p_sh, p_sx, p_g);
-  }
-  float *dsh = grads.hidden_scale.data<float>(), *dbh = grads.hidden_bias.data<float>();
-  float *dsx = grads.residual_scale.data<float>(), *dbx = grads.residual_bias.data<float>();
-  std::vector<float> sums(static_cast<size_t>(3 * f), 0.0f);  // [Σ dy ⊙ (h + b_h) | Σ dy ⊙ (x + b_x) | Σ dy]
-  column_reduce(chunks, 3 * f, sums.data(), [&](int64_t c, int64_t j) { return part[c * 3 * f + j]; });
-  for (int64_t j = 0; j < f; ++j) {
-    dsh[j] += sums[j];
-    dsx[j] += sums[f + j];
-    dbh[j] += sums[2 * f + j] * sh[j];  // Σ dy ⊙ s_h = s_h · Σ dy
-    dbx[j] += sums[2 * f + j] * sx[j];
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// activations. silu(x) = x·σ(x), silu'(x) = σ(x)·(1 + x·(1 − σ(x))).
-// gelu(x) = ½x(1 + erf(x/√2)), gelu'(x) = ½(1 + erf(x/√2)) + x·φ(x), φ the standard normal pdf;
-// erf is cpu::erf_fast (≤ ~1 ulp, seq_vec.h), exp is cpu::expf_fast.
-
-namespace {
-// Below kTail, σ(x) < 1.9e-35 and φ(x) < 1e-35 (for x² > 2·80) are taken as exactly 0, and their
-// arguments are clamped to it first, so no lane computes a subnormal on the way: 1/(1 + e^{-x})
-// with x < −88 (expf_fast saturates at ~1.7e38) came out below float's normal range, and x86 runs
-// such operations through microcode assists. SwiGLU with gate pre-activations near −100 (a token
-// with a massive activation in one channel) ran 10× slower forward and 12× backward, GELU's
-// backward at −30 ~6× (docs/results/ops-cpu.md, "Activations: subnormal tails").
-constexpr float kTail = -80.0f;
-// expf_fast (vectorizable; libm's expf is a scalar call) — SwiGLU runs over every expert row.
-inline float sigmoid(float x) {
-  const float s = 1.0f / (1.0f + cpu::expf_fast(-std::max(x, kTail)));
-  return x < kTail ? 0.0f : s;
-}
-inline float silu_grad(float x) {
-  float s = sigmoid(x);
-  return s * (1.0f + x * (1.0f - s));
-}
-#if ZAYA_AVX2
-// sigmoid and silu_grad on 8 lanes, the scalar forms' operations (GCC does not vectorize the plain
-// loops below on AVX2: the clamp in expf_fast stays a branch there).
-inline __m256 sigmoid_v8(__m256 x) {
-  const __m256 one = _mm256_set1_ps(1.0f), tail = _mm256_set1_ps(kTail);
-  // max(tail, x) is std::max(x, kTail): x where x is NaN (the second operand wins).
-  const __m256 xm = _mm256_max_ps(tail, x);
-  const __m256 s =
-      _mm256_div_ps(one, _mm256_add_ps(one, cpu::expf_fast_v8(_mm256_sub_ps(_mm256_setzero_ps(), xm))));
-  return _mm256_blendv_ps(s, _mm256_setzero_ps(), _mm256_cmp_ps(x, tail, _CMP_LT_OQ));
-}
-// s·(1 + x·(1 − s)) with the inner product-sum as one FMA, as GCC contracts the scalar form.
-inline __m256 silu_grad_v8(__m256 x, __m256 s) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  return _mm256_mul_ps(s, _mm256_fmadd_ps(x, _mm256_sub_ps(one, s), one));
-}
-#endif
-constexpr float kInvSqrt2 = 0.70710678118654752f;
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;
-
-// Applies out[i] = f(i) over all elements after checking that every tensor matches `like`.
-// Threads take fixed chunks; each chunk is a plain counted loop over an inlined f, which the
-// compiler vectorizes (f must be branch-free: expf_fast/erf_fast, no libm calls).
-constexpr int64_t kElemChunk = 8192;
-// Every tensor f32 and shaped like `like`; errors name the op and the tensor.
-void check_f32_like(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> tensors,
-                    const Tensor& like) {
-  for (auto [name, t] : tensors) {
-    require_f32(op, name, *t);
-    check_same_shape(str(op, ": ", name, " vs ", tensors.begin()->first), *t, like);
-  }
-}
-
-// An optional f8(i) does elements i..i+7 at once (explicit 8-lane code where the compiler leaves
-// f scalar); f then takes each chunk's last n mod 8.
-template <class F, class... F8>
-void elementwise(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> tensors,
-                 const Tensor& like, F f, F8... f8) {
-  static_assert(sizeof...(F8) <= 1);
-  check_f32_like(op, tensors, like);
-  int64_t n = like.numel();
-  int64_t chunks = (n + kElemChunk - 1) / kElemChunk;
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    int64_t i = c * kElemChunk, i1 = std::min(n, (c + 1) * kElemChunk);
-    if constexpr (sizeof...(F8) == 1)
-      for (; i + 8 <= i1; i += 8) (f8(i), ...);
-    for (; i < i1; ++i) f(i);
-  }
-}
-}  // namespace
-
-void cast_to_bf16(const Tensor& src, const Tensor& dst) {
-  require_f32("cast_to_bf16", "src", src);
-  check_dtype("cast_to_bf16: dst", dst, DType::bf16);
-  ZAYA_CHECK(dst.numel() == src.numel(), "cast_to_bf16: dst ", dst.str(), " must have as many elements as src ",
-             src.str());
-  const float* a = src.data<float>();
-  bf16* b = dst.data<bf16>();
-  const int64_t n = src.numel();
-#if defined(__AVX512BF16__)
-  // 16 floats per conversion instruction, where GCC's loop over to_bf16 was a visible share of
-  // Muon's Newton–Schulz in a profile. The instruction rounds to nearest even and quiets NaNs as
-  // to_bf16 does, but reads subnormal inputs as zero, so a block holding one (never the case for
-  // the weights and iterates this casts) takes to_bf16 element by element: the same bits always.
-  const int64_t blocks = n / 16;
-#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
-  for (int64_t k = 0; k < blocks; ++k) {
-    const __m512 x = _mm512_loadu_ps(a + 16 * k);
-    const __m512 mag =
-        _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
-    const __mmask16 sub = _mm512_cmp_ps_mask(mag, _mm512_set1_ps(FLT_MIN), _CMP_LT_OQ) &
-                          _mm512_cmp_ps_mask(mag, _mm512_setzero_ps(), _CMP_NEQ_OQ);
-    if (sub == 0) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(b + 16 * k), (__m256i)_mm512_cvtneps_pbh(x));
-    } else {
-      for (int64_t i = 16 * k; i < 16 * k + 16; ++i) b[i] = to_bf16(a[i]);
-    }
-  }
-  for (int64_t i = 16 * blocks; i < n; ++i) b[i] = to_bf16(a[i]);
-#else
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) b[i] = to_bf16(a[i]);
-#endif
+  if (on.cpu()) return cpu::residual_scale_backward(dy, h, x, p, dh, dx, grads);
+  on.no_kernel();
 }
 
 void silu_forward(const Tensor& x, const Tensor& y) {
-  const float* xp = x.data<float>();
-  float* yp = y.data<float>();
-  auto f = [&](int64_t i) { yp[i] = xp[i] * sigmoid(xp[i]); };
-#if ZAYA_AVX2
-  elementwise("silu_forward", {{"x", &x}, {"y", &y}}, x, f, [&](int64_t i) {
-    const __m256 v = _mm256_loadu_ps(xp + i);
-    _mm256_storeu_ps(yp + i, _mm256_mul_ps(v, sigmoid_v8(v)));
-  });
-#else
-  elementwise("silu_forward", {{"x", &x}, {"y", &y}}, x, f);
-#endif
+  constexpr std::string_view op = "silu_forward";
+  const OpDevice on(op, {{"x", x}, {"y", y}});
+  check_f32_like(op, {{"x", &x}, {"y", &y}});
+  if (on.cpu()) return cpu::silu_forward(x, y);
+  on.no_kernel();
 }
 
 void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  const float *xp = x.data<float>(), *gp = dy.data<float>();
-  float* dp = dx.data<float>();
-  auto f = [&](int64_t i) { dp[i] = gp[i] * silu_grad(xp[i]); };
-#if ZAYA_AVX2
-  elementwise("silu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x, f, [&](int64_t i) {
-    const __m256 v = _mm256_loadu_ps(xp + i);
-    _mm256_storeu_ps(dp + i, _mm256_mul_ps(_mm256_loadu_ps(gp + i), silu_grad_v8(v, sigmoid_v8(v))));
-  });
-#else
-  elementwise("silu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x, f);
-#endif
-}
-
-// GELU runs erf over kGeluBlock elements at a time through cpu::erf_fast_n (its table lookups are
-// AVX-512 permutes, which the compiler would not produce from a per-element call), in a buffer
-// between two vectorized loops. The block is small (512 B) so that reading x from memory stays
-// interleaved with the arithmetic (the hardware prefetcher runs ahead of it). Beyond the caches on
-// the development VM, GELU forward ran at 63-69% of the STREAM triad with 128-element blocks, 55-63%
-// with 512, 48% with 2048 and below the old per-element loop's 48% with 8192.
-constexpr int64_t kGeluBlock = 128;
-
-// Calls f(i0, len, x + i0, e) for consecutive blocks of x's n elements, e[i] = erf(x[i0 + i]/√2);
-// threads take fixed kElemChunk chunks.
-template <class F>
-void for_gelu_blocks(const float* xp, int64_t n, F f) {
-  const int64_t chunks = (n + kElemChunk - 1) / kElemChunk;
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    float e[kGeluBlock];
-    const int64_t c1 = std::min(n, (c + 1) * kElemChunk);
-    for (int64_t i0 = c * kElemChunk; i0 < c1; i0 += kGeluBlock) {
-      const int64_t len = std::min(c1 - i0, kGeluBlock);
-      const float* xb = xp + i0;
-      for (int64_t i = 0; i < len; ++i) e[i] = xb[i] * kInvSqrt2;
-      cpu::erf_fast_n(e, e, len);
-      f(i0, len, xb, static_cast<const float*>(e));
-    }
-  }
+  constexpr std::string_view op = "silu_backward";
+  const OpDevice on(op, {{"dy", dy}, {"x", x}, {"dx", dx}});
+  check_f32_like(op, {{"x", &x}, {"dy", &dy}, {"dx", &dx}});
+  if (on.cpu()) return cpu::silu_backward(dy, x, dx);
+  on.no_kernel();
 }
 
 void gelu_forward(const Tensor& x, const Tensor& y) {
-  check_f32_like("gelu_forward", {{"x", &x}, {"y", &y}}, x);
-  float* yp = y.data<float>();
-  for_gelu_blocks(x.data<float>(), x.numel(), [&](int64_t i0, int64_t len, const float* xb, const float* e) {
-    for (int64_t i = 0; i < len; ++i) yp[i0 + i] = 0.5f * xb[i] * (1.0f + e[i]);
-  });
+  constexpr std::string_view op = "gelu_forward";
+  const OpDevice on(op, {{"x", x}, {"y", y}});
+  check_f32_like(op, {{"x", &x}, {"y", &y}});
+  if (on.cpu()) return cpu::gelu_forward(x, y);
+  on.no_kernel();
 }
 
 void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  check_f32_like("gelu_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, x);
-  const float* gp = dy.data<float>();
-  float* dp = dx.data<float>();
-  for_gelu_blocks(x.data<float>(), x.numel(), [&](int64_t i0, int64_t len, const float* xb, const float* e) {
-    for (int64_t i = 0; i < len; ++i) {
-      const float v = xb[i];
-      const float cdf = 0.5f * (1.0f + e[i]);
-      const float a = -0.5f * v * v;  // φ(v) = e^a/√(2π), 0 below kTail (see sigmoid)
-      const float pdf = a < kTail ? 0.0f : kInvSqrt2Pi * cpu::expf_fast(std::max(a, kTail));
-      dp[i0 + i] = gp[i0 + i] * (cdf + v * pdf);
-    }
-  });
+  constexpr std::string_view op = "gelu_backward";
+  const OpDevice on(op, {{"dy", dy}, {"x", x}, {"dx", dx}});
+  check_f32_like(op, {{"x", &x}, {"dy", &dy}, {"dx", &dx}});
+  if (on.cpu()) return cpu::gelu_backward(dy, x, dx);
+  on.no_kernel();
 }
 
-// swiglu: y = silu(g) ⊙ v.  dg = dy ⊙ v ⊙ silu'(g),  dv = dy ⊙ silu(g).
-
 void swiglu_forward(const Tensor& gu, const Tensor& y) {
-  const char* op = "swiglu_forward";
-  require_f32(op, "gu", gu);
-  require_f32(op, "y", y);
+  constexpr std::string_view op = "swiglu_forward";
+  const OpDevice on(op, {{"gu", gu}, {"y", y}});
+  check::f32(op, "gu", gu);
+  check::f32(op, "y", y);
   ZAYA_CHECK(gu.ndim() == 2 && gu.size(1) % 2 == 0, op, ": gu must be [N, 2I], found ", gu.str());
-  int64_t n = gu.size(0), inter = gu.size(1) / 2;
-  check_shape("swiglu_forward: y", y, Shape{n, inter});
-  const float* p = gu.data<float>();
-  float* yp = y.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float* g = p + i * 2 * inter;
-    const float* v = g + inter;
-    float* y = yp + i * inter;
-    int64_t j = 0;
-#if ZAYA_AVX2
-    for (; j + 8 <= inter; j += 8) {
-      const __m256 gv = _mm256_loadu_ps(g + j);
-      _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid_v8(gv)), _mm256_loadu_ps(v + j)));
-    }
-#endif
-    for (; j < inter; ++j) y[j] = g[j] * sigmoid(g[j]) * v[j];
-  }
+  check::shape(op, "y", y, Shape{gu.size(0), gu.size(1) / 2});
+  if (on.cpu()) return cpu::swiglu_forward(gu, y);
+  on.no_kernel();
 }
 
 void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu) {
-  const char* op = "swiglu_backward";
-  require_f32(op, "gu", gu);
-  require_f32(op, "dy", dy);
-  require_f32(op, "dgu", dgu);
+  constexpr std::string_view op = "swiglu_backward";
+  const OpDevice on(op, {{"dy", dy}, {"gu", gu}, {"dgu", dgu}});
+  check::f32(op, "gu", gu);
+  check::f32(op, "dy", dy);
+  check::f32(op, "dgu", dgu);
   ZAYA_CHECK(gu.ndim() == 2 && gu.size(1) % 2 == 0, op, ": gu must be [N, 2I], found ", gu.str());
-  int64_t n = gu.size(0), inter = gu.size(1) / 2;
-  check_shape("swiglu_backward: dy", dy, Shape{n, inter});
-  check_same_shape("swiglu_backward: dgu vs gu", dgu, gu);
-  const float *p = gu.data<float>(), *gp = dy.data<float>();
-  float* dp = dgu.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float* g = p + i * 2 * inter;
-    const float* v = g + inter;
-    const float* d = gp + i * inter;
-    float* dg = dp + i * 2 * inter;
-    float* dv = dg + inter;
-    int64_t j = 0;
-#if ZAYA_AVX2
-    for (; j + 8 <= inter; j += 8) {
-      const __m256 gv = _mm256_loadu_ps(g + j), dj = _mm256_loadu_ps(d + j), s = sigmoid_v8(gv);
-      _mm256_storeu_ps(dv + j, _mm256_mul_ps(_mm256_mul_ps(dj, gv), s));
-      _mm256_storeu_ps(dg + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dj, _mm256_loadu_ps(v + j)), s),
-                                             _mm256_fmadd_ps(gv, _mm256_sub_ps(_mm256_set1_ps(1.0f), s), _mm256_set1_ps(1.0f))));
-    }
-#endif
-    for (; j < inter; ++j) {
-      float s = sigmoid(g[j]);
-      dv[j] = d[j] * g[j] * s;
-      dg[j] = d[j] * v[j] * s * (1.0f + g[j] * (1.0f - s));
-    }
-  }
+  check::shape(op, "dy", dy, Shape{gu.size(0), gu.size(1) / 2});
+  check_same_shape(str(op, ": dgu vs gu"), dgu, gu);
+  if (on.cpu()) return cpu::swiglu_backward(dy, gu, dgu);
+  on.no_kernel();
 }
 
-// ---------------------------------------------------------------------------------------------
-// softmax over the last dim: y = exp(x − max) / Σ exp(x − max), exp by cpu::expf_fast (~1 ulp).
-// dx = y ⊙ (dy − Σ dy ⊙ y).
-
-namespace {
-
-// dst[j] = s·src[j] with non-temporal stores where the ISA has them: a plain store first reads each
-// line it writes (the write-allocate), a third of the traffic of a streaming op. The values are the
-// same products either way. The caller fences (_mm_sfence) before other threads read dst.
-void scaled_copy_streaming(float* dst, const float* src, float s, int64_t n) {
-  int64_t j = 0;
-#if defined(__AVX512F__)
-  for (; j < n && (reinterpret_cast<uintptr_t>(dst + j) & 63) != 0; ++j) dst[j] = src[j] * s;
-  const __m512 vs = _mm512_set1_ps(s);
-  for (; j + 16 <= n; j += 16) _mm512_stream_ps(dst + j, _mm512_mul_ps(_mm512_loadu_ps(src + j), vs));
-#endif
-  for (; j < n; ++j) dst[j] = src[j] * s;
+void cast_to_bf16(const Tensor& src, const Tensor& dst) {
+  constexpr std::string_view op = "cast_to_bf16";
+  const OpDevice on(op, {{"src", src}, {"dst", dst}});
+  check::f32(op, "src", src);
+  check::dtype(op, "dst", dst, DType::bf16);
+  ZAYA_CHECK(dst.numel() == src.numel(), op, ": dst ", dst.str(), " must have as many elements as src ",
+             src.str());
+  if (on.cpu()) return cpu::cast_to_bf16(src, dst);
+  on.no_kernel();
 }
 
-}  // namespace
-
-void softmax_forward(const Tensor& x, const Tensor& y) { softmax_forward(x, y, StoreMode::automatic); }
-
-void softmax_forward(const Tensor& x, const Tensor& y, StoreMode mode) {
-  const char* op = "softmax_forward";
-  require_f32(op, "x", x);
-  require_f32(op, "y", y);
-  check_same_shape("softmax_forward: y vs x", y, x);
-  int64_t f = last_dim(x), n = rows_of(x);
-  const float* xp = x.data<float>();
-  float* yp = y.data<float>();
-  if (mode == StoreMode::automatic)
-    mode = static_cast<int64_t>(y.nbytes()) > cpu_cache_bytes() ? StoreMode::streaming : StoreMode::cached;
-  if (mode == StoreMode::cached) {  // y stays in cache for its reader
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float* xi = xp + i * f;
-      float* yi = yp + i * f;
-      const float inv = 1.0f / cpu::exp_store_sum(yi, xi, f, cpu::maxf(xi, f), i + 1 < n ? xi + f : nullptr);
-      for (int64_t j = 0; j < f; ++j) yi[j] *= inv;
-    }
-    return;
-  }
-  // Larger than the caches: the exps go to a per-thread row buffer (L1/L2) and y is written once,
-  // with streaming stores. Same values as above.
-#pragma omp parallel
-  {
-    std::vector<float> row(static_cast<size_t>(f));
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float* xi = xp + i * f;
-      const float inv = 1.0f / cpu::exp_store_sum(row.data(), xi, f, cpu::maxf(xi, f), i + 1 < n ? xi + f : nullptr);
-      scaled_copy_streaming(yp + i * f, row.data(), inv, f);
-    }
-#if defined(__AVX512F__)
-    _mm_sfence();  // the streaming stores are visible before the loop's closing barrier
-#endif
-  }
+void softmax_forward(const Tensor& x, const Tensor& y) {
+  constexpr std::string_view op = "softmax_forward";
+  const OpDevice on(op, {{"x", x}, {"y", y}});
+  check_f32_like(op, {{"x", &x}, {"y", &y}});
+  if (on.cpu()) return cpu::softmax_forward(x, y, cpu::StoreMode::automatic);
+  on.no_kernel();
 }
 
 void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx) {
-  const char* op = "softmax_backward";
-  require_f32(op, "y", y);
-  require_f32(op, "dy", dy);
-  require_f32(op, "dx", dx);
-  check_same_shape("softmax_backward: dy vs y", dy, y);
-  check_same_shape("softmax_backward: dx vs y", dx, y);
-  int64_t f = last_dim(y), n = rows_of(y);
-  const float *yp = y.data<float>(), *gp = dy.data<float>();
-  float* dp = dx.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    float s = dot_fixed(gp + i * f, yp + i * f, f);
-    for (int64_t j = 0; j < f; ++j) dp[i * f + j] = yp[i * f + j] * (gp[i * f + j] - s);
-  }
+  constexpr std::string_view op = "softmax_backward";
+  const OpDevice on(op, {{"dy", dy}, {"y", y}, {"dx", dx}});
+  check_f32_like(op, {{"y", &y}, {"dy", &dy}, {"dx", &dx}});
+  if (on.cpu()) return cpu::softmax_backward(dy, y, dx);
+  on.no_kernel();
 }
 
 }  // namespace zaya::ops

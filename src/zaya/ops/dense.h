@@ -1,11 +1,12 @@
 // Dense (per-token) ops: linear, embedding, RMSNorm, residual scaling, activations, softmax.
 //
 // Conventions (all ops here): tokens are flattened to rows, activations are contiguous row-major
-// [N, F] f32 on the CPU; outputs are preallocated by the caller; parameter gradients ACCUMULATE
+// [N, F] f32; outputs are preallocated by the caller; parameter gradients ACCUMULATE
 // (dW += ...) so micro-batches can add up, activation gradients are WRITTEN (dx = ...). Optional
 // tensors (a bias, a gradient nobody needs) are passed as an undefined Tensor{}. Every op is bitwise
-// deterministic across runs and thread counts: rows are split among threads, and reductions over
-// rows (parameter gradients) are split by column, each column summed by one thread in row order.
+// deterministic across runs and, on the CPU, thread counts: rows are split among threads, and
+// reductions over rows (parameter gradients) are split by column, each column summed by one thread
+// in row order.
 #pragma once
 
 #include <cstdint>
@@ -65,11 +66,6 @@ void cast_to_bf16(const Tensor& src, const Tensor& dst);
 
 // Row softmax in fp32 over the last dim; backward from the saved output y.
 void softmax_forward(const Tensor& x, const Tensor& y);
-// How softmax_forward writes y: plain stores, or streaming (non-temporal) stores that skip the
-// write-allocate read. `automatic` (the form above) streams only an output larger than the caches.
-// The values are the same in every mode.
-enum class StoreMode { automatic, cached, streaming };
-void softmax_forward(const Tensor& x, const Tensor& y, StoreMode mode);
 void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx);
 
 }  // namespace zaya::ops

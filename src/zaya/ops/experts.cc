@@ -1,8 +1,10 @@
 // Argument checks and dispatch for the experts (kernels in cpu/experts_cpu.cc).
 #include "zaya/ops/experts.h"
 
+#include <utility>
+
+#include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/experts_cpu.h"
-#include "zaya/ops/cpu/op_checks.h"
 
 namespace zaya::ops {
 namespace {
@@ -10,7 +12,7 @@ namespace {
 // At least `rows` rows of `cols` columns, 2-D, of dtype dt.
 void require_rows_at_least(std::string_view op, std::string_view what, const Tensor& t, int64_t rows,
                            int64_t cols, DType dt) {
-  seq::require_cpu_dtype(op, what, t, dt);
+  check::dtype(op, what, t, dt);
   ZAYA_CHECK(t.ndim() == 2 && t.size(1) == cols && t.size(0) >= rows, op, ": ", what, " has shape ",
              t.shape().str(), ", expected [>=", rows, ", ", cols, "]");
 }
@@ -22,20 +24,19 @@ struct Dims {
 // The weights fix E, H and I; everything else is checked against them.
 Dims check_weights(std::string_view op, const ExpertWeights& w, const char* what) {
   ZAYA_CHECK(w.gate_up.defined() && w.down.defined(), op, ": ", what, " gate_up and down must be defined");
-  seq::require_cpu(op, what, w.gate_up);
   ZAYA_CHECK(w.gate_up.ndim() == 3 && w.gate_up.size(1) % 2 == 0, op, ": ", what,
              ".gate_up must be [E, 2I, H], found ", w.gate_up.str());
   const Dims d{w.gate_up.size(0), w.gate_up.size(2), w.gate_up.size(1) / 2};
   ZAYA_CHECK(w.gate_up.dtype() == DType::f32 || w.gate_up.dtype() == DType::bf16, op, ": ", what,
              ".gate_up must be f32 or bf16, found ", w.gate_up.str());
-  seq::require_cpu_dtype(op, str(what, ".down"), w.down, w.gate_up.dtype());
-  seq::require_shape(op, str(what, ".down"), w.down, Shape{d.E, d.H, d.I});
+  check::dtype(op, str(what, ".down"), w.down, w.gate_up.dtype());
+  check::shape(op, str(what, ".down"), w.down, Shape{d.E, d.H, d.I});
   return d;
 }
 
 void check_plan(std::string_view op, const Tensor& offsets, int64_t M, const Dims& d) {
-  seq::require_cpu_i32(op, "offsets", offsets);
-  seq::require_shape(op, "offsets", offsets, Shape{d.E + 1});
+  check::i32(op, "offsets", offsets);
+  check::shape(op, "offsets", offsets, Shape{d.E + 1});
   ZAYA_CHECK(M >= 0, op, ": routed rows M must be >= 0, found ", M);
 }
 
@@ -54,22 +55,37 @@ void check_acts(std::string_view op, const ExpertActs& a, int64_t M, const Dims&
 
 void experts_forward(const Tensor& x, const Tensor& src, const Tensor& offsets, int64_t M,
                      const ExpertWeights& w, const ExpertActs& a) {
-  constexpr std::string_view op = "ops::experts_forward";
+  constexpr std::string_view op = "experts_forward";
+  const OpDevice on(op, {{"x", x},          {"src", src},     {"offsets", offsets}, {"weights.gate_up", w.gate_up},
+                         {"weights.down", w.down}, {"xp", a.xp}, {"gu", a.gu},       {"act", a.act},
+                         {"y", a.y},        {"xp16", a.xp16}, {"act16", a.act16}});
   const Dims d = check_weights(op, w, "weights");
   check_plan(op, offsets, M, d);
-  seq::require_cpu_f32(op, "x", x);
+  check::f32(op, "x", x);
   ZAYA_CHECK(x.ndim() == 2 && x.size(1) == d.H && x.size(0) >= M, op, ": x has shape ", x.shape().str(),
              ", expected [N >= M = ", M, ", ", d.H, "]");
-  seq::require_cpu_i32(op, "src", src);
-  seq::require_shape(op, "src", src, Shape{x.size(0)});
+  check::i32(op, "src", src);
+  check::shape(op, "src", src, Shape{x.size(0)});
   check_acts(op, a, M, d, w.gate_up.dtype() == DType::bf16);
-  cpu::experts_forward(x, src, offsets, M, w, a);
+  if (on.cpu()) return cpu::experts_forward(x, src, offsets, M, w, a);
+  on.no_kernel();
 }
 
 bool experts_backward(const Tensor& dy, const Tensor& dxp, const Tensor& offsets, int64_t M,
                       const ExpertWeights& w, const ExpertWeights& grads, const ExpertActs& a,
                       const ExpertScratch& scratch, std::span<SideTask> side) {
-  constexpr std::string_view op = "ops::experts_backward";
+  constexpr std::string_view op = "experts_backward";
+  OpDevice on(op, {{"dy", dy},
+                   {"dxp", dxp},
+                   {"offsets", offsets},
+                   {"weights.gate_up", w.gate_up},
+                   {"weights.down", w.down},
+                   {"grads.gate_up", grads.gate_up},
+                   {"grads.down", grads.down}});
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"xp", &a.xp}, {"gu", &a.gu}, {"act", &a.act},
+                                {"y", &a.y}, {"xp16", &a.xp16}, {"act16", &a.act16}, {"dact", &scratch.dact},
+                                {"dgu", &scratch.dgu}, {"dy16", &scratch.dy16}, {"dgu16", &scratch.dgu16}})
+    on.add(name, *t);
   const Dims d = check_weights(op, w, "weights");
   const Dims dg = check_weights(op, grads, "grads");
   ZAYA_CHECK(grads.gate_up.dtype() == DType::f32, op, ": weight gradients must be f32, found ",
@@ -88,7 +104,8 @@ bool experts_backward(const Tensor& dy, const Tensor& dxp, const Tensor& offsets
     require_rows_at_least(op, "dgu16 (bf16 weights need it)", scratch.dgu16, M, 2 * d.I, DType::bf16);
   }
   for (const SideTask& t : side) ZAYA_CHECK(t.run != nullptr, op, ": a side task has no function");
-  return cpu::experts_backward(dy, dxp, offsets, M, w, grads, a, scratch, side);
+  if (on.cpu()) return cpu::experts_backward(dy, dxp, offsets, M, w, grads, a, scratch, side);
+  on.no_kernel();
 }
 
 }  // namespace zaya::ops

@@ -2,20 +2,24 @@
 // is checked again by ops::gemm).
 #include "zaya/ops/gemm_many.h"
 
+#include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/gemm_many_cpu.h"
-#include "zaya/ops/cpu/op_checks.h"
 
 namespace zaya::ops {
 
 void gemm_many(std::span<const GemmProblem> problems, Trans ta, Trans tb, float alpha, float beta) {
-  constexpr std::string_view op = "ops::gemm_many";
+  constexpr std::string_view op = "gemm_many";
+  OpDevice on(op);
   for (size_t i = 0; i < problems.size(); ++i) {
-    seq::require_cpu(op, "C", problems[i].C);
+    on.add("problems", i, ".A", problems[i].A);
+    on.add("problems", i, ".B", problems[i].B);
+    on.add("problems", i, ".C", problems[i].C);
     for (size_t j = 0; j < i; ++j)
       ZAYA_CHECK(problems[i].C.raw() != problems[j].C.raw(), op, ": problems ", j, " and ", i,
                  " write the same output ", problems[i].C.str());
   }
-  cpu::gemm_many(problems, ta, tb, alpha, beta);
+  if (on.cpu()) return cpu::gemm_many(problems, ta, tb, alpha, beta);
+  on.no_kernel();
 }
 
 }  // namespace zaya::ops

@@ -8,7 +8,7 @@
 // When one chunk covers the vocabulary (V ≤ chunk: the demo's 8192) nothing is recomputed: the
 // forward leaves exp(logit − row max) and the row sums in the workspace, and the backward runs its
 // two GEMMs on them directly, with the 1/(count·Σ) row scale and the one-hot term applied as [N, H]
-// corrections (loss.cc, backward_kept): no second pass over the [N, V] matrix.
+// corrections (cpu/loss_cpu.cc, backward_kept): no second pass over the [N, V] matrix.
 #pragma once
 
 #include <cstdint>
@@ -27,12 +27,12 @@ struct CrossEntropyResult {
   int64_t count = 0;  // rows that were not ignored
 };
 
-// Where the build has AVX-512, that single-chunk case runs on the fused head
+// On the CPU, where the build has AVX-512, that single-chunk case runs on the fused head
 // (cpu/tied_head_cpu.h): the three products and the softmax on e kept in a 16-column strip layout
 // that each product reads without re-packing it (docs/ops-cpu.md, "The fused tied head").
 
-// f32 elements the workspace needs: one [N, min(chunk, V)] logits chunk (for the fused head, N and V
-// rounded up to 16) plus two [N] row buffers.
+// f32 elements the workspace needs: one [N, min(chunk, V)] logits chunk (for the CPU's fused head, N
+// and V rounded up to 16) plus two [N] row buffers.
 int64_t cross_entropy_workspace_elems(int64_t n, int64_t vocab, const CrossEntropyOptions& opt = {});
 
 // h [N, H] f32 (already final-normed), E [V, H] f32, targets i32 [N]; lse [N] receives each row's
@@ -47,10 +47,6 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Te
                                                        const Tensor& dh, const Tensor& dE, const Tensor& lse,
                                                        const Tensor& workspace,
                                                        const CrossEntropyOptions& opt = {});
-
-// The fused head is on by default where built; off, the single-chunk case runs on row-major logits and
-// library GEMMs (tests compare the two).
-void cross_entropy_use_fused_head(bool on);
 
 // The loss from logits [N, V] the caller made itself (the model's bf16 head GEMM): lse [N] receives
 // each row's logsumexp, the logits are left as they are; N i32 targets (any shape), each in [0, V)

@@ -4,80 +4,102 @@
 #include <initializer_list>
 #include <tuple>
 
+#include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/moe_cpu.h"
-#include "zaya/ops/cpu/op_checks.h"
 
 namespace zaya::ops {
 
 namespace {
 void check_nh(std::string_view op, int64_t M, int64_t N, int64_t H) {
-  seq::require_positive(op, "N", N);
-  seq::require_positive(op, "H", H);
+  check::positive(op, "N", N);
+  check::positive(op, "H", H);
   ZAYA_CHECK(M >= 0 && M <= N, op, ": routed rows M must be in [0, N = ", N, "], found ", M);
 }
 // A permuted activation: at least M rows of H (the caller sizes it for the worst case N).
 void check_permuted(std::string_view op, std::string_view what, const Tensor& t, int64_t M, int64_t H) {
-  seq::require_cpu_f32(op, what, t);
-  ZAYA_CHECK(t.ndim() == 2 && t.size(1) == H && t.size(0) >= M, op, ": ", what, " has shape ", t.shape().str(),
-             ", expected [>=", M, ", ", H, "]");
+  check::f32(op, what, t);
+  ZAYA_CHECK(t.ndim() == 2 && t.size(1) == H && t.size(0) >= M, op, ": ", what, " has shape ",
+             t.shape().str(), ", expected [>=", M, ", ", H, "]");
 }
 }  // namespace
 
-void moe_route(Tensor& probs, Tensor& choice, Tensor& weight, const Tensor& logits, const Tensor& beta, int64_t N,
-               int64_t E) {
+void moe_route(Tensor& probs, Tensor& choice, Tensor& weight, const Tensor& logits, const Tensor& beta,
+               int64_t N, int64_t E) {
   constexpr std::string_view op = "moe_route";
-  seq::require_positive(op, "N", N);
-  seq::require_positive(op, "E", E);
-  seq::require_exact(op, "router logits", logits, Shape{N, E + 1});
-  seq::require_exact(op, "balancing_biases", beta, Shape{E + 1});
-  seq::require_exact(op, "probs", probs, Shape{N, E + 1});
-  seq::require_exact(op, "weight", weight, Shape{N});
-  seq::require_cpu_i32(op, "choice", choice);
+  const OpDevice on(op, {{"probs", probs},
+                         {"choice", choice},
+                         {"weight", weight},
+                         {"router logits", logits},
+                         {"balancing_biases", beta}});
+  check::positive(op, "N", N);
+  check::positive(op, "E", E);
+  check::exact(op, "router logits", logits, Shape{N, E + 1});
+  check::exact(op, "balancing_biases", beta, Shape{E + 1});
+  check::exact(op, "probs", probs, Shape{N, E + 1});
+  check::exact(op, "weight", weight, Shape{N});
+  check::i32(op, "choice", choice);
   check_shape(str(op, ": choice"), choice, Shape{N});
-  cpu::moe_route(probs.data<float>(), choice.data<int32_t>(), weight.data<float>(), logits.data<float>(),
-                 beta.data<float>(), N, E);
+  if (on.cpu())
+    return cpu::moe_route(probs.data<float>(), choice.data<int32_t>(), weight.data<float>(),
+                          logits.data<float>(), beta.data<float>(), N, E);
+  on.no_kernel();
 }
 
-void moe_route_backward(Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice, int64_t N,
-                        int64_t E) {
+void moe_route_backward(Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
+                        int64_t N, int64_t E) {
   constexpr std::string_view op = "moe_route_backward";
-  seq::require_positive(op, "N", N);
-  seq::require_positive(op, "E", E);
-  seq::require_exact(op, "dlogits", dlogits, Shape{N, E + 1});
-  seq::require_exact(op, "probs", probs, Shape{N, E + 1});
-  seq::require_exact(op, "dweight", dweight, Shape{N});
-  seq::require_cpu_i32(op, "choice", choice);
+  const OpDevice on(op, {{"dlogits", dlogits}, {"dweight", dweight}, {"probs", probs}, {"choice", choice}});
+  check::positive(op, "N", N);
+  check::positive(op, "E", E);
+  check::exact(op, "dlogits", dlogits, Shape{N, E + 1});
+  check::exact(op, "probs", probs, Shape{N, E + 1});
+  check::exact(op, "dweight", dweight, Shape{N});
+  check::i32(op, "choice", choice);
   check_shape(str(op, ": choice"), choice, Shape{N});
-  cpu::moe_route_bwd(dlogits.data<float>(), dweight.data<float>(), probs.data<float>(), choice.data<int32_t>(), N, E);
+  if (on.cpu())
+    return cpu::moe_route_bwd(dlogits.data<float>(), dweight.data<float>(), probs.data<float>(),
+                              choice.data<int32_t>(), N, E);
+  on.no_kernel();
 }
 
 int64_t moe_plan(Tensor& counts, Tensor& offsets, Tensor& pos, Tensor& src, const Tensor& choice, int64_t N,
                  int64_t E) {
   constexpr std::string_view op = "moe_plan";
-  seq::require_positive(op, "N", N);
-  seq::require_positive(op, "E", E);
+  const OpDevice on(
+      op, {{"counts", counts}, {"offsets", offsets}, {"pos", pos}, {"src", src}, {"choice", choice}});
+  check::positive(op, "N", N);
+  check::positive(op, "E", E);
   for (auto [name, t, n] : {std::tuple<const char*, const Tensor*, int64_t>{"counts", &counts, E},
-                            {"offsets", &offsets, E + 1}, {"pos", &pos, N}, {"src", &src, N}, {"choice", &choice, N}}) {
-    seq::require_cpu_i32(op, name, *t);
+                            {"offsets", &offsets, E + 1},
+                            {"pos", &pos, N},
+                            {"src", &src, N},
+                            {"choice", &choice, N}}) {
+    check::i32(op, name, *t);
     check_shape(str(op, ": ", name), *t, Shape{n});
   }
+  if (!on.cpu()) on.no_kernel();
+  // The choices are read on the host: a range check for the CPU kernel, which indexes by them.
   const int32_t* c = choice.data<int32_t>();
   for (int64_t n = 0; n < N; ++n)
-    ZAYA_CHECK(c[n] >= 0 && c[n] <= E, op, ": choice[", n, "] = ", c[n], ", expected an expert in [0, ", E, "]");
-  return cpu::moe_plan(counts.data<int32_t>(), offsets.data<int32_t>(), pos.data<int32_t>(), src.data<int32_t>(), c,
-                       N, E);
+    ZAYA_CHECK(c[n] >= 0 && c[n] <= E, op, ": choice[", n, "] = ", c[n], ", expected an expert in [0, ", E,
+               "]");
+  return cpu::moe_plan(counts.data<int32_t>(), offsets.data<int32_t>(), pos.data<int32_t>(),
+                       src.data<int32_t>(), c, N, E);
 }
 
 namespace {
 // xp[r] = x[src[r]] for r0 <= r < r1, after the checks both gathers share.
-void gather_checked(std::string_view op, Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1,
-                    int64_t N, int64_t H) {
+void gather_checked(std::string_view op, Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0,
+                    int64_t r1, int64_t N, int64_t H) {
+  const OpDevice on(op, {{"xp", xp}, {"x", x}, {"src", src}});
   check_nh(op, r1, N, H);
-  seq::require_n_rows(op, "x", x, N, H);
+  check::n_rows(op, "x", x, N, H);
   check_permuted(op, "xp", xp, r1, H);
-  seq::require_cpu_i32(op, "src", src);
+  check::i32(op, "src", src);
   check_shape(str(op, ": src"), src, Shape{N});
-  cpu::moe_gather(xp.data<float>() + r0 * H, x.data<float>(), src.data<int32_t>() + r0, r1 - r0, H);
+  if (on.cpu())
+    return cpu::moe_gather(xp.data<float>() + r0 * H, x.data<float>(), src.data<int32_t>() + r0, r1 - r0, H);
+  on.no_kernel();
 }
 }  // namespace
 
@@ -94,39 +116,49 @@ void moe_gather_rows(Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0,
 
 void moe_gather_backward(Tensor& dx, const Tensor& dxp, const Tensor& pos, int64_t M, int64_t N, int64_t H) {
   constexpr std::string_view op = "moe_gather_backward";
+  const OpDevice on(op, {{"dx", dx}, {"dxp", dxp}, {"pos", pos}});
   check_nh(op, M, N, H);
-  seq::require_n_rows(op, "dx", dx, N, H);
+  check::n_rows(op, "dx", dx, N, H);
   check_permuted(op, "dxp", dxp, M, H);
-  seq::require_cpu_i32(op, "pos", pos);
+  check::i32(op, "pos", pos);
   check_shape(str(op, ": pos"), pos, Shape{N});
-  cpu::moe_gather_bwd(dx.data<float>(), dxp.data<float>(), pos.data<int32_t>(), N, H);
+  if (on.cpu()) return cpu::moe_gather_bwd(dx.data<float>(), dxp.data<float>(), pos.data<int32_t>(), N, H);
+  on.no_kernel();
 }
 
-void moe_unpermute(Tensor& out, const Tensor& y, const Tensor& weight, const Tensor& pos, int64_t M, int64_t N,
-                   int64_t H) {
+void moe_unpermute(Tensor& out, const Tensor& y, const Tensor& weight, const Tensor& pos, int64_t M,
+                   int64_t N, int64_t H) {
   constexpr std::string_view op = "moe_unpermute";
+  const OpDevice on(op, {{"out", out}, {"y", y}, {"weight", weight}, {"pos", pos}});
   check_nh(op, M, N, H);
-  seq::require_n_rows(op, "out", out, N, H);
+  check::n_rows(op, "out", out, N, H);
   check_permuted(op, "y", y, M, H);
-  seq::require_exact(op, "weight", weight, Shape{N});
-  seq::require_cpu_i32(op, "pos", pos);
+  check::exact(op, "weight", weight, Shape{N});
+  check::i32(op, "pos", pos);
   check_shape(str(op, ": pos"), pos, Shape{N});
-  cpu::moe_unpermute(out.data<float>(), y.data<float>(), weight.data<float>(), pos.data<int32_t>(), N, H);
+  if (on.cpu())
+    return cpu::moe_unpermute(out.data<float>(), y.data<float>(), weight.data<float>(), pos.data<int32_t>(),
+                              N, H);
+  on.no_kernel();
 }
 
-void moe_unpermute_backward(Tensor& dy, Tensor& dweight, const Tensor& dout, const Tensor& y, const Tensor& weight,
-                            const Tensor& pos, int64_t M, int64_t N, int64_t H) {
+void moe_unpermute_backward(Tensor& dy, Tensor& dweight, const Tensor& dout, const Tensor& y,
+                            const Tensor& weight, const Tensor& pos, int64_t M, int64_t N, int64_t H) {
   constexpr std::string_view op = "moe_unpermute_backward";
+  const OpDevice on(
+      op, {{"dy", dy}, {"dweight", dweight}, {"dout", dout}, {"y", y}, {"weight", weight}, {"pos", pos}});
   check_nh(op, M, N, H);
-  seq::require_n_rows(op, "dout", dout, N, H);
+  check::n_rows(op, "dout", dout, N, H);
   check_permuted(op, "y", y, M, H);
   check_permuted(op, "dy", dy, M, H);
-  seq::require_exact(op, "weight", weight, Shape{N});
-  seq::require_exact(op, "dweight", dweight, Shape{N});
-  seq::require_cpu_i32(op, "pos", pos);
+  check::exact(op, "weight", weight, Shape{N});
+  check::exact(op, "dweight", dweight, Shape{N});
+  check::i32(op, "pos", pos);
   check_shape(str(op, ": pos"), pos, Shape{N});
-  cpu::moe_unpermute_bwd(dy.data<float>(), dweight.data<float>(), dout.data<float>(), y.data<float>(),
-                         weight.data<float>(), pos.data<int32_t>(), N, H);
+  if (on.cpu())
+    return cpu::moe_unpermute_bwd(dy.data<float>(), dweight.data<float>(), dout.data<float>(),
+                                  y.data<float>(), weight.data<float>(), pos.data<int32_t>(), N, H);
+  on.no_kernel();
 }
 
 }  // namespace zaya::ops

@@ -1,5 +1,5 @@
 // The Newton–Schulz quintic iteration that Muon uses to orthogonalize an update (replace G = U·S·Vᵀ
-// by ≈ U·Vᵀ). f32 CPU tensors.
+// by ≈ U·Vᵀ). f32 tensors.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +29,9 @@ int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch 
 // Gram matrix Xᵀ·X on the small side and the update X·B: the same steps as on Xᵀ, with no
 // transposes. A matrix so small that
 // ‖X₀‖·a^steps < 1e-4 (a nearly zero gradient) gets X₀·a^steps: what the steps give to float
-// rounding, without GEMMs on values that underflow (newton_schulz.cc, kLinearNorm). G and out are [rows,
-// cols], or [batch, rows, cols]: then every matrix is normalized and orthogonalized on its own (MoE experts
-// are separate functions), with batched GEMMs so that small matrices still fill the cores.
+// rounding, without GEMMs on values that underflow (cpu/newton_schulz_cpu.cc, kLinearNorm). G and out are
+// [rows, cols], or [batch, rows, cols]: then every matrix is normalized and orthogonalized on its own (MoE
+// experts are separate functions), with batched GEMMs so that small matrices still fill the cores.
 //
 // compute = bf16 runs the three GEMMs of each step with bf16 inputs and f32 accumulation, as
 // Muon's reference implementation does (it iterates entirely in bfloat16); X itself is kept in
@@ -42,12 +42,5 @@ int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch 
 // exact-arithmetic reference the tests compare against.
 void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps = 5,
                                  DType compute = DType::f32);
-
-// newton_schulz_orthogonalize with every GEMM and pass on the calling thread alone, for callers that
-// share whole matrices out among their own threads (the optimizer's Muon step, docs/optim.md "Muon's
-// matrices side by side"): a matrix's result then does not depend on which thread runs it or on
-// how many there are.
-void newton_schulz_orthogonalize_on_this_thread(const Tensor& G, const Tensor& out, const Tensor& workspace,
-                                                int steps = 5, DType compute = DType::f32);
 
 }  // namespace zaya::ops

@@ -1,5 +1,5 @@
 // Optimizer primitives: global gradient norm and clipping and the AdamW update (Muon's
-// Newton–Schulz iteration is in newton_schulz.h). f32 CPU tensors; in place.
+// Newton–Schulz iteration is in newton_schulz.h). f32 tensors; in place.
 #pragma once
 
 #include <cfloat>

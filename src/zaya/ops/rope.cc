@@ -4,15 +4,16 @@
 #include <cmath>
 #include <vector>
 
+#include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/rope_cpu.h"
-#include "zaya/ops/cpu/op_checks.h"
 
 namespace zaya::ops {
 
-RopeTable make_rope_table(int64_t head_dim, double partial_rotary_factor, double theta, int64_t max_positions) {
+RopeTable make_rope_table(int64_t head_dim, double partial_rotary_factor, double theta,
+                          int64_t max_positions) {
   constexpr std::string_view op = "make_rope_table";
-  seq::require_positive(op, "head_dim", head_dim);
-  seq::require_positive(op, "max_positions", max_positions);
+  check::positive(op, "head_dim", head_dim);
+  check::positive(op, "max_positions", max_positions);
   ZAYA_CHECK(partial_rotary_factor > 0 && partial_rotary_factor <= 1, op,
              ": partial_rotary_factor must be in (0, 1], found ", partial_rotary_factor);
   ZAYA_CHECK(theta > 0, op, ": rope_theta must be positive, found ", theta);
@@ -44,21 +45,26 @@ RopeTable make_rope_table(int64_t head_dim, double partial_rotary_factor, double
 
 namespace {
 void rope_run(std::string_view op, Tensor& y, const Tensor& x, const RopeTable& table, int64_t B, int64_t T,
-              int64_t heads, int64_t hd, int64_t pos_offset, float sign, const char* xname, const char* yname) {
-  seq::require_positive(op, "B", B);
-  seq::require_positive(op, "T", T);
-  seq::require_positive(op, "heads", heads);
-  seq::require_positive(op, "hd", hd);
+              int64_t heads, int64_t hd, int64_t pos_offset, float sign, const char* xname,
+              const char* yname) {
+  const OpDevice on(op, {{yname, y}, {xname, x}, {"cos table", table.cos}, {"sin table", table.sin}});
+  check::positive(op, "B", B);
+  check::positive(op, "T", T);
+  check::positive(op, "heads", heads);
+  check::positive(op, "hd", hd);
   ZAYA_CHECK(pos_offset >= 0, op, ": pos_offset must be >= 0, found ", pos_offset);
-  ZAYA_CHECK(table.rot >= 2 && table.rot <= hd, op, ": table has ", table.rot, " rotary dims, head_dim is ", hd);
-  seq::require_exact(op, "cos table", table.cos, Shape{table.max_positions(), table.rot / 2});
-  seq::require_exact(op, "sin table", table.sin, Shape{table.max_positions(), table.rot / 2});
+  ZAYA_CHECK(table.rot >= 2 && table.rot <= hd, op, ": table has ", table.rot, " rotary dims, head_dim is ",
+             hd);
+  check::exact(op, "cos table", table.cos, Shape{table.max_positions(), table.rot / 2});
+  check::exact(op, "sin table", table.sin, Shape{table.max_positions(), table.rot / 2});
   ZAYA_CHECK(pos_offset + T <= table.max_positions(), op, ": positions up to ", pos_offset + T - 1,
              " exceed the table's ", table.max_positions(), " positions (max_position_embeddings)");
-  seq::require_rows(op, xname, x, B, T, heads * hd);
-  seq::require_rows(op, yname, y, B, T, heads * hd);
-  cpu::rope_apply(y.data<float>(), x.data<float>(), table.cos.data<float>(), table.sin.data<float>(), table.rot,
-                  B, T, heads, hd, pos_offset, sign);
+  check::rows(op, xname, x, B, T, heads * hd);
+  check::rows(op, yname, y, B, T, heads * hd);
+  if (on.cpu())
+    return cpu::rope_apply(y.data<float>(), x.data<float>(), table.cos.data<float>(), table.sin.data<float>(),
+                           table.rot, B, T, heads, hd, pos_offset, sign);
+  on.no_kernel();
 }
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include "zaya/core/threads.h"
 #include "zaya/data/tokenizer.h"
 #include "zaya/model/params.h"
+#include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/ops/gemm.h"
 #include "zaya/optim/schedule.h"
 #include "zaya/train/batch.h"
@@ -105,7 +106,7 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   model_->init(t.seed);
   if (t.gemm_dtype == "bf16") {
     model_->set_gemm_dtype(DType::bf16);
-    if (!ops::gemm_bf16_native())
+    if (!ops::cpu::gemm_bf16_native())
       log_warn(
           "train.gemm_dtype = \"bf16\": this CPU has no native bf16 matmul (avx512_bf16 or AMX), so "
           "the bf16 GEMMs run in f32 on widened copies, slower than train.gemm_dtype = \"f32\"");

@@ -149,7 +149,7 @@ constexpr int64_t kTok = 64;   // tokens per backward block: its depthwise pairs
 // 2·hd inputs moved it 1.3e-4 from HF's fp32 value (2e-5 with this order). The test now compares
 // against HF in float64 with a bound of max(1e-4, 10× torch's own fp32 error) per tensor, which may
 // admit the single chain (not rerun): a single chain through tile_mm measured only 1.03–1.10×
-// faster (`bench_ops_attention` CcaConvForward, 8 alternations, session 16), so the partial-sum
+// faster (`bench_ops_attention` CcaConvForward, 8 alternations), so the partial-sum
 // tree is not what bounds this kernel, and the order stays. dotf keeps 16 partial sums, lane
 // l an FMA chain over the inputs k ≡ l (mod 16) (zero-padded to whole 16s, which adds exact zeros),
 // then adds them in sum16's tree. The decode step calls dotf itself, and

@@ -22,6 +22,7 @@
 #include "zaya/core/parallel.h"
 #include "zaya/core/threads.h"
 #include "zaya/ops/dense.h"
+#include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/ops/gemm.h"
 #include "zaya/ops/moe.h"
 
@@ -181,7 +182,7 @@ SideBySidePlan plan_fused(const int32_t* off, int64_t E, const ExpertWeights& w,
 // each other. A piece's x·Wᵀ and dy·W products (tokens in M) give the whole expert's bits for its
 // rows: the same runtime-M kernel as the grouped calls' row halves
 // (Gemm.GroupedExpertsSideBySideMatchReferenceAndOneThreadBitwise). Not on the AVX2-only paths,
-// where a product's bits depend on its row count (pieces fixed by its shape: ops/gemm.h).
+// where a product's bits depend on its row count (pieces fixed by its shape: ops/cpu/gemm_cpu.h).
 void cut_expert_rows(const int32_t* off, int64_t M, std::vector<ExpertRows>& pieces) {
   constexpr int64_t kMinPieceRows = 64;
   const int64_t threads = num_threads();

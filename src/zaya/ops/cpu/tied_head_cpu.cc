@@ -41,10 +41,9 @@ bool tied_head_fused_built() { return true; }
 // k < kc for rows i < rows and the columns in `cols`, both operands k-major panels 16 wide. One FMA chain per
 // element in k order (16 accumulators, one B vector and one broadcast per step: the FMA unit's rate
 // with the panels in L1/L2), continuing from C's value when accumulate. The backward's products.
-// (Until session 23 the tile was summed from zero into a buffer and then added to C: one more load,
-// add and store per row of C, ~0.5% of the demo step; the head's backward read 1.011–1.039× without
-// them, tools/switch_ab.cc head, three runs of 30–40 pairs, while the unchanged forward read
-// 1.004–1.014.)
+// Continuing from C, rather than summing into a zeroed buffer and adding that to C, saves one load,
+// add and store per row of C (~0.5% of the demo step; the head's backward 1.011–1.039× faster,
+// tools/switch_ab.cc head, three runs of 30–40 pairs).
 __attribute__((noinline)) void tile_panels(float* C, int64_t ldc, int64_t rows, __mmask16 cols,
                                            bool accumulate, const float* a, const float* b, int64_t kc) {
   __m512 acc[16];
@@ -141,9 +140,8 @@ void pack_column_panels(float* dst, int64_t ldp, const float* src, int64_t ld, i
 // piece stays in L1 across the panels, and the task's dE rows stay in L2 across the blocks. With
 // the whole batch as one block (2048 tokens: r ⊙ h's 2 MiB of panels read from L3 once per strip)
 // the loop alone ran at 107–114 GFLOP/s against 133–142 with 256-token blocks on one Intel Xeon
-// core (tools/tile_loop_probe.cc de 2048 / de 256, 4 alternations; session 13's Zen 4 sweep had
-// short blocks slower, but in one pass over all of dE per block, not this layout, which is
-// unmeasured there). Vocabulary rows per k block of dh's: the B block of all 16-column
+// core (tools/tile_loop_probe.cc de 2048 / de 256, 4 alternations; a Zen 4 sweep had short blocks
+// slower, but in one pass over all of dE per block, not this layout, which is unmeasured there). Vocabulary rows per k block of dh's: the B block of all 16-column
 // panels (hd · 256 floats, 256 KiB for hd = 256) stays in L2 while the token blocks pass over it,
 // and a token block's transposed tiles (16 KiB) stay in L1 beside each 16 KiB B panel piece; with
 // 512 rows (32 KiB, the L1 shared with 32 KiB pieces) the backward took 68–71 against 63–64 ms
@@ -344,8 +342,7 @@ inline __m512 scaled_flushed(__m512 e, __m512 c, FlushBelow flush) {
 // products run, the lines of the piece after it are requested into L2, a share per product: part
 // `p` of `parts` of the `lines` 64-byte lines at `next` (lines `stride` floats apart; null: none).
 // The head's backward 1.029× and 1.036× (tools/switch_ab.cc head, 30 pairs, 22 and 23 won), the
-// whole demo step 1.007–1.021× (switch_ab step, three runs of 24 pairs, 13–20 won;
-// docs/results/model-cpu-sessions.md, session 20).
+// whole demo step 1.007–1.021× (switch_ab step, three runs of 24 pairs, 13–20 won).
 inline void prefetch_share(const float* next, int64_t stride, int64_t lines, int64_t p, int64_t parts) {
   if (next == nullptr) return;
   for (int64_t q = p * lines / parts; q < (p + 1) * lines / parts; ++q)

@@ -1,6 +1,7 @@
-// The grouped expert GEMMs (ops::gemm_grouped, gemm.h): one product per expert, each with its own
-// token count, through zaya's AMX kernel or oneDNN (the primitive layer in gemm_onednn.h), one
-// expert after another on every thread or side by side, one whole expert per thread.
+// The CPU grouped expert GEMMs (ops::gemm_grouped, gemm.h; arguments checked by the front in
+// ops/gemm.cc): one product per expert, each with its own token count, through zaya's AMX kernel or
+// oneDNN (the primitive layer in gemm_onednn.h), one expert after another on every thread or side
+// by side, one whole expert per thread.
 #include <omp.h>
 
 #include <algorithm>
@@ -11,11 +12,13 @@
 
 #include "zaya/core/parallel.h"
 #include "zaya/core/threads.h"
+#include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/amx_gemm.h"
+#include "zaya/ops/cpu/gemm_cpu.h"
+#include "zaya/ops/cpu/gemm_onednn.h"
 #include "zaya/ops/gemm.h"
-#include "zaya/ops/gemm_onednn.h"
 
-namespace zaya::ops {
+namespace zaya::ops::cpu {
 namespace {
 
 using namespace gemm_detail;
@@ -53,7 +56,7 @@ constexpr int64_t kLargeWeight = int64_t{1} << 20;
 // The two bf16 fixed-shape ways (row blocks, zero-padded K) exist because on AMX CPUs oneDNN 2.6
 // runs a fixed-shape bf16 primitive on AMX and the runtime-dims jit GEMM without it. Where its
 // bf16 kernels are AVX-512 BF16 only (AMD Zen 4), both primitives run the same kernels and the
-// copies only cost: on 2 Zen 4 cores (bench_ops_gemm vs_square, 2026-11-25) the demo's grouped
+// copies only cost: on 2 Zen 4 cores (bench_ops_gemm vs_square) the demo's grouped
 // gate_up ran at 76–81% of the bf16 square in row blocks and 92–98% at a runtime M, ZAYA1's
 // weight gradient at 72–76% with K padded and 86–90% at a runtime K (each way forced by a
 // temporary switch; the kept code's runs are in docs/results/ops-cpu.md).
@@ -183,7 +186,7 @@ bool run_runtime(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Tran
 // side by side measured 0.92× (gate_up) to 1.03× (weight gradient) there; on 2 Zen 4 cores, f32
 // 0.93–0.94× (gate_up, dx) and 1.03× (dW). The exception is bf16 x·Wᵀ and dy·W at a runtime M
 // (oneDNN without AMX, bf16_fixed_shapes): ZAYA1's gate_up ran 1.03–1.18× side by side there
-// (4 alternations of bench_ops_gemm gemm_grouped/zaya1 with a temporary switch, 2026-11-25), its
+// (4 alternations of bench_ops_gemm gemm_grouped/zaya1 with a temporary switch), its
 // dx 0.89–1.31× (median 1.06×).
 //
 // split_problems says more than whether the call itself runs side by side (`balanced`): whether
@@ -276,12 +279,12 @@ bool amx_fits(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha, 
   if (!g_amx_enabled.load(std::memory_order_relaxed) || alpha != 1.0f || (beta != 0.0f && beta != 1.0f))
     return false;
   if (ta == Trans::T && tb == Trans::T) return false;
-  for (const GemmProblem& p : problems) {  // malformed problems go on to check_problem's errors
+  for (const GemmProblem& p : problems) {
     if (!p.A.defined() || !p.B.defined() || !p.C.defined()) return false;
     if (p.A.dtype() != DType::bf16 || p.A.ndim() != 2 || p.B.ndim() != 2) return false;
     int64_t m, k, kb, n;
-    op_dims(p.A, ta, m, k);
-    op_dims(p.B, tb, kb, n);
+    gemm_op_dims(p.A, ta, m, k);
+    gemm_op_dims(p.B, tb, kb, n);
     if (n % 16 != 0 || (ta == Trans::N && k % 32 != 0)) return false;
     if (ta == Trans::N && n * k >= kLargeWeight) return false;
   }
@@ -430,8 +433,8 @@ void run_grouped_problem(std::span<GemmProblem> problems, size_t i, const Dims& 
   // run whole on one thread. oneDNN's own threading of that kernel gave other bits than one
   // thread: f32 x·Wᵀ with K ≥ 1024 at every M ≥ 16 (K × N 1024 × 128 to 1024 × 512, 2048 × 128
   // and × 256, 4096 × 128), and a one-row dy·W, f32 at every small weight tried with K ≥ 512 and
-  // bf16 at large ones (tools/grouped_thread_bits_probe.cc on the 2-vCPU Intel VM, oneDNN 2.6.3;
-  // docs/results/model-cpu/determinism-2026-11-27-s24.txt). A demo training run whose router sent
+  // bf16 at large ones (tools/grouped_thread_bits_probe.cc on the 2-vCPU Intel VM, oneDNN 2.6.3).
+  // A demo training run whose router sent
   // one token to an expert drifted from its one-thread twin that way. Pieces of at least
   // kMinHalfRows rows give the whole product's bits for their rows, as the side-by-side row
   // halves do. `Gemm.GroupedRowProductsAreThreadCountFree`.
@@ -592,6 +595,15 @@ std::vector<GemmProblem> widen_problems(std::span<GemmProblem> problems) {
   return out;
 }
 
+// The checks of ops::gemm_grouped for one problem of a CPU-only entry point, which reads the
+// operands on the host.
+Dims check_cpu_problem(std::string_view op, const GemmProblem& p, Trans ta, Trans tb) {
+  const OpDevice on(op, {{"A", p.A}, {"B", p.B}, {"C", p.C}});
+  const Dims d = check_gemm_problem(op, p.A, ta, p.B, tb, p.C);
+  if (!on.cpu()) on.no_kernel();
+  return d;
+}
+
 }  // namespace
 
 void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alpha, float beta) {
@@ -602,9 +614,8 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   if (!bf16_matmul_native() && std::any_of(problems.begin(), problems.end(), [](const GemmProblem& p) {
         return p.A.defined() && p.B.defined() && (p.A.dtype() == DType::bf16 || p.B.dtype() == DType::bf16);
       })) {
-    for (GemmProblem& p : problems) check_problem(p.A, ta, p.B, tb, p.C);  // errors name the caller's shapes
     std::vector<GemmProblem> wide = widen_problems(problems);
-    gemm_grouped(wide, ta, tb, alpha, beta);
+    cpu::gemm_grouped(wide, ta, tb, alpha, beta);
     return;
   }
   TimedCall timed;
@@ -612,7 +623,7 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
     std::vector<Dims> dims;
     dims.reserve(problems.size());
     for (GemmProblem& p : problems) {
-      Dims d = check_problem(p.A, ta, p.B, tb, p.C);
+      Dims d = gemm_dims(p.A, ta, p.B, tb);
       if (trivial(d, p.C, beta)) d.m = 0;  // nothing left for the kernel
       timed.add_flops(flops_of(d.batch, d.m, d.n, d.k));
       if (timed.wants_label())
@@ -628,7 +639,7 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
   for (size_t i = 0; i < problems.size(); ++i) {
     GemmProblem& p = problems[i];
     Dims& d = dims[i];
-    d = check_problem(p.A, ta, p.B, tb, p.C);
+    d = gemm_dims(p.A, ta, p.B, tb);
     if (trivial(d, p.C, beta)) continue;
     timed.add_flops(flops_of(d.batch, d.m, d.n, d.k));
     if (timed.wants_label())  // the token dim is M for ta = N and K for ta = T
@@ -675,10 +686,11 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
 
 SideBySidePlan gemm_grouped_side_by_side_plan(std::span<GemmProblem> problems, Trans ta, Trans tb,
                                               std::vector<size_t>& order) {
+  constexpr std::string_view op = "gemm_grouped_side_by_side_plan";
   std::vector<Dims> dims(problems.size());
   std::vector<size_t> todo, planned;
   for (size_t i = 0; i < problems.size(); ++i) {
-    const Dims& d = dims[i] = check_problem(problems[i].A, ta, problems[i].B, tb, problems[i].C);
+    const Dims& d = dims[i] = check_cpu_problem(op, problems[i], ta, tb);
     if (d.batch > 0 && d.m > 0 && d.n > 0 && d.k > 0)
       todo.push_back(i);  // trivial()'s test, without its writes
   }
@@ -693,7 +705,7 @@ void gemm_grouped_on_this_thread(std::span<GemmProblem> problems, Trans ta, Tran
                                  float beta) {
   for (size_t i = 0; i < problems.size(); ++i) {
     GemmProblem& p = problems[i];
-    const Dims d = check_problem(p.A, ta, p.B, tb, p.C);
+    const Dims d = check_cpu_problem("gemm_grouped_on_this_thread", p, ta, tb);
     ZAYA_CHECK(p.A.dtype() == DType::f32,
                "gemm_grouped_on_this_thread: f32 operands only (bf16 grouped calls go through gemm_grouped)");
     if (trivial(d, p.C, beta)) continue;
@@ -710,4 +722,4 @@ void gemm_grouped_side_by_side(bool on) { g_side_by_side = on; }
 
 void gemm_force_bf16_fixed_shapes(bool on) { g_force_bf16_fixed_shapes = on; }
 
-}  // namespace zaya::ops
+}  // namespace zaya::ops::cpu

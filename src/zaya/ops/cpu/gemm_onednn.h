@@ -1,7 +1,7 @@
-// The oneDNN layer under ops::gemm and ops::gemm_grouped, shared by their two files: gemm.cc (the
-// primitive cache, one product, the pieces) and gemm_grouped.cc (the expert GEMMs). Internal to
-// the ops layer; callers use zaya/ops/gemm.h. Each function's reasons are at its definition in
-// gemm.cc.
+// The oneDNN layer under the CPU GEMMs, shared by their two files: gemm_cpu.cc (the primitive
+// cache, one product, the pieces) and gemm_grouped_cpu.cc (the expert GEMMs). Internal to ops/cpu;
+// callers use zaya/ops/gemm.h (and zaya/ops/cpu/gemm_cpu.h for the CPU-only switches). Each
+// function's reasons are at its definition in gemm_cpu.cc.
 #pragma once
 
 #include <omp.h>
@@ -13,9 +13,11 @@
 #include <string>
 
 #include "zaya/core/parallel.h"
+#include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/ops/gemm.h"
+#include "zaya/ops/gemm_checks.h"
 
-namespace zaya::ops::gemm_detail {
+namespace zaya::ops::cpu::gemm_detail {
 
 using dnnl::memory;
 
@@ -45,10 +47,8 @@ struct Primitive {
   explicit operator bool() const { return static_cast<bool>(prim); }
 };
 
-// The checked dims of one C = op(A)·op(B) problem.
-struct Dims {
-  int64_t batch, batch_b, m, n, k;
-};
+// The checked dims of one C = op(A)·op(B) problem (the fronts check; gemm_checks.h).
+using Dims = GemmDims;
 
 double flops_of(int64_t batch, int64_t m, int64_t n, int64_t k);
 
@@ -107,10 +107,6 @@ void execute(const Primitive& p, const memory::desc& a, const void* ap, const me
              const memory::desc& c, void* cp);
 
 // --- problems -------------------------------------------------------------------------------------
-// Rows and columns of op(X) for a 2-D or 3-D X.
-void op_dims(const Tensor& x, Trans t, int64_t& rows, int64_t& cols);
-// Checks one problem's operands (errors name the shapes) and returns its dims.
-Dims check_problem(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C);
 // Handles the empty cases; true when nothing is left for oneDNN to do.
 bool trivial(const Dims& d, const Tensor& C, float beta);
 // A checked, non-trivial problem through the primitive built for exactly its shape.
@@ -155,7 +151,7 @@ void run_pieces_in_turn(size_t count, int threads, RunOne&& run_one) {
   take_in_turn(count, std::min<int>(threads, static_cast<int>(count)), run_one);
 }
 
-// oneDNN 2.6's AVX2 sgemm runs on its no-copy kernels where 1/m + 1/n reaches this (gemm.cc).
+// oneDNN 2.6's AVX2 sgemm runs on its no-copy kernels where 1/m + 1/n reaches this (gemm_cpu.cc).
 constexpr double kForceNoCopy = 0.0038;
 // A 2-D problem's larger output dim (or M alone) cut into `count` spans of `step`.
 struct Pieces {
@@ -176,4 +172,4 @@ void run_pieces(const Dims& d, const Tensor& A, Trans ta, const Tensor& B, Trans
 // x's bf16 elements as f32 at dst (exact), as a tensor of x's shape over dst.
 Tensor widen_into(const Tensor& x, float* dst);
 
-}  // namespace zaya::ops::gemm_detail
+}  // namespace zaya::ops::cpu::gemm_detail

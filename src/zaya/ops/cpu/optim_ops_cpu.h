@@ -1,0 +1,16 @@
+// CPU kernels behind zaya/ops/optim_ops.h, with the same signatures as the fronts there (which
+// check the arguments and call these for CPU tensors).
+#pragma once
+
+#include <span>
+
+#include "zaya/ops/optim_ops.h"
+
+namespace zaya::ops::cpu {
+
+double global_grad_norm(std::span<const Tensor> grads);
+void scale_inplace(const Tensor& t, float s);
+void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  const AdamWHyper& hp, int64_t step);
+
+}  // namespace zaya::ops::cpu
