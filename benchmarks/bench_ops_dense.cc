@@ -43,7 +43,7 @@ void BM_stream_triad(benchmark::State& state) { bench::stream_triad(state, kRows
 void BM_rmsnorm_forward(benchmark::State& state) {
   Tensor x = randn({kRows, kCols}, 1), w = randn({kCols}, 2), y = out({kRows, kCols});
   Tensor rstd = out({kRows});
-  for (auto _ : state) ops::rmsnorm_forward(x, w, 1e-5f, y, rstd);
+  for (auto _ : state) ops::rmsnorm_forward(y, rstd, x, w, 1e-5f);
   set_bytes(state, 2 * kRows * kCols * 4);  // x in, y out
 }
 
@@ -51,8 +51,8 @@ void BM_rmsnorm_backward(benchmark::State& state) {
   Tensor x = randn({kRows, kCols}, 1), w = randn({kCols}, 2), g = randn({kRows, kCols}, 3);
   Tensor y = out({kRows, kCols}), rstd = out({kRows});
   Tensor dx = out({kRows, kCols}), dw = Tensor::zeros({kCols}, DType::f32);
-  ops::rmsnorm_forward(x, w, 1e-5f, y, rstd);
-  for (auto _ : state) ops::rmsnorm_backward(g, x, w, rstd, dx, dw);
+  ops::rmsnorm_forward(y, rstd, x, w, 1e-5f);
+  for (auto _ : state) ops::rmsnorm_backward(dx, dw, g, x, w, rstd);
   set_bytes(state, 3 * kRows * kCols * 4);  // dy, x in, dx out (dw accumulates in the same pass)
 }
 
@@ -60,7 +60,7 @@ void BM_residual_scale_forward(benchmark::State& state) {
   Tensor h = randn({kRows, kCols}, 1), x = randn({kRows, kCols}, 2),
          y = out({kRows, kCols});
   ops::ResidualScaleParams p{randn({kCols}, 3), randn({kCols}, 4), randn({kCols}, 5), randn({kCols}, 6)};
-  for (auto _ : state) ops::residual_scale_forward(h, x, p, y);
+  for (auto _ : state) ops::residual_scale_forward(y, h, x, p);
   set_bytes(state, 3 * kRows * kCols * 4);
 }
 
@@ -70,13 +70,13 @@ void BM_residual_scale_backward(benchmark::State& state) {
   ops::ResidualScaleParams p{randn({kCols}, 3), randn({kCols}, 4), randn({kCols}, 5), randn({kCols}, 6)};
   ops::ResidualScaleParams gr{Tensor::zeros({kCols}, DType::f32), Tensor::zeros({kCols}, DType::f32),
                               Tensor::zeros({kCols}, DType::f32), Tensor::zeros({kCols}, DType::f32)};
-  for (auto _ : state) ops::residual_scale_backward(g, h, x, p, dh, dx, gr);
+  for (auto _ : state) ops::residual_scale_backward(dh, dx, gr, g, h, x, p);
   set_bytes(state, 5 * kRows * kCols * 4);  // dy, h, x in; dh, dx out
 }
 
 void BM_silu_forward(benchmark::State& state) {
   Tensor x = randn({kRows, kCols}, 1), y = out({kRows, kCols});
-  for (auto _ : state) ops::silu_forward(x, y);
+  for (auto _ : state) ops::silu_forward(y, x);
   set_bytes(state, 2 * kRows * kCols * 4);
 }
 
@@ -85,7 +85,7 @@ void BM_silu_forward(benchmark::State& state) {
 void BM_gelu_forward(benchmark::State& state) {
   const int64_t rows = state.range(0);
   Tensor x = randn({rows, kCols}, 1), y = out({rows, kCols});
-  for (auto _ : state) ops::gelu_forward(x, y);
+  for (auto _ : state) ops::gelu_forward(y, x);
   set_bytes(state, 2 * rows * kCols * 4);
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * rows * kCols);
 }
@@ -96,7 +96,7 @@ void BM_gelu_backward(benchmark::State& state) {
   const int64_t rows = state.range(0);
   Tensor x = randn({rows, kCols}, 1), dy = randn({rows, kCols}, 2), dx = out({rows, kCols});
   for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += static_cast<float>(state.range(1));
-  for (auto _ : state) ops::gelu_backward(dy, x, dx);
+  for (auto _ : state) ops::gelu_backward(dx, dy, x);
   set_bytes(state, 3 * rows * kCols * 4);  // dy, x in; dx out
 }
 
@@ -112,13 +112,13 @@ Tensor swiglu_input(int64_t shift) {
 
 void BM_swiglu_forward(benchmark::State& state) {
   Tensor gu = swiglu_input(state.range(0)), y = out({kRows, kCols / 2});
-  for (auto _ : state) ops::swiglu_forward(gu, y);
+  for (auto _ : state) ops::swiglu_forward(y, gu);
   set_bytes(state, (kRows * kCols + kRows * kCols / 2) * 4);
 }
 
 void BM_swiglu_backward(benchmark::State& state) {
   Tensor gu = swiglu_input(state.range(0)), dy = randn({kRows, kCols / 2}, 2), dgu = out({kRows, kCols});
-  for (auto _ : state) ops::swiglu_backward(dy, gu, dgu);
+  for (auto _ : state) ops::swiglu_backward(dgu, dy, gu);
   set_bytes(state, (2 * kRows * kCols + kRows * kCols / 2) * 4);  // gu, dy in; dgu out
 }
 
@@ -126,7 +126,7 @@ void BM_swiglu_backward(benchmark::State& state) {
 void BM_softmax_forward(benchmark::State& state) {
   Tensor x = randn({kRows, kCols}, 1), y = out({kRows, kCols});
   const auto mode = state.range(0) ? ops::cpu::StoreMode::cached : ops::cpu::StoreMode::automatic;
-  for (auto _ : state) ops::cpu::softmax_forward(x, y, mode);
+  for (auto _ : state) ops::cpu::softmax_forward(y, x, mode);
   set_bytes(state, 2 * kRows * kCols * 4);
 }
 
@@ -136,7 +136,7 @@ void BM_embedding_forward(benchmark::State& state) {
   Tensor ids = Tensor::empty({kRows}, DType::i32);
   for (int64_t i = 0; i < kRows; ++i)
     ids.data<int32_t>()[i] = static_cast<int32_t>((i * 2654435761u) % vocab);
-  for (auto _ : state) ops::embedding_forward(ids, E, y);
+  for (auto _ : state) ops::embedding_forward(y, ids, E);
   set_bytes(state, 2 * kRows * kCols * 4);
 }
 
@@ -155,10 +155,10 @@ void BM_adamw_update(benchmark::State& state) {
       state.PauseTiming();
       m.fill_(1e-39);
       v.fill_(1e-39);
-      ops::adamw_update(p, g, m, v, ops::AdamWHyper{}, ++t);
+      ops::adamw_update(p, m, v, g, ops::AdamWHyper{}, ++t);
       state.ResumeTiming();
     }
-    ops::adamw_update(p, g, m, v, ops::AdamWHyper{}, ++t);
+    ops::adamw_update(p, m, v, g, ops::AdamWHyper{}, ++t);
   }
   set_bytes(state, 7 * kRows * kCols * 4);  // p, g, m, v in; p, m, v out
 }
@@ -182,7 +182,7 @@ void BM_cross_entropy_tied(benchmark::State& state) {
   Tensor ws = Tensor::empty({ops::cross_entropy_workspace_elems(n, vocab, opt)}, DType::f32);
   Tensor tg = Tensor::empty({n}, DType::i32);
   for (int64_t i = 0; i < n; ++i) tg.data<int32_t>()[i] = static_cast<int32_t>((i * 7919) % vocab);
-  for (auto _ : state) ops::cross_entropy_tied_forward_backward(hid, E, tg, dh, dE, lse, ws, opt);
+  for (auto _ : state) ops::cross_entropy_tied_forward_backward(dh, dE, lse, hid, E, tg, ws, opt);
   ops::cpu::cross_entropy_use_fused_head(true);
   // Three [N, V, H] products (the recomputing path runs a fourth, the logits again, not counted).
   state.counters["GFLOP/s"] =
@@ -225,7 +225,7 @@ void BM_newton_schulz(benchmark::State& state) {
   Tensor ws = Tensor::zeros({side_by_side ? per * threads : per}, DType::f32);
   for (auto _ : state) {
     if (!side_by_side) {
-      ops::newton_schulz_orthogonalize(g, o, ws, 5, compute);
+      ops::newton_schulz_orthogonalize(o, g, ws, 5, compute);
       continue;
     }
 #pragma omp parallel
@@ -233,7 +233,7 @@ void BM_newton_schulz(benchmark::State& state) {
       const Tensor mine = ws.window(omp_get_thread_num() * per, Shape{per});
 #pragma omp for schedule(dynamic, 1)
       for (int64_t e = 0; e < batch; ++e)
-        ops::cpu::newton_schulz_orthogonalize_on_this_thread(g.select(e), o.select(e), mine, 5, compute);
+        ops::cpu::newton_schulz_orthogonalize_on_this_thread(o.select(e), g.select(e), mine, 5, compute);
     }
   }
   const double r = static_cast<double>(std::min(rows, cols)), c = static_cast<double>(std::max(rows, cols));

@@ -66,9 +66,9 @@ void set_flops(benchmark::State& state, double flops_per_iter) {
 void bench_gemm(benchmark::State& state, GemmShape s, DType dt) {
   Tensor x = random_of({s.m, s.k}, dt, 1), w = random_of({s.n, s.k}, dt, 2);
   Tensor y = Tensor::empty({s.m, s.n}, DType::f32);
-  ops::gemm(x, Trans::N, w, Trans::T, y);  // builds and caches the primitive outside the timing
+  ops::gemm(y, x, Trans::N, w, Trans::T);  // builds and caches the primitive outside the timing
   for (auto _ : state) {
-    ops::gemm(x, Trans::N, w, Trans::T, y);
+    ops::gemm(y, x, Trans::N, w, Trans::T);
     benchmark::DoNotOptimize(y.raw());
   }
   set_flops(state, 2.0 * s.m * s.n * s.k);
@@ -250,7 +250,7 @@ struct Square {
     y = Tensor::empty({n, n}, DType::f32);
     run();
   }
-  void run() const { ops::gemm(x, Trans::N, w, Trans::T, y); }
+  void run() const { ops::gemm(y, x, Trans::N, w, Trans::T); }
   double flops() const { return 2.0 * n * n * n; }
 };
 
@@ -268,10 +268,10 @@ void bench_gemm_vs_square(benchmark::State& state, GemmShape s, DType dt) {
   Tensor y = Tensor::empty({s.m, s.n}, DType::f32);
   const double flops = 2.0 * s.m * s.n * s.k;
   Square sq(flops, dt);
-  ops::gemm(x, Trans::N, w, Trans::T, y);
+  ops::gemm(y, x, Trans::N, w, Trans::T);
   double seconds[2];
   alternate(
-      state, [](uint64_t) {}, [&] { ops::gemm(x, Trans::N, w, Trans::T, y); }, [&] { sq.run(); }, seconds);
+      state, [](uint64_t) {}, [&] { ops::gemm(y, x, Trans::N, w, Trans::T); }, [&] { sq.run(); }, seconds);
   report_vs_square(state, flops, sq, seconds);
 }
 

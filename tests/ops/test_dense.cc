@@ -70,14 +70,14 @@ TEST(Linear, ForwardBackwardF32) {
     Tensor y = Tensor::empty({n, out}, DType::f32);
     Ref ref = [&](const std::vector<Vec>& v) { return linear_ref(v, n, in, out); };
     std::vector<Vec> inputs = {to_f64(x), to_f64(W), to_f64(b)};
-    linear_forward(x, W, b, y);
+    linear_forward(y, x, W, b);
     EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
 
     Tensor g = random_tensor({n, out}, 4);
     Tensor dx = Tensor::empty({n, in}, DType::f32), dW = random_tensor({out, in}, 5),
            db = random_tensor({out}, 6);
     Vec dW0 = to_f64(dW), db0 = to_f64(db);
-    linear_backward(g, x, W, dx, dW, db);
+    linear_backward(dx, dW, db, g, x, W);
     Vec gv = to_f64(g);
     EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, gv)), kGradTol);
     EXPECT_LT(test::rel_error(dW, plus(dW0, fd_grad(ref, inputs, 1, gv))), kGradTol);  // accumulates
@@ -85,7 +85,7 @@ TEST(Linear, ForwardBackwardF32) {
     // accumulate_dx: dx += dy·W on top of what dx held (another path's gradient).
     Tensor dx2 = random_tensor({n, in}, 7);
     Vec dx20 = to_f64(dx2);
-    linear_backward(g, x, W, dx2, Tensor{}, Tensor{}, Tensor{}, /*accumulate_dx=*/true);
+    linear_backward(dx2, Tensor{}, Tensor{}, g, x, W, Tensor{}, /*accumulate_dx=*/true);
     EXPECT_LT(test::rel_error(dx2, plus(dx20, fd_grad(ref, inputs, 0, gv))), kGradTol);
   }
 }
@@ -97,13 +97,13 @@ TEST(Linear, Bf16Path) {
   Vec zero_b(out, 0.0);
   Ref ref = [&](const std::vector<Vec>& v) { return linear_ref(v, n, in, out); };
   std::vector<Vec> inputs = {to_f64(x), to_f64(W), zero_b};
-  linear_forward(x, W, Tensor{}, y);
+  linear_forward(y, x, W, Tensor{});
   // The bf16 inputs are exact in double: only f32 accumulation differs.
   EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
   Tensor g = random_tensor({n, out}, 4);
   Tensor g_bf16 = Tensor::empty({n, out}, DType::bf16);
   Tensor dx = Tensor::empty({n, in}, DType::f32), dW = Tensor::zeros({out, in}, DType::f32);
-  linear_backward(g, x, W, dx, dW, Tensor{}, g_bf16);
+  linear_backward(dx, dW, Tensor{}, g, x, W, g_bf16);
   // The GEMMs see dy rounded to bf16: compare against the gradient for that rounded dy, exactly
   // representable, so again only f32 accumulation (and FD) error remains.
   Vec g_rounded = to_f64(g_bf16);
@@ -111,7 +111,7 @@ TEST(Linear, Bf16Path) {
     ASSERT_EQ(g_rounded[i], to_float(to_bf16(g.data<float>()[i])));
   EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, g_rounded)), kGradTol);
   EXPECT_LT(test::rel_error(dW, fd_grad(ref, inputs, 1, g_rounded)), kGradTol);
-  EXPECT_THROW(linear_backward(g, x, W, dx, dW, Tensor{}), Error);  // bf16 needs the dy workspace
+  EXPECT_THROW(linear_backward(dx, dW, Tensor{}, g, x, W), Error);  // bf16 needs the dy workspace
 }
 
 // ---------------------------------------------------------------------------------------- embedding
@@ -122,7 +122,7 @@ TEST(Embedding, ForwardBackwardWithRepeatsAndPadding) {
   std::memcpy(ids.raw(), id_values.data(), id_values.size() * 4);
   const int64_t n = 9;
   Tensor E = random_tensor({vocab, h}, 1), y = Tensor::empty({n, h}, DType::f32);
-  embedding_forward(ids, E, y);
+  embedding_forward(y, ids, E);
   for (int64_t i = 0; i < n; ++i)
     ASSERT_EQ(0, std::memcmp(y.data<float>() + i * h, E.data<float>() + id_values[i] * h, h * 4)) << i;
 
@@ -132,7 +132,7 @@ TEST(Embedding, ForwardBackwardWithRepeatsAndPadding) {
   for (int64_t i = 0; i < n; ++i)
     if (id_values[i] != pad)
       for (int64_t j = 0; j < h; ++j) expect[id_values[i] * h + j] += gv[i * h + j];
-  embedding_backward(g, ids, dE, pad);
+  embedding_backward(dE, g, ids, pad);
   // At most three float additions per element: relative error ~3·2^-24.
   EXPECT_LT(test::rel_error(dE, expect), 1e-6);
   for (int64_t j = 0; j < h; ++j)
@@ -146,14 +146,14 @@ TEST(Embedding, OutOfRangeIdNamesIdAndVocab) {
     ids.data<int32_t>()[0] = 2;
     ids.data<int32_t>()[1] = bad;
     try {
-      embedding_forward(ids, E, y);
+      embedding_forward(y, ids, E);
       ADD_FAILURE() << "no error for id " << bad;
     } catch (const Error& e) {
       std::string msg = e.what();
       EXPECT_NE(msg.find(std::to_string(bad)), std::string::npos) << msg;
       EXPECT_NE(msg.find("11"), std::string::npos) << msg;
     }
-    EXPECT_THROW(embedding_backward(y, ids, E, -1), Error);
+    EXPECT_THROW(embedding_backward(E, y, ids, -1), Error);
   }
 }
 
@@ -174,19 +174,19 @@ TEST(RmsNorm, ForwardBackward) {
     };
     std::vector<Vec> inputs = {to_f64(x), to_f64(w)};
     Tensor y = Tensor::empty({s.n, s.f}, DType::f32), rstd = Tensor::empty({s.n}, DType::f32);
-    rmsnorm_forward(x, w, static_cast<float>(eps), y, rstd);
+    rmsnorm_forward(y, rstd, x, w, static_cast<float>(eps));
     EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
     Tensor g = random_tensor({s.n, s.f}, 3), dx = Tensor::empty({s.n, s.f}, DType::f32),
            dw = random_tensor({s.f}, 4);
     Vec dw0 = to_f64(dw), gv = to_f64(g);
-    rmsnorm_backward(g, x, w, rstd, dx, dw);
+    rmsnorm_backward(dx, dw, g, x, w, rstd);
     EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, gv)), kGradTol) << s.n << "x" << s.f;
     EXPECT_LT(test::rel_error(dw, plus(dw0, fd_grad(ref, inputs, 1, gv))), kGradTol) << s.n << "x" << s.f;
     // accumulate_dx, with and without the weight gradient (two code paths).
     for (bool with_dw : {true, false}) {
       Tensor dx2 = random_tensor({s.n, s.f}, 5);
       Vec dx20 = to_f64(dx2);
-      rmsnorm_backward(g, x, w, rstd, dx2, with_dw ? dw : Tensor{}, /*accumulate_dx=*/true);
+      rmsnorm_backward(dx2, with_dw ? dw : Tensor{}, g, x, w, rstd, /*accumulate_dx=*/true);
       EXPECT_LT(test::rel_error(dx2, plus(dx20, fd_grad(ref, inputs, 0, gv))), kGradTol) << s.n << "x" << s.f;
     }
   }
@@ -198,9 +198,9 @@ TEST(RmsNorm, WeightGradientOverManyRowChunks) {
   const int64_t n = 205, f = 37;
   Tensor x = random_tensor({n, f}, 3), w = random_tensor({f}, 4), g = random_tensor({n, f}, 5);
   Tensor y = Tensor::empty({n, f}, DType::f32), rstd = Tensor::empty({n}, DType::f32);
-  rmsnorm_forward(x, w, 1e-5f, y, rstd);
+  rmsnorm_forward(y, rstd, x, w, 1e-5f);
   Tensor dw = Tensor::zeros({f}, DType::f32), dx = Tensor::empty({n, f}, DType::f32);
-  rmsnorm_backward(g, x, w, rstd, dx, dw);
+  rmsnorm_backward(dx, dw, g, x, w, rstd);
   Vec xv = to_f64(x), gv = to_f64(g), ref(f, 0.0);
   for (int64_t r = 0; r < n; ++r) {
     double ms = 0;
@@ -211,7 +211,7 @@ TEST(RmsNorm, WeightGradientOverManyRowChunks) {
   EXPECT_LT(test::rel_error(dw, ref), 1e-5);
   // dx alone (no dw) takes the row-only path and gives the same dx.
   Tensor dx2 = Tensor::empty({n, f}, DType::f32);
-  rmsnorm_backward(g, x, w, rstd, dx2, Tensor{});
+  rmsnorm_backward(dx2, Tensor{}, g, x, w, rstd);
   EXPECT_EQ(to_f64(dx2), to_f64(dx));
 }
 
@@ -225,7 +225,7 @@ TEST(ResidualScale, ParameterGradientsOverManyRowChunks) {
   ResidualScaleParams gr{Tensor::zeros({f}, DType::f32), Tensor::zeros({f}, DType::f32),
                          Tensor::zeros({f}, DType::f32), Tensor::zeros({f}, DType::f32)};
   Tensor dh = Tensor::empty({n, f}, DType::f32), dx = Tensor::empty({n, f}, DType::f32);
-  residual_scale_backward(g, h, x, p, dh, dx, gr);
+  residual_scale_backward(dh, dx, gr, g, h, x, p);
   Vec hv = to_f64(h), xv = to_f64(x), gv = to_f64(g), bh = to_f64(p.hidden_bias), bx = to_f64(p.residual_bias);
   Vec sh = to_f64(p.hidden_scale), sx = to_f64(p.residual_scale);
   Vec d_sh(f, 0.0), d_bh(f, 0.0), d_sx(f, 0.0), d_bx(f, 0.0);
@@ -247,7 +247,7 @@ TEST(RmsNorm, ShapeErrorNamesBothShapes) {
   Tensor x = random_tensor({7, 13}, 1), w = random_tensor({13}, 2);
   Tensor y = Tensor::empty({7, 12}, DType::f32), rstd = Tensor::empty({7}, DType::f32);
   try {
-    rmsnorm_forward(x, w, 1e-5f, y, rstd);
+    rmsnorm_forward(y, rstd, x, w, 1e-5f);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     std::string msg = e.what();
@@ -255,7 +255,7 @@ TEST(RmsNorm, ShapeErrorNamesBothShapes) {
     EXPECT_NE(msg.find("[7, 13]"), std::string::npos) << msg;
   }
   Tensor w_bad = random_tensor({12}, 2), y_ok = Tensor::empty({7, 13}, DType::f32);
-  EXPECT_THROW(rmsnorm_forward(x, w_bad, 1e-5f, y_ok, rstd), Error);
+  EXPECT_THROW(rmsnorm_forward(y_ok, rstd, x, w_bad, 1e-5f), Error);
 }
 
 // ----------------------------------------------------------------------------------- residual scale
@@ -281,7 +281,7 @@ TEST(ResidualScale, ForwardBackward) {
                                to_f64(p.residual_scale),
                                to_f64(p.residual_bias)};
     Tensor y = Tensor::empty({n, f}, DType::f32);
-    residual_scale_forward(h, x, p, y);
+    residual_scale_forward(y, h, x, p);
     EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
     Tensor g = random_tensor({n, f}, 7), dh = Tensor::empty({n, f}, DType::f32),
            dx = Tensor::empty({n, f}, DType::f32);
@@ -289,7 +289,7 @@ TEST(ResidualScale, ForwardBackward) {
                               random_tensor({f}, 11)};
     std::vector<Vec> grads0 = {to_f64(grads.hidden_scale), to_f64(grads.hidden_bias),
                                to_f64(grads.residual_scale), to_f64(grads.residual_bias)};
-    residual_scale_backward(g, h, x, p, dh, dx, grads);
+    residual_scale_backward(dh, dx, grads, g, h, x, p);
     Vec gv = to_f64(g);
     EXPECT_LT(test::rel_error(dh, fd_grad(ref, inputs, 0, gv)), kGradTol);
     EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 1, gv)), kGradTol);
@@ -315,14 +315,14 @@ void check_elementwise(Fwd fwd, Bwd bwd, double (*f)(double)) {
     };
     std::vector<Vec> inputs = {to_f64(x)};
     Tensor y = Tensor::empty({s.n, s.f}, DType::f32);
-    fwd(x, y);
+    fwd(y, x);
     EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
     Tensor g = random_tensor({s.n, s.f}, 2);
     Vec gv = to_f64(g);
     Tensor dx = Tensor::empty({s.n, s.f}, DType::f32);
-    bwd(g, x, dx);
+    bwd(dx, g, x);
     EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, gv)), kGradTol);
-    bwd(g, x, g);  // in place: dx == dy
+    bwd(g, g, x);  // in place: dx == dy
     EXPECT_EQ(0, std::memcmp(g.raw(), dx.raw(), dx.nbytes()));
   }
 }
@@ -346,14 +346,14 @@ TEST(Activations, SwiGlu) {
     };
     std::vector<Vec> inputs = {to_f64(gu)};
     Tensor y = Tensor::empty({n, inter}, DType::f32);
-    swiglu_forward(gu, y);
+    swiglu_forward(y, gu);
     EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
     Tensor g = random_tensor({n, inter}, 2), dgu = Tensor::empty({n, 2 * inter}, DType::f32);
-    swiglu_backward(g, gu, dgu);
+    swiglu_backward(dgu, g, gu);
     EXPECT_LT(test::rel_error(dgu, fd_grad(ref, inputs, 0, to_f64(g))), kGradTol);
   }
   Tensor odd = random_tensor({3, 7}, 1), y = Tensor::empty({3, 3}, DType::f32);
-  EXPECT_THROW(swiglu_forward(odd, y), Error);
+  EXPECT_THROW(swiglu_forward(y, odd), Error);
 }
 
 // Far tails: σ(x) for x < −80 and the normal pdf φ(x) for x² > 160 are exactly 0 (the kernels
@@ -370,11 +370,11 @@ TEST(Activations, FarNegativeTailsAreExactZeros) {
     gu.data<float>()[n + j] = 1.0f;
     dy.data<float>()[j] = 1.0f;
   }
-  swiglu_forward(gu, y);
-  swiglu_backward(dy, gu, dgu);
+  swiglu_forward(y, gu);
+  swiglu_backward(dgu, dy, gu);
   Tensor x = Tensor::empty({1, n}, DType::f32), gx = x.clone();
   std::copy_n(xs, n, x.data<float>());
-  gelu_backward(dy, x, gx);
+  gelu_backward(gx, dy, x);
   for (int64_t j = 0; j < n; ++j) {
     const double v = xs[j], sig = 1.0 / (1.0 + std::exp(-v));
     const double silu = v * sig, silu_grad = sig * (1.0 + v * (1.0 - sig));
@@ -398,7 +398,7 @@ TEST(Activations, FarNegativeTailsAreExactZeros) {
   }
   Tensor nan_in = Tensor::empty({1, 2}, DType::f32), nan_out = Tensor::empty({1, 1}, DType::f32);
   nan_in.data<float>()[0] = NAN, nan_in.data<float>()[1] = 1.0f;
-  swiglu_forward(nan_in, nan_out);
+  swiglu_forward(nan_out, nan_in);
   EXPECT_TRUE(std::isnan(nan_out.data<float>()[0]));
 }
 
@@ -417,10 +417,10 @@ TEST(Softmax, ForwardBackward) {
     };
     std::vector<Vec> inputs = {to_f64(x)};
     Tensor y = Tensor::empty({s.n, s.f}, DType::f32);
-    softmax_forward(x, y);
+    softmax_forward(y, x);
     EXPECT_LT(test::rel_error(y, ref(inputs)), kFwdTol);
     Tensor g = random_tensor({s.n, s.f}, 2), dx = Tensor::empty({s.n, s.f}, DType::f32);
-    softmax_backward(g, y, dx);
+    softmax_backward(dx, g, y);
     EXPECT_LT(test::rel_error(dx, fd_grad(ref, inputs, 0, to_f64(g))), kGradTol);
   }
 }
@@ -440,27 +440,27 @@ TEST(DenseDevice, CudaTensorsGetTheNoKernelErrorNamingTheOp) {
   Tensor x16 = as_cuda(Tensor::zeros({n, f}, DType::bf16));
   const ResidualScaleParams p{w, w, w, w}, g{dw, dw, dw, dw};
   using test::expect_no_cuda_kernel;
-  expect_no_cuda_kernel("linear_forward", [&] { linear_forward(x, W, w, y); });
-  expect_no_cuda_kernel("linear_backward", [&] { linear_backward(dy, x, W, dx, dW, dw); });
-  expect_no_cuda_kernel("embedding_forward", [&] { embedding_forward(ids, E, y); });
-  expect_no_cuda_kernel("embedding_backward", [&] { embedding_backward(dy, ids, E); });
-  expect_no_cuda_kernel("rmsnorm_forward", [&] { rmsnorm_forward(x, w, 1e-6f, y, rstd); });
-  expect_no_cuda_kernel("rmsnorm_backward", [&] { rmsnorm_backward(dy, x, w, rstd, dx, dw); });
-  expect_no_cuda_kernel("residual_scale_forward", [&] { residual_scale_forward(x, x, p, y); });
-  expect_no_cuda_kernel("residual_scale_backward", [&] { residual_scale_backward(dy, x, x, p, dx, dx, g); });
-  expect_no_cuda_kernel("silu_forward", [&] { silu_forward(x, y); });
-  expect_no_cuda_kernel("silu_backward", [&] { silu_backward(dy, x, dx); });
-  expect_no_cuda_kernel("gelu_forward", [&] { gelu_forward(x, y); });
-  expect_no_cuda_kernel("gelu_backward", [&] { gelu_backward(dy, x, dx); });
-  expect_no_cuda_kernel("swiglu_forward", [&] { swiglu_forward(gu, y); });
-  expect_no_cuda_kernel("swiglu_backward", [&] { swiglu_backward(dy, gu, dgu); });
-  expect_no_cuda_kernel("cast_to_bf16", [&] { cast_to_bf16(x, x16); });
-  expect_no_cuda_kernel("softmax_forward", [&] { softmax_forward(x, y); });
-  expect_no_cuda_kernel("softmax_backward", [&] { softmax_backward(dy, y, dx); });
+  expect_no_cuda_kernel("linear_forward", [&] { linear_forward(y, x, W, w); });
+  expect_no_cuda_kernel("linear_backward", [&] { linear_backward(dx, dW, dw, dy, x, W); });
+  expect_no_cuda_kernel("embedding_forward", [&] { embedding_forward(y, ids, E); });
+  expect_no_cuda_kernel("embedding_backward", [&] { embedding_backward(E, dy, ids); });
+  expect_no_cuda_kernel("rmsnorm_forward", [&] { rmsnorm_forward(y, rstd, x, w, 1e-6f); });
+  expect_no_cuda_kernel("rmsnorm_backward", [&] { rmsnorm_backward(dx, dw, dy, x, w, rstd); });
+  expect_no_cuda_kernel("residual_scale_forward", [&] { residual_scale_forward(y, x, x, p); });
+  expect_no_cuda_kernel("residual_scale_backward", [&] { residual_scale_backward(dx, dx, g, dy, x, x, p); });
+  expect_no_cuda_kernel("silu_forward", [&] { silu_forward(y, x); });
+  expect_no_cuda_kernel("silu_backward", [&] { silu_backward(dx, dy, x); });
+  expect_no_cuda_kernel("gelu_forward", [&] { gelu_forward(y, x); });
+  expect_no_cuda_kernel("gelu_backward", [&] { gelu_backward(dx, dy, x); });
+  expect_no_cuda_kernel("swiglu_forward", [&] { swiglu_forward(y, gu); });
+  expect_no_cuda_kernel("swiglu_backward", [&] { swiglu_backward(dgu, dy, gu); });
+  expect_no_cuda_kernel("cast_to_bf16", [&] { cast_to_bf16(x16, x); });
+  expect_no_cuda_kernel("softmax_forward", [&] { softmax_forward(y, x); });
+  expect_no_cuda_kernel("softmax_backward", [&] { softmax_backward(dx, dy, y); });
   // The message names the first tensor argument with its dtype, shape and device.
-  EXPECT_EQ(test::error_of([&] { rmsnorm_forward(x16, w, 1e-6f, y, rstd); }),
+  EXPECT_EQ(test::error_of([&] { rmsnorm_forward(y, rstd, x16, w, 1e-6f); }),
             "rmsnorm_forward: x must be f32, found bf16[4, 8] cuda");
-  EXPECT_EQ(test::error_of([&] { rmsnorm_forward(x, w, 1e-6f, y, rstd); }),
+  EXPECT_EQ(test::error_of([&] { rmsnorm_forward(y, rstd, x, w, 1e-6f); }),
             "no CUDA kernel for ops::rmsnorm_forward yet (x is f32[4, 8] cuda)");
 }
 
@@ -471,12 +471,12 @@ TEST(DenseDevice, MixedDevicesAreRejectedNamingTheArgument) {
   Tensor W = random_tensor({f, f}, 5);
   using test::as_cuda;
   using test::expect_mixed_devices;
-  expect_mixed_devices("rmsnorm_forward", "y", [&] { rmsnorm_forward(x, w, 1e-6f, as_cuda(y), rstd); });
-  expect_mixed_devices("rmsnorm_forward", "w", [&] { rmsnorm_forward(as_cuda(x), w, 1e-6f, y, rstd); });
-  expect_mixed_devices("linear_forward", "W", [&] { linear_forward(x, as_cuda(W), {}, y); });
-  expect_mixed_devices("silu_forward", "y", [&] { silu_forward(x, as_cuda(y)); });
+  expect_mixed_devices("rmsnorm_forward", "y", [&] { rmsnorm_forward(as_cuda(y), rstd, x, w, 1e-6f); });
+  expect_mixed_devices("rmsnorm_forward", "w", [&] { rmsnorm_forward(y, rstd, as_cuda(x), w, 1e-6f); });
+  expect_mixed_devices("linear_forward", "W", [&] { linear_forward(y, x, as_cuda(W), {}); });
+  expect_mixed_devices("silu_forward", "y", [&] { silu_forward(as_cuda(y), x); });
   // The whole message: the op, the argument and both tensors with their devices.
-  EXPECT_EQ(test::error_of([&] { silu_forward(as_cuda(x), y); }),
+  EXPECT_EQ(test::error_of([&] { silu_forward(y, as_cuda(x)); }),
             "silu_forward: y is f32[4, 8] cpu, but x is f32[4, 8] cuda: every tensor of one call must be on the "
             "same device");
 }
@@ -486,7 +486,7 @@ TEST(CastToBf16, RoundsEveryElementToNearestEven) {
   // inf and NaN): exact equality, the same rounding applied element by element.
   Tensor x = test::random_tensor({37, 29}, 5, 3.0f);
   Tensor y = Tensor::empty({37 * 29}, DType::bf16);  // another shape, same element count
-  cast_to_bf16(x, y);
+  cast_to_bf16(y, x);
   const float* a = x.data<float>();
   const bf16* b = y.data<bf16>();
   for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(b[i].bits, to_bf16(a[i]).bits) << i;
@@ -505,14 +505,14 @@ TEST(CastToBf16, RoundsEveryElementToNearestEven) {
       s.data<float>()[i] = special_here ? std::bit_cast<float>(special[i % std::size(special)])
                                         : 1.0f + static_cast<float>(i) / 3.0f;
     }
-    cast_to_bf16(s, sb);
+    cast_to_bf16(sb, s);
     for (int64_t i = 0; i < n; ++i)
       ASSERT_EQ(sb.data<bf16>()[i].bits, to_bf16(s.data<float>()[i]).bits)
           << "n " << n << " element " << i << " bits 0x" << std::hex
           << std::bit_cast<uint32_t>(s.data<float>()[i]);
   }
-  EXPECT_THROW(cast_to_bf16(x, Tensor::empty({10}, DType::bf16)), Error);
-  EXPECT_THROW(cast_to_bf16(x, Tensor::empty({37, 29}, DType::f32)), Error);
+  EXPECT_THROW(cast_to_bf16(Tensor::empty({10}, DType::bf16), x), Error);
+  EXPECT_THROW(cast_to_bf16(Tensor::empty({37, 29}, DType::f32), x), Error);
 }
 
 }  // namespace

@@ -104,7 +104,7 @@ TEST(Experts, ForwardAndBackwardMatchFloat64) {
   ASSERT_GT(c.M, 0);
   ASSERT_LT(c.M, N) << "the case should skip some tokens";
   Bufs b = make_bufs(9);
-  experts_forward(c.x, c.src, c.offsets, c.M, {c.w_gu, c.w_d}, b.a);
+  experts_forward(b.a, c.x, c.src, c.offsets, {c.w_gu, c.w_d}, c.M);
   const int32_t* off = c.offsets.data<int32_t>();
   const std::vector<double> xp = gathered(c), wgu = to_f64(c.w_gu), wd = to_f64(c.w_d), dy = to_f64(b.dy);
   const std::vector<double> y_ref = reference_y(xp, wgu, wd, off);
@@ -115,7 +115,7 @@ TEST(Experts, ForwardAndBackwardMatchFloat64) {
   // f32 with H, I <= 8: products of a few terms, ~1e-7 relative.
   EXPECT_LT(test::rel_error(y, std::vector<double>(y_ref.begin(), y_ref.begin() + c.M * H)), 1e-5);
 
-  experts_backward(b.dy, b.dxp, c.offsets, c.M, {c.w_gu, c.w_d}, {b.g_gu, b.g_d}, b.a, b.s, {});
+  experts_backward(b.dxp, {b.g_gu, b.g_d}, b.dy, c.offsets, {c.w_gu, c.w_d}, b.a, b.s, c.M, {});
   auto loss = [&](const std::vector<double>& xp_, const std::vector<double>& wgu_, const std::vector<double>& wd_) {
     const std::vector<double> yy = reference_y(xp_, wgu_, wd_, off);
     double L = 0;
@@ -146,10 +146,10 @@ TEST(Experts, FusedGroupedAndThreadCountsGiveTheSameBits) {
       set_num_threads(threads);
       cpu::set_fused_experts(fused);
       Bufs b = make_bufs(11);
-      experts_forward(c.x, c.src, c.offsets, c.M, {c.w_gu, c.w_d}, b.a);
+      experts_forward(b.a, c.x, c.src, c.offsets, {c.w_gu, c.w_d}, c.M);
       g_side_runs = 0;
       SideTask side[2] = {{&count_side, nullptr, 0, 1.0}, {&count_side, nullptr, 1, 2.0}};
-      const bool ran = experts_backward(b.dy, b.dxp, c.offsets, c.M, {c.w_gu, c.w_d}, {b.g_gu, b.g_d}, b.a, b.s, side);
+      const bool ran = experts_backward(b.dxp, {b.g_gu, b.g_d}, b.dy, c.offsets, {c.w_gu, c.w_d}, b.a, b.s, c.M, side);
       EXPECT_EQ(g_side_runs, ran ? 2 : 0) << "side tasks must run once when the op says it ran them, else never";
       (ran ? some_ran : some_did_not) = true;
       std::vector<float> all;
@@ -176,16 +176,16 @@ TEST(Experts, BadArgumentsNameTheOpAndTheArgument) {
     return "no error";
   };
   const std::string m1 = message([&] {
-    experts_forward(c.x, c.src, c.offsets, c.M, {c.w_gu, c.w_d.slice(0, 2)}, b.a);
+    experts_forward(b.a, c.x, c.src, c.offsets, {c.w_gu, c.w_d.slice(0, 2)}, c.M);
   });
   EXPECT_NE(m1.find("experts_forward"), std::string::npos) << m1;
   EXPECT_NE(m1.find("down"), std::string::npos) << m1;
   ExpertActs short_y = b.a;
   short_y.y = Tensor::zeros({1, H}, DType::f32);
-  const std::string m2 = message([&] { experts_forward(c.x, c.src, c.offsets, c.M, {c.w_gu, c.w_d}, short_y); });
+  const std::string m2 = message([&] { experts_forward(short_y, c.x, c.src, c.offsets, {c.w_gu, c.w_d}, c.M); });
   EXPECT_NE(m2.find("y has shape [1, 8]"), std::string::npos) << m2;
   const std::string m3 = message([&] {
-    experts_forward(c.x, c.src, c.offsets, c.M, {random_tensor({E, 2 * I, H}, 1, 1.0f, DType::bf16), c.w_d}, b.a);
+    experts_forward(b.a, c.x, c.src, c.offsets, {random_tensor({E, 2 * I, H}, 1, 1.0f, DType::bf16), c.w_d}, c.M);
   });
   EXPECT_NE(m3.find("down"), std::string::npos) << m3;  // bf16 gate_up with f32 down
 }
@@ -199,12 +199,12 @@ TEST(ExpertsDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgument
   const ExpertActs a{cu({N, H}), cu({N, 2 * I}), cu({N, I}), cu({N, H}), Tensor{}, Tensor{}};
   const ExpertScratch s{cu({N, I}), cu({N, 2 * I}), Tensor{}, Tensor{}};
   Tensor dy = cu({N, H}), dxp = cu({N, H});
-  test::expect_no_cuda_kernel("experts_forward", [&] { experts_forward(x, src, offsets, 4, w, a); });
-  test::expect_no_cuda_kernel("experts_backward", [&] { experts_backward(dy, dxp, offsets, 4, w, g, a, s, {}); });
+  test::expect_no_cuda_kernel("experts_forward", [&] { experts_forward(a, x, src, offsets, w, 4); });
+  test::expect_no_cuda_kernel("experts_backward", [&] { experts_backward(dxp, g, dy, offsets, w, a, s, 4, {}); });
   const GemmProblem p[1] = {{cu({4, 3}), cu({3, 5}), cu({4, 5})}};
   test::expect_no_cuda_kernel("gemm_many", [&] { gemm_many(p, Trans::N, Trans::N); });
   Tensor src_cpu = Tensor::zeros({N}, DType::i32);
-  test::expect_mixed_devices("experts_forward", "src", [&] { experts_forward(x, src_cpu, offsets, 4, w, a); });
+  test::expect_mixed_devices("experts_forward", "src", [&] { experts_forward(a, x, src_cpu, offsets, w, 4); });
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ TEST_P(GemmF32, MatchesFloat64Reference) {
   Tensor B = random_tensor(operand_shape(d.k, d.n, tb), 2);
   Tensor C = random_tensor({d.m, d.n}, 3);
   auto ref = gemm_reference(to_f64(A), ta, to_f64(B), tb, to_f64(C), 1, d.m, d.n, d.k, 0.75, beta);
-  gemm(A, ta, B, tb, C, 0.75f, beta);
+  gemm(C, A, ta, B, tb, 0.75f, beta);
   // f32 products summed over K <= 64 terms: rounding grows like sqrt(K)·2^-24 (~5e-7) in norm;
   // 1e-5 leaves a 20x margin and still catches any indexing or transpose mistake (errors O(1)).
   EXPECT_LT(test::rel_error(C, ref), 1e-5);
@@ -57,7 +57,7 @@ TEST(Gemm, Bf16InputsAccumulateInF32) {
         Tensor B = random_tensor(operand_shape(d.k, d.n, tb), 12, 1.0f, DType::bf16);
         Tensor C = random_tensor({d.m, d.n}, 13);
         auto c0 = to_f64(C);
-        gemm(A, ta, B, tb, C, 1.0f, 1.0f);
+        gemm(C, A, ta, B, tb, 1.0f, 1.0f);
         // (1) On the bf16-rounded inputs (exact in double) only the f32 accumulation differs:
         // same 1e-5 bound as the f32 test.
         auto exact = gemm_reference(to_f64(A), ta, to_f64(B), tb, c0, 1, d.m, d.n, d.k, 1, 1);
@@ -88,7 +88,7 @@ TEST(Gemm, BatchedAndBroadcastB) {
     Tensor B = shared ? random_tensor({k, n}, 22) : random_tensor({z, k, n}, 22);
     Tensor C = random_tensor({z, m, n}, 23);
     auto ref = gemm_reference(to_f64(A), Trans::T, to_f64(B), Trans::N, to_f64(C), z, m, n, k, 1, 1, shared);
-    gemm(A, Trans::T, B, Trans::N, C, 1.0f, 1.0f);
+    gemm(C, A, Trans::T, B, Trans::N, 1.0f, 1.0f);
     // Same f32 accumulation bound as above (K = 7).
     EXPECT_LT(test::rel_error(C, ref), 1e-5) << "shared B: " << shared;
   }
@@ -98,7 +98,7 @@ TEST(Gemm, ZeroInnerDimScalesC) {
   Tensor A = Tensor::empty({4, 0}, DType::f32), B = Tensor::empty({0, 3}, DType::f32);
   Tensor C = random_tensor({4, 3}, 5);
   auto c0 = to_f64(C);
-  gemm(A, Trans::N, B, Trans::N, C, 1.0f, 0.5f);
+  gemm(C, A, Trans::N, B, Trans::N, 1.0f, 0.5f);
   for (int64_t i = 0; i < C.numel(); ++i) EXPECT_EQ(C.data<float>()[i], static_cast<float>(0.5 * c0[i]));
 }
 
@@ -106,16 +106,16 @@ using zaya::test::error_of;
 
 TEST(Gemm, ShapeErrorsNameBothShapes) {
   Tensor A = random_tensor({5, 7}, 1), B = random_tensor({6, 4}, 2), C = Tensor::empty({5, 4}, DType::f32);
-  std::string msg = error_of([&] { gemm(A, Trans::N, B, Trans::N, C); });
+  std::string msg = error_of([&] { gemm(C, A, Trans::N, B, Trans::N); });
   EXPECT_NE(msg.find("[5, 7]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[6, 4]"), std::string::npos) << msg;
   Tensor B2 = random_tensor({7, 4}, 2), C2 = Tensor::empty({4, 5}, DType::f32);
-  msg = error_of([&] { gemm(A, Trans::N, B2, Trans::N, C2); });
+  msg = error_of([&] { gemm(C2, A, Trans::N, B2, Trans::N); });
   EXPECT_NE(msg.find("[4, 5]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[5, 4]"), std::string::npos) << msg;
   Tensor Ab = random_tensor({5, 7}, 1, 1.0f, DType::bf16);
-  EXPECT_THROW(gemm(Ab, Trans::N, B2, Trans::N, C), Error);  // mixed dtypes
-  EXPECT_THROW(gemm(A, Trans::N, B2, Trans::N, A), Error);   // C is not [5, 4]
+  EXPECT_THROW(gemm(C, Ab, Trans::N, B2, Trans::N), Error);  // mixed dtypes
+  EXPECT_THROW(gemm(A, A, Trans::N, B2, Trans::N), Error);   // C is not [5, 4]
 }
 
 // gemm and gemm_grouped handed CUDA tensors (host memory labelled CUDA: device_dispatch.h) check
@@ -124,11 +124,11 @@ TEST(GemmDevice, CudaTensorsGetTheNoKernelErrorNamingTheOp) {
   using test::as_cuda;
   Tensor A = as_cuda(random_tensor({5, 4}, 1)), B = as_cuda(random_tensor({4, 3}, 2));
   Tensor C = as_cuda(Tensor::empty({5, 3}, DType::f32));
-  test::expect_no_cuda_kernel("gemm", [&] { gemm(A, Trans::N, B, Trans::N, C); });
-  EXPECT_EQ(error_of([&] { gemm(A, Trans::N, B, Trans::N, C); }),
+  test::expect_no_cuda_kernel("gemm", [&] { gemm(C, A, Trans::N, B, Trans::N); });
+  EXPECT_EQ(error_of([&] { gemm(C, A, Trans::N, B, Trans::N); }),
             "no CUDA kernel for ops::gemm yet (A is f32[5, 4] cuda)");
   // The shape checks hold for CUDA operands too.
-  EXPECT_NE(error_of([&] { gemm(A, Trans::T, B, Trans::N, C); }).find("inner dims differ"), std::string::npos);
+  EXPECT_NE(error_of([&] { gemm(C, A, Trans::T, B, Trans::N); }).find("inner dims differ"), std::string::npos);
   std::vector<GemmProblem> ps{{A, B, C}, {A, B, C}};
   test::expect_no_cuda_kernel("gemm_grouped", [&] { gemm_grouped(ps, Trans::N, Trans::N); });
 }
@@ -136,7 +136,7 @@ TEST(GemmDevice, CudaTensorsGetTheNoKernelErrorNamingTheOp) {
 TEST(GemmDevice, MixedDevicesAreRejectedNamingTheOperand) {
   Tensor A = random_tensor({5, 4}, 1), B = random_tensor({4, 3}, 2), C = Tensor::empty({5, 3}, DType::f32);
   Tensor Bc = test::as_cuda(B);
-  test::expect_mixed_devices("gemm", "B", [&] { gemm(A, Trans::N, Bc, Trans::N, C); });
+  test::expect_mixed_devices("gemm", "B", [&] { gemm(C, A, Trans::N, Bc, Trans::N); });
   std::vector<GemmProblem> ps{{A, B, C}, {A, Bc, C}};
   test::expect_mixed_devices("gemm_grouped", "problems[1].B", [&] { gemm_grouped(ps, Trans::N, Trans::N); });
 }

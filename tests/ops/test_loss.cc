@@ -41,7 +41,7 @@ TEST(CrossEntropy, MatchesNaiveReferenceForEveryChunking) {
     CrossEntropyOptions opt{.chunk = chunk};
     Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
     Tensor lse = Tensor::empty({n}, DType::f32);
-    CrossEntropyResult fwd = cross_entropy_tied_forward(h, E, tg, lse, ws, opt);
+    CrossEntropyResult fwd = cross_entropy_tied_forward(lse, h, E, tg, ws, opt);
     // Logits sum 13 f32 products; exp/log are ~1 ulp: relative error ~1e-6 on a loss of ~O(4).
     EXPECT_NEAR(fwd.loss, loss_ref, 1e-5 * std::fabs(loss_ref)) << "chunk " << chunk;
     EXPECT_EQ(fwd.count, 5);
@@ -50,7 +50,7 @@ TEST(CrossEntropy, MatchesNaiveReferenceForEveryChunking) {
     Tensor dh = random_tensor({n, hd}, 3);  // garbage: dh must be written, not accumulated
     Tensor dE = random_tensor({v, hd}, 4);
     Vec de0 = to_f64(dE);
-    CrossEntropyResult both = cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt);
+    CrossEntropyResult both = cross_entropy_tied_forward_backward(dh, dE, lse, h, E, tg, ws, opt);
     EXPECT_EQ(both.loss, fwd.loss);  // the same forward code, bitwise
     // Gradients: f32 softmax probabilities (~1e-7 relative) summed over up to 50 vocabulary rows
     // (dh) or 7 tokens (dE), vs central differences good to ~1e-9: 2e-5 leaves a wide margin.
@@ -87,7 +87,7 @@ TEST(CrossEntropy, LargerShapeAgainstAnalyticGradient) {
   Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
   Tensor lse = Tensor::empty({n}, DType::f32), dh = Tensor::empty({n, hd}, DType::f32);
   Tensor dE = Tensor::zeros({v, hd}, DType::f32);
-  CrossEntropyResult r = cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt);
+  CrossEntropyResult r = cross_entropy_tied_forward_backward(dh, dE, lse, h, E, tg, ws, opt);
   // As above, with 64-term logits and 1000-term sums: still well inside 1e-5 / 5e-5.
   EXPECT_NEAR(r.loss, loss_ref, 1e-5 * std::fabs(loss_ref));
   EXPECT_LT(test::rel_error(dh, dh_ref), 5e-5);
@@ -125,7 +125,7 @@ TEST(CrossEntropy, SpreadLogitsWithTinyProbabilitiesMatchReference) {
     Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
     Tensor lse = Tensor::empty({n}, DType::f32), dh = Tensor::empty({n, hd}, DType::f32);
     Tensor dE = Tensor::zeros({v, hd}, DType::f32);
-    CrossEntropyResult r = cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt);
+    CrossEntropyResult r = cross_entropy_tied_forward_backward(dh, dE, lse, h, E, tg, ws, opt);
     // Logits of magnitude ~100 carry ~1e-5 absolute rounding (64 f32 products), so the loss and
     // the probabilities that matter are good to ~1e-5 relative; 1e-4 bounds.
     EXPECT_NEAR(r.loss, loss_ref, 1e-4 * std::fabs(loss_ref)) << "chunk " << chunk;
@@ -141,7 +141,7 @@ TEST(CrossEntropy, AllTargetsIgnoredGivesZeroLossAndGrads) {
   Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
   Tensor lse = Tensor::empty({n}, DType::f32), dh = random_tensor({n, hd}, 3), dE = random_tensor({v, hd}, 4);
   Tensor dE0 = dE.clone();
-  CrossEntropyResult r = cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt);
+  CrossEntropyResult r = cross_entropy_tied_forward_backward(dh, dE, lse, h, E, tg, ws, opt);
   EXPECT_EQ(r.loss, 0.0);
   EXPECT_EQ(r.count, 0);
   for (int64_t i = 0; i < dh.numel(); ++i) EXPECT_EQ(dh.data<float>()[i], 0.0f);
@@ -162,7 +162,7 @@ TEST(CrossEntropy, KeptExpsBackwardMatchesRecomputingBackward) {
     CrossEntropyOptions opt{.chunk = chunk};
     Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
     Tensor lse = Tensor::empty({n}, DType::f32), dh = random_tensor({n, hd}, 9), dE = random_tensor({v, hd}, 10);
-    loss.push_back(cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt).loss);
+    loss.push_back(cross_entropy_tied_forward_backward(dh, dE, lse, h, E, tg, ws, opt).loss);
     out.push_back(dh);
     out.push_back(dE);
   }
@@ -187,13 +187,13 @@ TEST(CrossEntropy, LossFromCallerLogitsMatchesTheFusedForward) {
       logits.data<float>()[i * v + j] = static_cast<float>(acc);
     }
   Tensor before = logits.clone(), lse = Tensor::empty({n}, DType::f32);
-  CrossEntropyResult r = cross_entropy_logits_forward(logits, tg, lse);
+  CrossEntropyResult r = cross_entropy_logits_forward(lse, logits, tg);
   EXPECT_EQ(r.count, 25);
   EXPECT_NEAR(r.loss, loss_ref, 1e-6 * std::fabs(loss_ref));  // f32 exp/log sums of 200 terms
   EXPECT_LT(test::rel_error(lse, lse_ref), 1e-6);
   EXPECT_EQ(0, std::memcmp(logits.raw(), before.raw(), logits.nbytes()));  // left as they were
   tg.data<int32_t>()[3] = static_cast<int32_t>(v);
-  EXPECT_THROW(cross_entropy_logits_forward(logits, tg, lse), Error);
+  EXPECT_THROW(cross_entropy_logits_forward(lse, logits, tg), Error);
 }
 
 TEST(CrossEntropy, BadArgumentsAreNamed) {
@@ -202,14 +202,14 @@ TEST(CrossEntropy, BadArgumentsAreNamed) {
   Tensor lse = Tensor::empty({n}, DType::f32);
   Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v)}, DType::f32);
   try {
-    cross_entropy_tied_forward(h, E, make_targets({1, 10, 2}), lse, ws);
+    cross_entropy_tied_forward(lse, h, E, make_targets({1, 10, 2}), ws);
     ADD_FAILURE() << "target 10 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("target 10"), std::string::npos) << e.what();
   }
   Tensor E_bad = random_tensor({v, hd + 1}, 2);
   try {
-    cross_entropy_tied_forward(h, E_bad, make_targets({1, 2, 3}), lse, ws);
+    cross_entropy_tied_forward(lse, h, E_bad, make_targets({1, 2, 3}), ws);
     ADD_FAILURE() << "mismatched E accepted";
   } catch (const Error& e) {
     std::string msg = e.what();
@@ -217,7 +217,7 @@ TEST(CrossEntropy, BadArgumentsAreNamed) {
     EXPECT_NE(msg.find("[10, 5]"), std::string::npos) << msg;
   }
   Tensor small = Tensor::empty({5}, DType::f32);
-  EXPECT_THROW(cross_entropy_tied_forward(h, E, make_targets({1, 2, 3}), lse, small), Error);
+  EXPECT_THROW(cross_entropy_tied_forward(lse, h, E, make_targets({1, 2, 3}), small), Error);
 }
 
 TEST(CrossEntropy, LogitsBackwardIsSoftmaxMinusOnehotOverCount) {
@@ -259,15 +259,15 @@ TEST(CrossEntropyDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArg
   Tensor logits = cu({n, vocab});
   using test::expect_no_cuda_kernel;
   expect_no_cuda_kernel("cross_entropy_tied_forward",
-                        [&] { cross_entropy_tied_forward(H, E, targets, lse, ws, opt); });
+                        [&] { cross_entropy_tied_forward(lse, H, E, targets, ws, opt); });
   expect_no_cuda_kernel("cross_entropy_tied_forward_backward",
-                        [&] { cross_entropy_tied_forward_backward(H, E, targets, dH, dE, lse, ws, opt); });
-  expect_no_cuda_kernel("cross_entropy_logits_forward", [&] { cross_entropy_logits_forward(logits, targets, lse); });
+                        [&] { cross_entropy_tied_forward_backward(dH, dE, lse, H, E, targets, ws, opt); });
+  expect_no_cuda_kernel("cross_entropy_logits_forward", [&] { cross_entropy_logits_forward(lse, logits, targets); });
   expect_no_cuda_kernel("cross_entropy_logits_backward",
                         [&] { cross_entropy_logits_backward(logits, lse, targets, n); });
   Tensor targets_cpu = Tensor::zeros({n}, DType::i32);
   test::expect_mixed_devices("cross_entropy_tied_forward", "targets",
-                             [&] { cross_entropy_tied_forward(H, E, targets_cpu, lse, ws, opt); });
+                             [&] { cross_entropy_tied_forward(lse, H, E, targets_cpu, ws, opt); });
 }
 
 }  // namespace

@@ -64,11 +64,11 @@ TEST(NewtonSchulz, OneStepMatchesDouble) {
   Tensor X = random_tensor({r, c}, 1, 0.1f);
   Tensor Xn = Tensor::empty({r, c}, DType::f32), A = Tensor::empty({r, r}, DType::f32),
          B = Tensor::empty({r, r}, DType::f32);
-  newton_schulz_step(X, Xn, A, B);
+  newton_schulz_step(Xn, X, A, B);
   Vec ref = test::newton_schulz_step_f64(to_f64(X), r, c);
   // Three chained f32 GEMMs over <= 17 terms with coefficients ~5: ~1e-6 relative; 1e-5 margin.
   EXPECT_LT(test::rel_error(Xn, ref), 1e-5);
-  EXPECT_THROW(newton_schulz_step(Xn.reshape({c, r}), X.reshape({c, r}), A, B), Error);  // r > c
+  EXPECT_THROW(newton_schulz_step(X.reshape({c, r}), Xn.reshape({c, r}), A, B), Error);  // r > c
 }
 
 TEST(NewtonSchulz, FiveStepsPutSingularValuesInTheQuinticBand) {
@@ -76,7 +76,7 @@ TEST(NewtonSchulz, FiveStepsPutSingularValuesInTheQuinticBand) {
     Tensor G = random_tensor({rows, cols}, 7);
     Tensor out = Tensor::empty({rows, cols}, DType::f32);
     Tensor ws = Tensor::empty({newton_schulz_workspace_elems(rows, cols)}, DType::f32);
-    newton_schulz_orthogonalize(G, out, ws);
+    newton_schulz_orthogonalize(out, G, ws);
     int64_t r = std::min(rows, cols);
     Vec ev = symmetric_eigenvalues(gram(to_f64(out), rows, cols), r);
     // The quintic f(x) = 3.4445x − 4.7750x³ + 2.0315x⁵ maps [0.68, 1.2025] into itself (its max
@@ -95,7 +95,7 @@ TEST(NewtonSchulz, FiveStepsPutSingularValuesInTheQuinticBand) {
   }
   Tensor G = random_tensor({4, 6}, 1), out = Tensor::empty({4, 6}, DType::f32),
          small = Tensor::empty({3}, DType::f32);
-  EXPECT_THROW(newton_schulz_orthogonalize(G, out, small), Error);
+  EXPECT_THROW(newton_schulz_orthogonalize(out, G, small), Error);
 }
 
 TEST(NewtonSchulz, BatchedMatchesSeparateAndBf16StaysInTheBand) {
@@ -109,11 +109,11 @@ TEST(NewtonSchulz, BatchedMatchesSeparateAndBf16StaysInTheBand) {
   for (DType compute : {DType::f32, DType::bf16}) {
     Tensor out = Tensor::empty({E, rows, cols}, DType::f32);
     Tensor ws = Tensor::empty({newton_schulz_workspace_elems(rows, cols, E, compute)}, DType::f32);
-    newton_schulz_orthogonalize(G, out, ws, 5, compute);
+    newton_schulz_orthogonalize(out, G, ws, 5, compute);
     for (int64_t e = 0; e < E; ++e) {
       Tensor one = Tensor::empty({rows, cols}, DType::f32);
       Tensor ws1 = Tensor::empty({newton_schulz_workspace_elems(rows, cols)}, DType::f32);
-      newton_schulz_orthogonalize(G.select(e).clone(), one, ws1);
+      newton_schulz_orthogonalize(one, G.select(e).clone(), ws1);
       if (compute == DType::f32) {
         // Batched vs single GEMMs: blocking may differ, so f32 rounding through 5 steps (~1e-6).
         EXPECT_LT(test::rel_error(out.select(e), to_f64(one)), 1e-5) << "matrix " << e;
@@ -137,7 +137,7 @@ TEST(NewtonSchulz, BatchedMatchesSeparateAndBf16StaysInTheBand) {
   Tensor out = Tensor::empty({E, rows, cols}, DType::f32);
   for (DType compute : {DType::f32, DType::bf16}) {  // one element short of what it says it needs
     Tensor small = Tensor::empty({newton_schulz_workspace_elems(rows, cols, E, compute) - 1}, DType::f32);
-    EXPECT_THROW(newton_schulz_orthogonalize(G, out, small, 5, compute), Error) << dtype_name(compute);
+    EXPECT_THROW(newton_schulz_orthogonalize(out, G, small, 5, compute), Error) << dtype_name(compute);
   }
   EXPECT_THROW(newton_schulz_orthogonalize(
                    G, G, Tensor::empty({newton_schulz_workspace_elems(rows, cols, E)}, DType::f32)),
@@ -184,12 +184,12 @@ TEST(NewtonSchulz, NearlyZeroMatricesTakeTheLinearPath) {
       }
       Tensor out = Tensor::empty(G.shape(), DType::f32);
       Tensor ws = Tensor::empty({newton_schulz_workspace_elems(rows, cols, 3)}, DType::f32);
-      newton_schulz_orthogonalize(G, out, ws, 5);
+      newton_schulz_orthogonalize(out, G, ws, 5);
       Vec g0 = to_f64(G.select(0)), want = orthogonalize_f64(g0, rows, cols, 5);
       EXPECT_LT(test::rel_error(out.select(0), want), 1e-6) << rows << "x" << cols << " scale " << scale;
       Tensor alone = Tensor::empty({rows, cols}, DType::f32);
       Tensor ws1 = Tensor::empty({newton_schulz_workspace_elems(rows, cols)}, DType::f32);
-      newton_schulz_orthogonalize(normal, alone, ws1, 5);
+      newton_schulz_orthogonalize(alone, normal, ws1, 5);
       EXPECT_LT(test::rel_error(out.select(1), to_f64(alone)), 1e-6);
       for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(out.select(2).data<float>()[i], 0.0f);
       // Alone (as the optimizer's side-by-side loop passes a matrix), in both precisions: no
@@ -197,7 +197,7 @@ TEST(NewtonSchulz, NearlyZeroMatricesTakeTheLinearPath) {
       for (DType compute : {DType::f32, DType::bf16}) {
         Tensor one = Tensor::empty({rows, cols}, DType::f32);
         Tensor ws2 = Tensor::empty({newton_schulz_workspace_elems(rows, cols, 1, compute)}, DType::f32);
-        newton_schulz_orthogonalize(G.select(0).clone(), one, ws2, 5, compute);
+        newton_schulz_orthogonalize(one, G.select(0).clone(), ws2, 5, compute);
         EXPECT_LT(test::rel_error(one, want), 1e-6) << rows << "x" << cols << " scale " << scale << " alone";
       }
     }
@@ -211,11 +211,11 @@ TEST(NewtonSchulzDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArg
   const int64_t r = 4, c = 6;
   Tensor X = cu({r, c}), Xn = cu({r, c}), A = cu({r, r}), B = cu({r, r});
   Tensor G = cu({r, c}), out = cu({r, c}), ws = cu({newton_schulz_workspace_elems(r, c)});
-  test::expect_no_cuda_kernel("newton_schulz_step", [&] { newton_schulz_step(X, Xn, A, B); });
-  test::expect_no_cuda_kernel("newton_schulz_orthogonalize", [&] { newton_schulz_orthogonalize(G, out, ws); });
+  test::expect_no_cuda_kernel("newton_schulz_step", [&] { newton_schulz_step(Xn, X, A, B); });
+  test::expect_no_cuda_kernel("newton_schulz_orthogonalize", [&] { newton_schulz_orthogonalize(out, G, ws); });
   Tensor ws_cpu = Tensor::zeros({newton_schulz_workspace_elems(r, c)}, DType::f32);
   test::expect_mixed_devices("newton_schulz_orthogonalize", "workspace",
-                             [&] { newton_schulz_orthogonalize(G, out, ws_cpu); });
+                             [&] { newton_schulz_orthogonalize(out, G, ws_cpu); });
 }
 
 }  // namespace

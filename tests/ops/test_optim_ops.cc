@@ -69,7 +69,7 @@ TEST(AdamW, MatchesDoubleOverSeveralSteps) {
   for (int64_t t = 1; t <= 4; ++t) {
     Tensor g = random_tensor(s, 10 + t);
     Vec G = to_f64(g);
-    adamw_update(p, g, m, v, hp, t);
+    adamw_update(p, m, v, g, hp, t);
     double b1 = hp.beta1, b2 = hp.beta2;  // the f32 hyperparameters, exactly
     for (size_t i = 0; i < P.size(); ++i) {
       M[i] = b1 * M[i] + (1 - b1) * G[i];
@@ -83,9 +83,9 @@ TEST(AdamW, MatchesDoubleOverSeveralSteps) {
     EXPECT_LT(test::rel_error(p, P), 1e-6) << "step " << t;
   }
   Tensor g = random_tensor(s, 99);
-  EXPECT_THROW(adamw_update(p, g, m, v, hp, 0), Error);
+  EXPECT_THROW(adamw_update(p, m, v, g, hp, 0), Error);
   Tensor bad = random_tensor({13, 7}, 1);
-  EXPECT_THROW(adamw_update(p, bad, m, v, hp, 1), Error);
+  EXPECT_THROW(adamw_update(p, m, v, bad, hp, 1), Error);
 }
 
 // A moment that would fall below float's normal range is stored as 0 (x86 runs arithmetic on
@@ -104,7 +104,7 @@ TEST(AdamW, SubnormalMomentsAreStoredAsZero) {
       m.data<float>()[i] = i % 4 == 0 ? -mag : mag;
       v.data<float>()[i] = mag;
     }
-    adamw_update(p, g, m, v, hp, 10);
+    adamw_update(p, m, v, g, hp, 10);
     for (int64_t i = 0; i < n; ++i) {
       const float mi = m.data<float>()[i], vi = v.data<float>()[i];
       if (i % 2 == 0) {
@@ -130,9 +130,9 @@ TEST(OptimOpsDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgumen
   expect_no_cuda_kernel("global_grad_norm", [&] { global_grad_norm(grads); });
   expect_no_cuda_kernel("global_grad_norm", [&] { clip_grad_norm(grads, 1.0); });
   expect_no_cuda_kernel("scale_inplace", [&] { scale_inplace(g, 0.5f); });
-  expect_no_cuda_kernel("adamw_update", [&] { adamw_update(p, g, m, v, AdamWHyper{}, 1); });
+  expect_no_cuda_kernel("adamw_update", [&] { adamw_update(p, m, v, g, AdamWHyper{}, 1); });
   Tensor m_cpu = Tensor::zeros({5, 3}, DType::f32);
-  test::expect_mixed_devices("adamw_update", "m", [&] { adamw_update(p, g, m_cpu, v, AdamWHyper{}, 1); });
+  test::expect_mixed_devices("adamw_update", "m", [&] { adamw_update(p, m_cpu, v, g, AdamWHyper{}, 1); });
   const std::vector<Tensor> mixed{g, Tensor::zeros({7}, DType::f32)};
   test::expect_mixed_devices("global_grad_norm", "gradient 1", [&] { global_grad_norm(mixed); });
 }

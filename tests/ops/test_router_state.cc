@@ -35,7 +35,7 @@ TEST(Eda, ForwardAndBackwardMatchFloat64) {
   // dr = g + c, ds = Σ_rows dr ⊙ r_prev, carry down = dr ⊙ s.
   Tensor g = random_tensor({N, R}, 4), c = random_tensor({N, R}, 5);
   Tensor dr = g.clone(), carried = c.clone(), ds = Tensor::zeros({R}, DType::f32);
-  eda_backward(dr, carried, r_prev, s, ds);
+  eda_backward(dr, carried, ds, r_prev, s);
   const std::vector<double> gg = to_f64(g), cc = to_f64(c);
   auto loss_s = [&](const std::vector<double>& sv) {
     double L = 0;
@@ -57,13 +57,13 @@ TEST(Eda, ForwardAndBackwardMatchFloat64) {
   Tensor dr0 = g.clone();
   eda_backward(dr0, c, Tensor{}, Tensor{}, Tensor{});
   EXPECT_LT(test::rel_error(dr0, dr_ref), 1e-7);
-  EXPECT_THROW(eda_backward(dr0, c, r_prev, Tensor{}, Tensor{}), Error);
+  EXPECT_THROW(eda_backward(dr0, c, Tensor{}, r_prev, Tensor{}), Error);
 }
 
 TEST(ScaleBias, ForwardAndBackwardMatchFloat64) {
   Tensor x = random_tensor({N, R}, 6), b = random_tensor({R}, 7), gw = random_tensor({R}, 8);
   Tensor y = Tensor::empty({N, R}, DType::f32);
-  scale_bias_forward(x, b, gw, y);
+  scale_bias_forward(y, x, b, gw);
   const std::vector<double> xx = to_f64(x), bb = to_f64(b), ww = to_f64(gw);
   std::vector<double> ref(N * R);
   for (int64_t i = 0; i < N * R; ++i) ref[i] = (xx[i] + bb[i % R]) * ww[i % R];
@@ -71,7 +71,7 @@ TEST(ScaleBias, ForwardAndBackwardMatchFloat64) {
 
   Tensor dy = random_tensor({N, R}, 9), dx = Tensor::empty({N, R}, DType::f32);
   Tensor db = Tensor::zeros({R}, DType::f32), dg = Tensor::zeros({R}, DType::f32);
-  scale_bias_backward(dy, x, b, gw, dx, db, dg);
+  scale_bias_backward(dx, db, dg, dy, x, b, gw);
   const std::vector<double> d = to_f64(dy);
   auto loss = [&](const std::vector<double>& xv, const std::vector<double>& bv, const std::vector<double>& wv) {
     double L = 0;
@@ -81,7 +81,7 @@ TEST(ScaleBias, ForwardAndBackwardMatchFloat64) {
   EXPECT_LT(test::rel_error(dx, test::numerical_gradient([&](auto& v) { return loss(v, bb, ww); }, xx)), 1e-5);
   EXPECT_LT(test::rel_error(db, test::numerical_gradient([&](auto& v) { return loss(xx, v, ww); }, bb)), 1e-5);
   EXPECT_LT(test::rel_error(dg, test::numerical_gradient([&](auto& v) { return loss(xx, bb, v); }, ww)), 1e-5);
-  EXPECT_THROW(scale_bias_forward(x, b, random_tensor({R + 1}, 1), y), Error);
+  EXPECT_THROW(scale_bias_forward(y, x, b, random_tensor({R + 1}, 1)), Error);
 }
 
 TEST(RouterState, ParameterGradientsDoNotDependOnThreads) {
@@ -92,9 +92,9 @@ TEST(RouterState, ParameterGradientsDoNotDependOnThreads) {
     set_num_threads(threads);
     Tensor dx = Tensor::empty({N, R}, DType::f32), db = Tensor::zeros({R}, DType::f32),
            dg = Tensor::zeros({R}, DType::f32), ds = Tensor::zeros({R}, DType::f32);
-    scale_bias_backward(dy, x, b, gw, dx, db, dg);
+    scale_bias_backward(dx, db, dg, dy, x, b, gw);
     Tensor dr = dy.clone(), carried = x.clone();
-    eda_backward(dr, carried, r_prev, gw, ds);
+    eda_backward(dr, carried, ds, r_prev, gw);
     std::vector<float> all;
     for (const Tensor* t : {&db, &dg, &ds, &carried}) all.insert(all.end(), t->data<float>(), t->data<float>() + t->numel());
     runs.push_back(all);
@@ -109,9 +109,9 @@ TEST(RouterStateDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgu
   Tensor r = cu({N, R}), rp = cu({N, R}), s = cu({R}), ds = cu({R}), c = cu({N, R});
   Tensor x = cu({N, R}), b = cu({R}), g = cu({R}), y = cu({N, R}), db = cu({R}), dg = cu({R});
   test::expect_no_cuda_kernel("eda_forward", [&] { eda_forward(r, rp, s); });
-  test::expect_no_cuda_kernel("eda_backward", [&] { eda_backward(r, c, rp, s, ds); });
-  test::expect_no_cuda_kernel("scale_bias_forward", [&] { scale_bias_forward(x, b, g, y); });
-  test::expect_no_cuda_kernel("scale_bias_backward", [&] { scale_bias_backward(y, x, b, g, x, db, dg); });
+  test::expect_no_cuda_kernel("eda_backward", [&] { eda_backward(r, c, ds, rp, s); });
+  test::expect_no_cuda_kernel("scale_bias_forward", [&] { scale_bias_forward(y, x, b, g); });
+  test::expect_no_cuda_kernel("scale_bias_backward", [&] { scale_bias_backward(x, db, dg, y, x, b, g); });
   Tensor s_cpu = Tensor::zeros({R}, DType::f32);
   test::expect_mixed_devices("eda_forward", "s", [&] { eda_forward(r, rp, s_cpu); });
 }

@@ -75,11 +75,11 @@ double time_gemm_cpu(const GemmCase& c, DType dt, int warmup, int repeats) {
   Tensor A = Tensor::empty({c.m, c.k}, dt), B = Tensor::empty({c.k, c.n}, dt), C = Tensor::empty({c.m, c.n}, DType::f32);
   fill_uniform(A, 1, 0, -1.f, 1.f);
   fill_uniform(B, 2, 0, -1.f, 1.f);
-  for (int i = 0; i < warmup; ++i) ops::gemm(A, ops::Trans::N, B, ops::Trans::N, C);
+  for (int i = 0; i < warmup; ++i) ops::gemm(C, A, ops::Trans::N, B, ops::Trans::N);
   std::vector<double> t;
   for (int i = 0; i < repeats; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    ops::gemm(A, ops::Trans::N, B, ops::Trans::N, C);
+    ops::gemm(C, A, ops::Trans::N, B, ops::Trans::N);
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return median(t);

@@ -81,12 +81,12 @@ void ZayaDecoder::prefill(const Tensor& ids, const Tensor& logits) {
     }
     // The forward does not keep vd; recompute the last token's from its saved normed input:
     // vd = u·W_vdᵀ, W_vd = the last nkv·hd/2 rows of the fused [W_q; W_k; W_vc; W_vd].
-    ops::linear_forward(u_, m_.layer_param_views(l).w_qkv.slice(C + kv / 2, C + kv), Tensor{}, lc.vd_prev);
+    ops::linear_forward(lc.vd_prev, u_, m_.layer_param_views(l).w_qkv.slice(C + kv / 2, C + kv), Tensor{});
   }
   const float* hf = m_.final_hidden().data<float>();
   for (int64_t b = 0; b < B_; ++b)
     std::memcpy(hf_.data<float>() + b * H, hf + (b * T + T - 1) * H, static_cast<size_t>(H) * sizeof(float));
-  ops::gemm(hf_, ops::Trans::N, m_.param(0), ops::Trans::T, logits);  // tied head
+  ops::gemm(logits, hf_, ops::Trans::N, m_.param(0), ops::Trans::T);  // tied head
   len_ = T;
 }
 
@@ -98,12 +98,12 @@ void ZayaDecoder::step(const Tensor& ids, const Tensor& logits) {
   ZAYA_CHECK(len_ > 0, "ZayaDecoder::step: call prefill() first");
   ZAYA_CHECK(len_ < S_, "ZayaDecoder::step: cache full (", S_, " positions); construct the decoder with a larger max_len");
   // x⁰ = (Embed[t] + b_in) ⊙ g_in
-  ops::embedding_forward(ids, m_.param(0), u_);
-  ops::scale_bias_forward(u_, m_.param("model.input_hidden_states_bias"), m_.param("model.input_hidden_states_scale"),
-                          x_);
+  ops::embedding_forward(u_, ids, m_.param(0));
+  ops::scale_bias_forward(x_, u_, m_.param("model.input_hidden_states_bias"),
+                          m_.param("model.input_hidden_states_scale"));
   for (int l = 0; l < c.num_hidden_layers; ++l) layer_step(l);
-  ops::rmsnorm_forward(x_, m_.param("model.norm.weight"), static_cast<float>(c.rms_norm_eps), hf_, rstd_);
-  ops::gemm(hf_, ops::Trans::N, m_.param(0), ops::Trans::T, logits);
+  ops::rmsnorm_forward(hf_, rstd_, x_, m_.param("model.norm.weight"), static_cast<float>(c.rms_norm_eps));
+  ops::gemm(logits, hf_, ops::Trans::N, m_.param(0), ops::Trans::T);
   ++len_;
 }
 
@@ -119,8 +119,8 @@ void ZayaDecoder::layer_step(int l) {
   LayerCache& lc = caches_[static_cast<size_t>(l)];
 
   // --- attention -------------------------------------------------------------------------
-  ops::rmsnorm_forward(x_, p.w_in, eps, u_, rstd_);
-  ops::linear_forward(u_, p.w_qkv, Tensor{}, proj_);  // columns [q̃ | k̃ | vc | vd]
+  ops::rmsnorm_forward(u_, rstd_, x_, p.w_in, eps);
+  ops::linear_forward(proj_, u_, p.w_qkv, Tensor{});  // columns [q̃ | k̃ | vc | vd]
   {
     const float* pr = proj_.data<float>();
     for (int64_t b = 0; b < B; ++b) {
@@ -143,28 +143,28 @@ void ZayaDecoder::layer_step(int l) {
     std::memcpy(lc.v.data<float>() + (b * S_ + len_) * kv, v_.data<float>() + b * kv, static_cast<size_t>(kv) * 4);
   }
   ops::attention_decode(att_, q_, lc.k, lc.v, B, len_ + 1, nq, nkv, hd);
-  ops::linear_forward(att_, p.w_o, Tensor{}, o_);
-  ops::residual_scale_forward(o_, x_, p.rs_attn, xmid_);
+  ops::linear_forward(o_, att_, p.w_o, Tensor{});
+  ops::residual_scale_forward(xmid_, o_, x_, p.rs_attn);
 
   // --- router (EDA reads the previous layer's r of this same token) ------------------------
-  ops::rmsnorm_forward(xmid_, p.w_post, eps, w_, rstd_);
-  ops::linear_forward(w_, p.w_down, p.b_down, r_);
+  ops::rmsnorm_forward(w_, rstd_, xmid_, p.w_post, eps);
+  ops::linear_forward(r_, w_, p.w_down, p.b_down);
   if (l > 0) ops::eda_forward(r_, rprev_, p.s_eda);  // r_l = h_l + s_l ⊙ r_{l−1}
-  ops::rmsnorm_forward(r_, p.w_rn, eps, zr_, rstd_);
-  ops::linear_forward(zr_, p.fc1w, p.fc1b, a1_);
-  ops::gelu_forward(a1_, g1_);
-  ops::linear_forward(g1_, p.fc2w, p.fc2b, a2_);
-  ops::gelu_forward(a2_, g2_);
-  ops::linear_forward(g2_, p.outw, Tensor{}, rlogits_);
+  ops::rmsnorm_forward(zr_, rstd_, r_, p.w_rn, eps);
+  ops::linear_forward(a1_, zr_, p.fc1w, p.fc1b);
+  ops::gelu_forward(g1_, a1_);
+  ops::linear_forward(a2_, g1_, p.fc2w, p.fc2b);
+  ops::gelu_forward(g2_, a2_);
+  ops::linear_forward(rlogits_, g2_, p.outw, Tensor{});
   Tensor beta = m_.balancing_biases().select(l);
   ops::moe_route(probs_, choice_, weight_, rlogits_, beta, B, E);
   std::swap(r_, rprev_);  // rprev_ = r_l for layer l+1
 
   // --- experts ---------------------------------------------------------------------------
   const int64_t M = ops::moe_plan(counts_, offsets_, pos_, src_, choice_, B, E);
-  ops::experts_forward(w_, src_, offsets_, M, {p.w_gu, p.w_d}, {xp_, gu_, act_, y_, Tensor{}, Tensor{}});
+  ops::experts_forward({xp_, gu_, act_, y_, Tensor{}, Tensor{}}, w_, src_, offsets_, {p.w_gu, p.w_d}, M);
   ops::moe_unpermute(mo_, y_, weight_, pos_, M, B, H);
-  ops::residual_scale_forward(mo_, xmid_, p.rs_mlp, x_);  // x_out written over the layer input
+  ops::residual_scale_forward(x_, mo_, xmid_, p.rs_mlp);  // x_out written over the layer input
 }
 
 int32_t sample_token(const float* logits, int64_t V, const SamplingOptions& opt, uint64_t draw,

@@ -38,20 +38,20 @@ void ZayaModel::router_backward(int l) {
   LayerParams& g = lg_[l];
   // Router: weight = p_choice, p = softmax(out_proj(GELU(fc2(GELU(fc1(RMSNorm_R(r))))))).
   ops::moe_route_backward(s.dlogits, s.dweight, t.probs, t.choice, N, E);
-  ops::linear_backward(s.dlogits, t.g2, p.outw, s.dg2, g.outw, Tensor{});
-  ops::gelu_backward(s.dg2, t.a2, s.dg2);
-  ops::linear_backward(s.dg2, t.g1, p.fc2w, s.dg1, g.fc2w, g.fc2b);
-  ops::gelu_backward(s.dg1, t.a1, s.dg1);
-  ops::linear_backward(s.dg1, t.zr, p.fc1w, s.dzr, g.fc1w, g.fc1b);
-  ops::rmsnorm_backward(s.dzr, t.r, p.w_rn, t.rstd_r, s.dr, g.w_rn);
+  ops::linear_backward(s.dg2, g.outw, Tensor{}, s.dlogits, t.g2, p.outw);
+  ops::gelu_backward(s.dg2, s.dg2, t.a2);
+  ops::linear_backward(s.dg1, g.fc2w, g.fc2b, s.dg2, t.g1, p.fc2w);
+  ops::gelu_backward(s.dg1, s.dg1, t.a1);
+  ops::linear_backward(s.dzr, g.fc1w, g.fc1b, s.dg1, t.zr, p.fc1w);
+  ops::rmsnorm_backward(s.dr, g.w_rn, s.dzr, t.r, p.w_rn, t.rstd_r);
   // + dL/dr_l through layer l+1's EDA; then this layer's EDA (layers ≥ 1): ds_l and the carry.
   if (l > 0)
-    ops::eda_backward(s.dr, s.drc, acts_[l - 1].r, p.s_eda, g.s_eda);
+    ops::eda_backward(s.dr, s.drc, g.s_eda, acts_[l - 1].r, p.s_eda);
   else
     ops::eda_backward(s.dr, s.drc, Tensor{}, Tensor{}, Tensor{});
   // h_l = W_down w + b_down: the parameters' gradients here; dL/dw (+= dr·W_down) waits for the
   // experts' scatter into s.dw (layer_backward).
-  ops::linear_backward(s.dr, t.w, p.w_down, Tensor{}, g.w_down, g.b_down);
+  ops::linear_backward(Tensor{}, g.w_down, g.b_down, s.dr, t.w, p.w_down);
 }
 
 void ZayaModel::run_router_backward(void* model, int64_t l) {
@@ -60,7 +60,7 @@ void ZayaModel::run_router_backward(void* model, int64_t l) {
 
 void ZayaModel::run_pending_weight_grad(void* model, int64_t j) {
   const ops::GemmProblem& w = static_cast<ZayaModel*>(model)->pending_wgrads_[static_cast<size_t>(j)];
-  ops::gemm(w.A, ops::Trans::T, w.B, ops::Trans::N, w.C, 1.0f, 1.0f);
+  ops::gemm(w.C, w.A, ops::Trans::T, w.B, ops::Trans::N, 1.0f, 1.0f);
 }
 
 // Layer l's side tasks: its router's backward, then the pending weight gradients in the order they
@@ -95,13 +95,13 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
 
   // --- attention -------------------------------------------------------------------------
   clock.part("forward: input norm, qkv projection");
-  ops::rmsnorm_forward(x, p.w_in, eps, t.u, t.rstd_in);
+  ops::rmsnorm_forward(t.u, t.rstd_in, x, p.w_in, eps);
   // u·[W_q; W_k; W_vc; W_vd]ᵀ as one product per consumer, each on its rows of the fused weight
   // and into its own contiguous buffer: z = concat(q̃, k̃) (the conv's input, whose rows the mean
   // skip reads too) and [vc | vd] (the value shift's). One product into [N, C + kv] and a copy of
   // its column slices moved 8 MiB per layer for nothing.
-  ops::linear_forward(t.u, p.w_qkv.slice(0, C), Tensor{}, t.z);
-  ops::linear_forward(t.u, p.w_qkv.slice(C, C + kv), Tensor{}, s.vcd);
+  ops::linear_forward(t.z, t.u, p.w_qkv.slice(0, C), Tensor{});
+  ops::linear_forward(s.vcd, t.u, p.w_qkv.slice(C, C + kv), Tensor{});
   clock.part("forward: CCA (conv, mean skip, value shift, QK norm, RoPE)");
   ops::cca_conv_forward(s.conv, t.z, p.conv, B_, T_, dims);
   // Mean skip → QK norm → RoPE, one token at a time (bitwise the three ops in turn).
@@ -110,20 +110,20 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   clock.part("forward: attention");
   ops::attention_forward(t.att, t.lse, t.qr, t.kr, t.v, B_, T_, nq, nkv, hd);
   clock.part("forward: out projection, residual");
-  ops::linear_forward(t.att, p.w_o, Tensor{}, t.o);
-  ops::residual_scale_forward(t.o, x, p.rs_attn, t.x_mid);
+  ops::linear_forward(t.o, t.att, p.w_o, Tensor{});
+  ops::residual_scale_forward(t.x_mid, t.o, x, p.rs_attn);
 
   // --- router ----------------------------------------------------------------------------
   clock.part("forward: router");
-  ops::rmsnorm_forward(t.x_mid, p.w_post, eps, t.w, t.rstd_post);
-  ops::linear_forward(t.w, p.w_down, p.b_down, t.r);  // h_l = W_down w + b_down
+  ops::rmsnorm_forward(t.w, t.rstd_post, t.x_mid, p.w_post, eps);
+  ops::linear_forward(t.r, t.w, p.w_down, p.b_down);  // h_l = W_down w + b_down
   if (l > 0) ops::eda_forward(t.r, acts_[l - 1].r, p.s_eda);  // EDA: r_l = h_l + s_l ⊙ r_{l−1}
-  ops::rmsnorm_forward(t.r, p.w_rn, eps, t.zr, t.rstd_r);
-  ops::linear_forward(t.zr, p.fc1w, p.fc1b, t.a1);
-  ops::gelu_forward(t.a1, t.g1);
-  ops::linear_forward(t.g1, p.fc2w, p.fc2b, t.a2);
-  ops::gelu_forward(t.a2, t.g2);
-  ops::linear_forward(t.g2, p.outw, Tensor{}, s.logits);
+  ops::rmsnorm_forward(t.zr, t.rstd_r, t.r, p.w_rn, eps);
+  ops::linear_forward(t.a1, t.zr, p.fc1w, p.fc1b);
+  ops::gelu_forward(t.g1, t.a1);
+  ops::linear_forward(t.a2, t.g1, p.fc2w, p.fc2b);
+  ops::gelu_forward(t.g2, t.a2);
+  ops::linear_forward(s.logits, t.g2, p.outw, Tensor{});
   Tensor beta = beta_.select(l);
   ops::moe_route(t.probs, t.choice, t.weight, s.logits, beta, N, E);
 
@@ -132,9 +132,9 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
   t.M = ops::moe_plan(t.counts, t.offsets, t.pos, t.src, t.choice, N, E);
   // Tokens per expert to the host (the load statistics and the balancer read them there).
   Tensor::borrow(counts_host_.data() + l * E, Shape{E}, DType::i32).copy_from(t.counts);
-  ops::experts_forward(t.w, t.src, t.offsets, t.M, expert_weights(l), expert_acts(l));
+  ops::experts_forward(expert_acts(l), t.w, t.src, t.offsets, expert_weights(l), t.M);
   ops::moe_unpermute(t.m, t.y, t.weight, t.pos, t.M, N, H);  // m = p_choice · y (0 if skipped)
-  ops::residual_scale_forward(t.m, t.x_mid, p.rs_mlp, s.xs[l + 1]);
+  ops::residual_scale_forward(s.xs[l + 1], t.m, t.x_mid, p.rs_mlp);
 }
 
 // In: s.dxa = dL/dx_out, s.drc = dL/dr_l from layer l+1 (0 for the last layer).
@@ -152,7 +152,7 @@ void ZayaModel::layer_backward(int l) {
 
   // x_out = RS_mlp(m, x_mid)
   clock.part("backward: experts, residual (+ side tasks)");
-  ops::residual_scale_backward(s.dxa, t.m, t.x_mid, p.rs_mlp, s.dm, s.dxmid, g.rs_mlp);
+  ops::residual_scale_backward(s.dm, s.dxmid, g.rs_mlp, s.dxa, t.m, t.x_mid, p.rs_mlp);
   // m = weight · y[pos]
   ops::moe_unpermute_backward(s.dy, s.dweight, s.dm, t.y, t.weight, t.pos, t.M, N, H);
   // The experts, with the router's backward and the pending weight gradients as side tasks (see
@@ -160,8 +160,8 @@ void ZayaModel::layer_backward(int l) {
   // experts.
   plan_backward_side_tasks(l);
   const ops::ExpertScratch es{s.dact, s.dgu, s.dy16, s.dgu16};
-  const bool side_done = ops::experts_backward(s.dy, s.dxp, t.offsets, t.M, expert_weights(l),
-                                               ops::ExpertWeights{g.w_gu, g.w_d}, expert_acts(l), es, side_tasks_);
+  const bool side_done = ops::experts_backward(s.dxp, ops::ExpertWeights{g.w_gu, g.w_d}, s.dy, t.offsets, expert_weights(l),
+                                               expert_acts(l), es, t.M, side_tasks_);
   if (!side_done) {
     run_pending_weight_grads();
     router_backward(l);
@@ -172,14 +172,14 @@ void ZayaModel::layer_backward(int l) {
   ops::moe_gather_backward(s.dw, s.dxp, t.pos, t.M, N, H);  // xp = w[src]
   clock.part("backward: router");
   // h_l = W_down w + b_down; w also feeds the experts (s.dw from the gather).
-  ops::linear_backward(s.dr, t.w, p.w_down, s.dw, Tensor{}, Tensor{}, {}, /*accumulate_dx=*/true);
+  ops::linear_backward(s.dw, Tensor{}, Tensor{}, s.dr, t.w, p.w_down, {}, /*accumulate_dx=*/true);
   // w = RMSNorm_post(x_mid); x_mid also feeds the residual (s.dxmid holds that path's gradient).
-  ops::rmsnorm_backward(s.dw, t.x_mid, p.w_post, t.rstd_post, s.dxmid, g.w_post, /*accumulate_dx=*/true);
+  ops::rmsnorm_backward(s.dxmid, g.w_post, s.dw, t.x_mid, p.w_post, t.rstd_post, /*accumulate_dx=*/true);
 
   // x_mid = RS_attn(o, x)
   clock.part("backward: out projection, residual");
-  ops::residual_scale_backward(s.dxmid, t.o, x, p.rs_attn, s.dout_proj, s.dxb, g.rs_attn);
-  ops::linear_backward(s.dout_proj, t.att, p.w_o, s.datt, Tensor{}, Tensor{});
+  ops::residual_scale_backward(s.dout_proj, s.dxb, g.rs_attn, s.dxmid, t.o, x, p.rs_attn);
+  ops::linear_backward(s.datt, Tensor{}, Tensor{}, s.dout_proj, t.att, p.w_o);
   pending_wgrads_.push_back({s.dout_proj, t.att, g.w_o});  // dW_o, pending
   clock.part("backward: attention");
   ops::attention_backward(s.dqr, s.dkr, s.dv, s.datt, t.qr, t.kr, t.v, t.att, t.lse, B_, T_, nq, nkv, hd);
@@ -192,12 +192,12 @@ void ZayaModel::layer_backward(int l) {
   clock.part("backward: qkv projection, input norm");
   // The forward's two products on row blocks of W_qkv: their weight gradients are the same row
   // blocks of g.w_qkv, and du sums the two.
-  ops::linear_backward(s.dz, t.u, p.w_qkv.slice(0, C), s.du, Tensor{}, Tensor{});
-  ops::linear_backward(s.dvcd, t.u, p.w_qkv.slice(C, C + kv), s.du, Tensor{}, Tensor{}, {},
+  ops::linear_backward(s.du, Tensor{}, Tensor{}, s.dz, t.u, p.w_qkv.slice(0, C));
+  ops::linear_backward(s.du, Tensor{}, Tensor{}, s.dvcd, t.u, p.w_qkv.slice(C, C + kv), {},
                        /*accumulate_dx=*/true);
   pending_wgrads_.push_back({s.dz, t.u, g.w_qkv.slice(0, C)});  // their weight gradients, pending
   pending_wgrads_.push_back({s.dvcd, t.u, g.w_qkv.slice(C, C + kv)});
-  ops::rmsnorm_backward(s.du, x, p.w_in, t.rstd_in, s.dxb, g.w_in, /*accumulate_dx=*/true);  // + the residual path
+  ops::rmsnorm_backward(s.dxb, g.w_in, s.du, x, p.w_in, t.rstd_in, /*accumulate_dx=*/true);  // + the residual path
   std::swap(s.dxa, s.dxb);  // s.dxa = dL/dx_in
 }
 

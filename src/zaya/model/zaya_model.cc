@@ -276,19 +276,19 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   const bool b16 = gemm_dtype_ == DType::bf16;
   if (b16) {  // the weights may have changed since the last step: refresh their bf16 copies
     for (int l = 0; l < L; ++l) {
-      ops::cast_to_bf16(lp_[l].w_gu, w_gu16_[l]);
-      ops::cast_to_bf16(lp_[l].w_d, w_d16_[l]);
+      ops::cast_to_bf16(w_gu16_[l], lp_[l].w_gu);
+      ops::cast_to_bf16(w_d16_[l], lp_[l].w_d);
     }
   }
   // x⁰ = (Embed[t] + b_in) ⊙ g_in: bias first, then scale, no √H.
-  ops::embedding_forward(ids, param_views_[0], s.emb);
-  ops::scale_bias_forward(s.emb, param("model.input_hidden_states_bias"), param("model.input_hidden_states_scale"),
-                          s.xs[0]);
+  ops::embedding_forward(s.emb, ids, param_views_[0]);
+  ops::scale_bias_forward(s.xs[0], s.emb, param("model.input_hidden_states_bias"),
+                          param("model.input_hidden_states_scale"));
   const bool need_backward = targets.defined() && for_backward;
   clock.stop();  // the layers time their own parts
   for (int l = 0; l < L; ++l) layer_forward(l, need_backward);
   clock.part("forward: final norm, LM head, loss (and its backward)");
-  ops::rmsnorm_forward(s.xs[L], param("model.norm.weight"), static_cast<float>(cfg_.rms_norm_eps), s.hf, s.rstd_f);
+  ops::rmsnorm_forward(s.hf, s.rstd_f, s.xs[L], param("model.norm.weight"), static_cast<float>(cfg_.rms_norm_eps));
   have_backward_ = false;
   if (!targets.defined()) return 0;
   Tensor tg = targets.reshape(Shape{N});
@@ -299,12 +299,12 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
       res = head_forward_bf16(tg);
       head_backward_from_logits(res, tg);
     } else {  // one chunk covers V: the op keeps exp(logits) from its forward for its backward
-      res = ops::cross_entropy_tied_forward_backward(s.hf, param_views_[0], tg, s.dh, grad_views_[0], s.lse_ce,
+      res = ops::cross_entropy_tied_forward_backward(s.dh, grad_views_[0], s.lse_ce, s.hf, param_views_[0], tg,
                                                      s.ce_ws);
     }
     have_backward_ = true;
   } else {
-    res = ops::cross_entropy_tied_forward(s.hf, param_views_[0], tg, s.lse_ce, s.ce_ws);
+    res = ops::cross_entropy_tied_forward(s.lse_ce, s.hf, param_views_[0], tg, s.ce_ws);
   }
   return res.loss;
 }
@@ -320,9 +320,9 @@ void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, co
   }
   Tensor g = s.ce_ws.window(0, Shape{N, V});
   ops::cross_entropy_logits_backward(g, s.lse_ce, targets, res.count, ops::CrossEntropyOptions{}.ignore_index);
-  ops::cast_to_bf16(g, s.g16);  // hf16 and emb16_ were made by head_forward_bf16
-  ops::gemm(s.g16, ops::Trans::N, emb16_, ops::Trans::N, s.dh, 1.0f, 0.0f);
-  ops::gemm(s.g16, ops::Trans::T, s.hf16, ops::Trans::N, grad_views_[0], 1.0f, 1.0f);
+  ops::cast_to_bf16(s.g16, g);  // hf16 and emb16_ were made by head_forward_bf16
+  ops::gemm(s.dh, s.g16, ops::Trans::N, emb16_, ops::Trans::N, 1.0f, 0.0f);
+  ops::gemm(grad_views_[0], s.g16, ops::Trans::T, s.hf16, ops::Trans::N, 1.0f, 1.0f);
 }
 
 // The fused loss's single-chunk forward with bf16 GEMM inputs: logits = bf16(hf)·bf16(E)ᵀ (f32
@@ -330,18 +330,18 @@ void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, co
 ops::CrossEntropyResult ZayaModel::head_forward_bf16(const Tensor& targets) {
   ScratchActs& s = *scratch_;
   const int64_t N = B_ * T_, V = cfg_.vocab_size;
-  ops::cast_to_bf16(s.hf, s.hf16);
-  ops::cast_to_bf16(param_views_[0], emb16_);
+  ops::cast_to_bf16(s.hf16, s.hf);
+  ops::cast_to_bf16(emb16_, param_views_[0]);
   Tensor logits = s.ce_ws.window(0, Shape{N, V});
-  ops::gemm(s.hf16, ops::Trans::N, emb16_, ops::Trans::T, logits);
-  return ops::cross_entropy_logits_forward(logits, targets, s.lse_ce, ops::CrossEntropyOptions{}.ignore_index);
+  ops::gemm(logits, s.hf16, ops::Trans::N, emb16_, ops::Trans::T);
+  return ops::cross_entropy_logits_forward(s.lse_ce, logits, targets, ops::CrossEntropyOptions{}.ignore_index);
 }
 
 void ZayaModel::forward_logits(const Tensor& ids, const Tensor& logits) {
   check_shape("ZayaModel::forward_logits: logits", logits, Shape{B_ * T_, cfg_.vocab_size});
   check_dtype("ZayaModel::forward_logits: logits", logits, DType::f32);
   forward(ids, Tensor{}, false);
-  ops::gemm(scratch_->hf, ops::Trans::N, param_views_[0], ops::Trans::T, logits);
+  ops::gemm(logits, scratch_->hf, ops::Trans::N, param_views_[0], ops::Trans::T);
 }
 
 ops::ExpertWeights ZayaModel::expert_weights(int l) const {
@@ -377,7 +377,7 @@ void ZayaModel::backward(const GradReadyFn& ready) {
   SectionClock clock(*this);
   clock.part("backward: final norm");
   const int norm = param_index("model.norm.weight");
-  ops::rmsnorm_backward(s.dh, s.xs[L], param_views_[norm], s.rstd_f, s.dxa, grad_views_[norm]);
+  ops::rmsnorm_backward(s.dxa, grad_views_[norm], s.dh, s.xs[L], param_views_[norm], s.rstd_f);
   report_ready(offsets_[norm], offsets_[norm] + specs_[norm].shape.numel());
   s.drc.zero_();  // the last layer's router state feeds nothing
   clock.stop();
@@ -387,10 +387,10 @@ void ZayaModel::backward(const GradReadyFn& ready) {
   report_ready_layer(0);
   clock.part("backward: embedding");
   // x⁰ = (e + b) ⊙ g, e = Embed[ids].
-  ops::scale_bias_backward(s.dxa, s.emb, param("model.input_hidden_states_bias"),
-                           param("model.input_hidden_states_scale"), s.dtmp, grad("model.input_hidden_states_bias"),
-                           grad("model.input_hidden_states_scale"));
-  ops::embedding_backward(s.dtmp, s.ids, grad_views_[0], cfg_.pad_token_id);
+  ops::scale_bias_backward(s.dtmp, grad("model.input_hidden_states_bias"), grad("model.input_hidden_states_scale"),
+                           s.dxa, s.emb, param("model.input_hidden_states_bias"),
+                           param("model.input_hidden_states_scale"));
+  ops::embedding_backward(grad_views_[0], s.dtmp, s.ids, cfg_.pad_token_id);
   // The embedding and the input scale and bias: every parameter before layer 0's.
   report_ready(0, layer_ranges_.empty() ? offsets_[norm] : layer_ranges_[0].first);
 }

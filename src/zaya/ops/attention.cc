@@ -17,7 +17,7 @@ void check_heads(std::string_view op, int64_t B, int64_t T, int64_t nq, int64_t 
 }
 }  // namespace
 
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
                        int64_t T, int64_t nq, int64_t nkv, int64_t hd) {
   constexpr std::string_view op = "attention_forward";
   const OpDevice on(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
@@ -33,7 +33,7 @@ void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& 
   on.no_kernel();
 }
 
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, int64_t B,
                         int64_t T, int64_t nq, int64_t nkv, int64_t hd) {
   constexpr std::string_view op = "attention_backward";
@@ -63,7 +63,7 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   on.no_kernel();
 }
 
-void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t B,
+void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t B,
                       int64_t S, int64_t nq, int64_t nkv, int64_t hd) {
   constexpr std::string_view op = "attention_decode";
   const OpDevice on(op, {{"out", out}, {"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}});

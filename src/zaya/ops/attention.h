@@ -17,15 +17,15 @@
 namespace zaya::ops {
 
 // q, out [B, T, nq, hd]; k, v [B, T, nkv, hd] (or [B, T, heads·hd]); lse [B, nq, T] written.
-void attention_forward(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
                        int64_t T, int64_t nq, int64_t nkv, int64_t hd);
 // dq, dk, dv written (activation gradients). Needs the forward's out and lse.
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t nq,
                         int64_t nkv, int64_t hd);
 // One query token per batch row against a KV cache: q, out [B, nq, hd] (or [B, 1, nq, hd]); caches
 // [B, S_cap, nkv, hd] of which the first S positions are valid (the new token's K/V included).
-void attention_decode(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t B,
+void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t B,
                       int64_t S, int64_t nq, int64_t nkv, int64_t hd);
 
 }  // namespace zaya::ops

@@ -29,7 +29,7 @@ void check_conv_weights(std::string_view op, const CcaConvWeights& w, const CcaD
 
 }  // namespace
 
-void cca_conv_forward(Tensor& out, const Tensor& z, const CcaConvWeights& w, int64_t B, int64_t T,
+void cca_conv_forward(const Tensor& out, const Tensor& z, const CcaConvWeights& w, int64_t B, int64_t T,
                       const CcaDims& dims) {
   constexpr std::string_view op = "cca_conv_forward";
   const OpDevice on(op, {{"out", out},
@@ -52,7 +52,7 @@ void cca_conv_forward(Tensor& out, const Tensor& z, const CcaConvWeights& w, int
   on.no_kernel();
 }
 
-void cca_conv_backward(Tensor& dz, CcaConvWeights& grads, const Tensor& dout, const Tensor& z,
+void cca_conv_backward(const Tensor& dz, const CcaConvWeights& grads, const Tensor& dout, const Tensor& z,
                        const CcaConvWeights& w, int64_t B, int64_t T, const CcaDims& dims,
                        bool accumulate_dz) {
   constexpr std::string_view op = "cca_conv_backward";
@@ -83,7 +83,7 @@ void cca_conv_backward(Tensor& dz, CcaConvWeights& grads, const Tensor& dout, co
   on.no_kernel();
 }
 
-void cca_conv_decode(Tensor& out, Tensor& state, const Tensor& z_new, const CcaConvWeights& w, int64_t B,
+void cca_conv_decode(const Tensor& out, const Tensor& state, const Tensor& z_new, const CcaConvWeights& w, int64_t B,
                      const CcaDims& dims) {
   constexpr std::string_view op = "cca_conv_decode";
   const OpDevice on(op, {{"out", out},
@@ -107,7 +107,7 @@ void cca_conv_decode(Tensor& out, Tensor& state, const Tensor& z_new, const CcaC
   on.no_kernel();
 }
 
-void mean_skip_forward(Tensor& q, Tensor& k, const Tensor& conv, const Tensor& q_tilde, const Tensor& k_tilde,
+void mean_skip_forward(const Tensor& q, const Tensor& k, const Tensor& conv, const Tensor& q_tilde, const Tensor& k_tilde,
                        int64_t N, const CcaDims& dims) {
   constexpr std::string_view op = "mean_skip_forward";
   const OpDevice on(op, {{"q", q}, {"k", k}, {"conv", conv}, {"q_tilde", q_tilde}, {"k_tilde", k_tilde}});
@@ -124,7 +124,7 @@ void mean_skip_forward(Tensor& q, Tensor& k, const Tensor& conv, const Tensor& q
   on.no_kernel();
 }
 
-void mean_skip_backward(Tensor& dconv, Tensor& dq_tilde, Tensor& dk_tilde, const Tensor& dq, const Tensor& dk,
+void mean_skip_backward(const Tensor& dconv, const Tensor& dq_tilde, const Tensor& dk_tilde, const Tensor& dq, const Tensor& dk,
                         int64_t N, const CcaDims& dims) {
   constexpr std::string_view op = "mean_skip_backward";
   const OpDevice on(
@@ -142,7 +142,7 @@ void mean_skip_backward(Tensor& dconv, Tensor& dq_tilde, Tensor& dk_tilde, const
   on.no_kernel();
 }
 
-void value_shift_forward(Tensor& v, const Tensor& vcd, int64_t B, int64_t T, int64_t half) {
+void value_shift_forward(const Tensor& v, const Tensor& vcd, int64_t B, int64_t T, int64_t half) {
   constexpr std::string_view op = "value_shift_forward";
   const OpDevice on(op, {{"v", v}, {"vcd", vcd}});
   check::positive(op, "B", B);
@@ -154,7 +154,7 @@ void value_shift_forward(Tensor& v, const Tensor& vcd, int64_t B, int64_t T, int
   on.no_kernel();
 }
 
-void value_shift_backward(Tensor& dvcd, const Tensor& dv, int64_t B, int64_t T, int64_t half) {
+void value_shift_backward(const Tensor& dvcd, const Tensor& dv, int64_t B, int64_t T, int64_t half) {
   constexpr std::string_view op = "value_shift_backward";
   const OpDevice on(op, {{"dvcd", dvcd}, {"dv", dv}});
   check::positive(op, "B", B);
@@ -166,7 +166,7 @@ void value_shift_backward(Tensor& dvcd, const Tensor& dv, int64_t B, int64_t T, 
   on.no_kernel();
 }
 
-void value_shift_decode(Tensor& v, Tensor& state, const Tensor& vc, const Tensor& vd, int64_t B,
+void value_shift_decode(const Tensor& v, const Tensor& state, const Tensor& vc, const Tensor& vd, int64_t B,
                         int64_t half) {
   constexpr std::string_view op = "value_shift_decode";
   const OpDevice on(op, {{"v", v}, {"state", state}, {"vc", vc}, {"vd", vd}});
@@ -182,7 +182,7 @@ void value_shift_decode(Tensor& v, Tensor& state, const Tensor& vc, const Tensor
   on.no_kernel();
 }
 
-void qk_norm_forward(Tensor& q_out, Tensor& k_out, const Tensor& q, const Tensor& k, const Tensor& temp,
+void qk_norm_forward(const Tensor& q_out, const Tensor& k_out, const Tensor& q, const Tensor& k, const Tensor& temp,
                      int64_t N, const CcaDims& dims) {
   constexpr std::string_view op = "qk_norm_forward";
   const OpDevice on(op, {{"q_out", q_out}, {"k_out", k_out}, {"q", q}, {"k", k}, {"qk_norm.temp", temp}});
@@ -199,7 +199,7 @@ void qk_norm_forward(Tensor& q_out, Tensor& k_out, const Tensor& q, const Tensor
   on.no_kernel();
 }
 
-void qk_norm_backward(Tensor& dq, Tensor& dk, Tensor& dtemp, const Tensor& dq_out, const Tensor& dk_out,
+void qk_norm_backward(const Tensor& dq, const Tensor& dk, const Tensor& dtemp, const Tensor& dq_out, const Tensor& dk_out,
                       const Tensor& q, const Tensor& k, const Tensor& temp, int64_t N, const CcaDims& dims) {
   constexpr std::string_view op = "qk_norm_backward";
   const OpDevice on(op, {{"dq", dq},
@@ -253,7 +253,7 @@ int64_t check_qk_path(std::string_view op, const CcaDims& dims, int64_t B, int64
 }
 }  // namespace
 
-void cca_qk_forward(Tensor& q, Tensor& k, Tensor& q_pre, Tensor& k_pre, const Tensor& conv, const Tensor& z,
+void cca_qk_forward(const Tensor& q, const Tensor& k, const Tensor& q_pre, const Tensor& k_pre, const Tensor& conv, const Tensor& z,
                     const Tensor& temp, const RopeTable& rope, int64_t B, int64_t T, const CcaDims& dims) {
   constexpr std::string_view op = "cca_qk_forward";
   const OpDevice on(op, {{"q", q},
@@ -275,7 +275,7 @@ void cca_qk_forward(Tensor& q, Tensor& k, Tensor& q_pre, Tensor& k_pre, const Te
   on.no_kernel();
 }
 
-void cca_qk_backward(Tensor& dconv, Tensor& dz, Tensor& dtemp, const Tensor& dq, const Tensor& dk,
+void cca_qk_backward(const Tensor& dconv, const Tensor& dz, const Tensor& dtemp, const Tensor& dq, const Tensor& dk,
                      const Tensor& q_pre, const Tensor& k_pre, const Tensor& temp, const RopeTable& rope,
                      int64_t B, int64_t T, const CcaDims& dims) {
   constexpr std::string_view op = "cca_qk_backward";

@@ -38,7 +38,7 @@ void check_residual_params(std::string_view op, const ResidualScaleParams& p, in
 
 }  // namespace
 
-void linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y) {
+void linear_forward(const Tensor& y, const Tensor& x, const Tensor& W, const Tensor& b) {
   constexpr std::string_view op = "linear_forward";
   const OpDevice on(op, {{"x", x}, {"W", W}, {"b", b}, {"y", y}});
   check::defined(op, "x", x);
@@ -52,12 +52,12 @@ void linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, const Ten
   const int64_t n = x.size(0), out = W.size(0);
   check::shape(op, "y", y, Shape{n, out});
   if (b.defined()) check::vector(op, "b", b, out);
-  if (on.cpu()) return cpu::linear_forward(x, W, b, y);
+  if (on.cpu()) return cpu::linear_forward(y, x, W, b);
   on.no_kernel();
 }
 
-void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dx, const Tensor& dW,
-                     const Tensor& db, const Tensor& dy_bf16, bool accumulate_dx) {
+void linear_backward(const Tensor& dx, const Tensor& dW, const Tensor& db, const Tensor& dy, const Tensor& x,
+                     const Tensor& W, const Tensor& dy_bf16, bool accumulate_dx) {
   constexpr std::string_view op = "linear_backward";
   const OpDevice on(
       op, {{"dy", dy}, {"x", x}, {"W", W}, {"dx", dx}, {"dW", dW}, {"db", db}, {"dy_bf16", dy_bf16}});
@@ -85,11 +85,11 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, const T
     check::shape(op, "dW", dW, Shape{out, in});
   }
   if (db.defined()) check::vector(op, "db", db, out);
-  if (on.cpu()) return cpu::linear_backward(dy, x, W, dx, dW, db, dy_bf16, accumulate_dx);
+  if (on.cpu()) return cpu::linear_backward(dx, dW, db, dy, x, W, dy_bf16, accumulate_dx);
   on.no_kernel();
 }
 
-void embedding_forward(const Tensor& ids, const Tensor& E, const Tensor& y) {
+void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& E) {
   constexpr std::string_view op = "embedding_forward";
   const OpDevice on(op, {{"ids", ids}, {"E", E}, {"y", y}});
   check::i32(op, "ids", ids);
@@ -97,11 +97,11 @@ void embedding_forward(const Tensor& ids, const Tensor& E, const Tensor& y) {
   check::f32(op, "y", y);
   ZAYA_CHECK(E.ndim() == 2, op, ": E must be [V, H], found ", E.str());
   check::shape(op, "y", y, Shape{ids.numel(), E.size(1)});
-  if (on.cpu()) return cpu::embedding_forward(ids, E, y);
+  if (on.cpu()) return cpu::embedding_forward(y, ids, E);
   on.no_kernel();
 }
 
-void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dE, int64_t padding_idx) {
+void embedding_backward(const Tensor& dE, const Tensor& dy, const Tensor& ids, int64_t padding_idx) {
   constexpr std::string_view op = "embedding_backward";
   const OpDevice on(op, {{"dy", dy}, {"ids", ids}, {"dE", dE}});
   check::f32(op, "dy", dy);
@@ -109,11 +109,11 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dE, i
   check::f32(op, "dE", dE);
   ZAYA_CHECK(dE.ndim() == 2, op, ": dE must be [V, H], found ", dE.str());
   check::shape(op, "dy", dy, Shape{ids.numel(), dE.size(1)});
-  if (on.cpu()) return cpu::embedding_backward(dy, ids, dE, padding_idx);
+  if (on.cpu()) return cpu::embedding_backward(dE, dy, ids, padding_idx);
   on.no_kernel();
 }
 
-void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
+void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, float eps) {
   constexpr std::string_view op = "rmsnorm_forward";
   const OpDevice on(op, {{"x", x}, {"w", w}, {"y", y}, {"rstd", rstd}});
   check::f32(op, "x", x);
@@ -122,12 +122,12 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& 
   check_same_shape(str(op, ": y vs x"), y, x);
   check::f32(op, "rstd", rstd);
   check::shape(op, "rstd", rstd, Shape{rows_of(x)});
-  if (on.cpu()) return cpu::rmsnorm_forward(x, w, eps, y, rstd);
+  if (on.cpu()) return cpu::rmsnorm_forward(y, rstd, x, w, eps);
   on.no_kernel();
 }
 
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dw, bool accumulate_dx) {
+void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                      const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
   constexpr std::string_view op = "rmsnorm_backward";
   const OpDevice on(op, {{"dy", dy}, {"x", x}, {"w", w}, {"rstd", rstd}, {"dx", dx}, {"dw", dw}});
   check::f32(op, "x", x);
@@ -142,11 +142,11 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
     check_same_shape(str(op, ": dx vs x"), dx, x);
   }
   if (dw.defined()) check::vector(op, "dw", dw, f);
-  if (on.cpu()) return cpu::rmsnorm_backward(dy, x, w, rstd, dx, dw, accumulate_dx);
+  if (on.cpu()) return cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd, accumulate_dx);
   on.no_kernel();
 }
 
-void residual_scale_forward(const Tensor& h, const Tensor& x, const ResidualScaleParams& p, const Tensor& y) {
+void residual_scale_forward(const Tensor& y, const Tensor& h, const Tensor& x, const ResidualScaleParams& p) {
   constexpr std::string_view op = "residual_scale_forward";
   const OpDevice on(op, {{"h", h},
                          {"x", x},
@@ -157,12 +157,12 @@ void residual_scale_forward(const Tensor& h, const Tensor& x, const ResidualScal
                          {"y", y}});
   check_f32_like(op, {{"h", &h}, {"x", &x}, {"y", &y}});
   check_residual_params(op, p, last_dim(h), "");
-  if (on.cpu()) return cpu::residual_scale_forward(h, x, p, y);
+  if (on.cpu()) return cpu::residual_scale_forward(y, h, x, p);
   on.no_kernel();
 }
 
-void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x, const ResidualScaleParams& p,
-                             const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads) {
+void residual_scale_backward(const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads, const Tensor& dy,
+                             const Tensor& h, const Tensor& x, const ResidualScaleParams& p) {
   constexpr std::string_view op = "residual_scale_backward";
   const OpDevice on(op, {{"dy", dy},
                          {"h", h},
@@ -186,54 +186,54 @@ void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x,
     check::f32(op, name, *t);
     check_same_shape(str(op, ": ", name, " vs h"), *t, h);
   }
-  if (on.cpu()) return cpu::residual_scale_backward(dy, h, x, p, dh, dx, grads);
+  if (on.cpu()) return cpu::residual_scale_backward(dh, dx, grads, dy, h, x, p);
   on.no_kernel();
 }
 
-void silu_forward(const Tensor& x, const Tensor& y) {
+void silu_forward(const Tensor& y, const Tensor& x) {
   constexpr std::string_view op = "silu_forward";
   const OpDevice on(op, {{"x", x}, {"y", y}});
   check_f32_like(op, {{"x", &x}, {"y", &y}});
-  if (on.cpu()) return cpu::silu_forward(x, y);
+  if (on.cpu()) return cpu::silu_forward(y, x);
   on.no_kernel();
 }
 
-void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+void silu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   constexpr std::string_view op = "silu_backward";
   const OpDevice on(op, {{"dy", dy}, {"x", x}, {"dx", dx}});
   check_f32_like(op, {{"x", &x}, {"dy", &dy}, {"dx", &dx}});
-  if (on.cpu()) return cpu::silu_backward(dy, x, dx);
+  if (on.cpu()) return cpu::silu_backward(dx, dy, x);
   on.no_kernel();
 }
 
-void gelu_forward(const Tensor& x, const Tensor& y) {
+void gelu_forward(const Tensor& y, const Tensor& x) {
   constexpr std::string_view op = "gelu_forward";
   const OpDevice on(op, {{"x", x}, {"y", y}});
   check_f32_like(op, {{"x", &x}, {"y", &y}});
-  if (on.cpu()) return cpu::gelu_forward(x, y);
+  if (on.cpu()) return cpu::gelu_forward(y, x);
   on.no_kernel();
 }
 
-void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   constexpr std::string_view op = "gelu_backward";
   const OpDevice on(op, {{"dy", dy}, {"x", x}, {"dx", dx}});
   check_f32_like(op, {{"x", &x}, {"dy", &dy}, {"dx", &dx}});
-  if (on.cpu()) return cpu::gelu_backward(dy, x, dx);
+  if (on.cpu()) return cpu::gelu_backward(dx, dy, x);
   on.no_kernel();
 }
 
-void swiglu_forward(const Tensor& gu, const Tensor& y) {
+void swiglu_forward(const Tensor& y, const Tensor& gu) {
   constexpr std::string_view op = "swiglu_forward";
   const OpDevice on(op, {{"gu", gu}, {"y", y}});
   check::f32(op, "gu", gu);
   check::f32(op, "y", y);
   ZAYA_CHECK(gu.ndim() == 2 && gu.size(1) % 2 == 0, op, ": gu must be [N, 2I], found ", gu.str());
   check::shape(op, "y", y, Shape{gu.size(0), gu.size(1) / 2});
-  if (on.cpu()) return cpu::swiglu_forward(gu, y);
+  if (on.cpu()) return cpu::swiglu_forward(y, gu);
   on.no_kernel();
 }
 
-void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu) {
+void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
   constexpr std::string_view op = "swiglu_backward";
   const OpDevice on(op, {{"dy", dy}, {"gu", gu}, {"dgu", dgu}});
   check::f32(op, "gu", gu);
@@ -242,34 +242,34 @@ void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu) {
   ZAYA_CHECK(gu.ndim() == 2 && gu.size(1) % 2 == 0, op, ": gu must be [N, 2I], found ", gu.str());
   check::shape(op, "dy", dy, Shape{gu.size(0), gu.size(1) / 2});
   check_same_shape(str(op, ": dgu vs gu"), dgu, gu);
-  if (on.cpu()) return cpu::swiglu_backward(dy, gu, dgu);
+  if (on.cpu()) return cpu::swiglu_backward(dgu, dy, gu);
   on.no_kernel();
 }
 
-void cast_to_bf16(const Tensor& src, const Tensor& dst) {
+void cast_to_bf16(const Tensor& dst, const Tensor& src) {
   constexpr std::string_view op = "cast_to_bf16";
   const OpDevice on(op, {{"src", src}, {"dst", dst}});
   check::f32(op, "src", src);
   check::dtype(op, "dst", dst, DType::bf16);
   ZAYA_CHECK(dst.numel() == src.numel(), op, ": dst ", dst.str(), " must have as many elements as src ",
              src.str());
-  if (on.cpu()) return cpu::cast_to_bf16(src, dst);
+  if (on.cpu()) return cpu::cast_to_bf16(dst, src);
   on.no_kernel();
 }
 
-void softmax_forward(const Tensor& x, const Tensor& y) {
+void softmax_forward(const Tensor& y, const Tensor& x) {
   constexpr std::string_view op = "softmax_forward";
   const OpDevice on(op, {{"x", x}, {"y", y}});
   check_f32_like(op, {{"x", &x}, {"y", &y}});
-  if (on.cpu()) return cpu::softmax_forward(x, y, cpu::StoreMode::automatic);
+  if (on.cpu()) return cpu::softmax_forward(y, x, cpu::StoreMode::automatic);
   on.no_kernel();
 }
 
-void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx) {
+void softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
   constexpr std::string_view op = "softmax_backward";
   const OpDevice on(op, {{"dy", dy}, {"y", y}, {"dx", dx}});
   check_f32_like(op, {{"y", &y}, {"dy", &dy}, {"dx", &dx}});
-  if (on.cpu()) return cpu::softmax_backward(dy, y, dx);
+  if (on.cpu()) return cpu::softmax_backward(dx, dy, y);
   on.no_kernel();
 }
 

@@ -17,25 +17,25 @@ namespace zaya::ops {
 
 // y[N, out] = x[N, in]·Wᵀ + b, W [out, in] (Hugging Face layout), b [out] or undefined.
 // x and W are both f32 or both bf16 (bf16 copies for the bf16 GEMM path); y is f32.
-void linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y);
+void linear_forward(const Tensor& y, const Tensor& x, const Tensor& W, const Tensor& b);
 // dx = dy·W (written, or added to dx with accumulate_dx: a second path's gradient into the same
 // input without a temporary; skipped if undefined), dW += dyᵀ·x, db += Σ_rows dy (each skipped if
 // undefined). dy is f32. On the bf16 path `dy_bf16` ([N, out] bf16 workspace) receives dy rounded
 // to bf16 for the two GEMMs; db still sums the f32 dy.
-void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dx, const Tensor& dW,
-                     const Tensor& db, const Tensor& dy_bf16 = {}, bool accumulate_dx = false);
+void linear_backward(const Tensor& dx, const Tensor& dW, const Tensor& db, const Tensor& dy, const Tensor& x,
+                     const Tensor& W, const Tensor& dy_bf16 = {}, bool accumulate_dx = false);
 
 // y[n] = E[ids[n]]; ids i32 of any shape with N elements, E [V, H], y [N, H].
 // An id outside [0, V) throws zaya::Error naming it and V.
-void embedding_forward(const Tensor& ids, const Tensor& E, const Tensor& y);
+void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& E);
 // dE[v] += Σ_{n: ids[n] = v} dy[n], except rows with ids[n] == padding_idx (-1: none).
-void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dE, int64_t padding_idx = -1);
+void embedding_backward(const Tensor& dE, const Tensor& dy, const Tensor& ids, int64_t padding_idx = -1);
 
 // y = w ⊙ (x · rstd), rstd = 1/sqrt(mean(x²) + eps) per row (fp32), saved in rstd [N].
-void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd);
+void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, float eps);
 // dx written (or added to dx with accumulate_dx), dw += Σ_rows dy ⊙ x·rstd.
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dw, bool accumulate_dx = false);
+void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                      const Tensor& w, const Tensor& rstd, bool accumulate_dx = false);
 
 // ZAYA1 residual scaling, four per-channel [F] vectors (HF names in comments):
 // y = (h + hidden_bias) ⊙ hidden_scale + (x + residual_bias) ⊙ residual_scale.
@@ -45,27 +45,27 @@ struct ResidualScaleParams {
   Tensor residual_scale;  // *.residual_scale
   Tensor residual_bias;   // *.residual_bias
 };
-void residual_scale_forward(const Tensor& h, const Tensor& x, const ResidualScaleParams& p, const Tensor& y);
+void residual_scale_forward(const Tensor& y, const Tensor& h, const Tensor& x, const ResidualScaleParams& p);
 // dh, dx written (either may be undefined); the four parameter gradients in `grads` accumulate.
-void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x, const ResidualScaleParams& p,
-                             const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads);
+void residual_scale_backward(const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads, const Tensor& dy,
+                             const Tensor& h, const Tensor& x, const ResidualScaleParams& p);
 
 // Elementwise activations on any f32 shape. Backward writes dx and may run in place (dx == dy).
-void silu_forward(const Tensor& x, const Tensor& y);  // x·σ(x)
-void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
-void gelu_forward(const Tensor& x, const Tensor& y);  // exact: ½x(1 + erf(x/√2))
-void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
+void silu_forward(const Tensor& y, const Tensor& x);  // x·σ(x)
+void silu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
+void gelu_forward(const Tensor& y, const Tensor& x);  // exact: ½x(1 + erf(x/√2))
+void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
 
 // SwiGLU on gu [N, 2I]: gate g = first I columns, value v = last I; y [N, I] = silu(g) ⊙ v.
-void swiglu_forward(const Tensor& gu, const Tensor& y);
-void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu);
+void swiglu_forward(const Tensor& y, const Tensor& gu);
+void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu);
 
 // dst = src rounded to bf16 (round to nearest even), elementwise; src f32, dst bf16 with as many
 // elements (any shapes). The operand copies of the bf16 GEMM paths (expert weights, Newton–Schulz iterates).
-void cast_to_bf16(const Tensor& src, const Tensor& dst);
+void cast_to_bf16(const Tensor& dst, const Tensor& src);
 
 // Row softmax in fp32 over the last dim; backward from the saved output y.
-void softmax_forward(const Tensor& x, const Tensor& y);
-void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx);
+void softmax_forward(const Tensor& y, const Tensor& x);
+void softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y);
 
 }  // namespace zaya::ops

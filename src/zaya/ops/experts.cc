@@ -53,8 +53,8 @@ void check_acts(std::string_view op, const ExpertActs& a, int64_t M, const Dims&
 
 }  // namespace
 
-void experts_forward(const Tensor& x, const Tensor& src, const Tensor& offsets, int64_t M,
-                     const ExpertWeights& w, const ExpertActs& a) {
+void experts_forward(const ExpertActs& a, const Tensor& x, const Tensor& src, const Tensor& offsets,
+                     const ExpertWeights& w, int64_t M) {
   constexpr std::string_view op = "experts_forward";
   const OpDevice on(op, {{"x", x},          {"src", src},     {"offsets", offsets}, {"weights.gate_up", w.gate_up},
                          {"weights.down", w.down}, {"xp", a.xp}, {"gu", a.gu},       {"act", a.act},
@@ -67,13 +67,13 @@ void experts_forward(const Tensor& x, const Tensor& src, const Tensor& offsets, 
   check::i32(op, "src", src);
   check::shape(op, "src", src, Shape{x.size(0)});
   check_acts(op, a, M, d, w.gate_up.dtype() == DType::bf16);
-  if (on.cpu()) return cpu::experts_forward(x, src, offsets, M, w, a);
+  if (on.cpu()) return cpu::experts_forward(a, x, src, offsets, w, M);
   on.no_kernel();
 }
 
-bool experts_backward(const Tensor& dy, const Tensor& dxp, const Tensor& offsets, int64_t M,
-                      const ExpertWeights& w, const ExpertWeights& grads, const ExpertActs& a,
-                      const ExpertScratch& scratch, std::span<SideTask> side) {
+bool experts_backward(const Tensor& dxp, const ExpertWeights& grads, const Tensor& dy, const Tensor& offsets,
+                      const ExpertWeights& w, const ExpertActs& a, const ExpertScratch& scratch,
+                      int64_t M, std::span<SideTask> side) {
   constexpr std::string_view op = "experts_backward";
   OpDevice on(op, {{"dy", dy},
                    {"dxp", dxp},
@@ -104,7 +104,7 @@ bool experts_backward(const Tensor& dy, const Tensor& dxp, const Tensor& offsets
     require_rows_at_least(op, "dgu16 (bf16 weights need it)", scratch.dgu16, M, 2 * d.I, DType::bf16);
   }
   for (const SideTask& t : side) ZAYA_CHECK(t.run != nullptr, op, ": a side task has no function");
-  if (on.cpu()) return cpu::experts_backward(dy, dxp, offsets, M, w, grads, a, scratch, side);
+  if (on.cpu()) return cpu::experts_backward(dxp, grads, dy, offsets, w, a, scratch, M, side);
   on.no_kernel();
 }
 

@@ -47,14 +47,14 @@ struct SideTask {
 
 // x [N, H] the experts' input (post-attention norm output), src [N] i32 and offsets [E+1] i32 from
 // moe_plan, M the routed rows. Writes a.xp (rows < M), a.gu, a.act, a.y (and the bf16 copies).
-void experts_forward(const Tensor& x, const Tensor& src, const Tensor& offsets, int64_t M,
-                     const ExpertWeights& w, const ExpertActs& a);
+void experts_forward(const ExpertActs& a, const Tensor& x, const Tensor& src, const Tensor& offsets,
+                     const ExpertWeights& w, int64_t M);
 
 // From dy (dL/dy, [., H], permuted rows): writes dxp [., H] (dL/dxp, rows < M) and accumulates the
 // weight gradients into grads (f32 [E, 2I, H], [E, H, I]). `side` tasks may run during the call, in
 // which case it returns true; when it returns false none of them ran and the caller runs them.
-bool experts_backward(const Tensor& dy, const Tensor& dxp, const Tensor& offsets, int64_t M,
-                      const ExpertWeights& w, const ExpertWeights& grads, const ExpertActs& a,
-                      const ExpertScratch& scratch, std::span<SideTask> side);
+bool experts_backward(const Tensor& dxp, const ExpertWeights& grads, const Tensor& dy, const Tensor& offsets,
+                      const ExpertWeights& w, const ExpertActs& a, const ExpertScratch& scratch,
+                      int64_t M, std::span<SideTask> side);
 
 }  // namespace zaya::ops

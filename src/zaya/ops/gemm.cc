@@ -41,7 +41,7 @@ GemmDims check_gemm_problem(std::string_view op, const Tensor& A, Trans ta, cons
   return d;
 }
 
-void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha, float beta) {
+void gemm(const Tensor& C, const Tensor& A, Trans ta, const Tensor& B, Trans tb, float alpha, float beta) {
   constexpr std::string_view op = "gemm";
   const OpDevice on(op, {{"A", A}, {"B", B}, {"C", C}});
   const GemmDims d = check_gemm_problem(op, A, ta, B, tb, C);

@@ -18,7 +18,7 @@ enum class Trans : uint8_t { N, T };
 // op(A) is [M, K]: A is [M, K] for Trans::N and [K, M] for Trans::T; likewise op(B) is [K, N].
 // Batched: A and C may carry a leading batch dim [Bt, ., .]; B is then [Bt, ., .] or 2-D (the same
 // B for every batch entry). C must not overlap A or B. C is a view handle: its data is written.
-void gemm(const Tensor& A, Trans ta, const Tensor& B, Trans tb, const Tensor& C, float alpha = 1.0f,
+void gemm(const Tensor& C, const Tensor& A, Trans ta, const Tensor& B, Trans tb, float alpha = 1.0f,
           float beta = 0.0f);
 
 // One problem of a grouped GEMM (the expert GEMMs: each expert gets a different number of tokens).

@@ -49,19 +49,19 @@ int64_t cross_entropy_workspace_elems(int64_t n, int64_t vocab, const CrossEntro
   return cpu::cross_entropy_workspace_elems(n, vocab, opt);
 }
 
-CrossEntropyResult cross_entropy_tied_forward(const Tensor& h, const Tensor& E, const Tensor& targets,
-                                              const Tensor& lse, const Tensor& workspace,
+CrossEntropyResult cross_entropy_tied_forward(const Tensor& lse, const Tensor& h, const Tensor& E,
+                                              const Tensor& targets, const Tensor& workspace,
                                               const CrossEntropyOptions& opt) {
   constexpr std::string_view op = "cross_entropy_tied_forward";
   const OpDevice on(op, {{"h", h}, {"E", E}, {"targets", targets}, {"lse", lse}, {"workspace", workspace}});
   check_tied_args(op, h, E, targets, lse, workspace, opt);
-  if (on.cpu()) return cpu::cross_entropy_tied_forward(h, E, targets, lse, workspace, opt);
+  if (on.cpu()) return cpu::cross_entropy_tied_forward(lse, h, E, targets, workspace, opt);
   on.no_kernel();
 }
 
-CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Tensor& E,
-                                                       const Tensor& targets, const Tensor& dh,
-                                                       const Tensor& dE, const Tensor& lse,
+CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const Tensor& dE,
+                                                       const Tensor& lse, const Tensor& h,
+                                                       const Tensor& E, const Tensor& targets,
                                                        const Tensor& workspace,
                                                        const CrossEntropyOptions& opt) {
   constexpr std::string_view op = "cross_entropy_tied_forward_backward";
@@ -77,16 +77,16 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Te
   check_same_shape(str(op, ": dh vs h"), dh, h);
   check::f32(op, "dE", dE);
   check_same_shape(str(op, ": dE vs E"), dE, E);
-  if (on.cpu()) return cpu::cross_entropy_tied_forward_backward(h, E, targets, dh, dE, lse, workspace, opt);
+  if (on.cpu()) return cpu::cross_entropy_tied_forward_backward(dh, dE, lse, h, E, targets, workspace, opt);
   on.no_kernel();
 }
 
-CrossEntropyResult cross_entropy_logits_forward(const Tensor& logits, const Tensor& targets,
-                                                const Tensor& lse, int32_t ignore_index) {
+CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits,
+                                                const Tensor& targets, int32_t ignore_index) {
   constexpr std::string_view op = "cross_entropy_logits_forward";
   const OpDevice on(op, {{"logits", logits}, {"targets", targets}, {"lse", lse}});
   check_logits_args(op, logits, lse, targets);
-  if (on.cpu()) return cpu::cross_entropy_logits_forward(logits, targets, lse, ignore_index);
+  if (on.cpu()) return cpu::cross_entropy_logits_forward(lse, logits, targets, ignore_index);
   on.no_kernel();
 }
 

@@ -38,20 +38,20 @@ int64_t cross_entropy_workspace_elems(int64_t n, int64_t vocab, const CrossEntro
 // h [N, H] f32 (already final-normed), E [V, H] f32, targets i32 [N]; lse [N] receives each row's
 // logsumexp; workspace is an f32 tensor with at least cross_entropy_workspace_elems elements (its
 // contents on return are the op's own, see above).
-CrossEntropyResult cross_entropy_tied_forward(const Tensor& h, const Tensor& E, const Tensor& targets,
-                                              const Tensor& lse, const Tensor& workspace,
+CrossEntropyResult cross_entropy_tied_forward(const Tensor& lse, const Tensor& h, const Tensor& E,
+                                              const Tensor& targets, const Tensor& workspace,
                                               const CrossEntropyOptions& opt = {});
 
 // Forward, then backward of the mean loss: dh [N, H] written, dE [V, H] accumulated (+=).
-CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Tensor& E, const Tensor& targets,
-                                                       const Tensor& dh, const Tensor& dE, const Tensor& lse,
+CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const Tensor& dE, const Tensor& lse,
+                                                       const Tensor& h, const Tensor& E, const Tensor& targets,
                                                        const Tensor& workspace,
                                                        const CrossEntropyOptions& opt = {});
 
 // The loss from logits [N, V] the caller made itself (the model's bf16 head GEMM): lse [N] receives
 // each row's logsumexp, the logits are left as they are; N i32 targets (any shape), each in [0, V)
 // or ignore_index. Same row math and order as the fused forward's single chunk.
-CrossEntropyResult cross_entropy_logits_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits, const Tensor& targets,
                                                 int32_t ignore_index = -100);
 
 // Turns materialized logits [N, V] (cross_entropy_logits_forward's input) into the gradient of the mean

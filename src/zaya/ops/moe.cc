@@ -23,7 +23,7 @@ void check_permuted(std::string_view op, std::string_view what, const Tensor& t,
 }
 }  // namespace
 
-void moe_route(Tensor& probs, Tensor& choice, Tensor& weight, const Tensor& logits, const Tensor& beta,
+void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits, const Tensor& beta,
                int64_t N, int64_t E) {
   constexpr std::string_view op = "moe_route";
   const OpDevice on(op, {{"probs", probs},
@@ -45,7 +45,7 @@ void moe_route(Tensor& probs, Tensor& choice, Tensor& weight, const Tensor& logi
   on.no_kernel();
 }
 
-void moe_route_backward(Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
+void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
                         int64_t N, int64_t E) {
   constexpr std::string_view op = "moe_route_backward";
   const OpDevice on(op, {{"dlogits", dlogits}, {"dweight", dweight}, {"probs", probs}, {"choice", choice}});
@@ -62,7 +62,7 @@ void moe_route_backward(Tensor& dlogits, const Tensor& dweight, const Tensor& pr
   on.no_kernel();
 }
 
-int64_t moe_plan(Tensor& counts, Tensor& offsets, Tensor& pos, Tensor& src, const Tensor& choice, int64_t N,
+int64_t moe_plan(const Tensor& counts, const Tensor& offsets, const Tensor& pos, const Tensor& src, const Tensor& choice, int64_t N,
                  int64_t E) {
   constexpr std::string_view op = "moe_plan";
   const OpDevice on(
@@ -89,7 +89,7 @@ int64_t moe_plan(Tensor& counts, Tensor& offsets, Tensor& pos, Tensor& src, cons
 
 namespace {
 // xp[r] = x[src[r]] for r0 <= r < r1, after the checks both gathers share.
-void gather_checked(std::string_view op, Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0,
+void gather_checked(std::string_view op, const Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0,
                     int64_t r1, int64_t N, int64_t H) {
   const OpDevice on(op, {{"xp", xp}, {"x", x}, {"src", src}});
   check_nh(op, r1, N, H);
@@ -103,18 +103,18 @@ void gather_checked(std::string_view op, Tensor& xp, const Tensor& x, const Tens
 }
 }  // namespace
 
-void moe_gather(Tensor& xp, const Tensor& x, const Tensor& src, int64_t M, int64_t N, int64_t H) {
+void moe_gather(const Tensor& xp, const Tensor& x, const Tensor& src, int64_t M, int64_t N, int64_t H) {
   gather_checked("moe_gather", xp, x, src, 0, M, N, H);
 }
 
-void moe_gather_rows(Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1, int64_t N,
+void moe_gather_rows(const Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1, int64_t N,
                      int64_t H) {
   constexpr std::string_view op = "moe_gather_rows";
   ZAYA_CHECK(0 <= r0 && r0 <= r1 && r1 <= N, op, ": rows [", r0, ", ", r1, ") out of range for N = ", N);
   gather_checked(op, xp, x, src, r0, r1, N, H);
 }
 
-void moe_gather_backward(Tensor& dx, const Tensor& dxp, const Tensor& pos, int64_t M, int64_t N, int64_t H) {
+void moe_gather_backward(const Tensor& dx, const Tensor& dxp, const Tensor& pos, int64_t M, int64_t N, int64_t H) {
   constexpr std::string_view op = "moe_gather_backward";
   const OpDevice on(op, {{"dx", dx}, {"dxp", dxp}, {"pos", pos}});
   check_nh(op, M, N, H);
@@ -126,7 +126,7 @@ void moe_gather_backward(Tensor& dx, const Tensor& dxp, const Tensor& pos, int64
   on.no_kernel();
 }
 
-void moe_unpermute(Tensor& out, const Tensor& y, const Tensor& weight, const Tensor& pos, int64_t M,
+void moe_unpermute(const Tensor& out, const Tensor& y, const Tensor& weight, const Tensor& pos, int64_t M,
                    int64_t N, int64_t H) {
   constexpr std::string_view op = "moe_unpermute";
   const OpDevice on(op, {{"out", out}, {"y", y}, {"weight", weight}, {"pos", pos}});
@@ -142,7 +142,7 @@ void moe_unpermute(Tensor& out, const Tensor& y, const Tensor& weight, const Ten
   on.no_kernel();
 }
 
-void moe_unpermute_backward(Tensor& dy, Tensor& dweight, const Tensor& dout, const Tensor& y,
+void moe_unpermute_backward(const Tensor& dy, const Tensor& dweight, const Tensor& dout, const Tensor& y,
                             const Tensor& weight, const Tensor& pos, int64_t M, int64_t N, int64_t H) {
   constexpr std::string_view op = "moe_unpermute_backward";
   const OpDevice on(

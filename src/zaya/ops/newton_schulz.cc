@@ -9,7 +9,7 @@
 
 namespace zaya::ops {
 
-void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, const Tensor& B, float a,
+void newton_schulz_step(const Tensor& X_next, const Tensor& X, const Tensor& A, const Tensor& B, float a,
                         float b, float c) {
   constexpr std::string_view op = "newton_schulz_step";
   const OpDevice on(op, {{"X", X}, {"X_next", X_next}, {"A", A}, {"B", B}});
@@ -22,7 +22,7 @@ void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, 
   check::shape(op, "A", A, Shape{r, r});
   check::f32(op, "B", B);
   check::shape(op, "B", B, Shape{r, r});
-  if (on.cpu()) return cpu::newton_schulz_step(X, X_next, A, B, a, b, c);
+  if (on.cpu()) return cpu::newton_schulz_step(X_next, X, A, B, a, b, c);
   on.no_kernel();
 }
 
@@ -33,7 +33,7 @@ int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch,
   return batch * (r * c + 2 * r * r);  // A, B and the next X
 }
 
-void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps,
+void newton_schulz_orthogonalize(const Tensor& out, const Tensor& G, const Tensor& workspace, int steps,
                                  DType compute) {
   constexpr std::string_view op = "newton_schulz_orthogonalize";
   const OpDevice on(op, {{"G", G}, {"out", out}, {"workspace", workspace}});
@@ -54,7 +54,7 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
   const int64_t need = newton_schulz_workspace_elems(rows, cols, batch, compute);
   ZAYA_CHECK(workspace.numel() >= need, op, ": workspace has ", workspace.numel(), " elements, needs ", need,
              " for G ", G.shape().str(), " in ", dtype_name(compute));
-  if (on.cpu()) return cpu::newton_schulz_orthogonalize(G, out, workspace, steps, compute);
+  if (on.cpu()) return cpu::newton_schulz_orthogonalize(out, G, workspace, steps, compute);
   on.no_kernel();
 }
 

@@ -14,7 +14,7 @@ constexpr float kNewtonSchulzA = 3.4445f, kNewtonSchulzB = -4.7750f, kNewtonSchu
 
 // One step for X [r, c] with r <= c: A = X·Xᵀ, B = b·A + c·A·A, X_next = a·X + B·X.
 // A and B are [r, r] workspaces; X_next must not overlap X.
-void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, const Tensor& B,
+void newton_schulz_step(const Tensor& X_next, const Tensor& X, const Tensor& A, const Tensor& B,
                         float a = kNewtonSchulzA, float b = kNewtonSchulzB, float c = kNewtonSchulzC);
 
 // f32 elements newton_schulz_orthogonalize needs for `batch` [rows, cols] matrices iterated in
@@ -40,7 +40,7 @@ int64_t newton_schulz_workspace_elems(int64_t rows, int64_t cols, int64_t batch 
 // iteration, so bf16 rounding of its inputs moves the result by ~2.5% (relative norm) and not
 // its direction (cosine 0.9996 with the f32 result; tests/ops/test_newton_schulz.cc). f32 is the
 // exact-arithmetic reference the tests compare against.
-void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps = 5,
+void newton_schulz_orthogonalize(const Tensor& out, const Tensor& G, const Tensor& workspace, int steps = 5,
                                  DType compute = DType::f32);
 
 }  // namespace zaya::ops

@@ -36,7 +36,7 @@ double clip_grad_norm(std::span<const Tensor> grads, double max_norm) {
   return norm;
 }
 
-void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad,
                   const AdamWHyper& hp, int64_t step) {
   constexpr std::string_view op = "adamw_update";
   const OpDevice on(op, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}});
@@ -46,7 +46,7 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, cons
     check_same_shape(str(op, ": ", name, " vs param"), *t, param);
   }
   ZAYA_CHECK(step >= 1, op, ": step must be >= 1 (bias correction divides by 1 - beta^step), found ", step);
-  if (on.cpu()) return cpu::adamw_update(param, grad, m, v, hp, step);
+  if (on.cpu()) return cpu::adamw_update(param, m, v, grad, hp, step);
   on.no_kernel();
 }
 

@@ -40,7 +40,7 @@ inline float flush_subnormal(float x) { return std::fabs(x) < FLT_MIN ? 0.0f : x
 //   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²  (each through flush_subnormal);
 //   m̂ = m/(1−β1^t);  v̂ = v/(1−β2^t)
 //   p ← p − lr·(m̂/(√v̂ + eps) + wd·p)
-void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWHyper& hp,
+void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad, const AdamWHyper& hp,
                   int64_t step);
 
 }  // namespace zaya::ops

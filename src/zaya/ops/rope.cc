@@ -44,7 +44,7 @@ RopeTable make_rope_table(int64_t head_dim, double partial_rotary_factor, double
 }
 
 namespace {
-void rope_run(std::string_view op, Tensor& y, const Tensor& x, const RopeTable& table, int64_t B, int64_t T,
+void rope_run(std::string_view op, const Tensor& y, const Tensor& x, const RopeTable& table, int64_t B, int64_t T,
               int64_t heads, int64_t hd, int64_t pos_offset, float sign, const char* xname,
               const char* yname) {
   const OpDevice on(op, {{yname, y}, {xname, x}, {"cos table", table.cos}, {"sin table", table.sin}});
@@ -68,12 +68,12 @@ void rope_run(std::string_view op, Tensor& y, const Tensor& x, const RopeTable& 
 }
 }  // namespace
 
-void rope_forward(Tensor& y, const Tensor& x, const RopeTable& table, int64_t B, int64_t T, int64_t heads,
+void rope_forward(const Tensor& y, const Tensor& x, const RopeTable& table, int64_t B, int64_t T, int64_t heads,
                   int64_t hd, int64_t pos_offset) {
   rope_run("rope_forward", y, x, table, B, T, heads, hd, pos_offset, 1.0f, "x", "y");
 }
 
-void rope_backward(Tensor& dx, const Tensor& dy, const RopeTable& table, int64_t B, int64_t T, int64_t heads,
+void rope_backward(const Tensor& dx, const Tensor& dy, const RopeTable& table, int64_t B, int64_t T, int64_t heads,
                    int64_t hd, int64_t pos_offset) {
   rope_run("rope_backward", dx, dy, table, B, T, heads, hd, pos_offset, -1.0f, "dy", "dx");
 }

@@ -23,10 +23,10 @@ struct RopeTable {
 RopeTable make_rope_table(int64_t head_dim, double partial_rotary_factor, double theta, int64_t max_positions);
 
 // x, y [B, T, heads, hd] (or [B, T, heads·hd]); y may be x (in place).
-void rope_forward(Tensor& y, const Tensor& x, const RopeTable& table, int64_t B, int64_t T, int64_t heads,
+void rope_forward(const Tensor& y, const Tensor& x, const RopeTable& table, int64_t B, int64_t T, int64_t heads,
                   int64_t hd, int64_t pos_offset = 0);
 // dx from dy by the inverse rotation; dx may be dy (in place).
-void rope_backward(Tensor& dx, const Tensor& dy, const RopeTable& table, int64_t B, int64_t T, int64_t heads,
+void rope_backward(const Tensor& dx, const Tensor& dy, const RopeTable& table, int64_t B, int64_t T, int64_t heads,
                    int64_t hd, int64_t pos_offset = 0);
 
 }  // namespace zaya::ops

@@ -18,8 +18,8 @@ void eda_forward(const Tensor& r, const Tensor& r_prev, const Tensor& s) {
   on.no_kernel();
 }
 
-void eda_backward(const Tensor& dr, const Tensor& carried, const Tensor& r_prev, const Tensor& s,
-                  const Tensor& ds) {
+void eda_backward(const Tensor& dr, const Tensor& carried, const Tensor& ds, const Tensor& r_prev,
+                  const Tensor& s) {
   constexpr std::string_view op = "eda_backward";
   const OpDevice on(op, {{"dr", dr}, {"carried", carried}, {"r_prev", r_prev}, {"s", s}, {"ds", ds}});
   check::f32(op, "dr", dr);

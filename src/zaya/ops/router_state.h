@@ -15,7 +15,7 @@ void eda_forward(const Tensor& r, const Tensor& r_prev, const Tensor& s);
 // s defined, [N, R] and [R]): ds += Σ_rows dr ⊙ r_prev, and carried = dr ⊙ s becomes the carry for
 // layer l−1 (written in place). Without EDA (layer 0) r_prev, s and ds are undefined and carried is
 // only read.
-void eda_backward(const Tensor& dr, const Tensor& carried, const Tensor& r_prev, const Tensor& s,
-                  const Tensor& ds);
+void eda_backward(const Tensor& dr, const Tensor& carried, const Tensor& ds, const Tensor& r_prev,
+                  const Tensor& s);
 
 }  // namespace zaya::ops

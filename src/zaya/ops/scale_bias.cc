@@ -14,7 +14,7 @@ std::pair<int64_t, int64_t> rows_cols(std::string_view op, const Tensor& x) {
 }
 }  // namespace
 
-void scale_bias_forward(const Tensor& x, const Tensor& b, const Tensor& g, const Tensor& y) {
+void scale_bias_forward(const Tensor& y, const Tensor& x, const Tensor& b, const Tensor& g) {
   constexpr std::string_view op = "scale_bias_forward";
   const OpDevice on(op, {{"x", x}, {"b", b}, {"g", g}, {"y", y}});
   const auto [N, F] = rows_cols(op, x);
@@ -25,8 +25,8 @@ void scale_bias_forward(const Tensor& x, const Tensor& b, const Tensor& g, const
   on.no_kernel();
 }
 
-void scale_bias_backward(const Tensor& dy, const Tensor& x, const Tensor& b, const Tensor& g, const Tensor& dx,
-                         const Tensor& db, const Tensor& dg) {
+void scale_bias_backward(const Tensor& dx, const Tensor& db, const Tensor& dg, const Tensor& dy, const Tensor& x,
+                         const Tensor& b, const Tensor& g) {
   constexpr std::string_view op = "scale_bias_backward";
   const OpDevice on(op, {{"dy", dy}, {"x", x}, {"b", b}, {"g", g}, {"dx", dx}, {"db", db}, {"dg", dg}});
   const auto [N, F] = rows_cols(op, x);

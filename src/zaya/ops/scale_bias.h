@@ -7,9 +7,9 @@
 
 namespace zaya::ops {
 
-void scale_bias_forward(const Tensor& x, const Tensor& b, const Tensor& g, const Tensor& y);
+void scale_bias_forward(const Tensor& y, const Tensor& x, const Tensor& b, const Tensor& g);
 // dx = dy ⊙ g (written), db += Σ_rows dy ⊙ g, dg += Σ_rows dy ⊙ (x + b).
-void scale_bias_backward(const Tensor& dy, const Tensor& x, const Tensor& b, const Tensor& g, const Tensor& dx,
-                         const Tensor& db, const Tensor& dg);
+void scale_bias_backward(const Tensor& dx, const Tensor& db, const Tensor& dg, const Tensor& dy, const Tensor& x,
+                         const Tensor& b, const Tensor& g);
 
 }  // namespace zaya::ops

@@ -45,7 +45,7 @@ void BalanceController::step(const Tensor& biases, std::span<const int64_t> coun
                                 1.0 / static_cast<double>(E_));
     // Real experts are the first E entries of the layer's [E+1] row; skip (index E) is not pushed.
     Tensor beta = biases.window(l * (E_ + 1), Shape{E_});
-    ops::adamw_update(beta, g_.select(l), m_.select(l), v_.select(l), hp, step_);
+    ops::adamw_update(beta, m_.select(l), v_.select(l), g_.select(l), hp, step_);
   }
 }
 

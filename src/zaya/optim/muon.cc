@@ -67,9 +67,9 @@ void update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tens
   // Every matrix of a stack is orthogonalized on its own (one batched Newton–Schulz).
   Tensor O = scratch.window(0, param.shape()), ws = scratch.window(n, Shape{need - n});
   if (alone)
-    ops::cpu::newton_schulz_orthogonalize_on_this_thread(grad, O, ws, hp.ns_steps, hp.ns_dtype);
+    ops::cpu::newton_schulz_orthogonalize_on_this_thread(O, grad, ws, hp.ns_steps, hp.ns_dtype);
   else
-    ops::newton_schulz_orthogonalize(grad, O, ws, hp.ns_steps, hp.ns_dtype);
+    ops::newton_schulz_orthogonalize(O, grad, ws, hp.ns_steps, hp.ns_dtype);
   apply_update(param.data<float>(), O.data<float>(), n, hp, muon_scale(rows, cols), !alone);
 }
 

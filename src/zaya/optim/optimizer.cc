@@ -167,8 +167,8 @@ StepStats Optimizer::step(double lr) {
       const Shape n{o.last - o.first};
       const int64_t at = table_.offsets[i] + o.first;
       ops::adamw_update(all ? table_.param(i) : table_.params.window(at, n),
-                        all ? table_.grad(i) : table_.grads.window(at, n), m,
-                        adam_v_.window(v_offset_[i], all ? table_.specs[i].shape : n), ah, step_);
+                        m, adam_v_.window(v_offset_[i], all ? table_.specs[i].shape : n),
+                        all ? table_.grad(i) : table_.grads.window(at, n), ah, step_);
     } else if (!side_by_side) {
       mh.weight_decay = wd;
       if (whole(i)) {

@@ -192,14 +192,14 @@ double Trainer::measure_gemm_peak() const {
          c = Tensor::empty({n, n}, DType::f32);
   a.fill_(0.5);
   b.fill_(0.25);
-  ops::gemm(a, ops::Trans::N, b, ops::Trans::N, c);
+  ops::gemm(c, a, ops::Trans::N, b, ops::Trans::N);
   // The best of several short trials: a peak is what the machine can do, and a single trial on a
   // shared or frequency-scaling machine reads low (seen: 84 vs 225 GFLOP/s minutes apart).
   double best = 0;
   for (int trial = 0; trial < 5; ++trial) {
     auto t0 = Clock::now();
     const int reps = 3;
-    for (int i = 0; i < reps; ++i) ops::gemm(a, ops::Trans::N, b, ops::Trans::N, c);
+    for (int i = 0; i < reps; ++i) ops::gemm(c, a, ops::Trans::N, b, ops::Trans::N);
     best = std::max(best, 2.0 * n * n * n * reps / seconds_since(t0));
   }
   return best;

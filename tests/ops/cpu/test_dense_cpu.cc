@@ -26,8 +26,8 @@ TEST(Activations, SoftmaxStreamingStoresGiveTheSameBits) {
   for (Rows s : {Rows{37, 1000}, Rows{5, 37}, Rows{3, 2048}}) {
     Tensor x = random_tensor({s.n, s.f}, 11, 3.0f);
     Tensor a = Tensor::empty({s.n, s.f}, DType::f32), b = Tensor::empty({s.n, s.f}, DType::f32);
-    cpu::softmax_forward(x, a, cpu::StoreMode::cached);
-    cpu::softmax_forward(x, b, cpu::StoreMode::streaming);
+    cpu::softmax_forward(a, x, cpu::StoreMode::cached);
+    cpu::softmax_forward(b, x, cpu::StoreMode::streaming);
     for (int64_t i = 0; i < a.numel(); ++i)
       ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << s.n << "x" << s.f << " at " << i;
   }
@@ -42,22 +42,22 @@ std::vector<Tensor> run_all(int threads) {
   Tensor W = random_tensor({out, f}, 4), b = random_tensor({out}, 5), gy = random_tensor({n, out}, 6);
   std::vector<Tensor> r;
   auto add = [&](Shape s) { return r.emplace_back(Tensor::zeros(s, DType::f32)); };
-  linear_forward(x, W, b, add({n, out}));
-  linear_backward(gy, x, W, add({n, f}), add({out, f}), add({out}));
+  linear_forward(add({n, out}), x, W, b);
+  linear_backward(add({n, f}), add({out, f}), add({out}), gy, x, W);
   Tensor y = add({n, f}), rstd = add({n});
-  rmsnorm_forward(x, w, 1e-5f, y, rstd);
-  rmsnorm_backward(g, x, w, rstd, add({n, f}), add({f}));
+  rmsnorm_forward(y, rstd, x, w, 1e-5f);
+  rmsnorm_backward(add({n, f}), add({f}), g, x, w, rstd);
   ResidualScaleParams p{w, w, random_tensor({f}, 7), random_tensor({f}, 8)};
-  residual_scale_forward(g, x, p, add({n, f}));
+  residual_scale_forward(add({n, f}), g, x, p);
   ResidualScaleParams grads{add({f}), add({f}), add({f}), add({f})};
-  residual_scale_backward(g, g, x, p, add({n, f}), add({n, f}), grads);
+  residual_scale_backward(add({n, f}), add({n, f}), grads, g, g, x, p);
   Tensor ids = Tensor::empty({n}, DType::i32);
   for (int64_t i = 0; i < n; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % vocab);
-  embedding_backward(g, ids, add({vocab, f}), 3);
-  softmax_forward(x, y);
-  softmax_backward(g, y, add({n, f}));
-  gelu_backward(g, x, add({n, f}));
-  swiglu_backward(random_tensor({n, f / 2}, 9), x, add({n, f}));
+  embedding_backward(add({vocab, f}), g, ids, 3);
+  softmax_forward(y, x);
+  softmax_backward(add({n, f}), g, y);
+  gelu_backward(add({n, f}), g, x);
+  swiglu_backward(add({n, f}), random_tensor({n, f / 2}, 9), x);
   return r;
 }
 

@@ -34,7 +34,7 @@ std::vector<Tensor> gemm_on_thread_counts(const Tensor& A, Trans ta, const Tenso
   for (int t : threads) {
     set_num_threads(t);
     Tensor C = C0.clone();
-    gemm(A, ta, B, tb, C, 1.0f, 1.0f);
+    gemm(C, A, ta, B, tb, 1.0f, 1.0f);
     outs.push_back(C);
   }
   set_num_threads(saved);
@@ -83,7 +83,7 @@ Tensor check_on_1_and_2_threads(const Tensor& A, Trans ta, const Tensor& B, Tran
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     Tensor C = C0.clone();
-    gemm(A, ta, B, tb, C, 0.5f, 1.0f);
+    gemm(C, A, ta, B, tb, 0.5f, 1.0f);
     EXPECT_LT(test::rel_error(C, ref), 1e-5) << what << ", " << threads << " thread(s)";
     outs.push_back(C);
   }
@@ -124,7 +124,7 @@ TEST(Gemm, Avx2PathsMatchReferenceAndAreThreadCountFree) {
       for (int threads : {1, 2}) {
         set_num_threads(threads);
         Tensor C = Tensor::zeros({3, 130, 90}, DType::f32);
-        gemm(A, Trans::N, *b, Trans::N, C);
+        gemm(C, A, Trans::N, *b, Trans::N);
         auto ref = gemm_reference(to_f64(A), Trans::N, to_f64(*b), Trans::N, std::vector<double>(3 * 130 * 90, 0.0),
                                   3, 130, 90, 40, 1, 0, b == &B);
         EXPECT_LT(test::rel_error(C, ref), 1e-5);
@@ -210,7 +210,7 @@ TEST(Gemm, TakenPiecesMatchReferenceAndAreThreadCountFree) {
         EXPECT_EQ(cpu::gemm_cache_stats().misses - before.misses, 2);
         cpu::gemm_taken_pieces(false);
         Tensor whole = C0.clone();
-        gemm(A, ta, B, tb, whole, 0.5f, 1.0f);
+        gemm(whole, A, ta, B, tb, 0.5f, 1.0f);
         cpu::gemm_taken_pieces(true);
         EXPECT_LT(test::rel_error(pieces, to_f64(whole)), 1e-5) << "pieces against the uncut path";
       }
@@ -220,9 +220,9 @@ TEST(Gemm, TakenPiecesMatchReferenceAndAreThreadCountFree) {
 TEST(Gemm, PrimitivesAreCached) {
   Tensor A = random_tensor({6, 10}, 71), B = random_tensor({10, 12}, 72),
          C = Tensor::empty({6, 12}, DType::f32);
-  gemm(A, Trans::N, B, Trans::N, C);
+  gemm(C, A, Trans::N, B, Trans::N);
   cpu::GemmCacheStats before = cpu::gemm_cache_stats();
-  for (int i = 0; i < 3; ++i) gemm(A, Trans::N, B, Trans::N, C);
+  for (int i = 0; i < 3; ++i) gemm(C, A, Trans::N, B, Trans::N);
   cpu::GemmCacheStats after = cpu::gemm_cache_stats();
   EXPECT_EQ(after.hits - before.hits, 3);
   EXPECT_EQ(after.misses, before.misses);
@@ -239,7 +239,7 @@ TEST(Gemm, TimeStatsCountCallsAndFlops) {
                                      {random_tensor({0, 10}, 85), W, Tensor::empty({0, 8}, DType::f32)},
                                      {random_tensor({3, 10}, 86), W, Tensor::empty({3, 8}, DType::f32)}};
   cpu::gemm_time_reset();
-  gemm(A, Trans::N, B, Trans::N, C);
+  gemm(C, A, Trans::N, B, Trans::N);
   gemm_grouped(groups, Trans::N, Trans::T);
   cpu::GemmTimeStats s = cpu::gemm_time_stats();
   EXPECT_EQ(s.calls, 2);
@@ -260,11 +260,11 @@ TEST(Gemm, ShapeTimesAddUpToTheTotals) {
                                      {random_tensor({3, 10}, 95), W, Tensor::empty({3, 8}, DType::f32)}};
   cpu::gemm_time_reset();
   cpu::gemm_profile_shapes(true);
-  gemm(A, Trans::N, B, Trans::N, C);
-  gemm(A, Trans::N, B, Trans::N, C);
+  gemm(C, A, Trans::N, B, Trans::N);
+  gemm(C, A, Trans::N, B, Trans::N);
   gemm_grouped(groups, Trans::N, Trans::T);
   cpu::gemm_profile_shapes(false);
-  gemm(A, Trans::N, B, Trans::N, C);  // not profiled: in the totals only
+  gemm(C, A, Trans::N, B, Trans::N);  // not profiled: in the totals only
   std::vector<cpu::GemmShapeTime> rows = cpu::gemm_shape_times();
   ASSERT_EQ(rows.size(), 2u);
   std::map<std::string, cpu::GemmShapeTime> by;

@@ -37,7 +37,7 @@ TEST(CrossEntropy, BitwiseDeterministicAcrossThreadCounts) {
       Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
       Tensor lse = Tensor::empty({n}, DType::f32), dh = Tensor::empty({n, hd}, DType::f32);
       Tensor dE = Tensor::zeros({v, hd}, DType::f32);
-      losses.push_back(cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt).loss);
+      losses.push_back(cross_entropy_tied_forward_backward(dh, dE, lse, h, E, tg, ws, opt).loss);
       grads.push_back(dh);
       grads.push_back(dE);
     }
@@ -93,7 +93,7 @@ TEST(CrossEntropy, FusedHeadMatchesRowMajorPathAndReference) {
       Tensor ws = Tensor::empty({cross_entropy_workspace_elems(c.n, c.v, opt)}, DType::f32);
       Tensor lse = Tensor::empty({c.n}, DType::f32), dh = random_tensor({c.n, c.hd}, 23);
       Tensor dE = Tensor::zeros({c.v, c.hd}, DType::f32);
-      CrossEntropyResult r = cross_entropy_tied_forward_backward(h, E, tg, dh, dE, lse, ws, opt);
+      CrossEntropyResult r = cross_entropy_tied_forward_backward(dh, dE, lse, h, E, tg, ws, opt);
       const std::string where = str("n ", c.n, " hd ", c.hd, " v ", c.v, fused ? " fused" : " row-major");
       // f32 logits of up to 40 products and sums of up to 600 exponentials: ~1e-6 relative.
       EXPECT_NEAR(r.loss, loss_ref, 1e-5 * std::fabs(loss_ref)) << where;

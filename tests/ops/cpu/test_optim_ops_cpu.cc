@@ -30,10 +30,10 @@ TEST(AdamW, VectorAndScalarPathsAgreeBitwise) {
       return s;
     };
     Tensor pi = one(p), mi = one(m), vi = one(v), gi = one(g);
-    adamw_update(pi, gi, mi, vi, hp, 3);
+    adamw_update(pi, mi, vi, gi, hp, 3);
     p1[i] = pi.data<float>()[0], m1[i] = mi.data<float>()[0], v1[i] = vi.data<float>()[0];
   }
-  adamw_update(p, g, m, v, hp, 3);
+  adamw_update(p, m, v, g, hp, 3);
   for (int64_t i = 0; i < n; ++i) {
     EXPECT_EQ(p.data<float>()[i], p1[i]) << "p[" << i << "]";
     EXPECT_EQ(m.data<float>()[i], m1[i]) << "m[" << i << "]";

@@ -65,9 +65,9 @@ void column_reduce(int64_t rows, int64_t cols, float* out, Term term) {
 // ---------------------------------------------------------------------------------------------
 // linear: y = x·Wᵀ + b.  dx = dy·W,  dW += dyᵀ·x,  db += Σ_rows dy.
 
-void linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& y) {
+void linear_forward(const Tensor& y, const Tensor& x, const Tensor& W, const Tensor& b) {
   int64_t n = x.size(0), out = W.size(0);
-  ops::gemm(x, Trans::N, W, Trans::T, y, 1.0f, 0.0f);
+  ops::gemm(y, x, Trans::N, W, Trans::T, 1.0f, 0.0f);
   if (b.defined()) {
     const float* bp = b.data<float>();
     float* yp = y.data<float>();
@@ -77,8 +77,8 @@ void linear_forward(const Tensor& x, const Tensor& W, const Tensor& b, const Ten
   }
 }
 
-void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dx, const Tensor& dW,
-                     const Tensor& db, const Tensor& dy_bf16, bool accumulate_dx) {
+void linear_backward(const Tensor& dx, const Tensor& dW, const Tensor& db, const Tensor& dy, const Tensor& x,
+                     const Tensor& W, const Tensor& dy_bf16, bool accumulate_dx) {
   int64_t n = x.size(0), out = W.size(0);
   // The GEMM operand that stands for dy: dy itself (f32), or its bf16 copy next to bf16 x and W.
   Tensor g = dy;
@@ -89,8 +89,8 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& W, const T
     for (int64_t i = 0; i < n * out; ++i) d[i] = to_bf16(s[i]);
     g = dy_bf16;
   }
-  if (dx.defined()) ops::gemm(g, Trans::N, W, Trans::N, dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
-  if (dW.defined()) ops::gemm(g, Trans::T, x, Trans::N, dW, 1.0f, 1.0f);
+  if (dx.defined()) ops::gemm(dx, g, Trans::N, W, Trans::N, 1.0f, accumulate_dx ? 1.0f : 0.0f);
+  if (dW.defined()) ops::gemm(dW, g, Trans::T, x, Trans::N, 1.0f, 1.0f);
   if (db.defined()) {
     const float* d = dy.data<float>();
     column_reduce(n, out, db.data<float>(), [&](int64_t i, int64_t j) { return d[i * out + j]; });
@@ -110,7 +110,7 @@ void check_ids(const char* op, const Tensor& ids, int64_t vocab) {
 }
 }  // namespace
 
-void embedding_forward(const Tensor& ids, const Tensor& E, const Tensor& y) {
+void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& E) {
   int64_t vocab = E.size(0), h = E.size(1), n = ids.numel();
   check_ids("embedding_forward", ids, vocab);
   const int32_t* id = ids.data<int32_t>();
@@ -120,7 +120,7 @@ void embedding_forward(const Tensor& ids, const Tensor& E, const Tensor& y) {
   for (int64_t i = 0; i < n; ++i) std::copy_n(e + int64_t{id[i]} * h, h, out + i * h);
 }
 
-void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dE, int64_t padding_idx) {
+void embedding_backward(const Tensor& dE, const Tensor& dy, const Tensor& ids, int64_t padding_idx) {
   int64_t vocab = dE.size(0), h = dE.size(1), n = ids.numel();
   check_ids("embedding_backward", ids, vocab);
   const int32_t* id = ids.data<int32_t>();
@@ -144,7 +144,7 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dE, i
 // rmsnorm: r = 1/sqrt(mean(x²) + eps), x̂ = x·r, y = w ⊙ x̂.
 // backward: with ĝ = dy ⊙ w, dx = r·(ĝ − x̂·mean(ĝ ⊙ x̂)),  dw += Σ_rows dy ⊙ x̂.
 
-void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
+void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& w, float eps) {
   int64_t f = last_dim(x), n = rows_of(x);
   const float* xp = x.data<float>();
   const float* wp = w.data<float>();
@@ -186,8 +186,8 @@ void rmsnorm_backward_row(const float* gi, const float* xi, const float* wp, flo
 
 }  // namespace
 
-void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                      const Tensor& dx, const Tensor& dw, bool accumulate_dx) {
+void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, const Tensor& x,
+                      const Tensor& w, const Tensor& rstd, bool accumulate_dx) {
   int64_t f = last_dim(x), n = rows_of(x);
   const float* xp = x.data<float>();
   const float* gp = dy.data<float>();
@@ -251,7 +251,7 @@ void residual_scale_backward_row(const float* __restrict__ gi, const float* __re
 }
 }  // namespace
 
-void residual_scale_forward(const Tensor& h, const Tensor& x, const ResidualScaleParams& p, const Tensor& y) {
+void residual_scale_forward(const Tensor& y, const Tensor& h, const Tensor& x, const ResidualScaleParams& p) {
   int64_t f = last_dim(h), n = rows_of(h);
   const float *hp = h.data<float>(), *xp = x.data<float>();
   const float *sh = p.hidden_scale.data<float>(), *bh = p.hidden_bias.data<float>();
@@ -265,8 +265,8 @@ void residual_scale_forward(const Tensor& h, const Tensor& x, const ResidualScal
     }
 }
 
-void residual_scale_backward(const Tensor& dy, const Tensor& h, const Tensor& x, const ResidualScaleParams& p,
-                             const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads) {
+void residual_scale_backward(const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads, const Tensor& dy,
+                             const Tensor& h, const Tensor& x, const ResidualScaleParams& p) {
   int64_t f = last_dim(h), n = rows_of(h);
   const float *hp = h.data<float>(), *xp = x.data<float>(), *gp = dy.data<float>();
   const float *sh = p.hidden_scale.data<float>(), *bh = p.hidden_bias.data<float>();
@@ -364,7 +364,7 @@ void elementwise(int64_t n, F f, F8... f8) {
 }
 }  // namespace
 
-void cast_to_bf16(const Tensor& src, const Tensor& dst) {
+void cast_to_bf16(const Tensor& dst, const Tensor& src) {
   const float* a = src.data<float>();
   bf16* b = dst.data<bf16>();
   const int64_t n = src.numel();
@@ -394,7 +394,7 @@ void cast_to_bf16(const Tensor& src, const Tensor& dst) {
 #endif
 }
 
-void silu_forward(const Tensor& x, const Tensor& y) {
+void silu_forward(const Tensor& y, const Tensor& x) {
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   auto f = [&](int64_t i) { yp[i] = xp[i] * sigmoid(xp[i]); };
@@ -408,7 +408,7 @@ void silu_forward(const Tensor& x, const Tensor& y) {
 #endif
 }
 
-void silu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+void silu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   const float *xp = x.data<float>(), *gp = dy.data<float>();
   float* dp = dx.data<float>();
   auto f = [&](int64_t i) { dp[i] = gp[i] * silu_grad(xp[i]); };
@@ -449,14 +449,14 @@ void for_gelu_blocks(const float* xp, int64_t n, F f) {
   }
 }
 
-void gelu_forward(const Tensor& x, const Tensor& y) {
+void gelu_forward(const Tensor& y, const Tensor& x) {
   float* yp = y.data<float>();
   for_gelu_blocks(x.data<float>(), x.numel(), [&](int64_t i0, int64_t len, const float* xb, const float* e) {
     for (int64_t i = 0; i < len; ++i) yp[i0 + i] = 0.5f * xb[i] * (1.0f + e[i]);
   });
 }
 
-void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   const float* gp = dy.data<float>();
   float* dp = dx.data<float>();
   for_gelu_blocks(x.data<float>(), x.numel(), [&](int64_t i0, int64_t len, const float* xb, const float* e) {
@@ -472,7 +472,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
 
 // swiglu: y = silu(g) ⊙ v.  dg = dy ⊙ v ⊙ silu'(g),  dv = dy ⊙ silu(g).
 
-void swiglu_forward(const Tensor& gu, const Tensor& y) {
+void swiglu_forward(const Tensor& y, const Tensor& gu) {
   int64_t n = gu.size(0), inter = gu.size(1) / 2;
   const float* p = gu.data<float>();
   float* yp = y.data<float>();
@@ -492,7 +492,7 @@ void swiglu_forward(const Tensor& gu, const Tensor& y) {
   }
 }
 
-void swiglu_backward(const Tensor& dy, const Tensor& gu, const Tensor& dgu) {
+void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
   int64_t n = gu.size(0), inter = gu.size(1) / 2;
   const float *p = gu.data<float>(), *gp = dy.data<float>();
   float* dp = dgu.data<float>();
@@ -541,7 +541,7 @@ void scaled_copy_streaming(float* dst, const float* src, float s, int64_t n) {
 
 }  // namespace
 
-void softmax_forward(const Tensor& x, const Tensor& y, StoreMode mode) {
+void softmax_forward(const Tensor& y, const Tensor& x, StoreMode mode) {
   int64_t f = last_dim(x), n = rows_of(x);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
@@ -574,7 +574,7 @@ void softmax_forward(const Tensor& x, const Tensor& y, StoreMode mode) {
   }
 }
 
-void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx) {
+void softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
   int64_t f = last_dim(y), n = rows_of(y);
   const float *yp = y.data<float>(), *gp = dy.data<float>();
   float* dp = dx.data<float>();

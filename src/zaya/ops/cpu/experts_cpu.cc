@@ -63,9 +63,8 @@ void grouped_forward(const Tensor& x, const Tensor& src, const int32_t* off, int
                      const ExpertWeights& w, const ExpertActs& a) {
   const bool b16 = w.gate_up.dtype() == DType::bf16;
   const int64_t N = x.size(0), H = x.size(1);
-  Tensor xp_out = a.xp;
-  ops::moe_gather(xp_out, x, src, M, N, H);
-  if (b16) ops::cast_to_bf16(a.xp.slice(0, M), a.xp16.slice(0, M));
+  ops::moe_gather(a.xp, x, src, M, N, H);
+  if (b16) ops::cast_to_bf16(a.xp16.slice(0, M), a.xp.slice(0, M));
   const Tensor& xp = b16 ? a.xp16 : a.xp;
   std::vector<GemmProblem>& problems = t_ws.problems;
   problems.clear();
@@ -73,8 +72,8 @@ void grouped_forward(const Tensor& x, const Tensor& src, const int32_t* off, int
     if (off[e + 1] > off[e])
       problems.push_back({xp.slice(off[e], off[e + 1]), w.gate_up.select(e), a.gu.slice(off[e], off[e + 1])});
   ops::gemm_grouped(problems, Trans::N, Trans::T);
-  ops::swiglu_forward(a.gu.slice(0, M), a.act.slice(0, M));
-  if (b16) ops::cast_to_bf16(a.act.slice(0, M), a.act16.slice(0, M));
+  ops::swiglu_forward(a.act.slice(0, M), a.gu.slice(0, M));
+  if (b16) ops::cast_to_bf16(a.act16.slice(0, M), a.act.slice(0, M));
   const Tensor& act = b16 ? a.act16 : a.act;
   problems.clear();
   for (int64_t e = 0; e < E; ++e)
@@ -87,7 +86,7 @@ void grouped_forward(const Tensor& x, const Tensor& src, const int32_t* off, int
 void grouped_backward(const Tensor& dy_f32, const Tensor& dxp, const int32_t* off, int64_t E, int64_t M,
                       const ExpertWeights& w, const ExpertWeights& g, const ExpertActs& a, const ExpertScratch& s) {
   const bool b16 = w.gate_up.dtype() == DType::bf16;
-  if (b16) ops::cast_to_bf16(dy_f32.slice(0, M), s.dy16.slice(0, M));
+  if (b16) ops::cast_to_bf16(s.dy16.slice(0, M), dy_f32.slice(0, M));
   const Tensor& dy = b16 ? s.dy16 : dy_f32;
   const Tensor& act = b16 ? a.act16 : a.act;
   const Tensor& xp = b16 ? a.xp16 : a.xp;
@@ -110,8 +109,8 @@ void grouped_backward(const Tensor& dy_f32, const Tensor& dxp, const int32_t* of
   // y_e = act_e · W_d[e]ᵀ
   expert_linear_backward(dy, w.down, act, s.dact, g.down);
   // act = SiLU(g) ⊙ v
-  ops::swiglu_backward(s.dact.slice(0, M), a.gu.slice(0, M), s.dgu.slice(0, M));
-  if (b16) ops::cast_to_bf16(s.dgu.slice(0, M), s.dgu16.slice(0, M));
+  ops::swiglu_backward(s.dgu.slice(0, M), s.dact.slice(0, M), a.gu.slice(0, M));
+  if (b16) ops::cast_to_bf16(s.dgu16.slice(0, M), s.dgu.slice(0, M));
   const Tensor& dgu = b16 ? s.dgu16 : s.dgu;
   // gu_e = xp_e · W_gu[e]ᵀ
   expert_linear_backward(dgu, w.gate_up, xp, dxp, g.gate_up);
@@ -139,7 +138,7 @@ struct ExpertBackwardProducts {
   }
   // act = SiLU(g) ⊙ v, then gu_e = xp_e · W_gu[e]ᵀ:  SwiGLU's backward into dgu, dxp = dgu·W_gu
   void dx(int64_t e, int64_t r0, int64_t r1) const {
-    ops::swiglu_backward(s.dact.slice(r0, r1), a.gu.slice(r0, r1), s.dgu.slice(r0, r1));
+    ops::swiglu_backward(s.dgu.slice(r0, r1), s.dact.slice(r0, r1), a.gu.slice(r0, r1));
     run(s.dgu.slice(r0, r1), Trans::N, w.gate_up.select(e), dxp.slice(r0, r1), 0.0f);
   }
   // dW_d += dyᵀ·act and dW_gu += dguᵀ·xp (all of the expert's rows: r0, r1 its offsets)
@@ -225,11 +224,10 @@ void fused_forward(const Tensor& x, const Tensor& src, int64_t M, const ExpertWe
   std::atomic<int64_t> ns{0};
   take_in_turn(ws.pieces.size(), threads, [&](size_t j) {
     const auto [e, r0, r1] = ws.pieces[j];
-    Tensor xp = a.xp;
-    ops::moe_gather_rows(xp, x, src, r0, r1, N, H);
+    ops::moe_gather_rows(a.xp, x, src, r0, r1, N, H);
     GemmProblem one[1] = {{a.xp.slice(r0, r1), w.gate_up.select(e), a.gu.slice(r0, r1)}};
     timed_gemm(ns, [&] { gemm_grouped_on_this_thread(one, Trans::N, Trans::T); });
-    ops::swiglu_forward(a.gu.slice(r0, r1), a.act.slice(r0, r1));
+    ops::swiglu_forward(a.act.slice(r0, r1), a.gu.slice(r0, r1));
     one[0] = {a.act.slice(r0, r1), w.down.select(e), a.y.slice(r0, r1)};
     timed_gemm(ns, [&] { gemm_grouped_on_this_thread(one, Trans::N, Trans::T); });
   });
@@ -327,8 +325,8 @@ void fused_backward_pieces(const ExpertBackwardProducts& x, const int32_t* off, 
 void set_fused_experts(bool on) { g_fused = on; }
 bool fused_experts() { return g_fused; }
 
-void experts_forward(const Tensor& x, const Tensor& src, const Tensor& offsets, int64_t M,
-                     const ExpertWeights& w, const ExpertActs& a) {
+void experts_forward(const ExpertActs& a, const Tensor& x, const Tensor& src, const Tensor& offsets,
+                     const ExpertWeights& w, int64_t M) {
   if (M == 0) return;
   const int32_t* off = offsets.data<int32_t>();
   const int64_t E = offsets.numel() - 1;
@@ -338,9 +336,9 @@ void experts_forward(const Tensor& x, const Tensor& src, const Tensor& offsets, 
     grouped_forward(x, src, off, E, M, w, a);
 }
 
-bool experts_backward(const Tensor& dy, const Tensor& dxp, const Tensor& offsets, int64_t M,
-                      const ExpertWeights& w, const ExpertWeights& grads, const ExpertActs& a,
-                      const ExpertScratch& scratch, std::span<SideTask> side) {
+bool experts_backward(const Tensor& dxp, const ExpertWeights& grads, const Tensor& dy, const Tensor& offsets,
+                      const ExpertWeights& w, const ExpertActs& a, const ExpertScratch& scratch,
+                      int64_t M, std::span<SideTask> side) {
   if (M == 0) return false;
   const int32_t* off = offsets.data<int32_t>();
   const int64_t E = offsets.numel() - 1, H = a.xp.size(1), I = a.act.size(1);

@@ -9,11 +9,11 @@
 
 namespace zaya::ops::cpu {
 
-void experts_forward(const Tensor& x, const Tensor& src, const Tensor& offsets, int64_t M,
-                     const ExpertWeights& w, const ExpertActs& a);
-bool experts_backward(const Tensor& dy, const Tensor& dxp, const Tensor& offsets, int64_t M,
-                      const ExpertWeights& w, const ExpertWeights& grads, const ExpertActs& a,
-                      const ExpertScratch& scratch, std::span<SideTask> side);
+void experts_forward(const ExpertActs& a, const Tensor& x, const Tensor& src, const Tensor& offsets,
+                     const ExpertWeights& w, int64_t M);
+bool experts_backward(const Tensor& dxp, const ExpertWeights& grads, const Tensor& dy, const Tensor& offsets,
+                      const ExpertWeights& w, const ExpertActs& a, const ExpertScratch& scratch,
+                      int64_t M, std::span<SideTask> side);
 
 // The experts' two ways (experts_cpu.cc): fused, one task per expert or row piece (default; taken
 // in f32 for small expert weights when the threads stay even), or grouped, one pass per step over

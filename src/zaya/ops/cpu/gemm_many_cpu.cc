@@ -12,7 +12,7 @@
 namespace zaya::ops::cpu {
 
 void gemm_many(std::span<const GemmProblem> problems, Trans ta, Trans tb, float alpha, float beta) {
-  auto run = [&](size_t j) { gemm(problems[j].A, ta, problems[j].B, tb, problems[j].C, alpha, beta); };
+  auto run = [&](size_t j) { gemm(problems[j].C, problems[j].A, ta, problems[j].B, tb, alpha, beta); };
   const int threads = num_threads();
   if (threads > 1 && problems.size() > 1 && !omp_in_parallel())
     take_in_turn(problems.size(), threads, run);

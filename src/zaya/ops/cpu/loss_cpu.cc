@@ -50,7 +50,7 @@ Dims dims_of(const char* op, const Tensor& h, const Tensor& E, const Tensor& tar
 Tensor chunk_logits(const Tensor& h, const Tensor& E, const Tensor& workspace, const Dims& d, int64_t v0,
                     int64_t c) {
   Tensor logits = workspace.window(0, Shape{d.n, c});
-  ops::gemm(h, Trans::N, E.slice(v0, v0 + c), Trans::T, logits, 1.0f, 0.0f);
+  ops::gemm(logits, h, Trans::N, E.slice(v0, v0 + c), Trans::T, 1.0f, 0.0f);
   return logits;
 }
 
@@ -173,7 +173,7 @@ void backward_kept(const Tensor& h, const Tensor& E, const Tensor& targets, cons
       const float r = tgt[i] == opt.ignore_index ? 0.0f : inv_count / sum[i];
       for (int64_t k = 0; k < H; ++k) dhp[i * H + k] = r * hp[i * H + k];
     }
-    ops::gemm(workspace.window(0, Shape{d.n, d.vocab}), Trans::T, dh, Trans::N, dE, 1.0f, 1.0f);
+    ops::gemm(dE, workspace.window(0, Shape{d.n, d.vocab}), Trans::T, dh, Trans::N, 1.0f, 1.0f);
   }
   // Rows in order, one writer per column block: deterministic when two tokens share a target.
 #pragma omp parallel for schedule(static)
@@ -182,7 +182,7 @@ void backward_kept(const Tensor& h, const Tensor& E, const Tensor& targets, cons
       if (tgt[i] == opt.ignore_index) continue;
       for (int64_t k = k0; k < std::min(H, k0 + 16); ++k) dEp[tgt[i] * H + k] -= hp[i * H + k] * inv_count;
     }
-  if (!d.fused) ops::gemm(workspace.window(0, Shape{d.n, d.vocab}), Trans::N, E, Trans::N, dh, 1.0f, 0.0f);
+  if (!d.fused) ops::gemm(dh, workspace.window(0, Shape{d.n, d.vocab}), Trans::N, E, Trans::N, 1.0f, 0.0f);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < d.n; ++i) {
     float* row = dhp + i * H;
@@ -204,8 +204,8 @@ int64_t cross_entropy_workspace_elems(int64_t n, int64_t vocab, const CrossEntro
 
 void cross_entropy_use_fused_head(bool on) { g_fused_head.store(on, std::memory_order_relaxed); }
 
-CrossEntropyResult cross_entropy_tied_forward(const Tensor& h, const Tensor& E, const Tensor& targets,
-                                              const Tensor& lse, const Tensor& workspace,
+CrossEntropyResult cross_entropy_tied_forward(const Tensor& lse, const Tensor& h, const Tensor& E,
+                                              const Tensor& targets, const Tensor& workspace,
                                               const CrossEntropyOptions& opt) {
   Dims d = dims_of("cross_entropy_tied_forward", h, E, targets, opt);
   return forward_impl(h, E, targets, lse, workspace, opt, d);
@@ -213,8 +213,8 @@ CrossEntropyResult cross_entropy_tied_forward(const Tensor& h, const Tensor& E, 
 
 // d loss / d logit[n, v] = (softmax[n, v] − [v == t_n]) / count for counted rows, 0 for ignored.
 // dh = G·E (G the [N, V] matrix of those, chunk by chunk), dE += Gᵀ·h.
-CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Tensor& E, const Tensor& targets,
-                                                       const Tensor& dh, const Tensor& dE, const Tensor& lse,
+CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const Tensor& dE, const Tensor& lse,
+                                                       const Tensor& h, const Tensor& E, const Tensor& targets,
                                                        const Tensor& workspace, const CrossEntropyOptions& opt) {
   Dims d = dims_of("cross_entropy_tied_forward_backward", h, E, targets, opt);
   CrossEntropyResult r = forward_impl(h, E, targets, lse, workspace, opt, d);
@@ -244,13 +244,13 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Te
       if (tgt[i] >= v0 && tgt[i] < v0 + c) row[tgt[i] - v0] -= inv_count;
     }
     Tensor e_chunk = E.slice(v0, v0 + c);
-    ops::gemm(g, Trans::N, e_chunk, Trans::N, dh, 1.0f, v0 == 0 ? 0.0f : 1.0f);
-    ops::gemm(g, Trans::T, h, Trans::N, dE.slice(v0, v0 + c), 1.0f, 1.0f);
+    ops::gemm(dh, g, Trans::N, e_chunk, Trans::N, 1.0f, v0 == 0 ? 0.0f : 1.0f);
+    ops::gemm(dE.slice(v0, v0 + c), g, Trans::T, h, Trans::N, 1.0f, 1.0f);
   }
   return r;
 }
 
-CrossEntropyResult cross_entropy_logits_forward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits, const Tensor& targets,
                                                 int32_t ignore_index) {
   const char* op = "cross_entropy_logits_forward";
   const int64_t N = logits.size(0), V = logits.size(1);

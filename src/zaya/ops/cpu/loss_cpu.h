@@ -12,16 +12,16 @@ int64_t cross_entropy_workspace_elems(int64_t n, int64_t vocab, const CrossEntro
 // These read the targets on the host and throw zaya::Error naming one outside [0, V) that is not
 // the ignore index (cross_entropy_logits_backward takes them as cross_entropy_logits_forward
 // checked them).
-CrossEntropyResult cross_entropy_tied_forward(const Tensor& h, const Tensor& E, const Tensor& targets,
-                                              const Tensor& lse, const Tensor& workspace,
+CrossEntropyResult cross_entropy_tied_forward(const Tensor& lse, const Tensor& h, const Tensor& E,
+                                              const Tensor& targets, const Tensor& workspace,
                                               const CrossEntropyOptions& opt);
-CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& h, const Tensor& E,
-                                                       const Tensor& targets, const Tensor& dh,
-                                                       const Tensor& dE, const Tensor& lse,
+CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const Tensor& dE,
+                                                       const Tensor& lse, const Tensor& h,
+                                                       const Tensor& E, const Tensor& targets,
                                                        const Tensor& workspace,
                                                        const CrossEntropyOptions& opt);
-CrossEntropyResult cross_entropy_logits_forward(const Tensor& logits, const Tensor& targets,
-                                                const Tensor& lse, int32_t ignore_index);
+CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits,
+                                                const Tensor& targets, int32_t ignore_index);
 void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,
                                    int64_t count, int32_t ignore_index);
 

@@ -37,7 +37,7 @@ void scale_and_round(const Tensor& src, float s, const Tensor& scaled, const Ten
 // dst = bf16(src), stored as bf16 or as f32 holding the bf16 value.
 void round_to_bf16(const Tensor& src, const Tensor& dst) {
   if (dst.dtype() == DType::bf16) {
-    ops::cast_to_bf16(src, dst);
+    ops::cast_to_bf16(dst, src);
     return;
   }
   const float* x = src.data<float>();
@@ -61,22 +61,22 @@ void quintic_step(const Tensor& X, const Tensor& Xn, const Tensor& A, const Tens
   const bool low = Xb.defined();
   const Tensor& x_in = low ? Xb : X;
   const Trans gram_left = tall ? Trans::T : Trans::N, gram_right = tall ? Trans::N : Trans::T;
-  ops::gemm(x_in, gram_left, x_in, gram_right, A);                        // A = X·Xᵀ
+  ops::gemm(A, x_in, gram_left, x_in, gram_right);                        // A = X·Xᵀ
   scale_and_round(A, b, B, Ab);                                      // B starts as b·A
-  ops::gemm(low ? Ab : A, Trans::N, low ? Ab : A, Trans::N, B, c, 1.0f);  // B = b·A + c·A·A
+  ops::gemm(B, low ? Ab : A, Trans::N, low ? Ab : A, Trans::N, c, 1.0f);  // B = b·A + c·A·A
   if (low) round_to_bf16(B, Bb);
   const Tensor& b_in = low ? Bb : B;
   const Tensor& out = low ? X : Xn;
   if (!low) scale_and_round(X, a, Xn, {});  // X_next starts as a·X
   if (tall)
-    ops::gemm(x_in, Trans::N, b_in, Trans::N, out, 1.0f, low ? a : 1.0f);  // X_next = a·X + X·B
+    ops::gemm(out, x_in, Trans::N, b_in, Trans::N, 1.0f, low ? a : 1.0f);  // X_next = a·X + X·B
   else
-    ops::gemm(b_in, Trans::N, x_in, Trans::N, out, 1.0f, low ? a : 1.0f);  // X_next = a·X + B·X
+    ops::gemm(out, b_in, Trans::N, x_in, Trans::N, 1.0f, low ? a : 1.0f);  // X_next = a·X + B·X
 }
 
 }  // namespace
 
-void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, const Tensor& B, float a,
+void newton_schulz_step(const Tensor& X_next, const Tensor& X, const Tensor& A, const Tensor& B, float a,
                         float b, float c) {
   int64_t r = X.size(0);
   quintic_step(X.reshape({1, r, X.size(1)}), X_next.reshape({1, r, X.size(1)}), A.reshape({1, r, r}),
@@ -94,7 +94,7 @@ void newton_schulz_step(const Tensor& X, const Tensor& X_next, const Tensor& A, 
 // docs/results/ops-cpu.md, "Muon: a decayed momentum").
 constexpr double kLinearNorm = 1e-4;
 
-void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tensor& workspace, int steps,
+void newton_schulz_orthogonalize(const Tensor& out, const Tensor& G, const Tensor& workspace, int steps,
                                  DType compute) {
   const int64_t batch = G.ndim() == 3 ? G.size(0) : 1, rows = G.size(-2), cols = G.size(-1);
   if (batch == 0) return;
@@ -161,13 +161,13 @@ void newton_schulz_orthogonalize(const Tensor& G, const Tensor& out, const Tenso
   }
 }
 
-void newton_schulz_orthogonalize_on_this_thread(const Tensor& G, const Tensor& out, const Tensor& workspace,
+void newton_schulz_orthogonalize_on_this_thread(const Tensor& out, const Tensor& G, const Tensor& workspace,
                                                 int steps, DType compute) {
   // Holds this thread's OpenMP team size to one: the passes' parallel loops then run here alone,
   // and gemm builds and runs one-thread primitives (inside a parallel region as outside one). The
   // front checks the arguments and comes back to cpu::newton_schulz_orthogonalize.
   gemm_detail::OneThread one;
-  ops::newton_schulz_orthogonalize(G, out, workspace, steps, compute);
+  ops::newton_schulz_orthogonalize(out, G, workspace, steps, compute);
 }
 
 }  // namespace zaya::ops::cpu

@@ -114,7 +114,7 @@ void scale_inplace(const Tensor& t, float s) {
   for (int64_t i = 0; i < n; ++i) p[i] *= s;
 }
 
-void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad,
                   const AdamWHyper& hp, int64_t step) {
   // Bias corrections in double (1 − 0.95^t loses digits in float for small t), applied as
   // multipliers: m̂ = m·(1/bc1) and √v̂ = √v·(1/√bc2), so the element loop has one sqrt and one

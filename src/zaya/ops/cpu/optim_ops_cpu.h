@@ -10,7 +10,7 @@ namespace zaya::ops::cpu {
 
 double global_grad_norm(std::span<const Tensor> grads);
 void scale_inplace(const Tensor& t, float s);
-void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad,
                   const AdamWHyper& hp, int64_t step);
 
 }  // namespace zaya::ops::cpu
