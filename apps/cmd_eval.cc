@@ -4,9 +4,9 @@
 
 #include "commands.h"
 #include "model_source.h"
-#include "zaya/data/token_range.h"
 #include "zaya/core/log.h"
 #include "zaya/data/loader.h"
+#include "zaya/data/token_range.h"
 #include "zaya/train/batch.h"
 #include "zaya/train/model_io.h"
 
@@ -26,7 +26,8 @@ int run_eval(const EvalArgs& a) {
     seq = train::source_state(a.ckpt).value("seq_len", int64_t{0});
     ZAYA_CHECK(seq > 0, a.ckpt, ": the checkpoint does not record its sequence length; pass --seq");
   }
-  train::LoadedModel m = load_model_checked(a.ckpt, a.batch, seq, a.seq > 0 ? "--seq" : "eval: the checkpoint's seq_len");
+  train::LoadedModel m =
+      load_model_checked(a.ckpt, a.batch, seq, a.seq > 0 ? "--seq" : "eval: the checkpoint's seq_len");
   // Every token id is checked against the model's vocabulary before the first forward, so bad data
   // is named by file and sequence instead of failing inside a batch.
   data::check_token_range(a.data, m.model->config().vocab_size);

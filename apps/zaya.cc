@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
-#include <string>
 #include <iostream>
+#include <string>
 
 #include "commands.h"
 #include "zaya/core/cpu_isa.h"
@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   int64_t threads = 0;
   std::string log_level = "info";
   auto* threads_opt = app.add_option(
-      "--threads", threads, "Threads for OpenMP, oneDNN and BLAS, at most 4 x the hardware threads (default: $ZAYA_THREADS or all)");
+      "--threads", threads,
+      "Threads for OpenMP, oneDNN and BLAS, at most 4 x the hardware threads (default: $ZAYA_THREADS or all)");
   app.add_option("--log-level", log_level, "debug, info, warn or error");
 
   zaya::app::Commands commands;
