@@ -8,6 +8,7 @@
 #include "zaya/core/error.h"
 #include "zaya/data/indexed_dataset.h"
 #include "zaya/data/prepare.h"
+#include "zaya/data/token_range.h"
 #include "zaya/data/tokenizer.h"
 
 namespace zaya::app {
@@ -68,6 +69,8 @@ int run_inspect(const DataArgs& a) {
             << "documents: " << ds.num_documents() << "\n"
             << "sequences: " << ds.num_sequences() << "\n"
             << "tokens:    " << ds.num_tokens() << "\n";
+  const data::TokenRange range = data::token_range(ds);
+  if (range.max_id >= range.min_id) std::cout << "token ids: " << range.min_id << ".." << range.max_id << "\n";
   std::unique_ptr<data::Tokenizer> tok;
   if (!a.inspect_model.empty())
     tok = std::make_unique<data::Tokenizer>(data::Tokenizer::load(a.inspect_model));

@@ -3,8 +3,10 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "model_source.h"
 #include "zaya/core/log.h"
 #include "zaya/data/loader.h"
+#include "zaya/data/token_range.h"
 #include "zaya/train/batch.h"
 #include "zaya/train/model_io.h"
 
@@ -24,10 +26,21 @@ int run_eval(const EvalArgs& a) {
     seq = train::source_state(a.ckpt).value("seq_len", int64_t{0});
     ZAYA_CHECK(seq > 0, a.ckpt, ": the checkpoint does not record its sequence length; pass --seq");
   }
-  train::LoadedModel m = train::load_model_source(a.ckpt, a.batch, seq);
+  train::LoadedModel m =
+      load_model_checked(a.ckpt, a.batch, seq, a.seq > 0 ? "--seq" : "eval: the checkpoint's seq_len");
+  // Every token id is checked against the model's vocabulary before the first forward, so bad data
+  // is named by file and sequence instead of failing inside a batch.
+  data::check_token_range(a.data, m.model->config().vocab_size);
   data::DataLoader loader({{a.data, 1.0}}, seq, a.seed);
-  ZAYA_CHECK(loader.samples_per_epoch(0) > 0, a.data, ": too few tokens for one sample of ", seq + 1, " tokens");
-  train::EvalResult r = train::evaluate(*m.model, loader, a.samples);
+  const int64_t available = loader.samples_per_epoch(0);
+  ZAYA_CHECK(available > 0, a.data, ": too few tokens for one sample of ", seq + 1, " tokens");
+  int64_t samples = a.samples;
+  if (samples > available) {  // more would repeat sequences: the mean would weight them twice
+    log_warn("eval: --samples ", samples, " is more than the ", available, " sequences of ", seq, " tokens in ", a.data,
+             "; evaluating each of them once");
+    samples = available;
+  }
+  train::EvalResult r = train::evaluate(*m.model, loader, samples);
   std::printf("checkpoint  %s\ndata        %s\ntokens      %lld (%lld sequences of %lld)\nloss        %.4f nats/token\nperplexity  %.2f\n",
               m.source.string().c_str(), a.data.c_str(), static_cast<long long>(r.tokens),
               static_cast<long long>(r.tokens / seq), static_cast<long long>(seq), r.loss, r.perplexity);

@@ -105,6 +105,9 @@ int run_forward(const ForwardArgs& a) {
     ids = parse_ids(s.str(), a.ids_file);
   }
   const int64_t T = static_cast<int64_t>(ids.size());
+  // One id has no next id to predict: the loss would be a mean over no targets.
+  ZAYA_CHECK(!(a.loss || !a.grads_out.empty()) || T >= 2, "forward: --loss and --grads-out need at least 2 ids (",
+             "each position predicts the next id), found ", T);
   auto m = make_model(a.source, 1, T, "forward");
   if (!a.save_hf.empty()) {
     ZAYA_CHECK(a.save_hf_dtype == "f32" || a.save_hf_dtype == "bf16", "--save-hf-dtype: expected f32 or bf16, found '",

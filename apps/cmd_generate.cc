@@ -20,7 +20,8 @@ namespace {
 
 struct GenerateArgs {
   std::string model, prompt_ids, ckpt, prompt, tokenizer;
-  int64_t max_new = 32, eos = -2;  // −2: the model config's eos_token_id
+  int64_t max_new = 32;
+  std::optional<int64_t> eos;  // none: the model config's eos_token_id
   bool greedy = false, ignore_eos = false;
   double temperature = 0, top_p = 1.0;
   uint64_t seed = 0;
@@ -68,14 +69,22 @@ int run_generate(const GenerateArgs& a) {
   const std::vector<int32_t> prompt = tok ? tok->encode(a.prompt) : parse_prompt_ids(a.prompt_ids);
   ZAYA_CHECK(!prompt.empty(), "generate: the prompt encodes to no tokens");
   const int64_t T0 = static_cast<int64_t>(prompt.size());
-  std::unique_ptr<model::ZayaModel> m = train::load_model_source(source, 1, T0).model;
-  const int64_t V = m->config().vocab_size;
+  // Loaded for one position: prefill() plans the activations for the prompt once it is checked.
+  std::unique_ptr<model::ZayaModel> m = train::load_model_source(source, 1, 1).model;
+  const int64_t V = m->config().vocab_size, P = m->config().max_position_embeddings;
   for (int32_t id : prompt)
     ZAYA_CHECK(id < V, "--prompt-ids: token id ", id, " is outside the model's vocabulary [0, ", V, ")");
+  // The decode caches are sized by prompt + --max-new: bounded here, before they are allocated.
+  ZAYA_CHECK(T0 <= P, "generate: the prompt's ", T0, " tokens exceed the model's max_position_embeddings (", P, ")");
+  ZAYA_CHECK(a.max_new <= P - T0, "--max-new ", a.max_new, ": the prompt's ", T0, " tokens + ", a.max_new,
+             " new ones exceed the model's max_position_embeddings (", P, "); use --max-new ", P - T0,
+             " or less");
+  ZAYA_CHECK(!a.eos || (*a.eos >= 0 && *a.eos < V), "--eos: expected a token id in [0, ", V,
+             ") (or --ignore-eos to never stop early), found ", a.eos.value_or(0));
   ZAYA_CHECK(!(a.greedy && a.temperature > 0), "generate: give either --greedy or --temperature, not both");
   model::GenerateOptions opt;
   opt.max_new = a.max_new;
-  opt.eos_token_id = a.ignore_eos ? -1 : (a.eos == -2 ? m->config().eos_token_id : a.eos);
+  opt.eos_token_id = a.ignore_eos ? -1 : a.eos.value_or(m->config().eos_token_id);
   opt.sampling.greedy = !(a.temperature > 0);  // greedy unless a temperature is given
   opt.sampling.temperature = a.temperature > 0 ? a.temperature : 1.0;
   opt.sampling.top_p = a.top_p;
@@ -105,7 +114,9 @@ void add_generate(CLI::App& app, Commands& commands) {
   cmd->add_option("--prompt-ids", args->prompt_ids, "comma-separated prompt token ids (prints new ids)");
   cmd->add_option("--prompt", args->prompt, "prompt text (prints decoded text; needs the tokenizer)");
   cmd->add_option("--tokenizer", args->tokenizer, "SentencePiece .model (default: the checkpoint's)");
-  cmd->add_option("--max-new", args->max_new, "maximum number of new tokens")->capture_default_str();
+  cmd->add_option("--max-new", args->max_new,
+                  "maximum number of new tokens (prompt + new at most the model's max_position_embeddings)")
+      ->capture_default_str();
   cmd->add_flag("--greedy", args->greedy, "argmax decoding (the default when no --temperature is given)");
   cmd->add_option("--temperature", args->temperature, "sample from softmax(logits / T), T > 0");
   cmd->add_option("--top-p", args->top_p, "nucleus sampling: keep the smallest set of ids with mass >= P")

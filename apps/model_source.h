@@ -8,6 +8,7 @@
 #include <string>
 
 #include "zaya/model/zaya_model.h"
+#include "zaya/train/model_io.h"
 
 namespace zaya::app {
 
@@ -17,9 +18,17 @@ struct ModelSource {
   std::string gemm_dtype = "f32";  // f32 or bf16 inputs for the expert and LM-head GEMMs
 };
 
-// A model for batches of [batch, seq] tokens; `command` names the caller in errors.
+// A model for batches of [batch, seq] tokens; `command` names the caller in errors. seq must fit
+// the model's max_position_embeddings (checked before the activations are allocated).
 std::unique_ptr<model::ZayaModel> make_model(const ModelSource& source, int64_t batch, int64_t seq,
                                              const std::string& command);
+// A model from `path` (zaya checkpoint or transformers directory) for [batch, seq] tokens, with
+// seq checked against its max_position_embeddings before the activations for [batch, seq] are
+// allocated; `what` names the source of seq in the error ("--ids", "--seq").
+train::LoadedModel load_model_checked(const std::string& path, int64_t batch, int64_t seq, const std::string& what);
+// Throws unless `positions` tokens fit the model's max_position_embeddings: RoPE positions past it
+// are ones the model never trained on, so its output there is not to be trusted.
+void check_positions(const model::ModelConfig& c, int64_t positions, const std::string& what);
 // Applies source.gemm_dtype (an error names anything but f32 and bf16).
 void apply_gemm_dtype(const ModelSource& source, model::ZayaModel& m);
 

@@ -3,7 +3,10 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <filesystem>
 #include <iostream>
+#include <string>
 
 #include "commands.h"
 #include "zaya/core/cpu_isa.h"
@@ -17,6 +20,26 @@
 // and zaya/core/cpu_isa.cc are compiled for baseline x86-64 (CMakeLists.txt) for the same reason.
 __attribute__((constructor(101))) static void check_cpu_before_anything_else() { zaya::require_build_isa(); }
 
+namespace {
+
+// "PATH: cannot create directories: Not a directory" from libstdc++'s "filesystem error: cannot
+// create directories: Not a directory [PATH]".
+std::string describe(const std::filesystem::filesystem_error& e) {
+  std::string what = e.what();
+  const std::string prefix = "filesystem error: ";
+  if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+  std::string paths;
+  for (const auto* p : {&e.path1(), &e.path2()}) {
+    if (p->empty()) continue;
+    const std::string tail = " [" + p->string() + "]";
+    if (const size_t at = what.rfind(tail); at != std::string::npos) what.erase(at, tail.size());
+    paths += (paths.empty() ? "" : " -> ") + p->string();
+  }
+  return paths.empty() ? what : paths + ": " + what;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"zaya: train, survive, characterize and size ZAYA1-style MoE language models"};
   app.require_subcommand(1);
@@ -24,9 +47,11 @@ int main(int argc, char** argv) {
   zaya::format_build_isa(build_isa, sizeof build_isa);
   app.set_version_flag("--version", std::string("zaya, built for ") + build_isa,
                        "Print the instruction sets this binary was built for (CMake ZAYA_ARCH) and exit");
-  int threads = 0;
+  int64_t threads = 0;
   std::string log_level = "info";
-  app.add_option("--threads", threads, "Threads for OpenMP, oneDNN and BLAS (default: $ZAYA_THREADS or all)");
+  auto* threads_opt = app.add_option(
+      "--threads", threads,
+      "Threads for OpenMP, oneDNN and BLAS, at most 4 x the hardware threads (default: $ZAYA_THREADS or all)");
   app.add_option("--log-level", log_level, "debug, info, warn or error");
 
   zaya::app::Commands commands;
@@ -45,12 +70,19 @@ int main(int argc, char** argv) {
   }
   try {
     zaya::set_log_level(zaya::parse_log_level(log_level));
-    zaya::set_num_threads(threads);
+    // Checked before any runtime sees it: libgomp crashes on absurd counts instead of failing.
+    zaya::set_num_threads(threads_opt->count() ? zaya::checked_num_threads(threads, "--threads")
+                                               : zaya::default_num_threads());
     for (const auto& c : commands)
       if (c.cli->parsed()) return c.run();
     return 2;  // unreachable: require_subcommand(1)
   } catch (const zaya::Error& e) {
     std::cerr << "zaya: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the user gave that cannot be used (not a directory, no permission, disk full): a
+    // usage error, named by path and reason rather than as an internal one.
+    std::cerr << "zaya: error: " << describe(e) << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "zaya: internal error: " << e.what() << "\n";

@@ -127,3 +127,20 @@ TEST(Config, InvalidTomlNamesLine) {
 
 }  // namespace
 }  // namespace zaya
+
+namespace zaya {
+namespace {
+
+// An ifstream opens a directory and reads nothing: `--init-config DIR` used to run with an all-
+// default model, and `train --config DIR` to complain about data.train.
+TEST(Config, DirectoryIsNamedAsOne) {
+  const std::string dir = testing::TempDir();
+  const std::string e = zaya::test::error_of([&] { ConfigReader::from_file(dir); });
+  EXPECT_NE(e.find(": is a directory; expected a TOML config file"), std::string::npos) << e;
+  const std::string missing = zaya::test::error_of([&] { ConfigReader::from_file(dir + "/no_such.toml"); });
+  EXPECT_NE(missing.find("cannot open config file"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("No such file or directory"), std::string::npos) << missing;
+}
+
+}  // namespace
+}  // namespace zaya

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <set>
+#include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "zaya/core/error.h"
 #include "zaya/core/random.h"
 #include "zaya/model/generate.h"
@@ -242,6 +245,43 @@ TEST(Decode, UserErrors) {
   EXPECT_THROW(dec.prefill(Tensor::borrow(ids.data(), Shape{1, 5}, DType::i32), logits), Error);  // > max_len
   Tensor wrong = Tensor::empty(Shape{1, c.vocab_size + 1}, DType::f32);
   EXPECT_THROW(dec.prefill(Tensor::borrow(ids.data(), Shape{1, 2}, DType::i32), wrong), Error);
+}
+
+}  // namespace
+}  // namespace zaya::model
+
+namespace zaya::model {
+namespace {
+
+// generate() and the decoder refuse positions past max_position_embeddings before sizing their
+// caches (max_new = 10^9 used to allocate caches for a billion positions), and an eos id outside
+// the vocabulary (one that can never be emitted) other than −1 (never stop).
+TEST(Generate, BoundsPositionsByMaxPositionEmbeddingsAndEosByTheVocabulary) {
+  ModelConfig c = make_config(kShapes[2]);  // max_position_embeddings = 128
+  ZayaModel m(c, 1, 4);
+  m.init(1);
+  std::vector<int32_t> ids{1, 2, 3, 4};
+  const Tensor prompt = Tensor::borrow(ids.data(), Shape{1, 4}, DType::i32);
+  GenerateOptions opt;
+  opt.max_new = 1000000000;
+  std::string e = zaya::test::error_of([&] { generate(m, prompt, opt); });
+  EXPECT_NE(e.find("generate: the prompt's 4 tokens + max_new 1000000000 exceed the model's max_position_embeddings "
+                   "(128)"),
+            std::string::npos)
+      << e;
+  opt.max_new = INT64_MAX;  // no overflow in prompt + max_new
+  EXPECT_NE(zaya::test::error_of([&] { generate(m, prompt, opt); }), "");
+  EXPECT_NE(zaya::test::error_of([&] { ZayaDecoder(m, 1, 129); }).find("exceeds the model's max_position_embeddings"),
+            std::string::npos);
+  opt.max_new = 124;  // exactly fills the positions
+  opt.eos_token_id = -1;
+  EXPECT_EQ(generate(m, prompt, opt)[0].size(), 124u);
+  opt.max_new = 2;
+  for (int64_t eos : {int64_t{-3}, c.vocab_size}) {
+    opt.eos_token_id = eos;
+    e = zaya::test::error_of([&] { generate(m, prompt, opt); });
+    EXPECT_NE(e.find("generate: eos_token_id must be a token id in [0, "), std::string::npos) << eos << ": " << e;
+  }
 }
 
 }  // namespace

@@ -3,7 +3,10 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "zaya/core/error.h"
@@ -133,12 +136,20 @@ ConfigReader ConfigReader::from_string(const std::string& text, const std::strin
   return r;
 }
 
-ConfigReader ConfigReader::from_file(const std::string& path, const std::vector<std::string>& overrides) {
+std::string read_config_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error("is a directory; expected a TOML config file (e.g. configs/demo.toml)", {.file = path});
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open config file", {.file = path});
+  if (!in) throw Error("cannot open config file", {.file = path, .found = std::strerror(errno)});
   std::ostringstream text;
   text << in.rdbuf();
-  return from_string(text.str(), path, overrides);
+  if (in.bad()) throw Error("cannot read config file", {.file = path, .found = std::strerror(errno)});
+  return text.str();
+}
+
+ConfigReader ConfigReader::from_file(const std::string& path, const std::vector<std::string>& overrides) {
+  return from_string(read_config_file(path), path, overrides);
 }
 
 const void* ConfigReader::find(const std::string& key) const {

@@ -75,4 +75,8 @@ class ConfigReader {
 // Splits "a.b[2].c" into path elements; exposed for tests.
 std::vector<std::string> split_config_key(const std::string& key);
 
+// The text of a TOML config file; a zaya::Error names a path that cannot be opened or is a
+// directory (an ifstream opens a directory and reads nothing, which would parse as an empty config).
+std::string read_config_file(const std::string& path);
+
 }  // namespace zaya

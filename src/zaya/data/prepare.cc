@@ -3,6 +3,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 
 #include "zaya/core/error.h"
 #include "zaya/core/log.h"
+#include "zaya/core/threads.h"
 #include "zaya/data/hash.h"
 #include "zaya/data/indexed_dataset.h"
 #include "zaya/data/tokenizer.h"
@@ -108,9 +110,46 @@ std::vector<std::string> resolve_inputs(const std::vector<std::string>& inputs) 
   return files;
 }
 
+Utf8Report check_utf8(const std::string& text) {
+  Utf8Report r;
+  const auto* b = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  int64_t line = 1;
+  for (size_t i = 0; i < n;) {
+    const unsigned c = b[i];
+    // Well-formed sequences (Unicode 3.9, table 3-7): the lead byte fixes the length and the range
+    // of the second byte (no overlongs, surrogates or code points past U+10FFFF).
+    size_t len = 0;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c < 0x80) len = 1;
+    else if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) len = 3, lo = 0xA0;
+    else if (c == 0xED) len = 3, hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF) len = 3;
+    else if (c == 0xF0) len = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    else if (c == 0xF4) len = 4, hi = 0x8F;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const unsigned t = b[i + k];
+      ok = k == 1 ? (t >= lo && t <= hi) : (t >= 0x80 && t <= 0xBF);
+    }
+    if (!ok) {  // one invalid byte; decoding resumes at the next
+      if (r.invalid_bytes++ == 0) r.first_invalid = static_cast<int64_t>(i), r.first_line = line;
+      ++i;
+      continue;
+    }
+    if (c == '\n') ++line;
+    if (len > 1 || !std::isspace(static_cast<int>(c))) r.text_bytes += static_cast<int64_t>(len);
+    i += len;
+  }
+  return r;
+}
+
 std::vector<Document> read_documents(const std::string& file, DocSplit split,
-                                     const std::string& jsonl_field) {
+                                     const std::string& jsonl_field, Utf8Report* utf8) {
   const std::string text = read_file(file);
+  if (utf8) *utf8 = check_utf8(text);
   std::vector<Document> docs;
   if (ends_with(file, ".jsonl")) {
     std::istringstream lines(text);
@@ -226,6 +265,10 @@ PrepareStats prepare(const PrepareOptions& o) {
   ZAYA_CHECK((o.vocab_size > 0) != !o.tokenizer_model.empty(),
              "data prepare: expected exactly one of --vocab N or --tokenizer MODEL");
   ZAYA_CHECK(!o.out_prefix.empty(), "--out: expected an output prefix");
+  // SentencePiece's trainer accepts 1..128 threads (and asserts otherwise).
+  ZAYA_CHECK(o.threads >= 1 && o.threads <= std::min(128, max_num_threads()),
+             "--tokenizer-threads: expected a thread count in [1, ", std::min(128, max_num_threads()), "], found ",
+             o.threads);
   ZAYA_CHECK(o.val_fraction > 0.0 && o.val_fraction < 1.0,
              "--val-fraction: expected a value in (0, 1), found ", o.val_fraction);
   {
@@ -239,14 +282,32 @@ PrepareStats prepare(const PrepareOptions& o) {
   // 1. Documents, in input order.
   const std::vector<std::string> files = resolve_inputs(o.inputs);
   std::vector<Document> docs;
+  int64_t text_bytes = 0, invalid_files = 0;
   for (size_t i = 0; i < files.size(); ++i) {
-    std::vector<Document> d = read_documents(files[i], o.doc_split, o.jsonl_field);
+    Utf8Report utf8;
+    std::vector<Document> d = read_documents(files[i], o.doc_split, o.jsonl_field, &utf8);
+    text_bytes += utf8.text_bytes;
+    if (utf8.invalid_bytes > 0) {
+      if (st.invalid_utf8_bytes == 0)
+        st.first_invalid_utf8 = str(files[i], " byte ", utf8.first_invalid, " (line ", utf8.first_line, ")");
+      st.invalid_utf8_bytes += utf8.invalid_bytes;
+      ++invalid_files;
+    }
     for (auto& x : d) st.input_bytes += static_cast<int64_t>(x.text.size());
     docs.insert(docs.end(), std::make_move_iterator(d.begin()), std::make_move_iterator(d.end()));
     if (o.progress && (i + 1) % 100 == 0)
       log_info("data prepare: read ", i + 1, "/", files.size(), " files, ", docs.size(), " documents");
   }
   st.input_files = static_cast<int64_t>(files.size());
+  // SentencePiece turns every invalid byte into U+FFFD: an input that is not UTF-8 at all (another
+  // encoding, binary data) leaves it nothing to learn, and it would fail with an internal check.
+  ZAYA_CHECK(text_bytes > 0, "--input: no valid UTF-8 text in the inputs (", st.invalid_utf8_bytes,
+             " invalid bytes, the first at ", st.first_invalid_utf8,
+             "); convert them to UTF-8 first (e.g. iconv -f latin1 -t utf-8)");
+  if (st.invalid_utf8_bytes > 0)
+    log_warn("data prepare: ", st.invalid_utf8_bytes, " bytes of invalid UTF-8 in ", invalid_files,
+             " input file(s), the first at ", st.first_invalid_utf8,
+             "; the tokenizer reads each as U+FFFD, so decoding will not restore them");
   std::vector<bool> is_val;
   if (docs.size() == 1) {
     // One document (a single text file, the usual first corpus): its tail is the validation split.
@@ -354,7 +415,7 @@ PrepareStats prepare(const PrepareOptions& o) {
   tok.write_vocab(temps.add(vocab_path));
   st.total_seconds = seconds_since(t0);
   nlohmann::json j = {
-      {"inputs", {{"files", st.input_files}, {"bytes", st.input_bytes}}},
+      {"inputs", {{"files", st.input_files}, {"bytes", st.input_bytes}, {"invalid_utf8_bytes", st.invalid_utf8_bytes}}},
       {"doc_split", o.doc_split == DocSplit::file ? "file" : "paragraph"},
       {"tokenizer",
        {{"model", model_path},

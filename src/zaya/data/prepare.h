@@ -50,6 +50,10 @@ struct PrepareStats {
   std::string dtype;
   int64_t input_files = 0;
   int64_t input_bytes = 0;
+  // Bytes of the inputs that are not valid UTF-8 (a warning names the first), and where the first
+  // is ("FILE byte N (line L)"; empty when there are none).
+  int64_t invalid_utf8_bytes = 0;
+  std::string first_invalid_utf8;
   // Cross-entropy (nats/token) of add-one-smoothed training unigram frequencies on the
   // validation tokens: the loss of a model that ignores context entirely.
   double unigram_baseline = 0.0;
@@ -63,12 +67,23 @@ struct Document {
   std::string source;
 };
 
+// What a text holds besides valid UTF-8. SentencePiece replaces every byte that is not part of a
+// well-formed UTF-8 sequence with U+FFFD, so such bytes do not survive tokenization.
+struct Utf8Report {
+  int64_t invalid_bytes = 0;   // bytes outside well-formed sequences (Unicode 3.9, table 3-7)
+  int64_t first_invalid = -1;  // byte offset of the first one, -1 for none
+  int64_t first_line = 0;      // its line (1-based)
+  int64_t text_bytes = 0;      // bytes of valid sequences other than ASCII whitespace
+};
+Utf8Report check_utf8(const std::string& text);
+
 // Expands inputs (files, directories, globs) into a sorted list of files; a missing input or an
 // empty file is a zaya::Error naming it.
 std::vector<std::string> resolve_inputs(const std::vector<std::string>& inputs);
 // Reads documents from one file: JSONL (extension .jsonl) by `jsonl_field`, else text split by
-// `split`. Empty documents (whitespace only) are dropped.
-std::vector<Document> read_documents(const std::string& file, DocSplit split, const std::string& jsonl_field);
+// `split`. Empty documents (whitespace only) are dropped. With `utf8`, reports the file's bytes.
+std::vector<Document> read_documents(const std::string& file, DocSplit split, const std::string& jsonl_field,
+                                     Utf8Report* utf8 = nullptr);
 // true if document `index` belongs to the validation split (docs/data.md: the split rule).
 bool is_validation_document(uint64_t seed, int64_t index, double val_fraction);
 // Assigns every document to a split; guarantees a non-empty validation split when there are at

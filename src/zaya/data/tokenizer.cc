@@ -46,6 +46,8 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& lines, const Tokenize
              "the corpus's characters), found ",
              o.vocab_size);
   ZAYA_CHECK(!lines.empty(), "tokenizer training: the corpus is empty");
+  ZAYA_CHECK(o.num_threads >= 1 && o.num_threads <= 128,  // SentencePiece asserts this range
+             "tokenizer training: expected 1 to 128 threads, found ", o.num_threads);
   const std::unordered_map<std::string, std::string> args = {
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(o.vocab_size)},

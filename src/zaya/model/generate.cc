@@ -25,6 +25,9 @@ ZayaDecoder::ZayaDecoder(ZayaModel& model, int64_t batch, int64_t max_len) : m_(
   const ModelConfig& c = m_.config();
   ZAYA_CHECK(batch > 0 && max_len > 0, "ZayaDecoder: batch and max_len must be positive, found [", batch, ", ",
              max_len, "]");
+  // Checked before the caches (B·max_len rows per layer) are allocated.
+  ZAYA_CHECK(max_len <= c.max_position_embeddings, "ZayaDecoder: max_len ", max_len,
+             " exceeds the model's max_position_embeddings (", c.max_position_embeddings, ")");
   const int64_t B = B_, H = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), C = c.conv_channels(),
                 R = c.router_hidden_size, E = c.num_experts, I = c.moe_intermediate_size,
                 nkv = c.num_key_value_heads, hd = c.head_dim;
@@ -217,7 +220,14 @@ std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& promp
   ZAYA_CHECK(prompt.ndim() == 2 && prompt.size(1) >= 1, "generate: prompt must be [B, T] with T >= 1, found ",
              prompt.shape().str());
   ZAYA_CHECK(opt.max_new >= 0, "generate: max_new must be >= 0, found ", opt.max_new);
-  const int64_t B = prompt.size(0), T0 = prompt.size(1), V = model.config().vocab_size;
+  const int64_t B = prompt.size(0), T0 = prompt.size(1), V = model.config().vocab_size,
+                P = model.config().max_position_embeddings;
+  // Positions past max_position_embeddings are ones the model never trained on; the bound also
+  // caps the decode caches, which are sized by T0 + max_new before the first token.
+  ZAYA_CHECK(T0 <= P && opt.max_new <= P - T0, "generate: the prompt's ", T0, " tokens + max_new ", opt.max_new,
+             " exceed the model's max_position_embeddings (", P, ")");
+  ZAYA_CHECK(opt.eos_token_id >= -1 && opt.eos_token_id < V, "generate: eos_token_id must be a token id in [0, ",
+             V, ") or -1 (never stop), found ", opt.eos_token_id);
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
   if (opt.max_new == 0) return out;
   ZayaDecoder dec(model, B, T0 + opt.max_new);

@@ -1,5 +1,6 @@
 #include "zaya/train/batch.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -22,19 +23,32 @@ void split_rows(const Tensor& rows, const Tensor& ids, const Tensor& targets) {
 EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples) {
   const int64_t B = model.batch(), T = model.seq_len();
   ZAYA_CHECK(loader.seq_len() == T, "evaluation data has sequence length ", loader.seq_len(), ", the model expects ", T);
+  ZAYA_CHECK(samples > 0, "evaluate: samples must be positive, found ", samples);
+  // Whole model batches, but never past one epoch of a single dataset: a second epoch would count
+  // its sequences twice. The last batch is then partial; its missing rows have ignored targets.
+  int64_t n = (samples + B - 1) / B * B;
+  if (loader.num_datasets() == 1) n = std::min(n, loader.samples_per_epoch(0));
   Tensor rows = Tensor::empty({B, T + 1}, DType::i32);
   Tensor ids = Tensor::empty({B, T}, DType::i32), targets = Tensor::empty({B, T}, DType::i32);
-  const int64_t batches = (samples + B - 1) / B;
-  double sum = 0;
-  for (int64_t k = 0; k < batches; ++k) {
+  const int64_t full = n / B, last = n % B;
+  double sum = 0;  // of the full batches' mean losses
+  for (int64_t k = 0; k < full; ++k) {
     for (int64_t i = 0; i < B; ++i) loader.sample(k * B + i, rows.data<int32_t>() + i * (T + 1));
     split_rows(rows, ids, targets);
     sum += model.forward(ids, targets, /*for_backward=*/false);  // every batch has B*T targets
   }
   EvalResult r;
-  r.loss = sum / static_cast<double>(batches);
+  if (last == 0) {
+    r.loss = sum / static_cast<double>(full);
+  } else {
+    for (int64_t i = 0; i < B; ++i) loader.sample(full * B + std::min(i, last - 1), rows.data<int32_t>() + i * (T + 1));
+    split_rows(rows, ids, targets);
+    std::fill(targets.data<int32_t>() + last * T, targets.data<int32_t>() + B * T, -100);  // ignored rows
+    const double part = model.forward(ids, targets, /*for_backward=*/false);  // mean over last*T targets
+    r.loss = (sum * static_cast<double>(B) + part * static_cast<double>(last)) / static_cast<double>(n);
+  }
   r.perplexity = std::exp(r.loss);
-  r.tokens = batches * B * T;
+  r.tokens = n * T;
   return r;
 }
 

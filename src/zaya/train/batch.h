@@ -18,8 +18,9 @@ struct EvalResult {
   int64_t tokens = 0;
 };
 
-// Mean loss over global samples [0, samples) of `loader` (rounded up to whole model batches),
-// in order: deterministic, and the same samples every evaluation. Leaves no gradients behind.
+// Mean loss over global samples [0, samples) of `loader` (rounded up to whole model batches, but
+// for a one-dataset loader never past its first epoch, so no sample counts twice), in order:
+// deterministic, and the same samples every evaluation. Leaves no gradients behind.
 EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples);
 
 }  // namespace zaya::train

@@ -1,7 +1,7 @@
 #include "zaya/train/run_config.h"
 
-#include <fstream>
-#include <sstream>
+#include <cstdint>
+#include <string>
 
 #include "zaya/core/config.h"
 #include "zaya/core/error.h"
@@ -180,6 +180,16 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   // The schedule spans the run unless the config says otherwise.
   if (!explicit_total) c.optim.total_steps = c.train.steps;
   if (c.has_recipe()) check_recipe(c, explicit_steps, explicit_seq, explicit_accum, explicit_total);
+  // The run's token count (steps × tokens per step) is an int64 in the trainer, the metrics and
+  // the checkpoints: it must not overflow.
+  const int64_t per_step_max = INT64_MAX / c.train.seq_len / c.train.micro_batch;
+  need(c.train.grad_accum <= per_step_max, source, "train.grad_accum",
+       "at most " + std::to_string(per_step_max) + " (tokens per step must fit a 64-bit count)",
+       std::to_string(c.train.grad_accum));
+  need(c.train.steps <= INT64_MAX / c.tokens_per_step(), source, "train.steps",
+       "at most " + std::to_string(INT64_MAX / c.tokens_per_step()) + " (steps x " +
+           std::to_string(c.tokens_per_step()) + " tokens per step must fit a 64-bit token count)",
+       std::to_string(c.train.steps));
   need(c.train.seq_len <= c.model.max_position_embeddings, source, "train.seq_len",
        "at most model.max_position_embeddings (" + std::to_string(c.model.max_position_embeddings) + ")",
        std::to_string(c.train.seq_len));
@@ -188,11 +198,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
 }
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open config file", {.file = path});
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_run_config(text.str(), path, overrides);
+  return parse_run_config(read_config_file(path), path, overrides);
 }
 
 }  // namespace zaya::train
