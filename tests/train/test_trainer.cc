@@ -203,6 +203,20 @@ TEST_F(TrainerTest, ConfigErrorsNameTheKey) {
   EXPECT_NE(seq.find("max_position_embeddings"), std::string::npos) << seq;
 }
 
+// A training dataset with ids at or above model.vocab_size stops the run at start, naming the file,
+// before any step (the embedding would only find it when a batch reached the bad id).
+TEST_F(TrainerTest, OutOfVocabularyIdsStopAtStartNamingTheFile) {
+  const std::string bad = make_corpus(root_ / "data", "wide", 7, /*first=*/60);  // ids up to 114 >= 64
+  std::string msg;
+  try {
+    Trainer t(parse_run_config(toy_config(bad, root_ / "oov", 10), "toy.toml", {}), {.quiet = true});
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("wide.bin"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(root_ / "oov" / "latest"));
+}
+
 // [parallel]: bad values name the key; a world larger than one rank, a dp x cp that does not
 // match the world and device = "cuda" stop at start with a clear error, before anything is written
 // (two ranks must not silently train the same thing into one directory).

@@ -11,6 +11,7 @@
 #include "zaya/ckpt/reader.h"
 #include "zaya/core/log.h"
 #include "zaya/core/threads.h"
+#include "zaya/data/token_range.h"
 #include "zaya/data/tokenizer.h"
 #include "zaya/model/params.h"
 #include "zaya/ops/cpu/gemm_cpu.h"
@@ -87,6 +88,10 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   if (!cfg_.data.val.empty())
     val_data_ = std::make_unique<data::DataLoader>(std::vector<data::DatasetSpec>{{cfg_.data.val, 1.0}},
                                                    t.seq_len, cfg_.data.seed + 1);
+  // Every token id of every dataset inside the vocabulary, checked now (one scan of each .bin, cached
+  // beside large ones) rather than when a batch reaches a bad one hours into the run.
+  data::check_token_ranges(cfg_.data.train, cfg_.model.vocab_size);
+  if (!cfg_.data.val.empty()) data::check_token_range(cfg_.data.val, cfg_.model.vocab_size);
   // Every phase's loaders are built once here so that a dataset too short for a later phase's
   // sequence length fails now, not at a transition hours into the run (the loader checks it).
   for (size_t p = 0; p < cfg_.recipe.phases.size(); ++p) {
