@@ -4,13 +4,14 @@
 # CI machines have no GPU, so the CUDA tests skip there. This script runs them where a GPU is:
 #
 #   scripts/gpu_check.sh pack          on the build machine: bundles build/cuda's test_core,
-#                                      test_bench, test_dist and zaya binaries with the shared
-#                                      libraries a bare CUDA image lacks (Open MPI's plugins and
-#                                      help texts among them), into build/gpu_check/
+#                                      test_ops, test_bench, test_dist and zaya binaries with the
+#                                      shared libraries a bare CUDA image lacks (Open MPI's plugins
+#                                      and help texts among them), into build/gpu_check/
 #   scripts/gpu_check.sh run [OUTDIR]  on the GPU machine: unpacks them and runs the CUDA
-#                                      tests, the NCCL backend's tests and `zaya bench collectives
-#                                      --backend nccl` (a world of one: MPI as a singleton),
-#                                      `zaya sysinfo`, and `zaya bench gemm --backend cuda` over
+#                                      tests (the device context; the CUDA op kernels against
+#                                      the CPU ops: docs/cuda.md), the NCCL backend's tests and
+#                                      `zaya bench collectives --backend nccl` (a world of one:
+#                                      MPI as a singleton), `zaya sysinfo`, and `zaya bench gemm --backend cuda` over
 #                                      ZAYA1-base's training GEMMs (bf16 and f32); logs and the
 #                                      hardware profile go to OUTDIR
 #   scripts/gpu_check.sh tests [OUTDIR]
@@ -37,7 +38,8 @@ cpu_flags() { grep -o -w -e avx512f -e avx512_bf16 -e amx_tile /proc/cpuinfo | s
 
 case "${1:-}" in
 pack)
-  bins=(build/cuda/zaya build/cuda/tests/test_core build/cuda/tests/test_bench build/cuda/tests/test_dist)
+  bins=(build/cuda/zaya build/cuda/tests/test_core build/cuda/tests/test_ops build/cuda/tests/test_bench
+        build/cuda/tests/test_dist)
   for f in "${bins[@]}"; do
     [[ -x "$f" ]] || { echo "gpu_check: $f is missing: build the CUDA preset first (cmake --preset cuda && cmake --build build/cuda)" >&2; exit 1; }
   done
@@ -70,7 +72,11 @@ run | tests)
   echo "build machine's flags: $(cat "$pack_dir/build_cpu_flags.txt")"
   echo "this machine's flags:  $(cpu_flags)"
   status=0
-  "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:Philox.*:Tensor.*' 2>&1 | tee "$out/tests.txt" || status=1
+  "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:CudaContext.*:Philox.*:Tensor.*' 2>&1 | tee "$out/tests.txt" || status=1
+  # The CUDA op kernels against the CPU ops (tests/ops/test_dense_cuda.cc), and the fronts' device
+  # checks (which skip their no-GPU halves here).
+  "$pack_dir/test_ops" --gtest_filter='DenseCuda.*:ScaleBiasCuda.*:EdaCuda.*:ElementwiseMath.*:DenseDevice.*:RouterStateDevice.*' \
+    2>&1 | tee -a "$out/tests.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon; the tests start it
   # in a child process of their own), its plugins and texts from the pack.

@@ -112,7 +112,7 @@ TEST(Arena, AlignsRewindsAndReportsExhaustion) {
 
 TEST(Tensor, CudaTensorsNeedADevice) {
   if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is present; covered by CudaRuntime tests";
-  EXPECT_THROW(Tensor::empty({4}, DType::f32, Device::cuda), Error);
+  EXPECT_THROW(Tensor::empty({4}, DType::f32, Device::cuda), Error);  // messages: test_cuda_context.cc
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ops/device_dispatch.h"
+#include "zaya/core/cuda_runtime.h"
 #include "ops/gradcheck.h"
 #include "zaya/ops/dense.h"
 
@@ -425,8 +426,9 @@ TEST(Softmax, ForwardBackward) {
   }
 }
 
-// Every dense front, handed CUDA tensors (host memory labelled CUDA: device_dispatch.h), checks
-// them as on the CPU and then stops at the dispatch, naming the op.
+// The dense fronts without a CUDA kernel (linear's GEMMs), handed CUDA tensors (host memory
+// labelled CUDA: device_dispatch.h), check them as on the CPU and then stop at the dispatch, naming
+// the op.
 TEST(DenseDevice, CudaTensorsGetTheNoKernelErrorNamingTheOp) {
   using test::as_cuda;
   const int64_t n = 4, f = 8;
@@ -435,33 +437,50 @@ TEST(DenseDevice, CudaTensorsGetTheNoKernelErrorNamingTheOp) {
   Tensor W = as_cuda(random_tensor({f, f}, 5)), dW = as_cuda(random_tensor({f, f}, 6));
   Tensor w = as_cuda(random_tensor({f}, 7)), dw = as_cuda(random_tensor({f}, 8));
   Tensor rstd = as_cuda(random_tensor({n}, 9));
+  Tensor x16 = as_cuda(Tensor::zeros({n, f}, DType::bf16));
+  using test::expect_no_cuda_kernel;
+  expect_no_cuda_kernel("linear_forward", [&] { linear_forward(y, x, W, w); });
+  expect_no_cuda_kernel("linear_backward", [&] { linear_backward(dx, dW, dw, dy, x, W); });
+  // The message names the first tensor argument with its dtype, shape and device; the checks run
+  // before the dispatch, for every device.
+  EXPECT_EQ(test::error_of([&] { rmsnorm_forward(y, rstd, x16, w, 1e-6f); }),
+            "rmsnorm_forward: x must be f32, found bf16[4, 8] cuda");
+  EXPECT_EQ(test::error_of([&] { linear_forward(y, x, W, {}); }),
+            "no CUDA kernel for ops::linear_forward yet (x is f32[4, 8] cuda)");
+}
+
+// The fronts with a CUDA kernel (cuda/dense.cu), handed CUDA tensors where no GPU is present, give
+// a zaya::Error naming the op and saying why, before any kernel could touch the memory (here host
+// memory under a CUDA label, which a real GPU kernel would fault on: hence skipped with a GPU,
+// where test_dense_cuda.cc runs them on device memory).
+TEST(DenseDevice, CudaKernelsWithoutAGpuGiveAClearError) {
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is present: test_dense_cuda.cc runs these ops on it";
+  using test::as_cuda;
+  const int64_t n = 4, f = 8;
+  Tensor x = as_cuda(random_tensor({n, f}, 1)), y = as_cuda(random_tensor({n, f}, 2));
+  Tensor dy = as_cuda(random_tensor({n, f}, 3)), dx = as_cuda(random_tensor({n, f}, 4));
+  Tensor w = as_cuda(random_tensor({f}, 7)), dw = as_cuda(random_tensor({f}, 8));
+  Tensor rstd = as_cuda(random_tensor({n}, 9));
   Tensor ids = as_cuda(Tensor::zeros({n}, DType::i32)), E = as_cuda(random_tensor({16, f}, 10));
   Tensor gu = as_cuda(random_tensor({n, 2 * f}, 11)), dgu = as_cuda(random_tensor({n, 2 * f}, 12));
   Tensor x16 = as_cuda(Tensor::zeros({n, f}, DType::bf16));
   const ResidualScaleParams p{w, w, w, w}, g{dw, dw, dw, dw};
-  using test::expect_no_cuda_kernel;
-  expect_no_cuda_kernel("linear_forward", [&] { linear_forward(y, x, W, w); });
-  expect_no_cuda_kernel("linear_backward", [&] { linear_backward(dx, dW, dw, dy, x, W); });
-  expect_no_cuda_kernel("embedding_forward", [&] { embedding_forward(y, ids, E); });
-  expect_no_cuda_kernel("embedding_backward", [&] { embedding_backward(E, dy, ids); });
-  expect_no_cuda_kernel("rmsnorm_forward", [&] { rmsnorm_forward(y, rstd, x, w, 1e-6f); });
-  expect_no_cuda_kernel("rmsnorm_backward", [&] { rmsnorm_backward(dx, dw, dy, x, w, rstd); });
-  expect_no_cuda_kernel("residual_scale_forward", [&] { residual_scale_forward(y, x, x, p); });
-  expect_no_cuda_kernel("residual_scale_backward", [&] { residual_scale_backward(dx, dx, g, dy, x, x, p); });
-  expect_no_cuda_kernel("silu_forward", [&] { silu_forward(y, x); });
-  expect_no_cuda_kernel("silu_backward", [&] { silu_backward(dx, dy, x); });
-  expect_no_cuda_kernel("gelu_forward", [&] { gelu_forward(y, x); });
-  expect_no_cuda_kernel("gelu_backward", [&] { gelu_backward(dx, dy, x); });
-  expect_no_cuda_kernel("swiglu_forward", [&] { swiglu_forward(y, gu); });
-  expect_no_cuda_kernel("swiglu_backward", [&] { swiglu_backward(dgu, dy, gu); });
-  expect_no_cuda_kernel("cast_to_bf16", [&] { cast_to_bf16(x16, x); });
-  expect_no_cuda_kernel("softmax_forward", [&] { softmax_forward(y, x); });
-  expect_no_cuda_kernel("softmax_backward", [&] { softmax_backward(dx, dy, y); });
-  // The message names the first tensor argument with its dtype, shape and device.
-  EXPECT_EQ(test::error_of([&] { rmsnorm_forward(y, rstd, x16, w, 1e-6f); }),
-            "rmsnorm_forward: x must be f32, found bf16[4, 8] cuda");
-  EXPECT_EQ(test::error_of([&] { rmsnorm_forward(y, rstd, x, w, 1e-6f); }),
-            "no CUDA kernel for ops::rmsnorm_forward yet (x is f32[4, 8] cuda)");
+  using test::expect_needs_gpu;
+  expect_needs_gpu("embedding_forward", [&] { embedding_forward(y, ids, E); });
+  expect_needs_gpu("embedding_backward", [&] { embedding_backward(E, dy, ids); });
+  expect_needs_gpu("rmsnorm_forward", [&] { rmsnorm_forward(y, rstd, x, w, 1e-6f); });
+  expect_needs_gpu("rmsnorm_backward", [&] { rmsnorm_backward(dx, dw, dy, x, w, rstd); });
+  expect_needs_gpu("residual_scale_forward", [&] { residual_scale_forward(y, x, x, p); });
+  expect_needs_gpu("residual_scale_backward", [&] { residual_scale_backward(dx, dx, g, dy, x, x, p); });
+  expect_needs_gpu("silu_forward", [&] { silu_forward(y, x); });
+  expect_needs_gpu("silu_backward", [&] { silu_backward(dx, dy, x); });
+  expect_needs_gpu("gelu_forward", [&] { gelu_forward(y, x); });
+  expect_needs_gpu("gelu_backward", [&] { gelu_backward(dx, dy, x); });
+  expect_needs_gpu("swiglu_forward", [&] { swiglu_forward(y, gu); });
+  expect_needs_gpu("swiglu_backward", [&] { swiglu_backward(dgu, dy, gu); });
+  expect_needs_gpu("cast_to_bf16", [&] { cast_to_bf16(x16, x); });
+  expect_needs_gpu("softmax_forward", [&] { softmax_forward(y, x); });
+  expect_needs_gpu("softmax_backward", [&] { softmax_backward(dx, dy, y); });
 }
 
 TEST(DenseDevice, MixedDevicesAreRejectedNamingTheArgument) {

@@ -1,9 +1,19 @@
 #include "zaya/core/arena.h"
 
+#include "zaya/core/cuda_context.h"
+
 namespace zaya {
 
-Arena::Arena(size_t capacity_bytes, Device device)
-    : storage_(allocate_storage(capacity_bytes, device)) {}
+namespace {
+// Names the arena in the error when it asks for device memory and no GPU can give it.
+std::shared_ptr<Storage> arena_storage(size_t capacity_bytes, Device device) {
+  if (device == Device::cuda) cuda::require_device(str("a CUDA arena of ", capacity_bytes, " bytes"));
+  return allocate_storage(capacity_bytes, device);
+}
+}  // namespace
+
+// One allocation (one cudaMalloc on a GPU) for the arena's life; alloc() hands out views into it.
+Arena::Arena(size_t capacity_bytes, Device device) : storage_(arena_storage(capacity_bytes, device)) {}
 
 Tensor Arena::alloc(const Shape& shape, DType dtype) {
   size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "zaya/core/cuda_context.h"
 #include "zaya/core/cuda_runtime.h"
 
 namespace zaya {
@@ -89,6 +90,7 @@ std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device) {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  if (device == Device::cuda) cuda::require_device(zaya::str("a CUDA tensor ", dtype_name(dtype), shape.str()));
   size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   return over(allocate_storage(bytes, device), 0, shape, dtype);
 }

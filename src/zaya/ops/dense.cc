@@ -1,5 +1,5 @@
 // The dense ops' fronts: argument checks for any device, then the kernel for the tensors' device
-// (CPU: cpu/dense_cpu.cc).
+// (CPU: cpu/dense_cpu.cc; CUDA: cuda/dense.cu, every op but linear's, whose GEMMs come with cuBLASLt).
 #include "zaya/ops/dense.h"
 
 #include <initializer_list>
@@ -8,6 +8,9 @@
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/dense_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/dense_cuda.h"
+#endif
 
 namespace zaya::ops {
 namespace {
@@ -98,6 +101,9 @@ void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& E) {
   ZAYA_CHECK(E.ndim() == 2, op, ": E must be [V, H], found ", E.str());
   check::shape(op, "y", y, Shape{ids.numel(), E.size(1)});
   if (on.cpu()) return cpu::embedding_forward(y, ids, E);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::embedding_forward(y, ids, E);
+#endif
   on.no_kernel();
 }
 
@@ -110,6 +116,9 @@ void embedding_backward(const Tensor& dE, const Tensor& dy, const Tensor& ids, i
   ZAYA_CHECK(dE.ndim() == 2, op, ": dE must be [V, H], found ", dE.str());
   check::shape(op, "dy", dy, Shape{ids.numel(), dE.size(1)});
   if (on.cpu()) return cpu::embedding_backward(dE, dy, ids, padding_idx);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::embedding_backward(dE, dy, ids, padding_idx);
+#endif
   on.no_kernel();
 }
 
@@ -123,6 +132,9 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
   check::f32(op, "rstd", rstd);
   check::shape(op, "rstd", rstd, Shape{rows_of(x)});
   if (on.cpu()) return cpu::rmsnorm_forward(y, rstd, x, w, eps);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::rmsnorm_forward(y, rstd, x, w, eps);
+#endif
   on.no_kernel();
 }
 
@@ -143,6 +155,9 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
   }
   if (dw.defined()) check::vector(op, "dw", dw, f);
   if (on.cpu()) return cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd, accumulate_dx);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::rmsnorm_backward(dx, dw, dy, x, w, rstd, accumulate_dx);
+#endif
   on.no_kernel();
 }
 
@@ -158,6 +173,9 @@ void residual_scale_forward(const Tensor& y, const Tensor& h, const Tensor& x, c
   check_f32_like(op, {{"h", &h}, {"x", &x}, {"y", &y}});
   check_residual_params(op, p, last_dim(h), "");
   if (on.cpu()) return cpu::residual_scale_forward(y, h, x, p);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::residual_scale_forward(y, h, x, p);
+#endif
   on.no_kernel();
 }
 
@@ -187,6 +205,9 @@ void residual_scale_backward(const Tensor& dh, const Tensor& dx, const ResidualS
     check_same_shape(str(op, ": ", name, " vs h"), *t, h);
   }
   if (on.cpu()) return cpu::residual_scale_backward(dh, dx, grads, dy, h, x, p);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::residual_scale_backward(dh, dx, grads, dy, h, x, p);
+#endif
   on.no_kernel();
 }
 
@@ -195,6 +216,9 @@ void silu_forward(const Tensor& y, const Tensor& x) {
   const OpDevice on(op, {{"x", x}, {"y", y}});
   check_f32_like(op, {{"x", &x}, {"y", &y}});
   if (on.cpu()) return cpu::silu_forward(y, x);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::silu_forward(y, x);
+#endif
   on.no_kernel();
 }
 
@@ -203,6 +227,9 @@ void silu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   const OpDevice on(op, {{"dy", dy}, {"x", x}, {"dx", dx}});
   check_f32_like(op, {{"x", &x}, {"dy", &dy}, {"dx", &dx}});
   if (on.cpu()) return cpu::silu_backward(dx, dy, x);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::silu_backward(dx, dy, x);
+#endif
   on.no_kernel();
 }
 
@@ -211,6 +238,9 @@ void gelu_forward(const Tensor& y, const Tensor& x) {
   const OpDevice on(op, {{"x", x}, {"y", y}});
   check_f32_like(op, {{"x", &x}, {"y", &y}});
   if (on.cpu()) return cpu::gelu_forward(y, x);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::gelu_forward(y, x);
+#endif
   on.no_kernel();
 }
 
@@ -219,6 +249,9 @@ void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   const OpDevice on(op, {{"dy", dy}, {"x", x}, {"dx", dx}});
   check_f32_like(op, {{"x", &x}, {"dy", &dy}, {"dx", &dx}});
   if (on.cpu()) return cpu::gelu_backward(dx, dy, x);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::gelu_backward(dx, dy, x);
+#endif
   on.no_kernel();
 }
 
@@ -230,6 +263,9 @@ void swiglu_forward(const Tensor& y, const Tensor& gu) {
   ZAYA_CHECK(gu.ndim() == 2 && gu.size(1) % 2 == 0, op, ": gu must be [N, 2I], found ", gu.str());
   check::shape(op, "y", y, Shape{gu.size(0), gu.size(1) / 2});
   if (on.cpu()) return cpu::swiglu_forward(y, gu);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::swiglu_forward(y, gu);
+#endif
   on.no_kernel();
 }
 
@@ -243,6 +279,9 @@ void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
   check::shape(op, "dy", dy, Shape{gu.size(0), gu.size(1) / 2});
   check_same_shape(str(op, ": dgu vs gu"), dgu, gu);
   if (on.cpu()) return cpu::swiglu_backward(dgu, dy, gu);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::swiglu_backward(dgu, dy, gu);
+#endif
   on.no_kernel();
 }
 
@@ -254,6 +293,9 @@ void cast_to_bf16(const Tensor& dst, const Tensor& src) {
   ZAYA_CHECK(dst.numel() == src.numel(), op, ": dst ", dst.str(), " must have as many elements as src ",
              src.str());
   if (on.cpu()) return cpu::cast_to_bf16(dst, src);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cast_to_bf16(dst, src);
+#endif
   on.no_kernel();
 }
 
@@ -262,6 +304,9 @@ void softmax_forward(const Tensor& y, const Tensor& x) {
   const OpDevice on(op, {{"x", x}, {"y", y}});
   check_f32_like(op, {{"x", &x}, {"y", &y}});
   if (on.cpu()) return cpu::softmax_forward(y, x, cpu::StoreMode::automatic);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::softmax_forward(y, x);
+#endif
   on.no_kernel();
 }
 
@@ -270,6 +315,9 @@ void softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
   const OpDevice on(op, {{"dy", dy}, {"y", y}, {"dx", dx}});
   check_f32_like(op, {{"y", &y}, {"dy", &dy}, {"dx", &dx}});
   if (on.cpu()) return cpu::softmax_backward(dx, dy, y);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::softmax_backward(dx, dy, y);
+#endif
   on.no_kernel();
 }
 

@@ -26,7 +26,8 @@ void linear_backward(const Tensor& dx, const Tensor& dW, const Tensor& db, const
                      const Tensor& W, const Tensor& dy_bf16 = {}, bool accumulate_dx = false);
 
 // y[n] = E[ids[n]]; ids i32 of any shape with N elements, E [V, H], y [N, H].
-// An id outside [0, V) throws zaya::Error naming it and V.
+// An id outside [0, V) throws zaya::Error naming it and V on the CPU; a CUDA kernel cannot read the
+// ids on the host, so there its row of y is NaN and the backward skips it (ops/cuda/dense_cuda.h).
 void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& E);
 // dE[v] += Σ_{n: ids[n] = v} dy[n], except rows with ids[n] == padding_idx (-1: none).
 void embedding_backward(const Tensor& dE, const Tensor& dy, const Tensor& ids, int64_t padding_idx = -1);

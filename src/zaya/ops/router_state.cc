@@ -1,8 +1,12 @@
-// Argument checks and dispatch for the router state (kernels in cpu/router_state_cpu.cc).
+// Argument checks and dispatch for the router state (kernels in cpu/router_state_cpu.cc and
+// cuda/router_state.cu).
 #include "zaya/ops/router_state.h"
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/router_state_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/scale_bias_eda_cuda.h"
+#endif
 
 namespace zaya::ops {
 
@@ -15,6 +19,9 @@ void eda_forward(const Tensor& r, const Tensor& r_prev, const Tensor& s) {
   check::exact(op, "r_prev", r_prev, Shape{N, R});
   check::exact(op, "s", s, Shape{R});
   if (on.cpu()) return cpu::eda_forward(r.data<float>(), r_prev.data<float>(), s.data<float>(), N, R);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::eda_forward(r, r_prev, s);
+#endif
   on.no_kernel();
 }
 
@@ -37,6 +44,9 @@ void eda_backward(const Tensor& dr, const Tensor& carried, const Tensor& ds, con
   if (on.cpu())
     return cpu::eda_backward(dr.data<float>(), carried.data<float>(), eda ? r_prev.data<float>() : nullptr,
                              eda ? s.data<float>() : nullptr, eda ? ds.data<float>() : nullptr, N, R);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::eda_backward(dr, carried, ds, r_prev, s);
+#endif
   on.no_kernel();
 }
 

@@ -1,8 +1,12 @@
-// Argument checks and dispatch for the bias-then-scale op (kernels in cpu/scale_bias_cpu.cc).
+// Argument checks and dispatch for the bias-then-scale op (kernels in cpu/scale_bias_cpu.cc and
+// cuda/scale_bias.cu).
 #include "zaya/ops/scale_bias.h"
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/scale_bias_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/scale_bias_eda_cuda.h"
+#endif
 
 namespace zaya::ops {
 namespace {
@@ -22,6 +26,9 @@ void scale_bias_forward(const Tensor& y, const Tensor& x, const Tensor& b, const
   check::exact(op, "g", g, Shape{F});
   check::exact(op, "y", y, Shape{N, F});
   if (on.cpu()) return cpu::scale_bias_forward(x.data<float>(), b.data<float>(), g.data<float>(), y.data<float>(), N, F);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::scale_bias_forward(y, x, b, g);
+#endif
   on.no_kernel();
 }
 
@@ -39,6 +46,9 @@ void scale_bias_backward(const Tensor& dx, const Tensor& db, const Tensor& dg, c
   if (on.cpu())
     return cpu::scale_bias_backward(dy.data<float>(), x.data<float>(), b.data<float>(), g.data<float>(),
                                     dx.data<float>(), db.data<float>(), dg.data<float>(), N, F);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::scale_bias_backward(dx, db, dg, dy, x, b, g);
+#endif
   on.no_kernel();
 }
 
