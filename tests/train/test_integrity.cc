@@ -94,5 +94,69 @@ TEST_F(IntegrityTest, ImportHfRefusesANonEmptyRunDirectory) {
   }
 }
 
+
+// Finding 10: non-finite weights are refused where they enter: import-hf (a transformers
+// directory, naming the tensor and file), and a load of a zaya checkpoint that holds them (its
+// checksums match: they were written that way), as the start of a run or the model of a command.
+TEST_F(IntegrityTest, NonFiniteWeightsAreRefusedOnImportAndLoad) {
+  const fs::path hf = exported_hf("run");
+  const std::string bad = "model.layers.1.self_attn.o_proj.weight";
+  poke_f32(hf / "model.safetensors", bad, 3, std::numeric_limits<float>::quiet_NaN());
+  CliRun r = run_zaya("--log-level warn ckpt import-hf " + hf.string() + " --out " + (root_ / "imported").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(bad), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("non-finite"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(root_ / "imported" / "latest"));
+  r = run_zaya("--log-level warn forward --model " + hf.string() + " --ids 3,4,5");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(bad), std::string::npos) << r.output;
+
+  // A checkpoint written with an infinite weight (save_weights_checkpoint stores what it is given).
+  LoadedModel m = load_model_source((root_ / "run").string(), 1, 1);
+  m.model->param(m.model->param_index(bad)).data<float>()[5] = std::numeric_limits<float>::infinity();
+  const fs::path saved = save_weights_checkpoint(*m.model, root_ / "inf");
+  ASSERT_TRUE(ckpt::Checkpoint(saved).verify().ok());
+  const std::string load = error_of([&] { load_model_source(saved.string(), 1, 1); });
+  EXPECT_NE(load.find(bad), std::string::npos) << load;
+  EXPECT_NE(load.find("non-finite"), std::string::npos) << load;
+  RunConfig c = config("from_inf", 6);
+  c.train.init_from = saved.string();
+  const std::string init = error_of([&] { Trainer t(c, {.quiet = true}); });
+  EXPECT_NE(init.find(bad), std::string::npos) << init;
+}
+
+// Finding 10: a run whose updates are all skipped (non-finite gradients: here NaN weights planted
+// after a resume) stops after train.max_skipped_steps of them in a row with an error naming the
+// step and the gradient norm, and saves nothing over the last good checkpoint (ckpt.every = 1
+// would otherwise save every skipped step).
+TEST_F(IntegrityTest, ConsecutiveSkippedUpdatesStopTheRun) {
+  const std::vector<std::string> set = {"ckpt.every=1", "train.max_skipped_steps=3"};
+  {
+    Trainer first(config("run", 20, set), {.quiet = true, .stop_after_steps = 6});
+    ASSERT_TRUE(first.run().interrupted);
+  }
+  Trainer t(config("run", 20, set), {.resume = "latest", .quiet = true});
+  Tensor p = t.model().param(3);
+  p.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  const std::string e = error_of([&] { t.run(); });
+  EXPECT_NE(e.find("step 9"), std::string::npos) << e;
+  EXPECT_NE(e.find("3 updates in a row"), std::string::npos) << e;
+  EXPECT_NE(e.find("gradient norm nan"), std::string::npos) << e;
+  EXPECT_NE(e.find("train.max_skipped_steps"), std::string::npos) << e;
+  EXPECT_EQ(ckpt::list_steps(root_ / "run").back(), 6);
+  EXPECT_EQ(ckpt::read_latest(root_ / "run")->filename(), "step_0000006");
+  // A streak shorter than the limit is survived: the same run with a limit of 50 ends (all 14
+  // remaining updates skipped, 14 < 50) without saving a step after 6, the final save included.
+  Trainer lenient(config("run", 20, {"ckpt.every=1", "train.max_skipped_steps=50"}),
+                  {.resume = "latest", .quiet = true});
+  lenient.model().param(3).data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  TrainResult r = lenient.run();
+  EXPECT_EQ(r.last_step, 20);
+  EXPECT_EQ(ckpt::list_steps(root_ / "run").back(), 6);
+  // The option must be positive.
+  const std::string zero = error_of([&] { config("x", 5, {"train.max_skipped_steps=0"}); });
+  EXPECT_NE(zero.find("train.max_skipped_steps"), std::string::npos) << zero;
+}
+
 }  // namespace
 }  // namespace zaya::train

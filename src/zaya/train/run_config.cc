@@ -55,6 +55,7 @@ TrainConfig read_train(ConfigReader& r) {
   r.get("train.progress", t.progress);
   r.get("train.init_from", t.init_from);
   r.get("train.gemm_dtype", t.gemm_dtype);
+  r.get("train.max_skipped_steps", t.max_skipped_steps);
   need(t.steps > 0, r.file(), "train.steps", "> 0", std::to_string(t.steps));
   need(t.micro_batch > 0, r.file(), "train.micro_batch", "> 0", std::to_string(t.micro_batch));
   need(t.seq_len > 0, r.file(), "train.seq_len", "> 0", std::to_string(t.seq_len));
@@ -62,6 +63,7 @@ TrainConfig read_train(ConfigReader& r) {
   need(t.log_every > 0, r.file(), "train.log_every", "> 0", std::to_string(t.log_every));
   need(t.eval_every >= 0, r.file(), "train.eval_every", ">= 0", std::to_string(t.eval_every));
   need(t.eval_samples > 0, r.file(), "train.eval_samples", "> 0", std::to_string(t.eval_samples));
+  need(t.max_skipped_steps > 0, r.file(), "train.max_skipped_steps", "> 0", std::to_string(t.max_skipped_steps));
   need(!t.out_dir.empty(), r.file(), "train.out_dir", "a directory", "\"\"");
   need(t.gemm_dtype == "f32" || t.gemm_dtype == "bf16", r.file(), "train.gemm_dtype", "\"f32\" or \"bf16\"",
        "\"" + t.gemm_dtype + "\"");

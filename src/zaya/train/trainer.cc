@@ -378,6 +378,34 @@ int64_t Trainer::prepare_step(Progress& progress, MetricsSink& metrics) {
   return rs.batch_size / micro;
 }
 
+void Trainer::track_skipped_updates(const StepResult& r) {
+  if (!r.update.skipped) {
+    skipped_in_a_row_ = 0;
+    last_real_update_ = step_;
+    return;
+  }
+  ++skipped_in_a_row_;
+  const double g = r.update.grad_norm;
+  const std::string norm = std::isnan(g) ? "nan" : std::isinf(g) ? "inf" : str(g);
+  log_warn("step ", step_, ": update skipped (gradient norm ", norm, "); ", skipped_in_a_row_, " in a row");
+  if (skipped_in_a_row_ < cfg_.train.max_skipped_steps) return;
+  writer_->wait();  // a save from before the streak commits; none was started during it
+  const auto latest = ckpt::read_latest(cfg_.train.out_dir);
+  throw Error(str("step ", step_, ": ", skipped_in_a_row_, " updates in a row were skipped (gradient norm ", norm,
+                  " at step ", step_, ": non-finite gradients, so the weights have not changed since step ",
+                  last_real_update_, "); stopping, as train.max_skipped_steps = ", cfg_.train.max_skipped_steps,
+                  " says. Nothing was saved after step ", last_real_update_, "; the last checkpoint is ",
+                  latest ? latest->string() : std::string("none")),
+              {.file = cfg_.source, .field = "train.max_skipped_steps"});
+}
+
+bool Trainer::may_save(const char* what) const {
+  if (skipped_in_a_row_ == 0) return true;
+  log_warn("not saving ", what, " at step ", step_, ": the last ", skipped_in_a_row_,
+           " updates were skipped (non-finite gradients); the last checkpoint stays the newest");
+  return false;
+}
+
 TrainResult Trainer::run() {
   const auto& t = cfg_.train;
   if (!opts_.quiet) print_summary();
@@ -388,6 +416,7 @@ TrainResult Trainer::run() {
   MetricsSink metrics((fs::path(t.out_dir) / "metrics.jsonl").string(), /*append=*/step_ > 0);
   TrainResult result;
   result.first_step = step_;
+  last_real_update_ = step_;
   Progress progress(step_, t.steps, t.progress && !opts_.quiet);
   const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_experts;
   TrainStep train_step(*model_, *optimizer_, *comm_);
@@ -422,6 +451,7 @@ TrainResult Trainer::run() {
       std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f", lr, r.update.grad_norm, loads.min_entropy);
     progress.update(step_ - 1, r.loss, static_cast<double>(r.tokens) / r.time.step, t.log_every, extra);
     if (!std::isfinite(r.loss)) log_warn("step ", step_, ": non-finite loss");
+    track_skipped_updates(r);
 
     // Evaluation and checkpoint policies.
     const bool stop_requested =
@@ -432,17 +462,17 @@ TrainResult Trainer::run() {
     if (stop_requested) {
       if (progress.is_bar()) std::fprintf(stderr, "\n");
       log_info("stop requested at step ", step_, ": saving a checkpoint");
-      result.last_checkpoint = save(/*wait=*/true);
+      if (may_save("the checkpoint of the stop")) result.last_checkpoint = save(/*wait=*/true);
       result.interrupted = true;
       result.last_step = step_;
       return result;
     }
-    if (cfg_.ckpt.every > 0 && step_ % cfg_.ckpt.every == 0 && step_ < t.steps)
+    if (cfg_.ckpt.every > 0 && step_ % cfg_.ckpt.every == 0 && step_ < t.steps && may_save("the periodic checkpoint"))
       result.last_checkpoint = save(false);
   }
   progress.finish();
   result.final_val_loss = evaluate_now("final", progress, metrics);
-  if (cfg_.ckpt.save_final) result.last_checkpoint = save(/*wait=*/true);
+  if (cfg_.ckpt.save_final && may_save("the final checkpoint")) result.last_checkpoint = save(/*wait=*/true);
   writer_->wait();
   result.last_step = step_;
   return result;

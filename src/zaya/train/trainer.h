@@ -20,6 +20,7 @@
 #include "zaya/optim/optimizer.h"
 #include "zaya/train/progress.h"
 #include "zaya/train/run_config.h"
+#include "zaya/train/train_step.h"
 
 namespace zaya::train {
 
@@ -66,6 +67,11 @@ class Trainer {
   // checkpoint); null: continue from the current phase's loader (phase_ < 0: start at 0).
   void enter_phase(int p, const std::vector<int64_t>* offsets);
   std::vector<data::DatasetSpec> phase_specs(int p) const;
+  // Counts skipped updates in a row and stops the run (a zaya::Error) at train.max_skipped_steps.
+  void track_skipped_updates(const StepResult& r);
+  // False (with a warning naming `what`) while the current streak of skipped updates lasts: such a
+  // state is never saved over the last good checkpoint.
+  bool may_save(const char* what) const;
 
   RunConfig cfg_;
   TrainOptions opts_;
@@ -78,6 +84,8 @@ class Trainer {
   int64_t tokens_ = 0;  // tokens consumed
   int phase_ = -1;      // recipe phase the model and loaders are set up for (-1: none)
   int64_t batch_ = 0;   // sequences in the last step's batch (recipe runs)
+  int64_t skipped_in_a_row_ = 0;     // updates skipped (non-finite gradient norm) since the last real one
+  int64_t last_real_update_ = 0;     // step of the last update that was not skipped
 };
 
 // Installs SIGINT/SIGTERM handlers that set `flag` (the first signal asks for a clean stop; a
