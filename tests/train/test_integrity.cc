@@ -14,6 +14,8 @@
 #include <limits>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "test_util.h"
 #include "train/toy.h"
 #include "zaya/ckpt/fs_util.h"
@@ -156,6 +158,38 @@ TEST_F(IntegrityTest, ConsecutiveSkippedUpdatesStopTheRun) {
   // The option must be positive.
   const std::string zero = error_of([&] { config("x", 5, {"train.max_skipped_steps=0"}); });
   EXPECT_NE(zero.find("train.max_skipped_steps"), std::string::npos) << zero;
+}
+
+
+// The steps of metrics.jsonl's training records (those with a loss), failing on a line that is not
+// a whole JSON object.
+std::vector<int64_t> train_record_steps(const fs::path& file) {
+  std::ifstream in(file);
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    EXPECT_TRUE(j.is_object()) << "not a whole record: " << line;
+    if (j.is_object() && j.contains("loss")) steps.push_back(j["step"].get<int64_t>());
+  }
+  return steps;
+}
+
+// Finding 7: a run killed after writing step 8's metrics (the last of them torn) but before its
+// checkpoint resumes from step 5 and replays steps 6-8; the file ends with each step once.
+TEST_F(IntegrityTest, AResumedRunWritesEachStepOnce) {
+  const fs::path run = root_ / "run";
+  {
+    Trainer first(config("run", 12), {.quiet = true, .stop_after_steps = 8});
+    ASSERT_TRUE(first.run().interrupted);
+  }
+  fs::remove_all(run / ckpt::step_dir_name(8));
+  ckpt::write_file_atomic(run / "latest", ckpt::step_dir_name(5) + "\n");
+  { std::ofstream(run / "metrics.jsonl", std::ios::app) << R"({"loss":3.1,"step":9,"tok)"; }
+  Trainer resumed(config("run", 12), {.resume = "latest", .quiet = true});
+  ASSERT_EQ(resumed.run().first_step, 5);
+  std::vector<int64_t> want(12);
+  for (int i = 0; i < 12; ++i) want[static_cast<size_t>(i)] = i + 1;
+  EXPECT_EQ(train_record_steps(run / "metrics.jsonl"), want);
 }
 
 }  // namespace

@@ -413,7 +413,7 @@ TrainResult Trainer::run() {
   log_info("MFU denominator: measured f32 GEMM peak ", static_cast<int>(peak / 1e9), " GFLOP/s (1024^3, ",
            num_threads(), " threads)");
 
-  MetricsSink metrics((fs::path(t.out_dir) / "metrics.jsonl").string(), /*append=*/step_ > 0);
+  MetricsSink metrics((fs::path(t.out_dir) / "metrics.jsonl").string(), /*resume_step=*/step_);
   TrainResult result;
   result.first_step = step_;
   last_real_update_ = step_;
