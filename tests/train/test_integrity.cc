@@ -192,5 +192,35 @@ TEST_F(IntegrityTest, AResumedRunWritesEachStepOnce) {
   EXPECT_EQ(train_record_steps(run / "metrics.jsonl"), want);
 }
 
+
+// Finding 7: a checkpoint save that fails in the background (here a file-size limit, as a full
+// disk: the rank file is larger than the limit, the metrics file stays below it) stops training at
+// the next step boundary with an error naming the save; it used to surface only at the next save
+// (step 20 here).
+TEST_F(IntegrityTest, AFailedBackgroundSaveStopsTheRunAtOnce) {
+  RunConfig c = config("run", 40, {"ckpt.every=10", "ckpt.save_final=false"});
+  struct rlimit saved {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = saved;
+  small.rlim_cur = 64 << 10;
+  std::string e;
+  {
+    Trainer t(c, {.quiet = true});
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+    e = error_of([&] { t.run(); });
+  }
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(e.find("step_0000010"), std::string::npos) << e;
+  EXPECT_NE(e.find("File too large"), std::string::npos) << e;
+  EXPECT_NE(e.find("failed in the background"), std::string::npos) << e;
+  const std::vector<int64_t> steps = train_record_steps(root_ / "run" / "metrics.jsonl");
+  ASSERT_FALSE(steps.empty());
+  // The background write fails within milliseconds of step 10; 9 steps of margin for a loaded machine.
+  EXPECT_LT(steps.back(), 20) << e;
+  EXPECT_FALSE(fs::exists(root_ / "run" / "latest"));
+}
+
 }  // namespace
 }  // namespace zaya::train

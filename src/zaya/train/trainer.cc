@@ -406,6 +406,17 @@ bool Trainer::may_save(const char* what) const {
   return false;
 }
 
+void Trainer::check_background_save() const {
+  try {
+    writer_->poll();
+  } catch (const Error& e) {
+    const auto latest = ckpt::read_latest(cfg_.train.out_dir);
+    throw Error(str("a checkpoint save failed in the background: ", e.what(), "; training stopped at step ", step_,
+                    ". The last checkpoint is ", latest ? latest->string() : std::string("none"),
+                    "; fix the cause (disk space, permissions) and resume with --resume"));
+  }
+}
+
 TrainResult Trainer::run() {
   const auto& t = cfg_.train;
   if (!opts_.quiet) print_summary();
@@ -452,6 +463,7 @@ TrainResult Trainer::run() {
     progress.update(step_ - 1, r.loss, static_cast<double>(r.tokens) / r.time.step, t.log_every, extra);
     if (!std::isfinite(r.loss)) log_warn("step ", step_, ": non-finite loss");
     track_skipped_updates(r);
+    check_background_save();
 
     // Evaluation and checkpoint policies.
     const bool stop_requested =

@@ -72,6 +72,9 @@ class Trainer {
   // False (with a warning naming `what`) while the current streak of skipped updates lasts: such a
   // state is never saved over the last good checkpoint.
   bool may_save(const char* what) const;
+  // At a step boundary: a background checkpoint save that failed stops training now (a zaya::Error
+  // naming the save and the step), rather than at the next save.
+  void check_background_save() const;
 
   RunConfig cfg_;
   TrainOptions opts_;
