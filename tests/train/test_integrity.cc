@@ -222,5 +222,37 @@ TEST_F(IntegrityTest, AFailedBackgroundSaveStopsTheRunAtOnce) {
   EXPECT_FALSE(fs::exists(root_ / "run" / "latest"));
 }
 
+
+// Finding 9: a resume with a changed config says what changed; a change of what the run computes
+// (sequence length, data seed, learning rate, the schedule's length through train.steps) is refused
+// unless allowed, naming each key with both values; logging, evaluation and checkpoint settings
+// may change freely.
+TEST_F(IntegrityTest, ResumeWithAChangedConfigIsCheckedKeyByKey) {
+  {
+    Trainer first(config("run", 20), {.quiet = true, .stop_after_steps = 5});
+    ASSERT_TRUE(first.run().interrupted);
+  }
+  auto resume_error = [&](std::vector<std::string> set, bool allow = false) {
+    return error_of([&] {
+      Trainer t(config("run", 20, std::move(set)), {.resume = "latest", .quiet = true, .allow_config_change = allow});
+    });
+  };
+  const std::string seq = resume_error({"train.seq_len=32", "data.seed=99", "optim.lr=1e-3"});
+  EXPECT_NE(seq.find("train.seq_len 16 -> 32"), std::string::npos) << seq;
+  EXPECT_NE(seq.find("data.seed 1234 -> 99"), std::string::npos) << seq;
+  EXPECT_NE(seq.find("optim.lr 0.003 -> 0.001"), std::string::npos) << seq;
+  EXPECT_NE(seq.find("--allow-config-change"), std::string::npos) << seq;
+  // More steps with the schedule derived from them changes the schedule: refused, naming it.
+  const std::string steps = error_of([&] {
+    Trainer t(config("run", 30), {.resume = "latest", .quiet = true});
+  });
+  EXPECT_NE(steps.find("optim.total_steps 20 -> 30"), std::string::npos) << steps;
+  EXPECT_EQ(steps.find("train.steps"), std::string::npos) << steps;  // safe by itself
+  // Safe changes resume without a word of refusal.
+  EXPECT_EQ(resume_error({"train.log_every=3", "ckpt.every=4", "ckpt.keep_last=2", "train.eval_every=7"}), "");
+  // Allowed on purpose, the run continues with the new value.
+  EXPECT_EQ(resume_error({"train.seq_len=32"}, /*allow=*/true), "");
+}
+
 }  // namespace
 }  // namespace zaya::train

@@ -186,6 +186,17 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
        "at most model.max_position_embeddings (" + std::to_string(c.model.max_position_embeddings) + ")",
        std::to_string(c.train.seq_len));
   c.optim.validate(source);
+  c.values = r.values();
+  c.values["train.steps"] = std::to_string(c.train.steps);
+  c.values["train.seq_len"] = std::to_string(c.train.seq_len);
+  c.values["train.grad_accum"] = std::to_string(c.train.grad_accum);
+  c.values["optim.total_steps"] = std::to_string(c.optim.total_steps);
+  for (size_t i = 0; i < c.recipe.phases.size(); ++i) {
+    std::ostringstream theta;
+    theta.precision(17);
+    theta << c.recipe.phases[i].rope_theta;
+    c.values["recipe.phases[" + std::to_string(i) + "].rope_theta"] = theta.str();
+  }
   return c;
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,10 @@ struct RunConfig {
   std::string source;                  // the config file
   std::string text;                    // its TOML text (stored in checkpoints)
   std::vector<std::string> overrides;  // the --set arguments
+  // Every key the sections read, with its effective value in TOML notation (ConfigReader::values),
+  // derived values (the run length, phase 0's shape, each phase's rope_theta) filled in: what a
+  // resumed run compares with its checkpoint's config (config_change.h).
+  std::map<std::string, std::string> values;
 
   bool has_recipe() const { return !recipe.phases.empty(); }
   // Tokens of one step without a recipe (with one, see Recipe::step_at).

@@ -17,6 +17,7 @@
 #include "zaya/ops/gemm.h"
 #include "zaya/optim/schedule.h"
 #include "zaya/train/batch.h"
+#include "zaya/train/config_change.h"
 #include "zaya/train/model_io.h"
 #include "zaya/train/step_metrics.h"
 #include "zaya/train/train_step.h"
@@ -284,11 +285,50 @@ std::string Trainer::save(bool wait) {
   return dir;
 }
 
+void Trainer::check_config_change(const nlohmann::json& state, const std::string& dir) const {
+  if (!state.contains("config_toml") || !state["config_toml"].is_string()) return;
+  RunConfig saved;
+  const std::string saved_source = str(state.value("config_file", std::string("config")), " (as stored in ", dir, ")");
+  try {
+    saved = parse_run_config(state["config_toml"].get<std::string>(), saved_source,
+                             state.value("config_overrides", std::vector<std::string>{}));
+  } catch (const Error& e) {
+    // Written by a zaya whose config keys differ: nothing can be compared key by key.
+    ZAYA_CHECK(opts_.allow_config_change, dir, ": the checkpoint's run config no longer parses (", e.what(),
+               "), so whether this run continues it cannot be checked; pass --allow-config-change to resume anyway");
+    log_warn("resume: the checkpoint's run config no longer parses (", e.what(), "); resuming as allowed");
+    return;
+  }
+  const std::vector<ConfigChange> changes = config_changes(saved, cfg_);
+  if (changes.empty()) return;
+  std::string unsafe;
+  int n_unsafe = 0;
+  for (const ConfigChange& c : changes) {
+    if (c.safe) {
+      log_info("resume: ", c.key, " changed from ", c.was, " to ", c.now, " (safe: the trajectory stays the same)");
+    } else {
+      log_warn("resume: ", c.key, " changed from ", c.was, " to ", c.now,
+               " (changes what the run computes: it leaves the checkpoint's trajectory)");
+      unsafe += str(n_unsafe++ ? ", " : "", c.key, " ", c.was, " -> ", c.now);
+    }
+  }
+  if (n_unsafe == 0 || opts_.allow_config_change) return;
+  throw Error(str("the run config changes ", n_unsafe, " setting", n_unsafe == 1 ? "" : "s",
+                  " that the checkpoint in ", dir, " was trained with: ", unsafe,
+                  ". Resuming would not continue that run exactly (data, batch, schedule or model differ); restore ",
+                  n_unsafe == 1 ? "it" : "them",
+                  ", or pass --allow-config-change to continue with the new values on purpose. Safe to change "
+                  "on resume: train.log_every, eval_every, eval_samples, progress, out_dir, steps, "
+                  "max_skipped_steps, init_from; ckpt.*; data.val, data.tokenizer"),
+              {.file = cfg_.source});
+}
+
 void Trainer::restore(const std::string& where) {
   fs::path dir = ckpt::Checkpoint::resolve(where);
   ckpt::Checkpoint c(dir);
   const nlohmann::json& s = c.manifest().state;
   ZAYA_CHECK(s.value("format", "") == "zaya-train-1", dir.string(), ": not a zaya training checkpoint");
+  check_config_change(s, dir.string());
   ZAYA_CHECK(s.contains("recipe") == cfg_.has_recipe(), dir.string(),
              ": the checkpoint was written by a run ", s.contains("recipe") ? "with" : "without",
              " [recipe] and the run config has ", cfg_.has_recipe() ? "one" : "none");

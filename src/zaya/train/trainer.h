@@ -31,6 +31,9 @@ struct TrainOptions {
   std::atomic<bool>* stop = nullptr;
   int64_t stop_after_steps = -1;        // test hook: stop (with a checkpoint) after this many steps
   int test_pause_before_commit_ms = 0;  // test hook: slow every checkpoint commit down
+  // Resume even when the run config changes settings that alter what the run computes (the data,
+  // batch, schedule, ...): the run then leaves the checkpoint's trajectory (docs/train.md).
+  bool allow_config_change = false;
 };
 
 struct TrainResult {
@@ -75,6 +78,9 @@ class Trainer {
   // At a step boundary: a background checkpoint save that failed stops training now (a zaya::Error
   // naming the save and the step), rather than at the next save.
   void check_background_save() const;
+  // At resume: logs how the run config differs from the one the checkpoint in `dir` was written
+  // with, and refuses changes that are not config_change_is_safe unless allow_config_change.
+  void check_config_change(const nlohmann::json& state, const std::string& dir) const;
 
   RunConfig cfg_;
   TrainOptions opts_;
