@@ -1,17 +1,22 @@
 #include "zaya/train/config_change.h"
 
+#include <algorithm>
 #include <set>
 
 namespace zaya::train {
 
-bool config_change_is_safe(const std::string& key) {
-  static const std::set<std::string> kSafe = {
-      "train.log_every",     "train.eval_every",  "train.eval_samples", "train.progress",
-      "train.out_dir",       "train.init_from",   "train.steps",        "train.max_skipped_steps",
-      "ckpt.every",          "ckpt.keep_last",    "ckpt.keep_every",    "ckpt.save_final",
-      "ckpt.snapshot",       "data.val",          "data.tokenizer",
+const std::vector<std::string>& safe_config_keys() {
+  static const std::vector<std::string> kSafe = {
+      "ckpt.every",       "ckpt.keep_every",  "ckpt.keep_last",   "ckpt.save_final",   "ckpt.snapshot",
+      "data.tokenizer",   "data.val",         "train.eval_every", "train.eval_samples", "train.init_from",
+      "train.log_every",  "train.max_skipped_steps", "train.out_dir", "train.progress",  "train.steps",
   };
-  return kSafe.count(key) > 0;
+  return kSafe;
+}
+
+bool config_change_is_safe(const std::string& key) {
+  const std::vector<std::string>& safe = safe_config_keys();
+  return std::binary_search(safe.begin(), safe.end(), key);
 }
 
 std::vector<ConfigChange> config_changes(const RunConfig& saved, const RunConfig& now) {

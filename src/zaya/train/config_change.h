@@ -23,6 +23,7 @@ struct ConfigChange {
 // the start point of a fresh run (train.init_from, unused by a resume), the tokenizer (only used
 // for text) and the skipped-update limit. Every other key, including one added later, is not.
 bool config_change_is_safe(const std::string& key);
+const std::vector<std::string>& safe_config_keys();  // those keys, sorted
 
 // The keys whose effective values differ (RunConfig::values), in key order.
 std::vector<ConfigChange> config_changes(const RunConfig& saved, const RunConfig& now);

@@ -313,13 +313,14 @@ void Trainer::check_config_change(const nlohmann::json& state, const std::string
     }
   }
   if (n_unsafe == 0 || opts_.allow_config_change) return;
+  std::string safe_keys;
+  for (const std::string& k : safe_config_keys()) safe_keys += (safe_keys.empty() ? "" : ", ") + k;
   throw Error(str("the run config changes ", n_unsafe, " setting", n_unsafe == 1 ? "" : "s",
                   " that the checkpoint in ", dir, " was trained with: ", unsafe,
                   ". Resuming would not continue that run exactly (data, batch, schedule or model differ); restore ",
                   n_unsafe == 1 ? "it" : "them",
                   ", or pass --allow-config-change to continue with the new values on purpose. Safe to change "
-                  "on resume: train.log_every, eval_every, eval_samples, progress, out_dir, steps, "
-                  "max_skipped_steps, init_from; ckpt.*; data.val, data.tokenizer"),
+                  "on resume: ", safe_keys),
               {.file = cfg_.source});
 }
 
