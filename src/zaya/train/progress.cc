@@ -34,7 +34,8 @@ std::pair<int64_t, std::string> line_before(int fd, int64_t end, const std::stri
   while (pos > 0) {
     const int64_t n = std::min(kPiece, pos);
     std::string buf(static_cast<size_t>(n), '\0');
-    if (::pread(fd, buf.data(), static_cast<size_t>(n), pos - n) != n) metrics_error("cannot read", path, errno);
+    const ssize_t got = ::pread(fd, buf.data(), static_cast<size_t>(n), pos - n);
+    if (got != n) metrics_error("cannot read", path, got < 0 ? errno : EIO);
     const size_t nl = buf.rfind('\n');
     if (nl != std::string::npos) {
       text.insert(0, buf.substr(nl + 1));
@@ -52,6 +53,17 @@ MetricsSink::MetricsSink(const std::string& path, int64_t resume_step) : path_(p
   const int flags = O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (resume_step > 0 ? 0 : O_TRUNC);
   fd_ = ::open(path.c_str(), flags, 0644);
   if (fd_ < 0) metrics_error("cannot open for writing", path, errno);
+  try {
+    drop_after(resume_step);
+  } catch (...) {
+    ::close(fd_);  // the destructor does not run for a constructor that throws
+    fd_ = -1;
+    throw;
+  }
+}
+
+void MetricsSink::drop_after(int64_t resume_step) {
+  const std::string& path = path_;
   struct stat st {};
   if (::fstat(fd_, &st) != 0) metrics_error("cannot stat", path, errno);
   const int64_t size = st.st_size;

@@ -31,6 +31,9 @@ class MetricsSink {
   int64_t lost_records() const { return lost_total_; }  // records whose write failed
 
  private:
+  // Cuts a torn last line and the records of steps after `resume_step` (> 0) off the open file.
+  void drop_after(int64_t resume_step);
+
   std::string path_;
   int fd_ = -1;
   int64_t good_size_ = 0;    // the file's size after the last whole record
