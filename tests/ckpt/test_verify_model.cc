@@ -44,7 +44,8 @@ fs::path save_model_checkpoint(const fs::path& run, int64_t step, const model::M
     items.push_back({s.name + ".adam_m", patterned(s.shape, DType::f32, seed++), {}, {}});
   }
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    items.push_back({model::balancing_bias_name(l), patterned(Shape{c.num_experts + 1}, DType::f32, seed++), {}, {}});
+    items.push_back(
+        {model::balancing_bias_name(l), patterned(Shape{c.num_experts + 1}, DType::f32, seed++), {}, {}});
   nlohmann::json state = {{"format", "zaya-train-1"}, {"step", step}};
   state["model_config"] = nlohmann::json::parse(c.to_hf_json());
   return save_checkpoint(run, step, {items}, state);

@@ -13,9 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "test_util.h"
 #include "train/toy.h"
@@ -53,7 +52,8 @@ class IntegrityTest : public ::testing::Test {
     Trainer t(config(run, 6), {.quiet = true});
     t.run();
     const fs::path hf = root_ / (run + "_hf");
-    CliRun r = run_zaya("--log-level warn ckpt export-hf " + (root_ / run).string() + " --out " + hf.string());
+    CliRun r =
+        run_zaya("--log-level warn ckpt export-hf " + (root_ / run).string() + " --out " + hf.string());
     EXPECT_EQ(r.code, 0) << r.output;
     return hf;
   }
@@ -93,11 +93,11 @@ TEST_F(IntegrityTest, ImportHfRefusesANonEmptyRunDirectory) {
   // A new directory and an existing empty one are fine.
   fs::create_directories(root_ / "empty");
   for (const char* out : {"fresh", "empty"}) {
-    CliRun ok = run_zaya("--log-level warn ckpt import-hf " + hf.string() + " --out " + (root_ / out).string());
+    CliRun ok =
+        run_zaya("--log-level warn ckpt import-hf " + hf.string() + " --out " + (root_ / out).string());
     EXPECT_EQ(ok.code, 0) << out << ": " << ok.output;
   }
 }
-
 
 // Finding 10: non-finite weights are refused where they enter: import-hf (a transformers
 // directory, naming the tensor and file), and a load of a zaya checkpoint that holds them (its
@@ -106,7 +106,8 @@ TEST_F(IntegrityTest, NonFiniteWeightsAreRefusedOnImportAndLoad) {
   const fs::path hf = exported_hf("run");
   const std::string bad = "model.layers.1.self_attn.o_proj.weight";
   poke_f32(hf / "model.safetensors", bad, 3, std::numeric_limits<float>::quiet_NaN());
-  CliRun r = run_zaya("--log-level warn ckpt import-hf " + hf.string() + " --out " + (root_ / "imported").string());
+  CliRun r =
+      run_zaya("--log-level warn ckpt import-hf " + hf.string() + " --out " + (root_ / "imported").string());
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find(bad), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("non-finite"), std::string::npos) << r.output;
@@ -162,7 +163,6 @@ TEST_F(IntegrityTest, ConsecutiveSkippedUpdatesStopTheRun) {
   EXPECT_NE(zero.find("train.max_skipped_steps"), std::string::npos) << zero;
 }
 
-
 // The steps of metrics.jsonl's training records (those with a loss), failing on a line that is not
 // a whole JSON object.
 std::vector<int64_t> train_record_steps(const fs::path& file) {
@@ -194,7 +194,6 @@ TEST_F(IntegrityTest, AResumedRunWritesEachStepOnce) {
   EXPECT_EQ(train_record_steps(run / "metrics.jsonl"), want);
 }
 
-
 // Finding 7: a checkpoint save that fails in the background (here a file-size limit, as a full
 // disk: the rank file is larger than the limit, the metrics file stays below it) stops training at
 // the next step boundary with an error naming the save; it used to surface only at the next save
@@ -224,7 +223,6 @@ TEST_F(IntegrityTest, AFailedBackgroundSaveStopsTheRunAtOnce) {
   EXPECT_FALSE(fs::exists(root_ / "run" / "latest"));
 }
 
-
 // Finding 9: a resume with a changed config says what changed; a change of what the run computes
 // (sequence length, data seed, learning rate, the schedule's length through train.steps) is refused
 // unless allowed, naming each key with both values; logging, evaluation and checkpoint settings
@@ -236,7 +234,8 @@ TEST_F(IntegrityTest, ResumeWithAChangedConfigIsCheckedKeyByKey) {
   }
   auto resume_error = [&](std::vector<std::string> set, bool allow = false) {
     return error_of([&] {
-      Trainer t(config("run", 20, std::move(set)), {.resume = "latest", .quiet = true, .allow_config_change = allow});
+      Trainer t(config("run", 20, std::move(set)),
+                {.resume = "latest", .quiet = true, .allow_config_change = allow});
     });
   };
   const std::string seq = resume_error({"train.seq_len=32", "data.seed=99", "optim.lr=1e-3"});
@@ -245,13 +244,13 @@ TEST_F(IntegrityTest, ResumeWithAChangedConfigIsCheckedKeyByKey) {
   EXPECT_NE(seq.find("optim.lr 0.003 -> 0.001"), std::string::npos) << seq;
   EXPECT_NE(seq.find("--allow-config-change"), std::string::npos) << seq;
   // More steps with the schedule derived from them changes the schedule: refused, naming it.
-  const std::string steps = error_of([&] {
-    Trainer t(config("run", 30), {.resume = "latest", .quiet = true});
-  });
+  const std::string steps =
+      error_of([&] { Trainer t(config("run", 30), {.resume = "latest", .quiet = true}); });
   EXPECT_NE(steps.find("optim.total_steps 20 -> 30"), std::string::npos) << steps;
   EXPECT_EQ(steps.find("train.steps 20 -> 30"), std::string::npos) << steps;  // safe by itself
   // Safe changes resume without a word of refusal.
-  EXPECT_EQ(resume_error({"train.log_every=3", "ckpt.every=4", "ckpt.keep_last=2", "train.eval_every=7"}), "");
+  EXPECT_EQ(resume_error({"train.log_every=3", "ckpt.every=4", "ckpt.keep_last=2", "train.eval_every=7"}),
+            "");
   // Allowed on purpose, the run continues with the new value.
   EXPECT_EQ(resume_error({"train.seq_len=32"}, /*allow=*/true), "");
   // The safe list is searched by bisection; a key that is not on it (one added later) is unsafe.

@@ -39,7 +39,8 @@ class MetricsSinkTest : public ::testing::Test {
   std::vector<int64_t> steps() const {
     std::vector<int64_t> out;
     const std::string text = contents();
-    EXPECT_TRUE(text.empty() || text.back() == '\n') << "torn last line: " << text.substr(text.rfind('\n') + 1);
+    EXPECT_TRUE(text.empty() || text.back() == '\n')
+        << "torn last line: " << text.substr(text.rfind('\n') + 1);
     std::istringstream in(text);
     for (std::string line; std::getline(in, line);) {
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);

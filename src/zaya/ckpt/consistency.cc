@@ -44,9 +44,10 @@ std::vector<std::string> step_problems(const Manifest& m, const std::filesystem:
   const std::string mpath = (dir / "manifest.json").string();
   const std::string name = dir.filename().string();
   if (const auto named = parse_step_dir_name(name); named && *named != m.step)
-    out.push_back(str(mpath, ": the manifest says step ", m.step, " but its directory is ", name, " (step ", *named,
-                      "); a renamed or copied checkpoint, or an edited manifest"));
-  if (m.state.contains("step") && m.state["step"].is_number_integer() && m.state["step"].get<int64_t>() != m.step)
+    out.push_back(str(mpath, ": the manifest says step ", m.step, " but its directory is ", name, " (step ",
+                      *named, "); a renamed or copied checkpoint, or an edited manifest"));
+  if (m.state.contains("step") && m.state["step"].is_number_integer() &&
+      m.state["step"].get<int64_t>() != m.step)
     out.push_back(str(mpath, ": the manifest says step ", m.step, " but its state says step ",
                       m.state["step"].get<int64_t>()));
   return out;
@@ -57,14 +58,16 @@ std::vector<std::string> model_config_problems(const Manifest& m, const std::fil
   if (!m.state.contains("model_config")) return {};
   model::ModelConfig c;
   try {
-    c = model::ModelConfig::from_hf_json_text(m.state["model_config"].dump(), mpath + " (state.model_config)");
+    c = model::ModelConfig::from_hf_json_text(m.state["model_config"].dump(),
+                                              mpath + " (state.model_config)");
   } catch (const Error& e) {
     return {str("the state's model_config is not a valid model config: ", e.what())};
   }
   std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
   for (const model::ParamSpec& s : model::parameter_specs(c))
     expected.push_back({s.name, std::vector<int64_t>(s.shape.begin(), s.shape.end())});
-  for (int l = 0; l < c.num_hidden_layers; ++l) expected.push_back({model::balancing_bias_name(l), {c.num_experts + 1}});
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    expected.push_back({model::balancing_bias_name(l), {c.num_experts + 1}});
 
   std::vector<std::string> out, missing, extra_layer;
   for (const auto& [name, shape] : expected) {
@@ -73,8 +76,9 @@ std::vector<std::string> model_config_problems(const Manifest& m, const std::fil
       missing.push_back(name);
     } else if (it->second.shape != shape) {
       out.push_back(str(mpath, ": tensor '", name, "' has shape ", shape_str(it->second.shape),
-                        " but the state's model_config (vocab_size = ", c.vocab_size, ", hidden_size = ", c.hidden_size,
-                        ", num_experts = ", c.num_experts, ", ...) implies ", shape_str(shape)));
+                        " but the state's model_config (vocab_size = ", c.vocab_size,
+                        ", hidden_size = ", c.hidden_size, ", num_experts = ", c.num_experts,
+                        ", ...) implies ", shape_str(shape)));
     }
   }
   for (const auto& [name, t] : m.tensors) {

@@ -11,10 +11,10 @@
 namespace zaya::train {
 
 struct ConfigChange {
-  std::string key;     // "train.seq_len"
-  std::string was;     // the checkpoint's effective value ("(none)" when its config lacks the key)
-  std::string now;     // this run's
-  bool safe = false;   // changes only logging, evaluation, checkpoint policy or where files go
+  std::string key;    // "train.seq_len"
+  std::string was;    // the checkpoint's effective value ("(none)" when its config lacks the key)
+  std::string now;    // this run's
+  bool safe = false;  // changes only logging, evaluation, checkpoint policy or where files go
 };
 
 // True for keys whose change leaves what the run computes bit for bit the same: logging and
