@@ -164,7 +164,7 @@ void add_ckpt(CLI::App& app, Commands& commands) {
   exp->add_option("--dtype", *dtype, "Weight dtype: fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   auto* imp = cmd->add_subcommand("import-hf", "Import a Hugging Face directory as a zaya checkpoint (a training start point)");
   imp->add_option("HFDIR", *target, "transformers save_pretrained directory")->required();
-  imp->add_option("--out", *out, "Run directory to write step_0000000/ into")->required();
+  imp->add_option("--out", *out, "New (or empty) run directory to write step_0000000/ into")->required();
   commands.push_back({cmd, [=] {
                         if (insp->parsed()) return inspect(*target);
                         if (ver->parsed()) return verify(*target);
@@ -176,6 +176,7 @@ void add_ckpt(CLI::App& app, Commands& commands) {
                           std::cout << "exported " << m.source.string() << " -> " << *out << " (" << *dtype << ")\n";
                           return 0;
                         }
+                        ckpt::require_new_directory(*out, "ckpt import-hf --out");
                         auto m = ckpt::load_hf_model(*target, 1, 1);
                         auto dir = train::save_weights_checkpoint(*m, *out, {{"imported_from", *target}});
                         std::cout << "imported " << *target << " -> " << dir.string()

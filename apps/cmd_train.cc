@@ -12,6 +12,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   std::string resume;
   int test_pause_commit_ms = 0;
+  bool allow_config_change = false;
 };
 
 void add_train(CLI::App& app, Commands& commands) {
@@ -22,6 +23,9 @@ void add_train(CLI::App& app, Commands& commands) {
   cmd->add_option("--resume", args->resume, "resume from 'latest' (under train.out_dir) or a checkpoint directory")
       ->expected(0, 1)
       ->default_str("latest");
+  cmd->add_flag("--allow-config-change", args->allow_config_change,
+                "with --resume: accept a run config that changes settings the checkpoint was trained with "
+                "(data, batch, schedule, ...); the run then leaves the checkpoint's trajectory");
   // Test hook (hidden): hold each checkpoint commit this long, so a test can kill mid-save.
   cmd->add_option("--test-pause-commit-ms", args->test_pause_commit_ms)->group("");
   commands.push_back({cmd, [args, cmd] {
@@ -32,6 +36,7 @@ void add_train(CLI::App& app, Commands& commands) {
                         if (cmd->count("--resume")) opts.resume = args->resume.empty() ? "latest" : args->resume;
                         opts.stop = &stop;
                         opts.test_pause_before_commit_ms = args->test_pause_commit_ms;
+                        opts.allow_config_change = args->allow_config_change;
                         train::Trainer trainer(std::move(cfg), opts);
                         train::TrainResult r = trainer.run();
                         if (r.interrupted) std::cerr << "zaya train: stopped at step " << r.last_step

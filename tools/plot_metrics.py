@@ -19,22 +19,37 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def load(run_dir):
+    """The run's training and validation records, one per step.
+
+    zaya writes each record whole and, on resume, drops the records of steps it replays, so a
+    file it wrote holds each step once. Two things are still tolerated: a torn last line (the run
+    was killed in the middle of a write and not resumed since; skipped with a note), and a step
+    written again (a file from before those rules): the later record wins, and a record of step s
+    discards the earlier ones of steps >= s, as a resume from step s - 1 replays them.
+    """
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         sys.exit(f"plot_metrics: {path} does not exist (is {run_dir} a zaya run directory?)")
     train, val = [], []
     with open(path) as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                sys.exit(f"plot_metrics: {path}:{n}: not JSON ({e})")
-            if "event" in r:  # a recipe's phase_start record (docs/train.md), not a step
-                continue
-            (val if "val_loss" in r else train).append(r)
+        lines = f.read().split("\n")
+    # The text after the last newline is a torn record (empty when the file ends in one).
+    if lines[-1].strip():
+        print(f"plot_metrics: {path}: skipping a torn last line ({len(lines[-1])} bytes, no newline)", file=sys.stderr)
+    for n, line in enumerate(lines[:-1], 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            sys.exit(f"plot_metrics: {path}:{n}: not JSON ({e})")
+        if "event" in r:  # a recipe's phase_start record (docs/train.md), not a step
+            continue
+        records = val if "val_loss" in r else train
+        while records and records[-1]["step"] >= r["step"]:
+            records.pop()  # replayed after a resume: the later record wins
+        records.append(r)
     return train, val
 
 

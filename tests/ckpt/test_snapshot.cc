@@ -223,3 +223,41 @@ TEST(Snapshot, ParseSnapshot) {
 
 }  // namespace
 }  // namespace zaya::ckpt
+
+namespace zaya::ckpt {
+namespace {
+// poll() reports a failed background save as soon as it has happened, without another save or a
+// wait (issue 35, finding 7), in every snapshot mode; a successful save is collected quietly.
+TEST(Snapshot, PollRaisesABackgroundFailureWithoutAnotherSave) {
+  for (Snapshot mode : {Snapshot::copy, Snapshot::deferred, Snapshot::fork}) {
+    SCOPED_TRACE(snapshot_name(mode));
+    TempDir dir;
+    const fs::path run = dir.path() / "run";
+    CheckpointWriter w(run, {.snapshot = mode});
+    w.save(1, items(1), json::object());
+    w.fence();
+    std::string error;
+    for (int i = 0; i < 20000 && w.last_stats().step != 1; ++i) {
+      w.poll();
+      usleep(500);
+    }
+    EXPECT_EQ(w.last_stats().step, 1) << "a successful save was not collected by poll()";
+    fs::remove_all(run);
+    std::ofstream(run) << "not a directory";  // the next save cannot create step_N.tmp
+    w.save(2, items(2), json::object());
+    w.fence();
+    for (int i = 0; i < 20000 && error.empty(); ++i) {  // up to 10 s on a loaded machine
+      try {
+        w.poll();
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      usleep(500);
+    }
+    EXPECT_NE(error.find("step_0000002.tmp"), std::string::npos) << error;
+    EXPECT_NO_THROW(w.wait());  // the error was consumed
+    fs::remove(run);
+  }
+}
+}  // namespace
+}  // namespace zaya::ckpt

@@ -2,6 +2,7 @@
 
 #include "test_util.h"
 
+#include <map>
 #include <string>
 
 #include "zaya/core/config.h"
@@ -57,6 +58,27 @@ TEST(Config, ReadsTypedValuesAndArraysOfTables) {
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(missing, 7);  // absent: default kept
   EXPECT_EQ(t0 + t1, 300);
+}
+
+// values(): what each get() produced, a default for an absent key included, in TOML notation
+// (floats in their shortest round-trip form), with --set applied.
+TEST(Config, ValuesRecordsWhatEachGetProduced) {
+  ConfigReader r = ConfigReader::from_string(kToml, "demo.toml", {"train.lr=0.003"});
+  int hidden = 0;
+  std::string name;
+  double lr = 0, missing = 0.1;
+  bool muon = false;
+  std::vector<int64_t> steps;
+  r.get("model.hidden_size", hidden);
+  r.get("model.name", name);
+  r.get("train.lr", lr);
+  r.get("train.muon", muon);
+  r.get("train.steps", steps);
+  r.get("train.missing", missing);
+  const std::map<std::string, std::string> want = {
+      {"model.hidden_size", "256"}, {"model.name", "\"demo\""}, {"train.lr", "0.003"},
+      {"train.muon", "true"},       {"train.steps", "[1, 2, 3]"}, {"train.missing", "0.1"}};
+  EXPECT_EQ(r.values(), want);
 }
 
 TEST(Config, UnknownKeyNamesKeyFileAndSuggestion) {

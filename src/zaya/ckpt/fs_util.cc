@@ -160,6 +160,29 @@ std::optional<fs::path> read_latest(const fs::path& run_dir) {
   return run_dir / name;
 }
 
+void require_new_directory(const fs::path& dir, const std::string& what) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (!fs::exists(st)) return;
+  if (!fs::is_directory(st))
+    throw Error(str(what, ": the path exists and is not a directory"), {.file = dir.string()});
+  std::vector<std::string> names;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    names.push_back(it->path().filename().string());
+    if (names.size() == 4) break;
+  }
+  if (ec) throw Error(str(what, ": cannot list the directory: ", ec.message()), {.file = dir.string()});
+  if (names.empty()) return;
+  std::sort(names.begin(), names.end());
+  std::string held;
+  for (size_t i = 0; i < names.size() && i < 3; ++i) held += (i ? ", " : "") + names[i];
+  if (names.size() > 3) held += ", ...";
+  throw Error(str(what, ": the directory is not empty (it holds ", held,
+                  "); writing into it would repoint its `latest` and mix with what is there. Choose a new or "
+                  "empty directory"),
+              {.file = dir.string()});
+}
+
 namespace {
 void delete_step(const fs::path& run_dir, int64_t s) {
   fs::path dir = run_dir / step_dir_name(s);

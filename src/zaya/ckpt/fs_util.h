@@ -52,6 +52,11 @@ std::vector<int64_t> apply_retention(const fs::path& run_dir, const RetentionPol
 // the re-run can save those steps again. Returns the deleted steps.
 std::vector<int64_t> rewind_to(const fs::path& run_dir, int64_t step);
 
+// A directory that something new may claim as a whole (an import's run directory): absent, or an
+// empty directory. Anything else is a zaya::Error naming `dir` and what it holds, so a run already
+// there (its `latest`, checkpoints, metrics) is never repointed or mixed with the new one.
+void require_new_directory(const fs::path& dir, const std::string& what);
+
 // The step directory `latest` names (run_dir/latest holds e.g. "step_0000042"), if any.
 std::optional<fs::path> read_latest(const fs::path& run_dir);
 

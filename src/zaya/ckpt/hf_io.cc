@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "zaya/ckpt/finite.h"
 #include "zaya/ckpt/safetensors.h"
 #include "zaya/model/params.h"
 
@@ -49,6 +50,7 @@ void copy_converted(const SafetensorsFile& f, const StTensorInfo& info, const Te
     throw Error(str("tensor '", info.name, "' has dtype ", info.dtype, ", expected F32 or BF16"),
                 {.file = f.path().string(), .field = info.name, .expected = "F32 or BF16", .found = info.dtype});
   }
+  require_finite(dst, info.name, f.path().string());
 }
 
 std::vector<fs::path> weight_files(const fs::path& dir) {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "zaya/ckpt/checksum.h"
+#include "zaya/ckpt/consistency.h"
 #include "zaya/ckpt/fs_util.h"
 #include "zaya/core/error.h"
 
@@ -153,6 +154,8 @@ void Checkpoint::check_chunk(const std::string& tname, size_t ci) const {
 
 VerifyReport Checkpoint::verify() const {
   VerifyReport r;
+  for (std::string& p : step_problems(manifest_, dir_)) r.problems.push_back(std::move(p));
+  for (std::string& p : model_config_problems(manifest_, dir_)) r.problems.push_back(std::move(p));
   for (const auto& fe : manifest_.files) {
     try {
       file(fe.name);

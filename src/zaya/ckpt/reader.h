@@ -56,7 +56,9 @@ class Checkpoint {
   const TensorEntry& tensor(const std::string& name) const;  // throws naming a missing tensor
 
   // Every rank file present with the listed size and a valid header, every header entry listed
-  // in the manifest and agreeing with its chunk, every chunk checksum correct.
+  // in the manifest and agreeing with its chunk, every chunk checksum correct; the manifest's step
+  // agreeing with the directory's name and the state's step, and the state's model_config (if
+  // any) with the tensors (ckpt/consistency.h).
   VerifyReport verify() const;
 
   // Fills `dst` (a CPU tensor: this process's shard, dtype equal to the stored one) with the

@@ -231,12 +231,13 @@ static void log_saved(const SaveStats& s) {
            s.write_s, " s = ", s.write_gbps(), " GB/s");
 }
 
-void CheckpointWriter::reap_child() {
+void CheckpointWriter::reap_child(bool block) {
   if (child_ < 0) return;
   int status = 0;
   pid_t r;
-  do r = ::waitpid(child_, &status, 0);
+  do r = ::waitpid(child_, &status, block ? 0 : WNOHANG);
   while (r < 0 && errno == EINTR);
+  if (r == 0) return;  // still writing
   const int wait_errno = errno;
   // The child wrote its one message (< PIPE_BUF, so never partial) before exiting; the pipe is
   // non-blocking, so a child that died before writing gives an empty read rather than a hang.
@@ -330,6 +331,21 @@ void CheckpointWriter::wait() {
   }
 }
 
+void CheckpointWriter::poll() {
+  if (thread_.joinable()) {
+    // error_ belongs to the thread until it is joined; one save is in flight at a time, so no
+    // child can be running beside it.
+    if (!thread_done_.load(std::memory_order_acquire)) return;
+    join_background();
+  }
+  reap_child(/*block=*/false);
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
 double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, const nlohmann::json& state) {
   const auto t0 = std::chrono::steady_clock::now();
   wait();
@@ -383,6 +399,7 @@ double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, 
   const double snap = seconds_since(t1);
 
   pending_ = SaveStats{.step = step, .wait_previous_s = waited, .snapshot_s = snap, .stall_s = seconds_since(t0)};
+  thread_done_.store(false);
   thread_ = std::thread([this, step, deferred, pieces = std::move(pieces), copied = std::move(copied)]() mutable {
     if (deferred) {
       parallel_copy(pieces);  // a throw here cannot happen (plain memcpy); the promise is always set
@@ -399,6 +416,7 @@ double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, 
     } catch (...) {
       error_ = std::current_exception();
     }
+    thread_done_.store(true, std::memory_order_release);
   });
   return pending_.stall_s;
 }

@@ -8,6 +8,7 @@
 // removed by the next writer.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
@@ -92,12 +93,16 @@ class CheckpointWriter {
 
   // Waits for the previous save, snapshots `items` (options.snapshot: a fork, or a copy into
   // staging buffers reused between saves) and returns; a child process or a background thread
-  // writes and commits. An error from the previous background write is re-raised here. Returns
+  // writes and commits. An error from the previous background write is re-raised here (and by poll() as soon as it happens). Returns
   // the stall. With fork, call save() from a thread that outlives the write (the main thread):
   // the child is killed when the thread that forked it exits (PR_SET_PDEATHSIG).
   double save(int64_t step, const std::vector<SaveItem>& items, const nlohmann::json& state);
   // Blocks until the save in flight is committed; re-raises its error.
   void wait();
+  // Returns at once. When the save in flight has finished, collects it: a success is logged and
+  // becomes last_stats(), an error is re-raised now (the trainer calls this at every step
+  // boundary, so a failed background save stops training at once, not at the next save).
+  void poll();
 
   const SaveStats& last_stats() const { return last_; }  // of the last completed save
   const fs::path& run_dir() const { return run_dir_; }
@@ -108,7 +113,7 @@ class CheckpointWriter {
 
  private:
   void join_background();
-  void reap_child();
+  void reap_child(bool block = true);  // !block: return at once while the child runs
   bool fork_writer(int64_t step, const std::vector<SaveItem>& items, const nlohmann::json& state);
 
   fs::path run_dir_;
@@ -117,6 +122,7 @@ class CheckpointWriter {
   std::vector<SaveItem> staged_;
   nlohmann::json staged_state_;
   std::thread thread_;
+  std::atomic<bool> thread_done_{false};  // the background thread has finished its save
   std::shared_future<void> copied_;  // deferred snapshot: ready once the staging copy is done
   pid_t child_ = -1;    // the forked writer in flight
   int child_pipe_ = -1;  // read end: the child's "ok <bytes> <seconds>" or "err <message>"

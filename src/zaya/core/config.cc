@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -186,11 +188,33 @@ void ConfigReader::type_error(const std::string& key, const char* expected, cons
                              .found = describe(static_cast<const toml::node*>(node))});
 }
 
+namespace {
+std::string toml_repr(int64_t v) { return std::to_string(v); }
+std::string toml_repr(double v) {  // the shortest form that reads back as the same double
+  char b[40];
+  for (int digits = 15; digits <= 17; ++digits) {
+    std::snprintf(b, sizeof b, "%.*g", digits, v);
+    if (std::strtod(b, nullptr) == v) break;
+  }
+  return b;
+}
+std::string toml_repr(bool v) { return v ? "true" : "false"; }
+std::string toml_repr(const std::string& v) { return "\"" + v + "\""; }
+template <class T>
+std::string toml_repr(const std::vector<T>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + toml_repr(v[i]);
+  return out + "]";
+}
+}  // namespace
+
 void ConfigReader::get(const std::string& key, int64_t& out) {
   auto* n = static_cast<const toml::node*>(find(key));
-  if (!n) return;
-  if (!n->is_integer()) type_error(key, "an integer", n);
-  out = *n->value<int64_t>();
+  if (n) {
+    if (!n->is_integer()) type_error(key, "an integer", n);
+    out = *n->value<int64_t>();
+  }
+  values_[key] = toml_repr(out);
 }
 
 void ConfigReader::get(const std::string& key, int& out) {
@@ -202,9 +226,11 @@ void ConfigReader::get(const std::string& key, int& out) {
 
 void ConfigReader::get(const std::string& key, double& out) {
   auto* n = static_cast<const toml::node*>(find(key));
-  if (!n) return;
-  if (!n->is_number()) type_error(key, "a number", n);
-  out = *n->value<double>();
+  if (n) {
+    if (!n->is_number()) type_error(key, "a number", n);
+    out = *n->value<double>();
+  }
+  values_[key] = toml_repr(out);
 }
 
 void ConfigReader::get(const std::string& key, float& out) {
@@ -215,16 +241,20 @@ void ConfigReader::get(const std::string& key, float& out) {
 
 void ConfigReader::get(const std::string& key, bool& out) {
   auto* n = static_cast<const toml::node*>(find(key));
-  if (!n) return;
-  if (!n->is_boolean()) type_error(key, "true or false", n);
-  out = *n->value<bool>();
+  if (n) {
+    if (!n->is_boolean()) type_error(key, "true or false", n);
+    out = *n->value<bool>();
+  }
+  values_[key] = toml_repr(out);
 }
 
 void ConfigReader::get(const std::string& key, std::string& out) {
   auto* n = static_cast<const toml::node*>(find(key));
-  if (!n) return;
-  if (!n->is_string()) type_error(key, "a string", n);
-  out = *n->value<std::string>();
+  if (n) {
+    if (!n->is_string()) type_error(key, "a string", n);
+    out = *n->value<std::string>();
+  }
+  values_[key] = toml_repr(out);
 }
 
 namespace {
@@ -246,16 +276,19 @@ void ConfigReader::get(const std::string& key, std::vector<double>& out) {
   auto* n = static_cast<const toml::node*>(find(key));
   if (n && !read_array<double>(n, out, [](const toml::node& e) { return e.is_number(); }))
     type_error(key, "an array of numbers", n);
+  values_[key] = toml_repr(out);
 }
 void ConfigReader::get(const std::string& key, std::vector<int64_t>& out) {
   auto* n = static_cast<const toml::node*>(find(key));
   if (n && !read_array<int64_t>(n, out, [](const toml::node& e) { return e.is_integer(); }))
     type_error(key, "an array of integers", n);
+  values_[key] = toml_repr(out);
 }
 void ConfigReader::get(const std::string& key, std::vector<std::string>& out) {
   auto* n = static_cast<const toml::node*>(find(key));
   if (n && !read_array<std::string>(n, out, [](const toml::node& e) { return e.is_string(); }))
     type_error(key, "an array of strings", n);
+  values_[key] = toml_repr(out);
 }
 
 size_t ConfigReader::table_count(const std::string& key) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -58,6 +59,10 @@ class ConfigReader {
 
   // Throws on the first key that no get/require touched, suggesting the closest known key.
   void finish() const;
+  // Every key a get() read, with the value it produced, in TOML notation: the file's or --set's
+  // value, or the caller's default when the key is absent. Two configs that read the same values
+  // configure the same thing (a resumed run compares its config with its checkpoint's this way).
+  const std::map<std::string, std::string>& values() const { return values_; }
   const std::string& file() const { return file_; }
 
  private:
@@ -70,6 +75,7 @@ class ConfigReader {
   std::string file_;
   std::set<std::string> overridden_;      // keys that came from --set
   mutable std::set<std::string> known_;   // keys asked for, present or not
+  std::map<std::string, std::string> values_;  // what each get() produced
 };
 
 // Splits "a.b[2].c" into path elements; exposed for tests.

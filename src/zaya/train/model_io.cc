@@ -1,5 +1,6 @@
 #include "zaya/train/model_io.h"
 
+#include "zaya/ckpt/finite.h"
 #include "zaya/ckpt/hf_io.h"
 #include "zaya/core/error.h"
 #include "zaya/model/params.h"
@@ -18,11 +19,20 @@ std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m) {
 }
 
 void load_weights(const ckpt::Checkpoint& c, model::ZayaModel& m) {
+  // The checksums say the bytes are the ones written; the finiteness check says they are usable
+  // (a checkpoint written from non-finite weights verifies but cannot train or evaluate).
+  const std::string where = (c.dir() / "manifest.json").string();
   const auto& specs = m.specs();
-  for (size_t i = 0; i < specs.size(); ++i) c.load(specs[i].name, m.param(static_cast<int>(i)));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    c.load(specs[i].name, m.param(static_cast<int>(i)));
+    ckpt::require_finite(m.param(static_cast<int>(i)), specs[i].name, where);
+  }
   const Tensor& beta = m.balancing_biases();
-  for (int64_t l = 0; l < m.config().num_hidden_layers; ++l)
-    c.load(model::balancing_bias_name(static_cast<int>(l)), beta.select(l));
+  for (int64_t l = 0; l < m.config().num_hidden_layers; ++l) {
+    const std::string name = model::balancing_bias_name(static_cast<int>(l));
+    c.load(name, beta.select(l));
+    ckpt::require_finite(beta.select(l), name, where);
+  }
 }
 
 model::ModelConfig checkpoint_model_config(const ckpt::Checkpoint& c) {

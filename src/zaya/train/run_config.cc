@@ -55,6 +55,7 @@ TrainConfig read_train(ConfigReader& r) {
   r.get("train.progress", t.progress);
   r.get("train.init_from", t.init_from);
   r.get("train.gemm_dtype", t.gemm_dtype);
+  r.get("train.max_skipped_steps", t.max_skipped_steps);
   need(t.steps > 0, r.file(), "train.steps", "> 0", std::to_string(t.steps));
   need(t.micro_batch > 0, r.file(), "train.micro_batch", "> 0", std::to_string(t.micro_batch));
   need(t.seq_len > 0, r.file(), "train.seq_len", "> 0", std::to_string(t.seq_len));
@@ -62,6 +63,7 @@ TrainConfig read_train(ConfigReader& r) {
   need(t.log_every > 0, r.file(), "train.log_every", "> 0", std::to_string(t.log_every));
   need(t.eval_every >= 0, r.file(), "train.eval_every", ">= 0", std::to_string(t.eval_every));
   need(t.eval_samples > 0, r.file(), "train.eval_samples", "> 0", std::to_string(t.eval_samples));
+  need(t.max_skipped_steps > 0, r.file(), "train.max_skipped_steps", "> 0", std::to_string(t.max_skipped_steps));
   need(!t.out_dir.empty(), r.file(), "train.out_dir", "a directory", "\"\"");
   need(t.gemm_dtype == "f32" || t.gemm_dtype == "bf16", r.file(), "train.gemm_dtype", "\"f32\" or \"bf16\"",
        "\"" + t.gemm_dtype + "\"");
@@ -194,6 +196,17 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
        "at most model.max_position_embeddings (" + std::to_string(c.model.max_position_embeddings) + ")",
        std::to_string(c.train.seq_len));
   c.optim.validate(source);
+  c.values = r.values();
+  c.values["train.steps"] = std::to_string(c.train.steps);
+  c.values["train.seq_len"] = std::to_string(c.train.seq_len);
+  c.values["train.grad_accum"] = std::to_string(c.train.grad_accum);
+  c.values["optim.total_steps"] = std::to_string(c.optim.total_steps);
+  for (size_t i = 0; i < c.recipe.phases.size(); ++i) {
+    std::ostringstream theta;
+    theta.precision(17);
+    theta << c.recipe.phases[i].rope_theta;
+    c.values["recipe.phases[" + std::to_string(i) + "].rope_theta"] = theta.str();
+  }
   return c;
 }
 

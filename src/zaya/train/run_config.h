@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,10 @@ struct TrainConfig {
   // Input precision of the expert and LM-head GEMMs: "f32", or "bf16" (bf16 copies of their
   // inputs, f32 accumulation; everything else stays f32: docs/model.md, "bf16 GEMMs").
   std::string gemm_dtype = "f32";
+  // Stop the run (an error) when this many optimizer updates in a row were skipped for a
+  // non-finite gradient norm: the weights stop changing, so the run would only burn time. While
+  // any update of the current streak was skipped, no checkpoint is saved (docs/train.md).
+  int64_t max_skipped_steps = 10;
 };
 
 struct CkptConfig {
@@ -82,6 +87,10 @@ struct RunConfig {
   std::string source;                  // the config file
   std::string text;                    // its TOML text (stored in checkpoints)
   std::vector<std::string> overrides;  // the --set arguments
+  // Every key the sections read, with its effective value in TOML notation (ConfigReader::values),
+  // derived values (the run length, phase 0's shape, each phase's rope_theta) filled in: what a
+  // resumed run compares with its checkpoint's config (config_change.h).
+  std::map<std::string, std::string> values;
 
   bool has_recipe() const { return !recipe.phases.empty(); }
   // Tokens of one step without a recipe (with one, see Recipe::step_at).

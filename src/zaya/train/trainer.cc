@@ -18,6 +18,7 @@
 #include "zaya/ops/gemm.h"
 #include "zaya/optim/schedule.h"
 #include "zaya/train/batch.h"
+#include "zaya/train/config_change.h"
 #include "zaya/train/model_io.h"
 #include "zaya/train/step_metrics.h"
 #include "zaya/train/train_step.h"
@@ -289,11 +290,51 @@ std::string Trainer::save(bool wait) {
   return dir;
 }
 
+void Trainer::check_config_change(const nlohmann::json& state, const std::string& dir) const {
+  if (!state.contains("config_toml") || !state["config_toml"].is_string()) return;
+  RunConfig saved;
+  const std::string saved_source = str(state.value("config_file", std::string("config")), " (as stored in ", dir, ")");
+  try {
+    saved = parse_run_config(state["config_toml"].get<std::string>(), saved_source,
+                             state.value("config_overrides", std::vector<std::string>{}));
+  } catch (const Error& e) {
+    // Written by a zaya whose config keys differ: nothing can be compared key by key.
+    ZAYA_CHECK(opts_.allow_config_change, dir, ": the checkpoint's run config no longer parses (", e.what(),
+               "), so whether this run continues it cannot be checked; pass --allow-config-change to resume anyway");
+    log_warn("resume: the checkpoint's run config no longer parses (", e.what(), "); resuming as allowed");
+    return;
+  }
+  const std::vector<ConfigChange> changes = config_changes(saved, cfg_);
+  if (changes.empty()) return;
+  std::string unsafe;
+  int n_unsafe = 0;
+  for (const ConfigChange& c : changes) {
+    if (c.safe) {
+      log_info("resume: ", c.key, " changed from ", c.was, " to ", c.now, " (safe: the trajectory stays the same)");
+    } else {
+      log_warn("resume: ", c.key, " changed from ", c.was, " to ", c.now,
+               " (changes what the run computes: it leaves the checkpoint's trajectory)");
+      unsafe += str(n_unsafe++ ? ", " : "", c.key, " ", c.was, " -> ", c.now);
+    }
+  }
+  if (n_unsafe == 0 || opts_.allow_config_change) return;
+  std::string safe_keys;
+  for (const std::string& k : safe_config_keys()) safe_keys += (safe_keys.empty() ? "" : ", ") + k;
+  throw Error(str("the run config changes ", n_unsafe, " setting", n_unsafe == 1 ? "" : "s",
+                  " that the checkpoint in ", dir, " was trained with: ", unsafe,
+                  ". Resuming would not continue that run exactly (data, batch, schedule or model differ); restore ",
+                  n_unsafe == 1 ? "it" : "them",
+                  ", or pass --allow-config-change to continue with the new values on purpose. Safe to change "
+                  "on resume: ", safe_keys),
+              {.file = cfg_.source});
+}
+
 void Trainer::restore(const std::string& where) {
   fs::path dir = ckpt::Checkpoint::resolve(where);
   ckpt::Checkpoint c(dir);
   const nlohmann::json& s = c.manifest().state;
   ZAYA_CHECK(s.value("format", "") == "zaya-train-1", dir.string(), ": not a zaya training checkpoint");
+  check_config_change(s, dir.string());
   ZAYA_CHECK(s.contains("recipe") == cfg_.has_recipe(), dir.string(),
              ": the checkpoint was written by a run ", s.contains("recipe") ? "with" : "without",
              " [recipe] and the run config has ", cfg_.has_recipe() ? "one" : "none");
@@ -383,6 +424,45 @@ int64_t Trainer::prepare_step(Progress& progress, MetricsSink& metrics) {
   return rs.batch_size / micro;
 }
 
+void Trainer::track_skipped_updates(const StepResult& r) {
+  if (!r.update.skipped) {
+    skipped_in_a_row_ = 0;
+    last_real_update_ = step_;
+    return;
+  }
+  ++skipped_in_a_row_;
+  const double g = r.update.grad_norm;
+  const std::string norm = std::isnan(g) ? "nan" : std::isinf(g) ? "inf" : str(g);
+  log_warn("step ", step_, ": update skipped (gradient norm ", norm, "); ", skipped_in_a_row_, " in a row");
+  if (skipped_in_a_row_ < cfg_.train.max_skipped_steps) return;
+  writer_->wait();  // a save from before the streak commits; none was started during it
+  const auto latest = ckpt::read_latest(cfg_.train.out_dir);
+  throw Error(str("step ", step_, ": ", skipped_in_a_row_, " updates in a row were skipped (gradient norm ", norm,
+                  " at step ", step_, ": non-finite gradients, so the weights have not changed since step ",
+                  last_real_update_, "); stopping, as train.max_skipped_steps = ", cfg_.train.max_skipped_steps,
+                  " says. Nothing was saved after step ", last_real_update_, "; the last checkpoint is ",
+                  latest ? latest->string() : std::string("none")),
+              {.file = cfg_.source, .field = "train.max_skipped_steps"});
+}
+
+bool Trainer::may_save(const char* what) const {
+  if (skipped_in_a_row_ == 0) return true;
+  log_warn("not saving ", what, " at step ", step_, ": the last ", skipped_in_a_row_,
+           " updates were skipped (non-finite gradients); the last checkpoint stays the newest");
+  return false;
+}
+
+void Trainer::check_background_save() const {
+  try {
+    writer_->poll();
+  } catch (const Error& e) {
+    const auto latest = ckpt::read_latest(cfg_.train.out_dir);
+    throw Error(str("a checkpoint save failed in the background: ", e.what(), "; training stopped at step ", step_,
+                    ". The last checkpoint is ", latest ? latest->string() : std::string("none"),
+                    "; fix the cause (disk space, permissions) and resume with --resume"));
+  }
+}
+
 TrainResult Trainer::run() {
   const auto& t = cfg_.train;
   if (!opts_.quiet) print_summary();
@@ -390,9 +470,10 @@ TrainResult Trainer::run() {
   log_info("MFU denominator: measured f32 GEMM peak ", static_cast<int>(peak / 1e9), " GFLOP/s (1024^3, ",
            num_threads(), " threads)");
 
-  MetricsSink metrics((fs::path(t.out_dir) / "metrics.jsonl").string(), /*append=*/step_ > 0);
+  MetricsSink metrics((fs::path(t.out_dir) / "metrics.jsonl").string(), /*resume_step=*/step_);
   TrainResult result;
   result.first_step = step_;
+  last_real_update_ = step_;
   Progress progress(step_, t.steps, t.progress && !opts_.quiet);
   const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_experts;
   TrainStep train_step(*model_, *optimizer_, *comm_);
@@ -427,6 +508,8 @@ TrainResult Trainer::run() {
       std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f", lr, r.update.grad_norm, loads.min_entropy);
     progress.update(step_ - 1, r.loss, static_cast<double>(r.tokens) / r.time.step, t.log_every, extra);
     if (!std::isfinite(r.loss)) log_warn("step ", step_, ": non-finite loss");
+    track_skipped_updates(r);
+    check_background_save();
 
     // Evaluation and checkpoint policies.
     const bool stop_requested =
@@ -437,17 +520,17 @@ TrainResult Trainer::run() {
     if (stop_requested) {
       if (progress.is_bar()) std::fprintf(stderr, "\n");
       log_info("stop requested at step ", step_, ": saving a checkpoint");
-      result.last_checkpoint = save(/*wait=*/true);
+      if (may_save("the checkpoint of the stop")) result.last_checkpoint = save(/*wait=*/true);
       result.interrupted = true;
       result.last_step = step_;
       return result;
     }
-    if (cfg_.ckpt.every > 0 && step_ % cfg_.ckpt.every == 0 && step_ < t.steps)
+    if (cfg_.ckpt.every > 0 && step_ % cfg_.ckpt.every == 0 && step_ < t.steps && may_save("the periodic checkpoint"))
       result.last_checkpoint = save(false);
   }
   progress.finish();
   result.final_val_loss = evaluate_now("final", progress, metrics);
-  if (cfg_.ckpt.save_final) result.last_checkpoint = save(/*wait=*/true);
+  if (cfg_.ckpt.save_final && may_save("the final checkpoint")) result.last_checkpoint = save(/*wait=*/true);
   writer_->wait();
   result.last_step = step_;
   return result;

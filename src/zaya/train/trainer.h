@@ -20,6 +20,7 @@
 #include "zaya/optim/optimizer.h"
 #include "zaya/train/progress.h"
 #include "zaya/train/run_config.h"
+#include "zaya/train/train_step.h"
 
 namespace zaya::train {
 
@@ -30,6 +31,9 @@ struct TrainOptions {
   std::atomic<bool>* stop = nullptr;
   int64_t stop_after_steps = -1;        // test hook: stop (with a checkpoint) after this many steps
   int test_pause_before_commit_ms = 0;  // test hook: slow every checkpoint commit down
+  // Resume even when the run config changes settings that alter what the run computes (the data,
+  // batch, schedule, ...): the run then leaves the checkpoint's trajectory (docs/train.md).
+  bool allow_config_change = false;
 };
 
 struct TrainResult {
@@ -66,6 +70,17 @@ class Trainer {
   // checkpoint); null: continue from the current phase's loader (phase_ < 0: start at 0).
   void enter_phase(int p, const std::vector<int64_t>* offsets);
   std::vector<data::DatasetSpec> phase_specs(int p) const;
+  // Counts skipped updates in a row and stops the run (a zaya::Error) at train.max_skipped_steps.
+  void track_skipped_updates(const StepResult& r);
+  // False (with a warning naming `what`) while the current streak of skipped updates lasts: such a
+  // state is never saved over the last good checkpoint.
+  bool may_save(const char* what) const;
+  // At a step boundary: a background checkpoint save that failed stops training now (a zaya::Error
+  // naming the save and the step), rather than at the next save.
+  void check_background_save() const;
+  // At resume: logs how the run config differs from the one the checkpoint in `dir` was written
+  // with, and refuses changes that are not config_change_is_safe unless allow_config_change.
+  void check_config_change(const nlohmann::json& state, const std::string& dir) const;
 
   RunConfig cfg_;
   TrainOptions opts_;
@@ -78,6 +93,8 @@ class Trainer {
   int64_t tokens_ = 0;  // tokens consumed
   int phase_ = -1;      // recipe phase the model and loaders are set up for (-1: none)
   int64_t batch_ = 0;   // sequences in the last step's batch (recipe runs)
+  int64_t skipped_in_a_row_ = 0;     // updates skipped (non-finite gradient norm) since the last real one
+  int64_t last_real_update_ = 0;     // step of the last update that was not skipped
 };
 
 // Installs SIGINT/SIGTERM handlers that set `flag` (the first signal asks for a clean stop; a
