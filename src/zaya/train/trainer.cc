@@ -18,6 +18,7 @@
 #include "zaya/optim/schedule.h"
 #include "zaya/train/batch.h"
 #include "zaya/train/model_io.h"
+#include "zaya/train/resume.h"
 #include "zaya/train/step_metrics.h"
 #include "zaya/train/train_step.h"
 
@@ -127,7 +128,7 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   writer_ = std::make_unique<ckpt::CheckpointWriter>(t.out_dir, w);
 
   if (!opts_.resume.empty()) {
-    restore(opts_.resume == "latest" ? t.out_dir : opts_.resume);
+    restore(prepare_resume(t.out_dir, opts_.resume).string());
   } else if (!t.init_from.empty()) {
     // A start point: weights only (an imported HF model or another run's checkpoint); the
     // optimizer, data and schedule start fresh.
