@@ -114,12 +114,7 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   }
   optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, optim::ParamTable::of(*model_));
 
-  if (opts_.resume.empty() && fs::exists(fs::path(t.out_dir) / "latest"))
-    throw Error(
-        "the output directory already holds checkpoints; resume with --resume, or choose another "
-        "train.out_dir",
-        {.file = cfg_.source, .field = "train.out_dir", .found = t.out_dir});
-  fs::create_directories(t.out_dir);
+  lock_run_dir();
   ckpt::WriterOptions w;
   w.retention.keep_last = static_cast<int>(cfg_.ckpt.keep_last);
   w.retention.keep_every = cfg_.ckpt.keep_every;
@@ -141,6 +136,18 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
     log_info("initialized weights from ", src.source.string());
   }
   if (cfg_.has_recipe() && phase_ < 0) enter_phase(0, nullptr);  // a resumed run entered its phase
+}
+
+// One trainer per run directory: the lock comes before anything reads or writes out_dir, so a
+// second trainer (fresh or resuming) is refused with the first one's pid, host and start time.
+void Trainer::lock_run_dir() {
+  const fs::path out = cfg_.train.out_dir;
+  run_lock_ = std::make_unique<ckpt::RunLock>(out);
+  if (opts_.resume.empty() && (fs::exists(out / "latest") || !ckpt::list_steps(out).empty()))
+    throw Error(
+        "the output directory already holds checkpoints; resume with --resume, or choose another "
+        "train.out_dir",
+        {.file = cfg_.source, .field = "train.out_dir", .found = out.string()});
 }
 
 std::vector<data::DatasetSpec> Trainer::phase_specs(int p) const {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "zaya/ckpt/run_lock.h"
 #include "zaya/ckpt/writer.h"
 #include "zaya/data/loader.h"
 #include "zaya/dist/communicator.h"
@@ -54,6 +55,7 @@ class Trainer {
 
  private:
   void print_summary() const;
+  void lock_run_dir();
   void restore(const std::string& dir);
   std::string save(bool wait);
   nlohmann::json state_json() const;
@@ -70,6 +72,9 @@ class Trainer {
   RunConfig cfg_;
   TrainOptions opts_;
   std::unique_ptr<dist::Communicator> comm_;
+  // Held from before the run directory is touched until after the last write into it (declared
+  // before writer_, so destroyed after it).
+  std::unique_ptr<ckpt::RunLock> run_lock_;
   std::unique_ptr<model::ZayaModel> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<data::DataLoader> train_data_, val_data_;
