@@ -294,7 +294,10 @@ bool CheckpointWriter::fork_writer(int64_t step, const std::vector<SaveItem>& it
     // stdio, and it never returns into the caller: _exit() whatever happens.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);       // a killed trainer leaves no stray writer...
     if (::getppid() != parent) ::_exit(111);  // ...even if it died before the prctl
-    ::signal(SIGINT, SIG_IGN);                // Ctrl-C reaches the whole process group: the parent decides
+    // Ctrl-C, `timeout` and Slurm signal the whole process group: the parent decides (a parent that
+    // dies of its signal takes this writer with it).
+    ::signal(SIGINT, SIG_IGN);
+    ::signal(SIGTERM, SIG_IGN);
     ::close(fds[0]);
     std::string msg;
     int code = 0;

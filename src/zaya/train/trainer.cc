@@ -1,10 +1,13 @@
 #include "zaya/train/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "zaya/ckpt/fs_util.h"
@@ -38,14 +41,28 @@ std::string human_bytes(double b) {
   return s;
 }
 
+// Stop signals. `timeout` signals the trainer and then its whole process group, Slurm signals
+// every process of the step, and a user may press Ctrl-C twice: the first two signals (whatever
+// mix of SIGINT and SIGTERM) ask for the same clean stop with a checkpoint, and only a third one
+// takes the default action and ends the run without saving. Async-signal-safe: lock-free atomics
+// and write(2).
 std::atomic<bool>* g_stop_flag = nullptr;
+std::atomic<int> g_stop_signals{0};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free);
+
+void say(const char* msg) { [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, msg, std::strlen(msg)); }
+
 extern "C" void on_stop_signal(int sig) {
-  if (g_stop_flag && !g_stop_flag->load()) {
-    g_stop_flag->store(true);
+  const int n = g_stop_signals.fetch_add(1) + 1;
+  if (n >= 3) {
+    say("\nzaya train: third stop signal: ending without saving a checkpoint\n");
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
     return;
   }
-  std::signal(sig, SIG_DFL);
-  std::raise(sig);
+  if (g_stop_flag) g_stop_flag->store(true);
+  say(n == 1 ? "\nzaya train: stop signal: saving a checkpoint after this step, then exiting\n"
+             : "\nzaya train: stop signal again: still saving the checkpoint (a third signal ends without it)\n");
 }
 
 // The world this process belongs to, against [parallel], before anything is loaded: a world
@@ -72,8 +89,13 @@ void check_parallel(RunConfig& c) {
 
 void install_stop_handlers(std::atomic<bool>* flag) {
   g_stop_flag = flag;
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  g_stop_signals.store(0);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // a signal during a checkpoint write does not fail the write with EINTR
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
 }
 
 Trainer::Trainer(RunConfig config, TrainOptions options)

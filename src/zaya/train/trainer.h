@@ -85,8 +85,9 @@ class Trainer {
   int64_t batch_ = 0;   // sequences in the last step's batch (recipe runs)
 };
 
-// Installs SIGINT/SIGTERM handlers that set `flag` (the first signal asks for a clean stop; a
-// second one falls back to the default action).
+// Installs SIGINT/SIGTERM handlers that set `flag`: the first two signals ask for a clean stop
+// with a checkpoint (`timeout` and Slurm signal the whole process group, so one stop request often
+// arrives twice); a third one takes the default action and ends the run without saving.
 void install_stop_handlers(std::atomic<bool>* flag);
 
 }  // namespace zaya::train
