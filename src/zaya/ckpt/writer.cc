@@ -120,8 +120,11 @@ fs::path save_impl(const fs::path& run_dir, int64_t step, const std::vector<std:
   const fs::path final_dir = run_dir / name;
   const fs::path tmp_dir = run_dir / (name + ".tmp");
   std::error_code ec;
+  // A trainer never gets here with a newer checkpoint in its locked run directory (train/resume.h
+  // refuses or rewinds at start); a save beside another writer, or a second save of one step, does.
   ZAYA_CHECK(!fs::exists(final_dir, ec), "checkpoint save: ", final_dir.string(),
-             " already exists (after resuming from an older checkpoint, call rewind_to(run_dir, step) to discard newer ones)");
+             " already exists: another process is writing this run directory, or the run was resumed from an "
+             "older checkpoint without `zaya train --resume STEP_DIR --rewind`");
   fs::create_directories(run_dir, ec);
   fs::remove_all(tmp_dir, ec);
   fs::create_directory(tmp_dir, ec);

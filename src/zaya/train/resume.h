@@ -8,10 +8,14 @@
 namespace zaya::train {
 
 // `resume`: "latest" (the newest checkpoint of out_dir that verifies), a run directory (the same
-// rule) or a step directory (that checkpoint). Logs when `latest` disagrees with the choice and
-// points it at the choice; moves newer step directories of out_dir that failed verification
-// aside into out_dir/rejected-<time>/ (with a warning naming each), so the re-run can save those
-// steps again. Returns the chosen step directory.
-std::filesystem::path prepare_resume(const std::filesystem::path& out_dir, const std::string& resume);
+// rule) or a step directory (that checkpoint, which must verify). Before returning the chosen step
+// directory it
+//  - moves newer step directories of out_dir that fail verification aside into
+//    out_dir/rejected-<time>/, with a warning naming each;
+//  - refuses (a zaya::Error quoting the command that rewinds) when out_dir still holds checkpoints
+//    newer than the choice, unless `rewind`, which moves them aside into out_dir/rewound-<time>/
+//    (kept, never deleted) so that the re-run can save those steps again;
+//  - points `latest` at the choice, saying so in the log when it named something else.
+std::filesystem::path prepare_resume(const std::filesystem::path& out_dir, const std::string& resume, bool rewind);
 
 }  // namespace zaya::train

@@ -145,7 +145,7 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   writer_ = std::make_unique<ckpt::CheckpointWriter>(t.out_dir, w);
 
   if (!opts_.resume.empty()) {
-    restore(prepare_resume(t.out_dir, opts_.resume).string());
+    restore(prepare_resume(t.out_dir, opts_.resume, opts_.rewind).string());
   } else if (!t.init_from.empty()) {
     // A start point: weights only (an imported HF model or another run's checkpoint); the
     // optimizer, data and schedule start fresh.
@@ -408,8 +408,18 @@ int64_t Trainer::prepare_step(Progress& progress, MetricsSink& metrics) {
   return rs.batch_size / micro;
 }
 
+TrainResult Trainer::finished_run() const {
+  log_info("the run is finished: its checkpoint is at step ", step_, " of train.steps = ", cfg_.train.steps,
+           "; nothing to do");
+  TrainResult r;
+  r.first_step = r.last_step = step_;
+  r.nothing_to_do = true;
+  return r;
+}
+
 TrainResult Trainer::run() {
   const auto& t = cfg_.train;
+  if (!opts_.resume.empty() && step_ >= t.steps) return finished_run();
   if (!opts_.quiet) print_summary();
   const double peak = measure_gemm_peak();
   log_info("MFU denominator: measured f32 GEMM peak ", static_cast<int>(peak / 1e9), " GFLOP/s (1024^3, ",

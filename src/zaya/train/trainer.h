@@ -26,6 +26,9 @@ namespace zaya::train {
 
 struct TrainOptions {
   std::string resume;  // "" (fresh), "latest" (newest under out_dir), a run dir or a checkpoint dir
+  // With an older checkpoint in `resume`: move out_dir's newer checkpoints aside into
+  // out_dir/rewound-<time>/ and continue from it (without: refused at start). train/resume.h.
+  bool rewind = false;
   bool quiet = false;  // no model summary
   // Set by the SIGINT/SIGTERM handler (or a test): save a checkpoint and return.
   std::atomic<bool>* stop = nullptr;
@@ -41,6 +44,7 @@ struct TrainResult {
   std::vector<int64_t> batch_sizes;  // sequences in each step's batch (micro-batches x micro_batch)
   std::optional<double> final_val_loss;
   bool interrupted = false;
+  bool nothing_to_do = false;  // resumed at or past train.steps: no step was taken
   std::string last_checkpoint;  // directory of the newest checkpoint written
 };
 
@@ -57,6 +61,7 @@ class Trainer {
   void print_summary() const;
   void lock_run_dir();
   void restore(const std::string& dir);
+  TrainResult finished_run() const;
   std::string save(bool wait);
   nlohmann::json state_json() const;
   double measure_gemm_peak() const;
