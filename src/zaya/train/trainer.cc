@@ -101,6 +101,7 @@ void install_stop_handlers(std::atomic<bool>* flag) {
 Trainer::Trainer(RunConfig config, TrainOptions options)
     : cfg_(std::move(config)), opts_(std::move(options)) {
   check_parallel(cfg_);
+  lock_run_dir();
   comm_ = dist::make_local_communicator();
   const auto& t = cfg_.train;
   train_data_ = std::make_unique<data::DataLoader>(cfg_.data.train, t.seq_len, cfg_.data.seed);
@@ -136,7 +137,6 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   }
   optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, optim::ParamTable::of(*model_));
 
-  lock_run_dir();
   ckpt::WriterOptions w;
   w.retention.keep_last = static_cast<int>(cfg_.ckpt.keep_last);
   w.retention.keep_every = cfg_.ckpt.keep_every;
