@@ -11,6 +11,7 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> overrides;
   std::string resume;
+  bool rewind = false;
   int test_pause_commit_ms = 0;
   bool allow_config_change = false;
 };
@@ -26,6 +27,9 @@ void add_train(CLI::App& app, Commands& commands) {
   cmd->add_flag("--allow-config-change", args->allow_config_change,
                 "with --resume: accept a run config that changes settings the checkpoint was trained with "
                 "(data, batch, schedule, ...); the run then leaves the checkpoint's trajectory");
+  cmd->add_flag("--rewind", args->rewind,
+                "with --resume STEP_DIR: move the run's newer checkpoints aside into out_dir/rewound-<time>/ "
+                "and continue from STEP_DIR");
   // Test hook (hidden): hold each checkpoint commit this long, so a test can kill mid-save.
   cmd->add_option("--test-pause-commit-ms", args->test_pause_commit_ms)->group("");
   commands.push_back({cmd, [args, cmd] {
@@ -34,11 +38,17 @@ void add_train(CLI::App& app, Commands& commands) {
                         train::install_stop_handlers(&stop);
                         train::TrainOptions opts;
                         if (cmd->count("--resume")) opts.resume = args->resume.empty() ? "latest" : args->resume;
+                        if (args->rewind && opts.resume.empty())
+                          throw Error("--rewind goes with --resume STEP_DIR: it moves the checkpoints newer than "
+                                      "STEP_DIR aside and continues from STEP_DIR");
+                        opts.rewind = args->rewind;
                         opts.stop = &stop;
                         opts.test_pause_before_commit_ms = args->test_pause_commit_ms;
                         opts.allow_config_change = args->allow_config_change;
                         train::Trainer trainer(std::move(cfg), opts);
                         train::TrainResult r = trainer.run();
+                        if (r.nothing_to_do)
+                          std::cerr << "zaya train: nothing to do: the run finished at step " << r.last_step << "\n";
                         if (r.interrupted) std::cerr << "zaya train: stopped at step " << r.last_step
                                                      << "; resume with --resume\n";
                         return 0;

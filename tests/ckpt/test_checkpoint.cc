@@ -307,7 +307,7 @@ TEST(Checkpoint, LeftoverTmpIsRemovedAtStart) {
   EXPECT_TRUE(fs::exists(dir.path() / "keep_me"));
 }
 
-TEST(Checkpoint, RewindDiscardsNewerSteps) {
+TEST(Checkpoint, RewindMovesNewerStepsAside) {
   TempDir dir;
   CheckpointWriter w(dir.path());
   Tensor t = patterned({4}, DType::f32, 1);
@@ -317,9 +317,42 @@ TEST(Checkpoint, RewindDiscardsNewerSteps) {
   EXPECT_EQ(rewind_to(dir.path(), 1), (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(read_latest(dir.path())->filename(), "step_0000001");
   EXPECT_EQ(list_steps(dir.path()), (std::vector<int64_t>{1}));
+  // Kept, not deleted: both still verify in their folder.
+  std::vector<fs::path> folders;
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    if (e.path().filename().string().rfind("rewound-", 0) == 0) folders.push_back(e.path());
+  ASSERT_EQ(folders.size(), 1u);
+  EXPECT_TRUE(Checkpoint(folders[0] / "step_0000002").verify().ok());
+  EXPECT_TRUE(Checkpoint(folders[0] / "step_0000003").verify().ok());
   w.save(2, {{"t", t, {}, {}}}, {{"step", 2}});  // the re-run can save step 2 again
   w.wait();
   EXPECT_EQ(read_latest(dir.path())->filename(), "step_0000002");
+}
+
+// A resume takes the newest step directory that verifies, whatever `latest` names, and lists the
+// newer ones that fail with their problem.
+TEST(Checkpoint, ResumePointIsTheNewestThatVerifies) {
+  TempDir dir;
+  {
+    CheckpointWriter w(dir.path(), {.retention = {.keep_last = 10}});
+    for (int64_t s = 1; s <= 4; ++s) w.save(s, {{"t", patterned({64}, DType::f32, 1), {}, {}}}, {{"step", s}});
+  }
+  write_file_atomic(dir.path() / "latest", "step_0000001\n");  // as a kill before `latest` moved leaves it
+  fs::resize_file(dir.path() / "step_0000004" / "rank_00000.safetensors", 64);
+  fs::remove(dir.path() / "step_0000003" / "manifest.json");
+  ResumePoint p = find_resume_point(dir.path());
+  EXPECT_EQ(p.dir, dir.path() / "step_0000002");
+  EXPECT_EQ(p.step, 2);
+  ASSERT_EQ(p.rejected.size(), 2u);
+  EXPECT_EQ(p.rejected[0].step, 4);
+  EXPECT_NE(p.rejected[0].problem.find("wrong size"), std::string::npos) << p.rejected[0].problem;
+  EXPECT_EQ(p.rejected[1].step, 3);
+  // A step directory asked for by name is that one, and must verify.
+  EXPECT_EQ(find_resume_point(dir.path() / "step_0000001").step, 1);
+  expect_error([&] { find_resume_point(dir.path() / "step_0000004"); }, {"fails verification", "step_0000004"});
+  expect_error([&] { find_resume_point(dir.path() / "nothing"); }, {"no such directory"});
+  fs::create_directories(dir.path() / "empty");
+  expect_error([&] { find_resume_point(dir.path() / "empty"); }, {"no checkpoint"});
 }
 
 TEST(Checkpoint, LoadFullChecksFilesBeforeAllocating) {

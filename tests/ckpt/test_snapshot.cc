@@ -168,6 +168,23 @@ TEST(Snapshot, KilledChildIsAnErrorAndThePreviousCheckpointStays) {
   EXPECT_TRUE(Checkpoint(dir.path()).verify().ok());
 }
 
+TEST(Snapshot, ForkedWriterLeavesStopSignalsToTheTrainer) {
+  // `timeout`, Slurm and Ctrl-C signal the whole process group, the forked writer included: it must
+  // finish the save (the trainer decides whether to stop; its death takes the writer with it).
+  TempDir dir;
+  CheckpointWriter w(dir.path(), {.test_pause_before_commit_ms = 500, .snapshot = Snapshot::fork});
+  w.save(1, items(1), json::object());
+  const fs::path marker = dir.path() / "step_0000001.tmp" / "rank_00000.safetensors";
+  for (int i = 0; i < 2000 && !fs::exists(marker); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::vector<pid_t> kids = children_of(getpid());
+  ASSERT_EQ(kids.size(), 1u);
+  kill(kids[0], SIGTERM);
+  kill(kids[0], SIGINT);
+  w.wait();
+  EXPECT_EQ(read_latest(dir.path())->filename(), "step_0000001");
+  EXPECT_TRUE(Checkpoint(dir.path()).verify().ok());
+}
+
 TEST(Snapshot, ParentDeathKillsTheWriter) {
   // A "trainer" process saves with a commit held for 60 s and reports its writer's pid; SIGKILL
   // of the trainer must take the writer down too (no stray process commits later).

@@ -1,12 +1,14 @@
 #include "zaya/ckpt/fs_util.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 
 #include "zaya/core/error.h"
 
@@ -194,21 +196,40 @@ void delete_step(const fs::path& run_dir, int64_t s) {
 }
 }  // namespace
 
+fs::path move_steps_aside(const fs::path& run_dir, const std::vector<int64_t>& steps, const std::string& prefix) {
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  // Two moves within one second get distinct folders.
+  fs::path folder = run_dir / (prefix + "-" + stamp);
+  for (int n = 1; ::mkdir(folder.c_str(), 0755) != 0; ++n) {
+    if (errno != EEXIST || n > 1000) throw_errno("mkdir", folder, errno);
+    folder = run_dir / (prefix + "-" + stamp + "-" + std::to_string(n));
+  }
+  fsync_path(run_dir);
+  for (int64_t s : steps) {
+    const std::string name = step_dir_name(s);
+    if (::rename((run_dir / name).c_str(), (folder / name).c_str()) != 0)
+      throw_errno(("rename to " + (folder / name).string()).c_str(), run_dir / name, errno);
+  }
+  fsync_path(folder);
+  fsync_path(run_dir);
+  return folder;
+}
+
 std::vector<int64_t> rewind_to(const fs::path& run_dir, int64_t step) {
   std::error_code ec;
   const fs::path target = run_dir / step_dir_name(step);
   if (!fs::is_regular_file(target / "manifest.json", ec))
     throw Error("cannot rewind: no committed checkpoint for that step", {.file = target.string()});
-  // `latest` moves first: a kill after it leaves only extra newer directories, never a `latest`
-  // that names a deleted one.
   write_file_atomic(run_dir / "latest", step_dir_name(step) + "\n");
-  std::vector<int64_t> deleted;
+  std::vector<int64_t> newer;
   for (int64_t s : list_steps(run_dir))
-    if (s > step) {
-      delete_step(run_dir, s);
-      deleted.push_back(s);
-    }
-  return deleted;
+    if (s > step) newer.push_back(s);
+  if (!newer.empty()) move_steps_aside(run_dir, newer, "rewound");
+  return newer;
 }
 
 std::vector<int64_t> apply_retention(const fs::path& run_dir, const RetentionPolicy& policy) {

@@ -47,9 +47,15 @@ std::vector<int64_t> steps_to_delete(const std::vector<int64_t>& steps, const Re
 // half-way through leaves a .tmp that the next start removes, never a half-deleted step_N.
 std::vector<int64_t> apply_retention(const fs::path& run_dir, const RetentionPolicy& policy);
 
+// Moves the step directories `steps` of run_dir into a new folder run_dir/<prefix>-<UTC time>/,
+// each by one atomic rename, and returns the folder. Nothing is deleted: a checkpoint that a rewind
+// passes over, or one that failed verification, may still be wanted. The folder's name does not
+// parse as a step directory, so list_steps and resume never see what it holds.
+fs::path move_steps_aside(const fs::path& run_dir, const std::vector<int64_t>& steps, const std::string& prefix);
+
 // Rewinding (Aegis after a NaN, or a user resuming from an older checkpoint): points `latest` at
-// `step` (which must exist), then deletes every newer step directory (tombstone rename first), so
-// the re-run can save those steps again. Returns the deleted steps.
+// `step` (which must exist), then moves every newer step directory into run_dir/rewound-<time>/
+// (move_steps_aside), so the re-run can save those steps again. Returns the moved steps.
 std::vector<int64_t> rewind_to(const fs::path& run_dir, int64_t step);
 
 // A directory that something new may claim as a whole (an import's run directory): absent, or an

@@ -225,4 +225,48 @@ Tensor Checkpoint::load_full(const std::string& name) const {
   return out;
 }
 
+namespace {
+
+// Empty when the checkpoint in `dir` is complete and every checksum matches; else its first problem.
+std::string first_problem(const fs::path& dir) {
+  try {
+    VerifyReport r = Checkpoint(dir).verify();
+    return r.ok() ? std::string() : r.problems.front();
+  } catch (const Error& e) {  // no manifest, or one that does not parse
+    return e.what();
+  }
+}
+
+}  // namespace
+
+ResumePoint find_resume_point(const fs::path& where) {
+  std::error_code ec;
+  if (!fs::is_directory(where, ec)) throw Error("cannot resume: no such directory", {.file = where.string()});
+  ResumePoint p;
+  if (fs::is_regular_file(where / "manifest.json", ec)) {
+    const std::string problem = first_problem(where);
+    if (!problem.empty()) throw Error(str("cannot resume from this checkpoint: it fails verification: ", problem),
+                                      {.file = where.string()});
+    p.dir = where;
+    p.step = Checkpoint(where).manifest().step;
+    return p;
+  }
+  std::vector<int64_t> steps = list_steps(where);
+  if (steps.empty())
+    throw Error("cannot resume: no checkpoint (step_NNNNNNN directory) in this directory", {.file = where.string()});
+  std::string tried;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const fs::path dir = where / step_dir_name(*it);
+    const std::string problem = first_problem(dir);
+    if (problem.empty()) {
+      p.dir = dir;
+      p.step = *it;
+      return p;
+    }
+    p.rejected.push_back({*it, problem});
+    tried += str("\n  ", dir.filename().string(), ": ", problem);
+  }
+  throw Error(str("cannot resume: no checkpoint in this run directory verifies:", tried), {.file = where.string()});
+}
+
 }  // namespace zaya::ckpt

@@ -81,4 +81,22 @@ class Checkpoint {
   mutable std::map<std::pair<std::string, size_t>, bool> verified_;
 };
 
+// The checkpoint a resume continues from (docs/checkpoint-format.md, "Recovery rules").
+struct ResumePoint {
+  fs::path dir;       // the step directory chosen
+  int64_t step = 0;   // its step
+  struct Rejected {
+    int64_t step;
+    std::string problem;  // the first thing verification found
+  };
+  std::vector<Rejected> rejected;  // newer step directories of the run that failed verification, newest first
+};
+
+// `where` a step directory (holding manifest.json): that checkpoint, which must verify. A run
+// directory: its newest step directory that verifies, whatever `latest` names (a kill after a step
+// directory is committed and before `latest` moves leaves `latest` one checkpoint behind); newer
+// ones that fail verification are listed in `rejected`. Throws a zaya::Error naming every candidate
+// and its problem when none verifies.
+ResumePoint find_resume_point(const fs::path& where);
+
 }  // namespace zaya::ckpt

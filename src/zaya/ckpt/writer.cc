@@ -120,8 +120,11 @@ fs::path save_impl(const fs::path& run_dir, int64_t step, const std::vector<std:
   const fs::path final_dir = run_dir / name;
   const fs::path tmp_dir = run_dir / (name + ".tmp");
   std::error_code ec;
+  // A trainer never gets here with a newer checkpoint in its locked run directory (train/resume.h
+  // refuses or rewinds at start); a save beside another writer, or a second save of one step, does.
   ZAYA_CHECK(!fs::exists(final_dir, ec), "checkpoint save: ", final_dir.string(),
-             " already exists (after resuming from an older checkpoint, call rewind_to(run_dir, step) to discard newer ones)");
+             " already exists: another process is writing this run directory, or the run was resumed from an "
+             "older checkpoint without `zaya train --resume STEP_DIR --rewind`");
   fs::create_directories(run_dir, ec);
   fs::remove_all(tmp_dir, ec);
   fs::create_directory(tmp_dir, ec);
@@ -295,7 +298,10 @@ bool CheckpointWriter::fork_writer(int64_t step, const std::vector<SaveItem>& it
     // stdio, and it never returns into the caller: _exit() whatever happens.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);       // a killed trainer leaves no stray writer...
     if (::getppid() != parent) ::_exit(111);  // ...even if it died before the prctl
-    ::signal(SIGINT, SIG_IGN);                // Ctrl-C reaches the whole process group: the parent decides
+    // Ctrl-C, `timeout` and Slurm signal the whole process group: the parent decides (a parent that
+    // dies of its signal takes this writer with it).
+    ::signal(SIGINT, SIG_IGN);
+    ::signal(SIGTERM, SIG_IGN);
     ::close(fds[0]);
     std::string msg;
     int code = 0;

@@ -1,10 +1,13 @@
 #include "zaya/train/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "zaya/ckpt/fs_util.h"
@@ -20,6 +23,7 @@
 #include "zaya/train/batch.h"
 #include "zaya/train/config_change.h"
 #include "zaya/train/model_io.h"
+#include "zaya/train/resume.h"
 #include "zaya/train/step_metrics.h"
 #include "zaya/train/train_step.h"
 
@@ -39,14 +43,28 @@ std::string human_bytes(double b) {
   return s;
 }
 
+// Stop signals. `timeout` signals the trainer and then its whole process group, Slurm signals
+// every process of the step, and a user may press Ctrl-C twice: the first two signals (whatever
+// mix of SIGINT and SIGTERM) ask for the same clean stop with a checkpoint, and only a third one
+// takes the default action and ends the run without saving. Async-signal-safe: lock-free atomics
+// and write(2).
 std::atomic<bool>* g_stop_flag = nullptr;
+std::atomic<int> g_stop_signals{0};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free);
+
+void say(const char* msg) { [[maybe_unused]] ssize_t n = ::write(STDERR_FILENO, msg, std::strlen(msg)); }
+
 extern "C" void on_stop_signal(int sig) {
-  if (g_stop_flag && !g_stop_flag->load()) {
-    g_stop_flag->store(true);
+  const int n = g_stop_signals.fetch_add(1) + 1;
+  if (n >= 3) {
+    say("\nzaya train: third stop signal: ending without saving a checkpoint\n");
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
     return;
   }
-  std::signal(sig, SIG_DFL);
-  std::raise(sig);
+  if (g_stop_flag) g_stop_flag->store(true);
+  say(n == 1 ? "\nzaya train: stop signal: saving a checkpoint after this step, then exiting\n"
+             : "\nzaya train: stop signal again: still saving the checkpoint (a third signal ends without it)\n");
 }
 
 // The world this process belongs to, against [parallel], before anything is loaded: a world
@@ -73,13 +91,19 @@ void check_parallel(RunConfig& c) {
 
 void install_stop_handlers(std::atomic<bool>* flag) {
   g_stop_flag = flag;
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  g_stop_signals.store(0);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // a signal during a checkpoint write does not fail the write with EINTR
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
 }
 
 Trainer::Trainer(RunConfig config, TrainOptions options)
     : cfg_(std::move(config)), opts_(std::move(options)) {
   check_parallel(cfg_);
+  lock_run_dir();
   comm_ = dist::make_local_communicator();
   const auto& t = cfg_.train;
   train_data_ = std::make_unique<data::DataLoader>(cfg_.data.train, t.seq_len, cfg_.data.seed);
@@ -119,12 +143,6 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   }
   optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, optim::ParamTable::of(*model_));
 
-  if (opts_.resume.empty() && fs::exists(fs::path(t.out_dir) / "latest"))
-    throw Error(
-        "the output directory already holds checkpoints; resume with --resume, or choose another "
-        "train.out_dir",
-        {.file = cfg_.source, .field = "train.out_dir", .found = t.out_dir});
-  fs::create_directories(t.out_dir);
   ckpt::WriterOptions w;
   w.retention.keep_last = static_cast<int>(cfg_.ckpt.keep_last);
   w.retention.keep_every = cfg_.ckpt.keep_every;
@@ -133,7 +151,7 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   writer_ = std::make_unique<ckpt::CheckpointWriter>(t.out_dir, w);
 
   if (!opts_.resume.empty()) {
-    restore(opts_.resume == "latest" ? t.out_dir : opts_.resume);
+    restore(prepare_resume(t.out_dir, opts_.resume, opts_.rewind).string());
   } else if (!t.init_from.empty()) {
     // A start point: weights only (an imported HF model or another run's checkpoint); the
     // optimizer, data and schedule start fresh.
@@ -146,6 +164,18 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
     log_info("initialized weights from ", src.source.string());
   }
   if (cfg_.has_recipe() && phase_ < 0) enter_phase(0, nullptr);  // a resumed run entered its phase
+}
+
+// One trainer per run directory: the lock comes before anything reads or writes out_dir, so a
+// second trainer (fresh or resuming) is refused with the first one's pid, host and start time.
+void Trainer::lock_run_dir() {
+  const fs::path out = cfg_.train.out_dir;
+  run_lock_ = std::make_unique<ckpt::RunLock>(out);
+  if (opts_.resume.empty() && (fs::exists(out / "latest") || !ckpt::list_steps(out).empty()))
+    throw Error(
+        "the output directory already holds checkpoints; resume with --resume, or choose another "
+        "train.out_dir",
+        {.file = cfg_.source, .field = "train.out_dir", .found = out.string()});
 }
 
 std::vector<data::DatasetSpec> Trainer::phase_specs(int p) const {
@@ -463,8 +493,18 @@ void Trainer::check_background_save() const {
   }
 }
 
+TrainResult Trainer::finished_run() const {
+  log_info("the run is finished: its checkpoint is at step ", step_, " of train.steps = ", cfg_.train.steps,
+           "; nothing to do");
+  TrainResult r;
+  r.first_step = r.last_step = step_;
+  r.nothing_to_do = true;
+  return r;
+}
+
 TrainResult Trainer::run() {
   const auto& t = cfg_.train;
+  if (!opts_.resume.empty() && step_ >= t.steps) return finished_run();
   if (!opts_.quiet) print_summary();
   const double peak = measure_gemm_peak();
   log_info("MFU denominator: measured f32 GEMM peak ", static_cast<int>(peak / 1e9), " GFLOP/s (1024^3, ",

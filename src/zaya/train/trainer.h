@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "zaya/ckpt/run_lock.h"
 #include "zaya/ckpt/writer.h"
 #include "zaya/data/loader.h"
 #include "zaya/dist/communicator.h"
@@ -26,6 +27,9 @@ namespace zaya::train {
 
 struct TrainOptions {
   std::string resume;  // "" (fresh), "latest" (newest under out_dir), a run dir or a checkpoint dir
+  // With an older checkpoint in `resume`: move out_dir's newer checkpoints aside into
+  // out_dir/rewound-<time>/ and continue from it (without: refused at start). train/resume.h.
+  bool rewind = false;
   bool quiet = false;  // no model summary
   // Set by the SIGINT/SIGTERM handler (or a test): save a checkpoint and return.
   std::atomic<bool>* stop = nullptr;
@@ -44,6 +48,7 @@ struct TrainResult {
   std::vector<int64_t> batch_sizes;  // sequences in each step's batch (micro-batches x micro_batch)
   std::optional<double> final_val_loss;
   bool interrupted = false;
+  bool nothing_to_do = false;  // resumed at or past train.steps: no step was taken
   std::string last_checkpoint;  // directory of the newest checkpoint written
 };
 
@@ -58,7 +63,9 @@ class Trainer {
 
  private:
   void print_summary() const;
+  void lock_run_dir();
   void restore(const std::string& dir);
+  TrainResult finished_run() const;
   std::string save(bool wait);
   nlohmann::json state_json() const;
   double measure_gemm_peak() const;
@@ -85,6 +92,9 @@ class Trainer {
   RunConfig cfg_;
   TrainOptions opts_;
   std::unique_ptr<dist::Communicator> comm_;
+  // Held from before the run directory is touched until after the last write into it (declared
+  // before writer_, so destroyed after it).
+  std::unique_ptr<ckpt::RunLock> run_lock_;
   std::unique_ptr<model::ZayaModel> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<data::DataLoader> train_data_, val_data_;
@@ -97,8 +107,9 @@ class Trainer {
   int64_t last_real_update_ = 0;     // step of the last update that was not skipped
 };
 
-// Installs SIGINT/SIGTERM handlers that set `flag` (the first signal asks for a clean stop; a
-// second one falls back to the default action).
+// Installs SIGINT/SIGTERM handlers that set `flag`: the first two signals ask for a clean stop
+// with a checkpoint (`timeout` and Slurm signal the whole process group, so one stop request often
+// arrives twice); a third one takes the default action and ends the run without saving.
 void install_stop_handlers(std::atomic<bool>* flag);
 
 }  // namespace zaya::train
