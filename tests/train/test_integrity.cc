@@ -140,14 +140,16 @@ TEST_F(IntegrityTest, ConsecutiveSkippedUpdatesStopTheRun) {
     Trainer first(config("run", 20, set), {.quiet = true, .stop_after_steps = 6});
     ASSERT_TRUE(first.run().interrupted);
   }
-  Trainer t(config("run", 20, set), {.resume = "latest", .quiet = true});
-  Tensor p = t.model().param(3);
-  p.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
-  const std::string e = error_of([&] { t.run(); });
-  EXPECT_NE(e.find("step 9"), std::string::npos) << e;
-  EXPECT_NE(e.find("3 updates in a row"), std::string::npos) << e;
-  EXPECT_NE(e.find("gradient norm nan"), std::string::npos) << e;
-  EXPECT_NE(e.find("train.max_skipped_steps"), std::string::npos) << e;
+  {  // one trainer at a time holds the run directory's lock
+    Trainer t(config("run", 20, set), {.resume = "latest", .quiet = true});
+    Tensor p = t.model().param(3);
+    p.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    const std::string e = error_of([&] { t.run(); });
+    EXPECT_NE(e.find("step 9"), std::string::npos) << e;
+    EXPECT_NE(e.find("3 updates in a row"), std::string::npos) << e;
+    EXPECT_NE(e.find("gradient norm nan"), std::string::npos) << e;
+    EXPECT_NE(e.find("train.max_skipped_steps"), std::string::npos) << e;
+  }
   EXPECT_EQ(ckpt::list_steps(root_ / "run").back(), 6);
   EXPECT_EQ(ckpt::read_latest(root_ / "run")->filename(), "step_0000006");
   // A streak shorter than the limit is survived: the same run with a limit of 50 ends (all 14
