@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the committed seed corpora under tests/fuzz/corpus/<target>/: for each format a few valid
 inputs and near misses, so both the CI seed run and libFuzzer start inside the format. Re-run it
-after a format change (the seed files are committed; CI does not run this)."""
+after a format change (the seed files are committed; CI does not run this). Files named crash_*
+are inputs that once crashed a parser, kept as seeds; this script leaves them alone."""
 import json
 import pathlib
 import struct
@@ -13,7 +14,8 @@ def put(target, seeds):
     d = ROOT / target
     d.mkdir(parents=True, exist_ok=True)
     for old in d.iterdir():
-        old.unlink()
+        if not old.name.startswith("crash_"):  # inputs that once crashed a parser stay
+            old.unlink()
     for name, data in seeds.items():
         (d / name).write_bytes(data if isinstance(data, bytes) else data.encode())
 
