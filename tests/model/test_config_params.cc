@@ -2,6 +2,7 @@
 
 #include "test_util.h"
 
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "zaya/core/config.h"
@@ -79,6 +80,34 @@ TEST(ModelConfig, ValidationNamesTheKey) {
   EXPECT_NE(e.find("config.json"), std::string::npos) << e;
   e = error_of([] { ModelConfig::from_hf_json_text("{not json", "config.json"); });
   EXPECT_NE(e.find("invalid JSON"), std::string::npos) << e;
+}
+
+// Inputs whose JSON values nlohmann rejects or converts with its own exceptions must still end in
+// a zaya::Error naming the key (error_of lets any other exception through, failing the test). The
+// first was found by tests/fuzz/fuzz_hf_config.
+TEST(ModelConfig, HfJsonOddValuesAreErrorsNamingTheKey) {
+  const auto hf_error = [](const std::string& json) {
+    return error_of([&] { ModelConfig::from_hf_json_text(json, "config.json"); });
+  };
+  // A number beyond double's range: nlohmann's out_of_range, not a parse_error.
+  std::string e = hf_error(R"({"model_type": "zaya", "rms_norm_eps": 1e99999})");
+  EXPECT_NE(e.find("invalid JSON"), std::string::npos) << e;
+  EXPECT_NE(e.find("number overflow"), std::string::npos) << e;
+  e = hf_error(R"({"model_type": 5})");
+  EXPECT_NE(e.find("model_type"), std::string::npos) << e;
+  e = hf_error(R"({"vocab_size": 8192})");
+  EXPECT_NE(e.find("model_type"), std::string::npos) << e;
+  nlohmann::json full = nlohmann::json::parse(ModelConfig().to_hf_json());
+  full["eos_token_id"] = {"</s>"};
+  e = hf_error(full.dump());
+  EXPECT_NE(e.find("eos_token_id"), std::string::npos) << e;
+  // Beyond int64: reported as written, not wrapped to a negative number.
+  e = hf_error(R"({"model_type": "zaya", "vocab_size": 18446744073709551615})");
+  EXPECT_NE(e.find("vocab_size"), std::string::npos) << e;
+  EXPECT_NE(e.find("18446744073709551615"), std::string::npos) << e;
+  // A list of eos ids still reads its first.
+  full["eos_token_id"] = {3, 4};
+  EXPECT_EQ(ModelConfig::from_hf_json_text(full.dump(), "config.json").eos_token_id, 3);
 }
 
 }  // namespace

@@ -191,6 +191,33 @@ batch_size = 8
   EXPECT_THROW(Recipe::from_toml(zero), Error);
 }
 
+// Token counts whose sums overflow int64 (undefined behaviour that also made the step count loop
+// forever) are errors naming the key. Found by tests/fuzz/fuzz_run_config under UBSan.
+TEST(Recipe, RejectsTokenCountsThatOverflow) {
+  const auto error_of = [](const std::string& text) -> std::string {
+    ConfigReader r = ConfigReader::from_string(text, "big.toml");
+    try {
+      Recipe::from_toml(r);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string max = "9223372036854775807";
+  // Each phase alone fits (2^62 tokens), their sum does not.
+  const std::string phase = "[[recipe.phases]]\ntokens = 4611686018427387904\nseq_len = 1\nbatch_size = 1\n";
+  std::string e = error_of(phase + phase);
+  EXPECT_NE(e.find("recipe.phases[1].tokens"), std::string::npos) << e;
+  // One phase at the limit: the last step would overshoot past it.
+  e = error_of("[[recipe.phases]]\ntokens = " + max + "\nseq_len = 2\nbatch_size = 1\n");
+  EXPECT_NE(e.find("recipe.phases[0].tokens"), std::string::npos) << e;
+  EXPECT_NE(e.find("9223372036854775805"), std::string::npos) << e;  // the most it may be
+  e = error_of("[[recipe.phases]]\ntokens = 100\nseq_len = 4096\nbatch_size = 4611686018427387904\n");
+  EXPECT_NE(e.find("recipe.phases[0].batch_size"), std::string::npos) << e;
+  // The largest totals that fit are accepted.
+  EXPECT_EQ(error_of("[[recipe.phases]]\ntokens = 9223372036854775805\nseq_len = 2\nbatch_size = 1\n"), "");
+}
+
 TEST(OptimConfig, ReadsEveryKey) {
   ConfigReader r = ConfigReader::from_string(R"(
 [optim]

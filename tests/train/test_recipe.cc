@@ -354,5 +354,32 @@ TEST(RecipeData, OffsetsAndZeroWeightsInTheLoader) {
   fs::remove_all(dir);
 }
 
+// A recipe of absurdly many steps is an error, not a parse that never ends (the steps are counted
+// one by one). Found by tests/fuzz/fuzz_run_config.
+TEST(RecipeLimits, TooManyStepsAreAnErrorNotAHang) {
+  const auto error_of = [](const std::string& recipe) -> std::string {
+    try {
+      parse_run_config(
+          toy::model_section() + "[data]\ntrain = [\"unused\"]\n[train]\nmicro_batch = 1\n" + recipe,
+          "many.toml", {});
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // 10^15 one-token steps: rejected before counting.
+  std::string e = error_of("[[recipe.phases]]\ntokens = 1000000000000000\nseq_len = 1\nbatch_size = 1\n");
+  EXPECT_NE(e.find("recipe.phases"), std::string::npos) << e;
+  EXPECT_NE(e.find("at most 10000000 optimizer steps"), std::string::npos) << e;
+  EXPECT_NE(e.find("at least 1000000000000000"), std::string::npos) << e;
+  // 10^7 steps at the full batch of 2^20 sequences, but the ramp from 1 sequence over the whole
+  // phase takes about ln(2^20) = 14 times as many: found while counting, at the limit.
+  e = error_of(
+      "[recipe]\nbatch_ramp_start = 1\nbatch_ramp_tokens = 10485760000000\n"
+      "[[recipe.phases]]\ntokens = 10485760000000\nseq_len = 1\nbatch_size = 1048576\n");
+  EXPECT_NE(e.find("at most 10000000 optimizer steps"), std::string::npos) << e;
+  EXPECT_NE(e.find("batch ramp"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace zaya::train

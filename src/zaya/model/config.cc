@@ -1,5 +1,6 @@
 #include "zaya/model/config.h"
 
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -86,20 +87,24 @@ ModelConfig ModelConfig::from_hf_json_text(const std::string& text, const std::s
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // a syntax error or a number out of range
     throw Error(std::string("invalid JSON: ") + e.what(), {.file = src});
   }
   need(j.is_object(), src, "(top level)", "a JSON object", j.type_name());
-  std::string type = j.value("model_type", std::string());
-  need(type == "zaya", src, "model_type", "\"zaya\"", "\"" + type + "\"");
+  const bool has_type = j.contains("model_type");
+  need(has_type && j["model_type"] == "zaya", src, "model_type", "\"zaya\"",
+       has_type ? j["model_type"].dump() : "\"\"");
 
   auto get_int = [&](const char* key, int64_t& out, bool required) {
     if (!j.contains(key) || j[key].is_null()) {
       need(!required, src, key, "an integer", "nothing");
       return;
     }
-    need(j[key].is_number_integer(), src, key, "an integer", j[key].dump());
-    out = j[key].get<int64_t>();
+    const auto& v = j[key];
+    // An unsigned beyond int64 would wrap to a negative number and be reported as one.
+    const bool fits = !v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t{INT64_MAX};
+    need(v.is_number_integer() && fits, src, key, "an integer", v.dump());
+    out = v.get<int64_t>();
   };
   auto get_num = [&](const nlohmann::json& obj, const char* key, double& out) {
     if (!obj.contains(key) || obj[key].is_null()) return;
@@ -120,9 +125,13 @@ ModelConfig ModelConfig::from_hf_json_text(const std::string& text, const std::s
   get_int("max_position_embeddings", c.max_position_embeddings, false);
   get_int("pad_token_id", c.pad_token_id, false);
   get_int("bos_token_id", c.bos_token_id, false);
-  if (j.contains("eos_token_id") && j["eos_token_id"].is_array() && !j["eos_token_id"].empty())
-    c.eos_token_id = j["eos_token_id"][0].get<int64_t>();
-  else
+  if (j.contains("eos_token_id") && j["eos_token_id"].is_array() && !j["eos_token_id"].empty()) {
+    const auto& first = j["eos_token_id"][0];
+    const bool fits = !first.is_number_unsigned() || first.get<uint64_t>() <= uint64_t{INT64_MAX};
+    need(first.is_number_integer() && fits, src, "eos_token_id", "an integer or a list of integers",
+         j["eos_token_id"].dump());
+    c.eos_token_id = first.get<int64_t>();
+  } else
     get_int("eos_token_id", c.eos_token_id, false);
   get_num(j, "rms_norm_eps", c.rms_norm_eps);
   get_num(j, "initializer_range", c.initializer_range);

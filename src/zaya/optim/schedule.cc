@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 #include "zaya/core/config.h"
@@ -125,6 +126,22 @@ void Recipe::validate(const std::string& source) const {
     }
     if (!p.data_weights.empty() && !(sum > 0))
       fail("data_weights", "at least one positive weight", "all zero");
+    if (p.batch_size > std::numeric_limits<int64_t>::max() / p.seq_len)
+      fail("batch_size", "batch_size x seq_len tokens within a signed 64-bit count", str(p.batch_size));
+  }
+  // Steps add up tokens in int64 and a step can overshoot its phase by up to one step's tokens, so
+  // the phases' total plus the largest step must fit (else the sums overflow and the step count
+  // never ends).
+  int64_t max_step_tokens = 0, total = 0;
+  for (const Phase& p : phases) max_step_tokens = std::max(max_step_tokens, p.seq_len * p.batch_size);
+  for (size_t i = 0; i < phases.size(); ++i) {
+    if (phases[i].tokens > std::numeric_limits<int64_t>::max() - max_step_tokens - total)
+      throw Error("invalid value",
+                  ErrorContext{source, str("recipe.phases[", i, "].tokens"),
+                               str("a total over all phases of at most ",
+                                   std::numeric_limits<int64_t>::max() - max_step_tokens, " tokens"),
+                               str(phases[i].tokens)});
+    total += phases[i].tokens;
   }
   if (batch_ramp_start < 0)
     throw Error("invalid value",

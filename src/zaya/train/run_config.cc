@@ -1,6 +1,8 @@
 #include "zaya/train/run_config.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <sstream>
 #include <string>
 
 #include "zaya/core/config.h"
@@ -100,6 +102,10 @@ ParallelConfig read_parallel(ConfigReader& r) {
   return p;
 }
 
+// The most optimizer steps a recipe may take: far beyond any real run (ten million steps of one
+// second each take four months) and few enough to count in about a second.
+constexpr int64_t kMaxRecipeSteps = 10'000'000;
+
 // Cross-checks [recipe] against [model], [data] and [train] and derives the run length.
 void check_recipe(RunConfig& c, bool explicit_steps, bool explicit_seq, bool explicit_accum,
                   bool explicit_total) {
@@ -131,9 +137,20 @@ void check_recipe(RunConfig& c, bool explicit_steps, bool explicit_seq, bool exp
        std::to_string(rec.batch_ramp_start));
   // Every phase must get at least one step (a step never straddles phases, so a phase shorter than
   // the previous phase's overshoot would be skipped).
+  // The steps are counted one by one below: a recipe of absurdly many (tokens off by a unit, a tiny
+  // batch) must fail, not hang. No step takes more than the largest batch_size x seq_len, which
+  // rejects most such recipes at once; the check in the loop bounds the rest (ramps).
+  int64_t max_step_tokens = 0;
+  for (const optim::Phase& p : rec.phases)
+    max_step_tokens = std::max(max_step_tokens, p.seq_len * p.batch_size);
+  const std::string too_many = "at most " + std::to_string(kMaxRecipeSteps) + " optimizer steps in all";
+  need(rec.total_tokens() / max_step_tokens <= kMaxRecipeSteps, src, "recipe.phases", too_many,
+       "at least " + std::to_string(rec.total_tokens() / max_step_tokens) +
+           " (the phases' tokens over the largest batch_size x seq_len)");
   std::vector<int64_t> steps_in(rec.phases.size(), 0);
   int64_t steps = 0;
   for (int64_t consumed = 0; consumed < rec.total_tokens(); ++steps) {
+    need(steps < kMaxRecipeSteps, src, "recipe.phases", too_many, "more (the batch ramp's small batches)");
     optim::RecipeStep st = rec.step_at(consumed, micro);
     ++steps_in[static_cast<size_t>(st.phase)];
     consumed += st.tokens();
