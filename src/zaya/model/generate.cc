@@ -13,6 +13,7 @@
 #include "zaya/model/model_internal.h"
 #include "zaya/ops/attention.h"
 #include "zaya/ops/cca.h"
+#include "zaya/ops/copy.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/experts.h"
 #include "zaya/ops/moe.h"
@@ -33,10 +34,12 @@ ZayaDecoder::ZayaDecoder(ZayaModel& model, int64_t batch, int64_t max_len) : m_(
                 nkv = c.num_key_value_heads, hd = c.head_dim;
   rope_ = ops::make_rope_table(hd, c.partial_rotary_factor, c.rope_theta, S_);
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    caches_.push_back({Tensor::zeros(Shape{B, S_, nkv, hd}, DType::f32), Tensor::zeros(Shape{B, S_, nkv, hd}, DType::f32),
-                       Tensor::zeros(Shape{B, 2, C}, DType::f32), Tensor::zeros(Shape{B, kv / 2}, DType::f32)});
-  auto f = [](Shape s) { return Tensor::zeros(s, DType::f32); };
-  auto i32 = [](Shape s) { return Tensor::zeros(s, DType::i32); };
+    caches_.push_back({Tensor::zeros(Shape{B, S_, nkv, hd}, DType::f32, m_.device()),
+                       Tensor::zeros(Shape{B, S_, nkv, hd}, DType::f32, m_.device()),
+                       Tensor::zeros(Shape{B, 2, C}, DType::f32, m_.device()),
+                       Tensor::zeros(Shape{B, kv / 2}, DType::f32, m_.device())});
+  auto f = [&](Shape s) { return Tensor::zeros(s, DType::f32, m_.device()); };
+  auto i32 = [&](Shape s) { return Tensor::zeros(s, DType::i32, m_.device()); };
   x_ = f({B, H}); u_ = f({B, H}); proj_ = f({B, C + kv}); z_ = f({B, C}); qt_ = f({B, q}); kt_ = f({B, kv});
   vc_ = f({B, kv / 2}); vd_ = f({B, kv / 2}); conv_ = f({B, C}); qpre_ = f({B, q}); kpre_ = f({B, kv});
   q_ = f({B, q}); k_ = f({B, kv}); v_ = f({B, kv}); att_ = f({B, q}); o_ = f({B, H}); xmid_ = f({B, H});
@@ -61,34 +64,27 @@ void ZayaDecoder::prefill(const Tensor& ids, const Tensor& logits) {
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerActs& a = m_.layer_acts(l);
     LayerCache& lc = caches_[static_cast<size_t>(l)];
-    const float* kr = a.kr.data<float>();
-    const float* v = a.v.data<float>();
-    const float* z = a.z.data<float>();
-    const float* u = a.u.data<float>();
-    float* kc = lc.k.data<float>();
-    float* vcache = lc.v.data<float>();
-    float* cs = lc.conv.data<float>();
-    float* ul = u_.data<float>();
+    const Tensor k_cache = lc.k.reshape({B_ * S_, kv}), v_cache = lc.v.reshape({B_ * S_, kv});
+    const Tensor conv_state = lc.conv.reshape({B_ * 2, C});
     for (int64_t b = 0; b < B_; ++b) {
-      // K/V rows of the prompt go to cache positions 0..T−1 (row stride kv = nkv·hd).
-      std::memcpy(kc + b * S_ * kv, kr + b * T * kv, static_cast<size_t>(T * kv) * sizeof(float));
-      std::memcpy(vcache + b * S_ * kv, v + b * T * kv, static_cast<size_t>(T * kv) * sizeof(float));
+      // K/V rows of the prompt go to cache positions 0..T−1.
+      ops::copy_block(k_cache, b * S_, 0, a.kr, b * T, 0, T, kv);
+      ops::copy_block(v_cache, b * S_, 0, a.v, b * T, 0, T, kv);
       // Conv state: z_{T−2}, z_{T−1} (a prompt of one token leaves the padding zero in slot 0).
       for (int64_t s = 0; s < 2; ++s) {
         const int64_t t = T - 2 + s;
-        float* dst = cs + (b * 2 + s) * C;
-        if (t >= 0) std::memcpy(dst, z + (b * T + t) * C, static_cast<size_t>(C) * sizeof(float));
-        else std::fill_n(dst, C, 0.0f);
+        if (t >= 0)
+          ops::copy_block(conv_state, b * 2 + s, 0, a.z, b * T + t, 0, 1, C);
+        else
+          conv_state.slice(b * 2 + s, b * 2 + s + 1).zero_();
       }
-      std::memcpy(ul + b * H, u + (b * T + T - 1) * H, static_cast<size_t>(H) * sizeof(float));
+      ops::copy_block(u_, b, 0, a.u, b * T + T - 1, 0, 1, H);  // the last token's normed input
     }
     // The forward does not keep vd; recompute the last token's from its saved normed input:
     // vd = u·W_vdᵀ, W_vd = the last nkv·hd/2 rows of the fused [W_q; W_k; W_vc; W_vd].
     ops::linear_forward(lc.vd_prev, u_, m_.layer_param_views(l).w_qkv.slice(C + kv / 2, C + kv), Tensor{});
   }
-  const float* hf = m_.final_hidden().data<float>();
-  for (int64_t b = 0; b < B_; ++b)
-    std::memcpy(hf_.data<float>() + b * H, hf + (b * T + T - 1) * H, static_cast<size_t>(H) * sizeof(float));
+  for (int64_t b = 0; b < B_; ++b) ops::copy_block(hf_, b, 0, m_.final_hidden(), b * T + T - 1, 0, 1, H);
   ops::gemm(logits, hf_, ops::Trans::N, m_.param(0), ops::Trans::T);  // tied head
   len_ = T;
 }
@@ -124,26 +120,21 @@ void ZayaDecoder::layer_step(int l) {
   // --- attention -------------------------------------------------------------------------
   ops::rmsnorm_forward(u_, rstd_, x_, p.w_in, eps);
   ops::linear_forward(proj_, u_, p.w_qkv, Tensor{});  // columns [q̃ | k̃ | vc | vd]
-  {
-    const float* pr = proj_.data<float>();
-    for (int64_t b = 0; b < B; ++b) {
-      const float* row = pr + b * (C + kv);
-      std::memcpy(z_.data<float>() + b * C, row, static_cast<size_t>(C) * sizeof(float));
-      std::memcpy(qt_.data<float>() + b * q, row, static_cast<size_t>(q) * sizeof(float));
-      std::memcpy(kt_.data<float>() + b * kv, row + q, static_cast<size_t>(kv) * sizeof(float));
-      std::memcpy(vc_.data<float>() + b * kv / 2, row + C, static_cast<size_t>(kv / 2) * sizeof(float));
-      std::memcpy(vd_.data<float>() + b * kv / 2, row + C + kv / 2, static_cast<size_t>(kv / 2) * sizeof(float));
-    }
-  }
+  ops::copy_block(z_, 0, 0, proj_, 0, 0, B, C);
+  ops::copy_block(qt_, 0, 0, proj_, 0, 0, B, q);
+  ops::copy_block(kt_, 0, 0, proj_, 0, q, B, kv);
+  ops::copy_block(vc_, 0, 0, proj_, 0, C, B, kv / 2);
+  ops::copy_block(vd_, 0, 0, proj_, 0, C + kv / 2, B, kv / 2);
   ops::cca_conv_decode(conv_, lc.conv, z_, p.conv, B, dims);  // sees z_{t−2}, z_{t−1}, z_t
   ops::mean_skip_forward(qpre_, kpre_, conv_, qt_, kt_, B, dims);
   ops::value_shift_decode(v_, lc.vd_prev, vc_, vd_, B, kv / 2);  // v = [vc_t | vd_{t−1}]
   ops::qk_norm_forward(q_, k_, qpre_, kpre_, p.temp, B, dims);
   ops::rope_forward(q_, q_, rope_, B, 1, nq, hd, len_);
   ops::rope_forward(k_, k_, rope_, B, 1, nkv, hd, len_);
+  const Tensor k_cache = lc.k.reshape({B * S_, kv}), v_cache = lc.v.reshape({B * S_, kv});
   for (int64_t b = 0; b < B; ++b) {  // append this token's K/V at position len_
-    std::memcpy(lc.k.data<float>() + (b * S_ + len_) * kv, k_.data<float>() + b * kv, static_cast<size_t>(kv) * 4);
-    std::memcpy(lc.v.data<float>() + (b * S_ + len_) * kv, v_.data<float>() + b * kv, static_cast<size_t>(kv) * 4);
+    ops::copy_block(k_cache, b * S_ + len_, 0, k_, b, 0, 1, kv);
+    ops::copy_block(v_cache, b * S_ + len_, 0, v_, b, 0, 1, kv);
   }
   ops::attention_decode(att_, q_, lc.k, lc.v, B, len_ + 1, nq, nkv, hd);
   ops::linear_forward(o_, att_, p.w_o, Tensor{});
@@ -231,20 +222,27 @@ std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& promp
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
   if (opt.max_new == 0) return out;
   ZayaDecoder dec(model, B, T0 + opt.max_new);
-  Tensor logits = Tensor::empty(Shape{B, V}, DType::f32);
-  Tensor next = Tensor::zeros(Shape{B}, DType::i32);
+  // Sampling runs on the host: the logits come back through one explicit copy per token (none on
+  // the CPU), and the sampled ids go in as host data.
+  Tensor logits = Tensor::empty(Shape{B, V}, DType::f32, model.device());
+  Tensor host_logits = model.device() == Device::cpu ? logits : Tensor::empty(Shape{B, V}, DType::f32);
+  std::vector<int32_t> next_ids(static_cast<size_t>(B), 0);
+  const Tensor next = Tensor::borrow(next_ids.data(), Shape{B}, DType::i32);
   std::vector<char> done(static_cast<size_t>(B), 0);
   std::vector<float> scratch;
   std::vector<int32_t> order;
   dec.prefill(prompt, logits);
+  std::vector<float> row(static_cast<size_t>(V));
   for (int64_t step = 0; step < opt.max_new; ++step) {
+    if (!host_logits.shares_storage_with(logits)) host_logits.copy_from(logits);
     int64_t active = 0;
     for (int64_t b = 0; b < B; ++b) {
       if (done[b]) continue;
       const uint64_t draw = static_cast<uint64_t>(step) * static_cast<uint64_t>(B) + static_cast<uint64_t>(b);
-      const int32_t id = sample_token(logits.data<float>() + b * V, V, opt.sampling, draw, scratch, order);
+      Tensor::borrow(row.data(), Shape{V}, DType::f32).copy_from(host_logits.select(b));
+      const int32_t id = sample_token(row.data(), V, opt.sampling, draw, scratch, order);
       out[b].push_back(id);
-      next.data<int32_t>()[b] = id;  // a finished row keeps feeding its last id; its logits are unused
+      next_ids[static_cast<size_t>(b)] = id;  // a finished row keeps feeding its last id; its logits are unused
       if (id == opt.eos_token_id) done[b] = 1;
       else ++active;
     }
