@@ -181,9 +181,10 @@ static bool census_due() {
   return true;
 }
 
-void Watchdog::answer_census() {
-  if (!broken_) answer_queries();
-}
+// A broken communicator still answers: its rank is alive and has issued its collectives, which a
+// peer whose own timeout fires later must not take for a dead rank (two survivors of one missing
+// rank time out at slightly different moments). A reply goes only to the asker, which is alive.
+void Watchdog::answer_census() { answer_queries(); }
 
 bool Watchdog::poll(const std::function<bool()>& done) {
   check_usable();
