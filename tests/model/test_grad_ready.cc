@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "optim/tiny.h"
 #include "zaya/core/random.h"
 #include "zaya/core/threads.h"
 #include "zaya/model/zaya_model.h"
@@ -16,18 +17,11 @@
 namespace zaya::model {
 namespace {
 
+// The optimizer tests' tiny model with a third layer, so that one layer's range is reported from
+// inside another's backward (not only at the end).
 ModelConfig small() {
-  ModelConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
+  ModelConfig c = optim::test::tiny_config();
   c.num_hidden_layers = 3;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 1;
-  c.head_dim = 16;
-  c.num_experts = 4;
-  c.moe_intermediate_size = 32;
-  c.router_hidden_size = 16;
-  c.max_position_embeddings = 64;
   return c;
 }
 
