@@ -64,10 +64,8 @@ std::vector<std::string> model_config_problems(const Manifest& m, const std::fil
     return {str("the state's model_config is not a valid model config: ", e.what())};
   }
   std::vector<std::pair<std::string, std::vector<int64_t>>> expected;
-  for (const model::ParamSpec& s : model::parameter_specs(c))
-    expected.push_back({s.name, std::vector<int64_t>(s.shape.begin(), s.shape.end())});
-  for (int l = 0; l < c.num_hidden_layers; ++l)
-    expected.push_back({model::balancing_bias_name(l), {c.num_experts + 1}});
+  for (const auto& [name, shape] : model::weight_shapes(c))
+    expected.push_back({name, std::vector<int64_t>(shape.begin(), shape.end())});
 
   std::vector<std::string> out, missing, extra_layer;
   for (const auto& [name, shape] : expected) {

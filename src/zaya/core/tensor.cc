@@ -90,7 +90,9 @@ std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device) {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  if (device == Device::cuda) cuda::require_device(zaya::str("a CUDA tensor ", dtype_name(dtype), shape.str()));
+  // The message is built only when no GPU can take the tensor.
+  if (device == Device::cuda && (!cuda::built_with_cuda() || cuda::device_count() == 0))
+    cuda::require_device(zaya::str("a CUDA tensor ", dtype_name(dtype), shape.str()));
   size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   return over(allocate_storage(bytes, device), 0, shape, dtype);
 }

@@ -162,8 +162,4 @@ void check_token_range(const std::string& prefix, int64_t vocab_size) {
   check_token_range(IndexedDataset(prefix), vocab_size);
 }
 
-void check_token_ranges(const std::vector<DatasetSpec>& specs, int64_t vocab_size) {
-  for (const DatasetSpec& s : specs) check_token_range(s.prefix, vocab_size);
-}
-
 }  // namespace zaya::data

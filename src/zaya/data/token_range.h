@@ -11,10 +11,8 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "zaya/data/indexed_dataset.h"
-#include "zaya/data/loader.h"
 
 namespace zaya::data {
 
@@ -37,7 +35,5 @@ TokenRange token_range(const IndexedDataset& ds, int64_t cache_min_bytes = kToke
 // in it, the id, and how many ids are out of range in all.
 void check_token_range(const std::string& prefix, int64_t vocab_size);
 void check_token_range(const IndexedDataset& ds, int64_t vocab_size);
-// check_token_range for every dataset of `specs` (the trainer's data.train list).
-void check_token_ranges(const std::vector<DatasetSpec>& specs, int64_t vocab_size);
 
 }  // namespace zaya::data

@@ -222,25 +222,26 @@ std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& promp
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
   if (opt.max_new == 0) return out;
   ZayaDecoder dec(model, B, T0 + opt.max_new);
-  // Sampling runs on the host: the logits come back through one explicit copy per token (none on
-  // the CPU), and the sampled ids go in as host data.
-  Tensor logits = Tensor::empty(Shape{B, V}, DType::f32, model.device());
-  Tensor host_logits = model.device() == Device::cpu ? logits : Tensor::empty(Shape{B, V}, DType::f32);
+  // Sampling runs on the host: the decoder writes its logits straight into host memory on the CPU
+  // and into a device tensor copied back once per token elsewhere; the sampled ids go in as host
+  // data.
+  const bool on_host = model.device() == Device::cpu;
+  std::vector<float> host_logits(static_cast<size_t>(B * V));
+  const Tensor host_view = Tensor::borrow(host_logits.data(), Shape{B, V}, DType::f32);
+  const Tensor logits = on_host ? host_view : Tensor::empty(Shape{B, V}, DType::f32, model.device());
   std::vector<int32_t> next_ids(static_cast<size_t>(B), 0);
   const Tensor next = Tensor::borrow(next_ids.data(), Shape{B}, DType::i32);
   std::vector<char> done(static_cast<size_t>(B), 0);
   std::vector<float> scratch;
   std::vector<int32_t> order;
   dec.prefill(prompt, logits);
-  std::vector<float> row(static_cast<size_t>(V));
   for (int64_t step = 0; step < opt.max_new; ++step) {
-    if (!host_logits.shares_storage_with(logits)) host_logits.copy_from(logits);
+    if (!on_host) Tensor(host_view).copy_from(logits);
     int64_t active = 0;
     for (int64_t b = 0; b < B; ++b) {
       if (done[b]) continue;
       const uint64_t draw = static_cast<uint64_t>(step) * static_cast<uint64_t>(B) + static_cast<uint64_t>(b);
-      Tensor::borrow(row.data(), Shape{V}, DType::f32).copy_from(host_logits.select(b));
-      const int32_t id = sample_token(row.data(), V, opt.sampling, draw, scratch, order);
+      const int32_t id = sample_token(host_logits.data() + b * V, V, opt.sampling, draw, scratch, order);
       out[b].push_back(id);
       next_ids[static_cast<size_t>(b)] = id;  // a finished row keeps feeding its last id; its logits are unused
       if (id == opt.eos_token_id) done[b] = 1;

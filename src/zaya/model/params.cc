@@ -111,4 +111,11 @@ int64_t kv_cache_bytes_per_token(const ModelConfig& c, int64_t bytes_per_element
   return c.num_hidden_layers * 2 * c.kv_dim() * bytes_per_element;
 }
 
+std::vector<std::pair<std::string, Shape>> weight_shapes(const ModelConfig& c) {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (const ParamSpec& s : parameter_specs(c)) out.emplace_back(s.name, s.shape);
+  for (int l = 0; l < c.num_hidden_layers; ++l) out.emplace_back(balancing_bias_name(l), Shape{c.num_experts + 1});
+  return out;
+}
+
 }  // namespace zaya::model

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zaya/core/tensor.h"
@@ -39,6 +40,9 @@ struct ParamSpec {
 // final norm). The balancing biases are not parameters (no loss gradient): see balancing_bias_name.
 std::vector<ParamSpec> parameter_specs(const ModelConfig& c);
 std::string balancing_bias_name(int layer);  // model.layers.{l}.mlp.gate.balancing_biases, [E+1] fp32
+// Every tensor of a model checkpoint, in order: the parameters (parameter_specs), then each
+// layer's balancing biases [E+1].
+std::vector<std::pair<std::string, Shape>> weight_shapes(const ModelConfig& c);
 
 struct ParamCounts {
   int64_t total = 0;          // all trainable parameters (tied head counted once)

@@ -141,6 +141,14 @@ Tensor ZayaModel::grad(const std::string& name) const {
   return grad_views_[i];
 }
 
+std::vector<std::pair<std::string, Tensor>> ZayaModel::weights() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < specs_.size(); ++i) out.emplace_back(specs_[i].name, param_views_[i]);
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
+    out.emplace_back(balancing_bias_name(static_cast<int>(l)), beta_.select(l));
+  return out;
+}
+
 const LayerParams& ZayaModel::layer_param_views(int l) const { return lp_.at(static_cast<size_t>(l)); }
 const LayerActs& ZayaModel::layer_acts(int l) const { return acts_.at(static_cast<size_t>(l)); }
 const Tensor& ZayaModel::final_hidden() const { return scratch_->hf; }

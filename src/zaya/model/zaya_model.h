@@ -83,6 +83,9 @@ class ZayaModel {
   // Balancing biases β, [L, E+1] f32: not parameters (no loss gradient).
   const Tensor& balancing_biases() const { return beta_; }
   void zero_grad() { grads_.zero_(); }
+  // Views of every tensor of a model checkpoint, named and ordered as weight_shapes(config()):
+  // the parameters, then each layer's balancing biases.
+  std::vector<std::pair<std::string, Tensor>> weights() const;
 
   // Forward over ids [B, T] i32. With targets [B, T] i32 (−100 = ignored) returns the mean
   // cross-entropy through the chunked fused loss; when `for_backward` the loss gradient wrt the

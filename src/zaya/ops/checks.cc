@@ -53,7 +53,12 @@ void dtype(std::string_view op, std::string_view what, const Tensor& t, DType dt
 }
 
 void shape(std::string_view op, std::string_view what, const Tensor& t, const Shape& s) {
-  check_shape(str(op, ": ", what), t, s);
+  if (!(t.shape() == s)) zaya::check_shape(str(op, ": ", what), t, s);  // the message only on failure
+}
+
+void same_shape(std::string_view op, std::string_view what, const Tensor& a, std::string_view other,
+                const Tensor& b) {
+  if (!(a.shape() == b.shape())) zaya::check_same_shape(str(op, ": ", what, " vs ", other), a, b);
 }
 
 void exact(std::string_view op, std::string_view what, const Tensor& t, const Shape& s) {

@@ -80,6 +80,9 @@ inline void i32(std::string_view op, std::string_view what, const Tensor& t) {
 
 // Exactly this shape.
 void shape(std::string_view op, std::string_view what, const Tensor& t, const Shape& s);
+// a with b's shape: "<op>: <what> vs <other>: shapes [..] and [..] differ".
+void same_shape(std::string_view op, std::string_view what, const Tensor& a, std::string_view other,
+                const Tensor& b);
 // f32 with exactly this shape (weights, tables, caches).
 void exact(std::string_view op, std::string_view what, const Tensor& t, const Shape& s);
 // f32 [f].

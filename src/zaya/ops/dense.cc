@@ -27,7 +27,7 @@ void check_f32_like(std::string_view op,
   const auto& [first, like] = *tensors.begin();
   for (auto [name, t] : tensors) {
     check::f32(op, name, *t);
-    check_same_shape(str(op, ": ", name, " vs ", first), *t, *like);
+    check::same_shape(op, name, *t, first, *like);
   }
 }
 
@@ -128,7 +128,7 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
   check::f32(op, "x", x);
   check::vector(op, "w", w, last_dim(x));
   check::f32(op, "y", y);
-  check_same_shape(str(op, ": y vs x"), y, x);
+  check::same_shape(op, "y", y, "x", x);
   check::f32(op, "rstd", rstd);
   check::shape(op, "rstd", rstd, Shape{rows_of(x)});
   if (on.cpu()) return cpu::rmsnorm_forward(y, rstd, x, w, eps);
@@ -145,13 +145,13 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
   check::f32(op, "x", x);
   const int64_t f = last_dim(x);
   check::f32(op, "dy", dy);
-  check_same_shape(str(op, ": dy vs x"), dy, x);
+  check::same_shape(op, "dy", dy, "x", x);
   check::vector(op, "w", w, f);
   check::f32(op, "rstd", rstd);
   check::shape(op, "rstd", rstd, Shape{rows_of(x)});
   if (dx.defined()) {
     check::f32(op, "dx", dx);
-    check_same_shape(str(op, ": dx vs x"), dx, x);
+    check::same_shape(op, "dx", dx, "x", x);
   }
   if (dw.defined()) check::vector(op, "dw", dw, f);
   if (on.cpu()) return cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd, accumulate_dx);
@@ -202,7 +202,7 @@ void residual_scale_backward(const Tensor& dh, const Tensor& dx, const ResidualS
   for (auto [name, t] : {std::pair{"dh", &dh}, {"dx", &dx}}) {
     if (!t->defined()) continue;
     check::f32(op, name, *t);
-    check_same_shape(str(op, ": ", name, " vs h"), *t, h);
+    check::same_shape(op, name, *t, "h", h);
   }
   if (on.cpu()) return cpu::residual_scale_backward(dh, dx, grads, dy, h, x, p);
 #if defined(ZAYA_HAVE_CUDA)
@@ -277,7 +277,7 @@ void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
   check::f32(op, "dgu", dgu);
   ZAYA_CHECK(gu.ndim() == 2 && gu.size(1) % 2 == 0, op, ": gu must be [N, 2I], found ", gu.str());
   check::shape(op, "dy", dy, Shape{gu.size(0), gu.size(1) / 2});
-  check_same_shape(str(op, ": dgu vs gu"), dgu, gu);
+  check::same_shape(op, "dgu", dgu, "gu", gu);
   if (on.cpu()) return cpu::swiglu_backward(dgu, dy, gu);
 #if defined(ZAYA_HAVE_CUDA)
   if (on.cuda()) return cuda::swiglu_backward(dgu, dy, gu);

@@ -22,15 +22,15 @@ struct Dims {
 };
 
 // The weights fix E, H and I; everything else is checked against them.
-Dims check_weights(std::string_view op, const ExpertWeights& w, const char* what) {
+Dims check_weights(std::string_view op, const ExpertWeights& w, const char* what, const char* down) {
   ZAYA_CHECK(w.gate_up.defined() && w.down.defined(), op, ": ", what, " gate_up and down must be defined");
   ZAYA_CHECK(w.gate_up.ndim() == 3 && w.gate_up.size(1) % 2 == 0, op, ": ", what,
              ".gate_up must be [E, 2I, H], found ", w.gate_up.str());
   const Dims d{w.gate_up.size(0), w.gate_up.size(2), w.gate_up.size(1) / 2};
   ZAYA_CHECK(w.gate_up.dtype() == DType::f32 || w.gate_up.dtype() == DType::bf16, op, ": ", what,
              ".gate_up must be f32 or bf16, found ", w.gate_up.str());
-  check::dtype(op, str(what, ".down"), w.down, w.gate_up.dtype());
-  check::shape(op, str(what, ".down"), w.down, Shape{d.E, d.H, d.I});
+  check::dtype(op, down, w.down, w.gate_up.dtype());
+  check::shape(op, down, w.down, Shape{d.E, d.H, d.I});
   return d;
 }
 
@@ -59,7 +59,7 @@ void experts_forward(const ExpertActs& a, const Tensor& x, const Tensor& src, co
   const OpDevice on(op, {{"x", x},          {"src", src},     {"offsets", offsets}, {"weights.gate_up", w.gate_up},
                          {"weights.down", w.down}, {"xp", a.xp}, {"gu", a.gu},       {"act", a.act},
                          {"y", a.y},        {"xp16", a.xp16}, {"act16", a.act16}});
-  const Dims d = check_weights(op, w, "weights");
+  const Dims d = check_weights(op, w, "weights", "weights.down");
   check_plan(op, offsets, M, d);
   check::f32(op, "x", x);
   ZAYA_CHECK(x.ndim() == 2 && x.size(1) == d.H && x.size(0) >= M, op, ": x has shape ", x.shape().str(),
@@ -86,8 +86,8 @@ bool experts_backward(const Tensor& dxp, const ExpertWeights& grads, const Tenso
                                 {"y", &a.y}, {"xp16", &a.xp16}, {"act16", &a.act16}, {"dact", &scratch.dact},
                                 {"dgu", &scratch.dgu}, {"dy16", &scratch.dy16}, {"dgu16", &scratch.dgu16}})
     on.add(name, *t);
-  const Dims d = check_weights(op, w, "weights");
-  const Dims dg = check_weights(op, grads, "grads");
+  const Dims d = check_weights(op, w, "weights", "weights.down");
+  const Dims dg = check_weights(op, grads, "grads", "grads.down");
   ZAYA_CHECK(grads.gate_up.dtype() == DType::f32, op, ": weight gradients must be f32, found ",
              grads.gate_up.str());
   ZAYA_CHECK(dg.E == d.E && dg.H == d.H && dg.I == d.I, op, ": grads ", grads.gate_up.shape().str(),

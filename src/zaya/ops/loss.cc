@@ -74,9 +74,9 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const T
                          {"workspace", workspace}});
   check_tied_args(op, h, E, targets, lse, workspace, opt);
   check::f32(op, "dh", dh);
-  check_same_shape(str(op, ": dh vs h"), dh, h);
+  check::same_shape(op, "dh", dh, "h", h);
   check::f32(op, "dE", dE);
-  check_same_shape(str(op, ": dE vs E"), dE, E);
+  check::same_shape(op, "dE", dE, "E", E);
   if (on.cpu()) return cpu::cross_entropy_tied_forward_backward(dh, dE, lse, h, E, targets, workspace, opt);
   on.no_kernel();
 }

@@ -38,7 +38,7 @@ void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, 
   check::exact(op, "probs", probs, Shape{N, E + 1});
   check::exact(op, "weight", weight, Shape{N});
   check::i32(op, "choice", choice);
-  check_shape(str(op, ": choice"), choice, Shape{N});
+  check::shape(op, "choice", choice, Shape{N});
   if (on.cpu())
     return cpu::moe_route(probs.data<float>(), choice.data<int32_t>(), weight.data<float>(),
                           logits.data<float>(), beta.data<float>(), N, E);
@@ -55,7 +55,7 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
   check::exact(op, "probs", probs, Shape{N, E + 1});
   check::exact(op, "dweight", dweight, Shape{N});
   check::i32(op, "choice", choice);
-  check_shape(str(op, ": choice"), choice, Shape{N});
+  check::shape(op, "choice", choice, Shape{N});
   if (on.cpu())
     return cpu::moe_route_bwd(dlogits.data<float>(), dweight.data<float>(), probs.data<float>(),
                               choice.data<int32_t>(), N, E);
@@ -75,7 +75,7 @@ int64_t moe_plan(const Tensor& counts, const Tensor& offsets, const Tensor& pos,
                             {"src", &src, N},
                             {"choice", &choice, N}}) {
     check::i32(op, name, *t);
-    check_shape(str(op, ": ", name), *t, Shape{n});
+    check::shape(op, name, *t, Shape{n});
   }
   if (!on.cpu()) on.no_kernel();
   // The choices are read on the host: a range check for the CPU kernel, which indexes by them.
@@ -96,7 +96,7 @@ void gather_checked(std::string_view op, const Tensor& xp, const Tensor& x, cons
   check::n_rows(op, "x", x, N, H);
   check_permuted(op, "xp", xp, r1, H);
   check::i32(op, "src", src);
-  check_shape(str(op, ": src"), src, Shape{N});
+  check::shape(op, "src", src, Shape{N});
   if (on.cpu())
     return cpu::moe_gather(xp.data<float>() + r0 * H, x.data<float>(), src.data<int32_t>() + r0, r1 - r0, H);
   on.no_kernel();
@@ -121,7 +121,7 @@ void moe_gather_backward(const Tensor& dx, const Tensor& dxp, const Tensor& pos,
   check::n_rows(op, "dx", dx, N, H);
   check_permuted(op, "dxp", dxp, M, H);
   check::i32(op, "pos", pos);
-  check_shape(str(op, ": pos"), pos, Shape{N});
+  check::shape(op, "pos", pos, Shape{N});
   if (on.cpu()) return cpu::moe_gather_bwd(dx.data<float>(), dxp.data<float>(), pos.data<int32_t>(), N, H);
   on.no_kernel();
 }
@@ -135,7 +135,7 @@ void moe_unpermute(const Tensor& out, const Tensor& y, const Tensor& weight, con
   check_permuted(op, "y", y, M, H);
   check::exact(op, "weight", weight, Shape{N});
   check::i32(op, "pos", pos);
-  check_shape(str(op, ": pos"), pos, Shape{N});
+  check::shape(op, "pos", pos, Shape{N});
   if (on.cpu())
     return cpu::moe_unpermute(out.data<float>(), y.data<float>(), weight.data<float>(), pos.data<int32_t>(),
                               N, H);
@@ -154,7 +154,7 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& dweight, const Tenso
   check::exact(op, "weight", weight, Shape{N});
   check::exact(op, "dweight", dweight, Shape{N});
   check::i32(op, "pos", pos);
-  check_shape(str(op, ": pos"), pos, Shape{N});
+  check::shape(op, "pos", pos, Shape{N});
   if (on.cpu())
     return cpu::moe_unpermute_bwd(dy.data<float>(), dweight.data<float>(), dout.data<float>(),
                                   y.data<float>(), weight.data<float>(), pos.data<int32_t>(), N, H);

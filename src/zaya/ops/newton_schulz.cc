@@ -17,7 +17,7 @@ void newton_schulz_step(const Tensor& X_next, const Tensor& X, const Tensor& A, 
   ZAYA_CHECK(X.ndim() == 2 && X.size(0) <= X.size(1), op, ": X must be [r, c] with r <= c, found ", X.str());
   const int64_t r = X.size(0);
   check::f32(op, "X_next", X_next);
-  check_same_shape(str(op, ": X_next vs X"), X_next, X);
+  check::same_shape(op, "X_next", X_next, "X", X);
   check::f32(op, "A", A);
   check::shape(op, "A", A, Shape{r, r});
   check::f32(op, "B", B);
@@ -41,7 +41,7 @@ void newton_schulz_orthogonalize(const Tensor& out, const Tensor& G, const Tenso
   ZAYA_CHECK(G.ndim() == 2 || G.ndim() == 3, op, ": G must be [rows, cols] or [batch, rows, cols], found ",
              G.str());
   check::f32(op, "out", out);
-  check_same_shape(str(op, ": out vs G"), out, G);
+  check::same_shape(op, "out", out, "G", G);
   {  // out holds the iterate while G is still read (the linear path), so they must be apart
     const auto *g0 = static_cast<const char*>(G.raw()), *o0 = static_cast<const char*>(out.raw());
     ZAYA_CHECK(o0 + out.nbytes() <= g0 || g0 + G.nbytes() <= o0, op, ": out must not overlap G");

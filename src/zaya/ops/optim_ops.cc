@@ -43,7 +43,7 @@ void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const T
   check::f32(op, "param", param);
   for (auto [name, t] : {std::pair{"grad", &grad}, {"m", &m}, {"v", &v}}) {
     check::f32(op, name, *t);
-    check_same_shape(str(op, ": ", name, " vs param"), *t, param);
+    check::same_shape(op, name, *t, "param", param);
   }
   ZAYA_CHECK(step >= 1, op, ": step must be >= 1 (bias correction divides by 1 - beta^step), found ", step);
   if (on.cpu()) return cpu::adamw_update(param, m, v, grad, hp, step);

@@ -89,17 +89,14 @@ Optimizer::Optimizer(const OptimizerConfig& config, const ParamTable& table, Sha
 
 Optimizer::Owned Optimizer::owned(size_t i) const {
   const int64_t off = table_.offsets[i], n = table_.specs[i].shape.numel();
-  return {std::clamp<int64_t>(range_.begin - off, 0, n), std::clamp<int64_t>(range_.end - off, 0, n)};
-}
-
-bool Optimizer::whole(size_t i) const {
-  const Owned o = owned(i);
-  return o.first == 0 && o.last == table_.specs[i].shape.numel();
+  Owned o{std::clamp<int64_t>(range_.begin - off, 0, n), std::clamp<int64_t>(range_.end - off, 0, n)};
+  o.whole = o.first == 0 && o.last == n;
+  return o;
 }
 
 Tensor Optimizer::moment1(size_t i, const Owned& o) const {
   const int64_t at = table_.offsets[i] + o.first - range_.begin;
-  return whole(i) ? moment1_.window(at, table_.specs[i].shape) : moment1_.window(at, Shape{o.last - o.first});
+  return o.whole ? moment1_.window(at, table_.specs[i].shape) : moment1_.window(at, Shape{o.last - o.first});
 }
 
 size_t Optimizer::state_bytes() const {
@@ -163,7 +160,7 @@ StepStats Optimizer::step(double lr) {
     const Tensor m = moment1(i, o);
     if (g.group == Group::adamw) {
       ah.weight_decay = wd;
-      const bool all = whole(i);
+      const bool all = o.whole;
       const Shape n{o.last - o.first};
       const int64_t at = table_.offsets[i] + o.first;
       ops::adamw_update(all ? table_.param(i) : table_.params.window(at, n),
@@ -171,7 +168,7 @@ StepStats Optimizer::step(double lr) {
                         all ? table_.grad(i) : table_.grads.window(at, n), ah, step_);
     } else if (!side_by_side) {
       mh.weight_decay = wd;
-      if (whole(i)) {
+      if (o.whole) {
         muon_update_stack(table_.param(i), table_.grad(i), m, scratch_, mh);
       } else {  // the owned matrices of an expert stack, one by one
         for (const MuonItem& it : muon_items_)
@@ -238,7 +235,7 @@ void Optimizer::balance_step(std::span<const int64_t> counts, double lr) {
 std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() {
   std::vector<std::pair<std::string, Tensor>> out;
   for (size_t i = 0; i < table_.specs.size(); ++i)
-    ZAYA_CHECK(whole(i) || !owned(i).any(), "Optimizer::state_tensors: the shard range [", range_.begin, ", ",
+    ZAYA_CHECK(owned(i).whole || !owned(i).any(), "Optimizer::state_tensors: the shard range [", range_.begin, ", ",
                range_.end, ") cuts parameter ", table_.specs[i].name,
                "; checkpoints of cut parameters come with ZeRO-1's sharded state");
   step_t_.data<int64_t>()[0] = step_;
@@ -246,9 +243,10 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() {
   out.emplace_back("optim.step", step_t_);
   out.emplace_back("optim.balance_step", balance_step_t_);
   for (size_t i = 0; i < table_.specs.size(); ++i) {
-    if (!owned(i).any()) continue;
+    const Owned o = owned(i);
+    if (!o.any()) continue;
     const model::ParamSpec& spec = table_.specs[i];
-    const Tensor m = moment1(i, owned(i));
+    const Tensor m = moment1(i, o);
     if (groups_[i].group == Group::adamw) {
       out.emplace_back(spec.name + ".adam_m", m);
       out.emplace_back(spec.name + ".adam_v", adam_v_.window(v_offset_[i], spec.shape));

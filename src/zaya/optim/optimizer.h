@@ -86,13 +86,14 @@ class Optimizer {
   size_t state_bytes() const;
 
  private:
-  // Parameter i's elements in the owned range: [first, last) offsets within the parameter.
+  // Parameter i's elements in the owned range: [first, last) offsets within the parameter, and
+  // whether that is all of it.
   struct Owned {
     int64_t first = 0, last = 0;
+    bool whole = false;
     bool any() const { return last > first; }
   };
   Owned owned(size_t i) const;
-  bool whole(size_t i) const;  // the range holds all of parameter i
   Tensor moment1(size_t i, const Owned& o) const;  // the first moment of parameter i's owned elements
 
   OptimizerConfig cfg_;

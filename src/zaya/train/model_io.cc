@@ -10,11 +10,7 @@ namespace fs = std::filesystem;
 
 std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m) {
   std::vector<ckpt::SaveItem> items;
-  const auto& specs = m.specs();
-  for (size_t i = 0; i < specs.size(); ++i) items.push_back({specs[i].name, m.param(static_cast<int>(i)), {}, {}});
-  const Tensor& beta = m.balancing_biases();
-  for (int64_t l = 0; l < m.config().num_hidden_layers; ++l)
-    items.push_back({model::balancing_bias_name(static_cast<int>(l)), beta.select(l), {}, {}});
+  for (auto& [name, t] : m.weights()) items.push_back({name, t, {}, {}});
   return items;
 }
 
@@ -22,16 +18,9 @@ void load_weights(const ckpt::Checkpoint& c, model::ZayaModel& m) {
   // The checksums say the bytes are the ones written; the finiteness check says they are usable
   // (a checkpoint written from non-finite weights verifies but cannot train or evaluate).
   const std::string where = (c.dir() / "manifest.json").string();
-  const auto& specs = m.specs();
-  for (size_t i = 0; i < specs.size(); ++i) {
-    c.load(specs[i].name, m.param(static_cast<int>(i)));
-    ckpt::require_finite(m.param(static_cast<int>(i)), specs[i].name, where);
-  }
-  const Tensor& beta = m.balancing_biases();
-  for (int64_t l = 0; l < m.config().num_hidden_layers; ++l) {
-    const std::string name = model::balancing_bias_name(static_cast<int>(l));
-    c.load(name, beta.select(l));
-    ckpt::require_finite(beta.select(l), name, where);
+  for (const auto& [name, t] : m.weights()) {
+    c.load(name, t);
+    ckpt::require_finite(t, name, where);
   }
 }
 

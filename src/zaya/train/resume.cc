@@ -61,9 +61,22 @@ fs::path prepare_resume(const fs::path& out_dir, const std::string& resume, bool
                     ", run the same command with `--resume ", resume, " --rewind`, which moves ", step_names(newer),
                     " aside into ", (out_dir / "rewound-<time>").string(), "/ (kept, not deleted)"));
   if (!newer.empty()) {
-    const fs::path folder = ckpt::move_steps_aside(out_dir, newer, "rewound");
-    log_warn("--rewind: moved ", step_names(newer), " into ", folder.string(), " (kept); continuing from step ",
-             p.step);
+    // `latest` first, then the newer steps aside (as ckpt::rewind_to does): a kill in between
+    // leaves `latest` naming a checkpoint that is still there.
+    if (own) {
+      ckpt::rewind_to(out_dir, p.step);
+    } else {  // another directory's checkpoint: `latest` names this run's newest one that stays
+      std::vector<int64_t> kept;
+      for (int64_t s : ckpt::list_steps(out_dir))
+        if (s <= p.step) kept.push_back(s);
+      if (kept.empty())
+        fs::remove(out_dir / "latest");
+      else
+        ckpt::write_file_atomic(out_dir / "latest", ckpt::step_dir_name(kept.back()) + "\n");
+      ckpt::move_steps_aside(out_dir, newer, "rewound");
+    }
+    log_warn("--rewind: moved ", step_names(newer), " into ", (out_dir / "rewound-<time>").string(),
+             " (kept); continuing from step ", p.step);
   } else if (rewind) {
     log_info("--rewind: ", out_dir.string(), " holds no checkpoint newer than step ", p.step, "; nothing to move");
   }
@@ -75,14 +88,6 @@ fs::path prepare_resume(const fs::path& out_dir, const std::string& resume, bool
                same_directory(where, out_dir) ? "newest checkpoint that verifies" : "checkpoint asked for",
                ": resuming from ", chosen, " and pointing `latest` at it");
     ckpt::write_file_atomic(out_dir / "latest", chosen + "\n");
-  } else if (!own && !newer.empty()) {
-    // Resuming from another directory's checkpoint after a rewind: `latest` must not name a
-    // checkpoint that was moved aside (the first save here sets it again).
-    const std::vector<int64_t> left = ckpt::list_steps(out_dir);
-    if (left.empty())
-      fs::remove(out_dir / "latest");
-    else
-      ckpt::write_file_atomic(out_dir / "latest", ckpt::step_dir_name(left.back()) + "\n");
   }
   return p.dir;
 }

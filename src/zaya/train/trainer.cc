@@ -113,10 +113,12 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   if (!cfg_.data.val.empty())
     val_data_ = std::make_unique<data::DataLoader>(std::vector<data::DatasetSpec>{{cfg_.data.val, 1.0}},
                                                    t.seq_len, cfg_.data.seed + 1);
-  // Every token id of every dataset inside the vocabulary, checked now (one scan of each .bin, cached
-  // beside large ones) rather than when a batch reaches a bad one hours into the run.
-  data::check_token_ranges(cfg_.data.train, cfg_.model.vocab_size);
-  if (!cfg_.data.val.empty()) data::check_token_range(cfg_.data.val, cfg_.model.vocab_size);
+  // Every token id of every dataset inside the vocabulary, checked now on the loaders' open datasets
+  // (one scan of each .bin, cached beside large ones) rather than when a batch reaches a bad one
+  // hours into the run.
+  for (int d = 0; d < train_data_->num_datasets(); ++d)
+    data::check_token_range(train_data_->dataset(d), cfg_.model.vocab_size);
+  if (val_data_) data::check_token_range(val_data_->dataset(0), cfg_.model.vocab_size);
   // Every phase's loaders are built once here so that a dataset too short for a later phase's
   // sequence length fails now, not at a transition hours into the run (the loader checks it).
   for (size_t p = 0; p < cfg_.recipe.phases.size(); ++p) {
@@ -151,7 +153,9 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   writer_ = std::make_unique<ckpt::CheckpointWriter>(t.out_dir, w);
 
   if (!opts_.resume.empty()) {
-    restore(prepare_resume(t.out_dir, opts_.resume, opts_.rewind).string());
+    // prepare_resume verified every checksum of the checkpoint it picked, and the run lock keeps it
+    // unchanged since: its load need not hash it again.
+    restore(prepare_resume(t.out_dir, opts_.resume, opts_.rewind).string(), /*verified=*/true);
   } else if (!t.init_from.empty()) {
     // A start point: weights only (an imported HF model or another run's checkpoint); the
     // optimizer, data and schedule start fresh.
@@ -359,9 +363,10 @@ void Trainer::check_config_change(const nlohmann::json& state, const std::string
               {.file = cfg_.source});
 }
 
-void Trainer::restore(const std::string& where) {
+void Trainer::restore(const std::string& where, bool verified) {
   fs::path dir = ckpt::Checkpoint::resolve(where);
   ckpt::Checkpoint c(dir);
+  c.verify_on_load = !verified;
   const nlohmann::json& s = c.manifest().state;
   ZAYA_CHECK(s.value("format", "") == "zaya-train-1", dir.string(), ": not a zaya training checkpoint");
   check_config_change(s, dir.string());

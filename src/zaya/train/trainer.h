@@ -64,7 +64,8 @@ class Trainer {
  private:
   void print_summary() const;
   void lock_run_dir();
-  void restore(const std::string& dir);
+  // `verified`: every checksum of the checkpoint was just checked, so loading skips them.
+  void restore(const std::string& dir, bool verified);
   TrainResult finished_run() const;
   std::string save(bool wait);
   nlohmann::json state_json() const;

@@ -17,6 +17,7 @@
 
 #include "zaya/core/cpu_caches.h"
 #include "zaya/ops/cpu/seq_vec.h"
+#include "zaya/ops/elementwise_math.h"
 #include "zaya/ops/gemm.h"
 
 namespace zaya::ops::cpu {
@@ -312,8 +313,9 @@ namespace {
 // with x < −88 (expf_fast saturates at ~1.7e38) came out below float's normal range, and x86 runs
 // such operations through microcode assists. SwiGLU with gate pre-activations near −100 (a token
 // with a massive activation in one channel) ran 10× slower forward and 12× backward, GELU's
-// backward at −30 ~6× (docs/results/ops-cpu.md, "Activations: subnormal tails").
-constexpr float kTail = -80.0f;
+// backward at −30 ~6× (docs/results/ops-cpu.md, "Activations: subnormal tails"). The constants are
+// the ones the CUDA kernels use (ops/elementwise_math.h), so both devices cut the tails alike.
+using math::kTail;
 // expf_fast (vectorizable; libm's expf is a scalar call) — SwiGLU runs over every expert row.
 inline float sigmoid(float x) {
   const float s = 1.0f / (1.0f + cpu::expf_fast(-std::max(x, kTail)));
@@ -340,8 +342,8 @@ inline __m256 silu_grad_v8(__m256 x, __m256 s) {
   return _mm256_mul_ps(s, _mm256_fmadd_ps(x, _mm256_sub_ps(one, s), one));
 }
 #endif
-constexpr float kInvSqrt2 = 0.70710678118654752f;
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+using math::kInvSqrt2;
+using math::kInvSqrt2Pi;
 
 // Applies out[i] = f(i) over n elements. Threads take fixed chunks; each chunk is a plain counted
 // loop over an inlined f, which the compiler vectorizes (f must be branch-free: expf_fast/erf_fast,
