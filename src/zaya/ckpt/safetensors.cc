@@ -58,6 +58,7 @@ std::optional<DType> st_to_dtype(std::string_view name) {
   if (name == "I32") return DType::i32;
   if (name == "I64") return DType::i64;
   if (name == "U8") return DType::u8;
+  if (name == "F64") return DType::f64;
   return std::nullopt;
 }
 
@@ -68,6 +69,7 @@ std::string dtype_to_st(DType t) {
     case DType::i32: return "I32";
     case DType::i64: return "I64";
     case DType::u8: return "U8";
+    case DType::f64: return "F64";
   }
   ZAYA_ASSERT(false, "unknown DType");
 }
