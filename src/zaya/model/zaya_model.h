@@ -102,6 +102,9 @@ class ZayaModel {
   // buckets start their reductions while the backward goes on.
   using GradReadyFn = std::function<void(int64_t begin, int64_t end)>;
   void backward(const GradReadyFn& ready = {});
+  // The ranges backward reports to `ready`, in the order it reports them (the same every backward):
+  // what a data-parallel bucket plan is built from.
+  std::vector<std::pair<int64_t, int64_t>> ready_order() const;
   // Layer l's parameters as one flat range [begin, end) (they are contiguous in the buffers).
   std::pair<int64_t, int64_t> layer_range(int l) const { return layer_ranges_.at(static_cast<size_t>(l)); }
 

@@ -9,17 +9,12 @@
 #include "zaya/core/threads.h"
 #include "zaya/ops/optim_ops.h"
 #include "zaya/optim/muon.h"
+#include "zaya/optim/shard_plan.h"
 
 namespace zaya::optim {
 namespace {
 
 DType ns_dtype(const OptimizerConfig& c) { return c.muon_ns_bf16 ? DType::bf16 : DType::f32; }
-
-// Newton–Schulz FLOPs of one r×c matrix per step (X·Xᵀ, A·A, B·X with r ≤ c): the largest-first key.
-double ns_flops(int64_t rows, int64_t cols) {
-  const double r = static_cast<double>(std::min(rows, cols)), c = static_cast<double>(std::max(rows, cols));
-  return 4.0 * r * r * c + 2.0 * r * r * r;
-}
 
 // One thread's share of the side-by-side scratch, rounded to 16 floats so that threads' windows
 // start on their own cache lines.
@@ -57,7 +52,7 @@ Optimizer::Optimizer(const OptimizerConfig& config, const ParamTable& table, Sha
                  specs[i].name, g.count > 1 ? str(" [expert ", e, "]") : std::string(), " (elements [",
                  table_.offsets[i] + m0, ", ", table_.offsets[i] + m1,
                  ")); a Muon matrix needs a whole owner (move the range to a matrix boundary)");
-      if (in) muon_items_.push_back({static_cast<int>(i), e, ns_flops(g.rows, g.cols)});
+      if (in) muon_items_.push_back({static_cast<int>(i), e, newton_schulz_flops(g.rows, g.cols)});
     }
     stack_scratch_ = std::max(stack_scratch_, muon_scratch_elems(g.rows, g.cols, g.count, ns_dtype(cfg_)));
     per_matrix_scratch_ = std::max(per_matrix_scratch_, muon_scratch_elems(g.rows, g.cols, 1, ns_dtype(cfg_)));
@@ -215,8 +210,11 @@ void Optimizer::muon_matrices_side_by_side(MuonHyper mh, int threads) {
       MuonHyper h = mh;
       h.weight_decay = g.weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
       Tensor p = table_.param(i), gr = table_.grad(i);
-      Tensor m = moment1_.window(table_.offsets[i] - range_.begin, shape);
-      if (shape.ndim() == 3) p = p.select(it.matrix), gr = gr.select(it.matrix), m = m.select(it.matrix);
+      // The momentum of this matrix alone: a shard may own only some of an expert stack's matrices.
+      const int64_t per = g.rows * g.cols;
+      Tensor m = moment1_.window(table_.offsets[i] + it.matrix * per - range_.begin,
+                                 shape.ndim() == 3 ? Shape{g.rows, g.cols} : shape);
+      if (shape.ndim() == 3) p = p.select(it.matrix), gr = gr.select(it.matrix);
       muon_update_on_this_thread(p, gr, m, scratch, h);
     }
   }
@@ -260,6 +258,54 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() {
     out.emplace_back(b + ".adam_v", balancer_.v().select(l));
   }
   return out;
+}
+
+std::vector<Optimizer::StatePart> Optimizer::state_parts() {
+  step_t_.data<int64_t>()[0] = step_;
+  balance_step_t_.data<int64_t>()[0] = balancer_.steps();
+  std::vector<StatePart> out;
+  auto whole = [](const std::string& name, const Tensor& t) {
+    return StatePart{name, t, std::vector<int64_t>(t.shape().begin(), t.shape().end()),
+                     std::vector<int64_t>(static_cast<size_t>(t.ndim()), 0), /*replicated=*/true};
+  };
+  out.push_back(whole("optim.step", step_t_));
+  out.push_back(whole("optim.balance_step", balance_step_t_));
+  for (size_t i = 0; i < table_.specs.size(); ++i) {
+    const Owned o = owned(i);
+    if (!o.any()) continue;
+    const model::ParamSpec& spec = table_.specs[i];
+    // The owned elements as rows [first/unit, last/unit) of the leading dimension.
+    std::vector<int64_t> global(spec.shape.begin(), spec.shape.end()), offsets(global.size(), 0), shape = global;
+    if (!o.whole) {
+      const int64_t unit = spec.shape.numel() / spec.shape[0];
+      ZAYA_CHECK(o.first % unit == 0 && o.last % unit == 0, "Optimizer::state_parts: the shard range [", range_.begin,
+                 ", ", range_.end, ") cuts a row of ", spec.name, "; a sharded checkpoint needs whole rows");
+      offsets[0] = o.first / unit;
+      shape[0] = (o.last - o.first) / unit;
+    }
+    const Shape part = Shape::of(shape);
+    const int64_t at = table_.offsets[i] + o.first - range_.begin;
+    if (groups_[i].group == Group::adamw) {
+      out.push_back({spec.name + ".adam_m", moment1_.window(at, part), global, offsets, false});
+      out.push_back({spec.name + ".adam_v", adam_v_.window(v_offset_[i], part), global, offsets, false});
+    } else {
+      out.push_back({spec.name + ".muon_momentum", moment1_.window(at, part), global, offsets, false});
+    }
+  }
+  for (int64_t l = 0; l < balancer_.m().size(0); ++l) {
+    const std::string b = model::balancing_bias_name(static_cast<int>(l));
+    out.push_back(whole(b + ".adam_m", balancer_.m().select(l)));
+    out.push_back(whole(b + ".adam_v", balancer_.v().select(l)));
+  }
+  return out;
+}
+
+void Optimizer::state_parts_loaded() {
+  const int64_t step = step_t_.data<int64_t>()[0], balance = balance_step_t_.data<int64_t>()[0];
+  ZAYA_CHECK(step >= 0 && balance >= 0, "optimizer state: negative step counter (optim.step ", step,
+             ", optim.balance_step ", balance, ")");
+  step_ = step;
+  balancer_.set_steps(balance);
 }
 
 void Optimizer::load_state(const std::map<std::string, Tensor>& state) {

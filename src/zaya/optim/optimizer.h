@@ -78,6 +78,21 @@ class Optimizer {
   // (a checkpoint also holds the model). A missing name or a shape/dtype mismatch throws, naming it.
   void load_state(const std::map<std::string, Tensor>& state);
 
+  // This optimizer's part of every state tensor (names as above), for sharded checkpoints: views of
+  // the live state with the whole tensor's shape and where the part starts in it. A part of a
+  // parameter cut by the shard range is whole rows of its leading dimension (the shard plan cuts
+  // only there; another cut throws). `replicated` parts (the counters, the balancer's moments) are
+  // the same on every rank: one rank saves them.
+  struct StatePart {
+    std::string name;
+    Tensor tensor;
+    std::vector<int64_t> global_shape, offsets;
+    bool replicated = false;
+  };
+  std::vector<StatePart> state_parts();
+  // After the caller filled every part's tensor in place (from a checkpoint): adopt the counters.
+  void state_parts_loaded();
+
   int64_t steps() const { return step_; }
   const OptimizerConfig& config() const { return cfg_; }
   const GroupSummary& summary() const { return summary_; }

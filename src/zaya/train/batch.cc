@@ -20,10 +20,11 @@ void split_rows(const Tensor& rows, const Tensor& ids, const Tensor& targets) {
   }
 }
 
-EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples) {
+EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples, dist::Communicator* comm) {
   const int64_t B = model.batch(), T = model.seq_len();
   ZAYA_CHECK(loader.seq_len() == T, "evaluation data has sequence length ", loader.seq_len(), ", the model expects ", T);
   ZAYA_CHECK(samples > 0, "evaluate: samples must be positive, found ", samples);
+  const int64_t rank = comm ? comm->rank() : 0, world = comm ? comm->size() : 1;
   // Whole model batches, but never past one epoch of a single dataset: a second epoch would count
   // its sequences twice. The last batch is then partial; its missing rows have ignored targets.
   int64_t n = (samples + B - 1) / B * B;
@@ -31,22 +32,28 @@ EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t s
   Tensor rows = Tensor::empty({B, T + 1}, DType::i32);
   Tensor ids = Tensor::empty({B, T}, DType::i32), targets = Tensor::empty({B, T}, DType::i32);
   const int64_t full = n / B, last = n % B;
-  double sum = 0;  // of the full batches' mean losses
-  for (int64_t k = 0; k < full; ++k) {
+  double sums[2] = {0, 0};  // of the full batches' mean losses; the partial batch's mean loss
+  for (int64_t k = rank; k < full; k += world) {
     for (int64_t i = 0; i < B; ++i) loader.sample(k * B + i, rows.data<int32_t>() + i * (T + 1));
     split_rows(rows, ids, targets);
-    sum += model.forward(ids, targets, /*for_backward=*/false);  // every batch has B*T targets
+    sums[0] += model.forward(ids, targets, /*for_backward=*/false);  // every batch has B*T targets
   }
-  EvalResult r;
-  if (last == 0) {
-    r.loss = sum / static_cast<double>(full);
-  } else {
+  if (last != 0 && full % world == rank) {
     for (int64_t i = 0; i < B; ++i) loader.sample(full * B + std::min(i, last - 1), rows.data<int32_t>() + i * (T + 1));
     split_rows(rows, ids, targets);
     std::fill(targets.data<int32_t>() + last * T, targets.data<int32_t>() + B * T, -100);  // ignored rows
-    const double part = model.forward(ids, targets, /*for_backward=*/false);  // mean over last*T targets
-    r.loss = (sum * static_cast<double>(B) + part * static_cast<double>(last)) / static_cast<double>(n);
+    sums[1] = model.forward(ids, targets, /*for_backward=*/false);  // mean over last*T targets
   }
+  if (world > 1) {
+    double total[2];
+    comm->all_reduce(sums, total, 2, DType::f64);
+    sums[0] = total[0], sums[1] = total[1];
+  }
+  EvalResult r;
+  if (last == 0)
+    r.loss = sums[0] / static_cast<double>(full);
+  else
+    r.loss = (sums[0] * static_cast<double>(B) + sums[1] * static_cast<double>(last)) / static_cast<double>(n);
   r.perplexity = std::exp(r.loss);
   r.tokens = n * T;
   return r;

@@ -5,6 +5,7 @@
 
 #include "zaya/core/tensor.h"
 #include "zaya/data/loader.h"
+#include "zaya/dist/communicator.h"
 #include "zaya/model/zaya_model.h"
 
 namespace zaya::train {
@@ -21,6 +22,9 @@ struct EvalResult {
 // Mean loss over global samples [0, samples) of `loader` (rounded up to whole model batches, but
 // for a one-dataset loader never past its first epoch, so no sample counts twice), in order:
 // deterministic, and the same samples every evaluation. Leaves no gradients behind.
-EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples);
+// With `comm` (data parallelism), rank r evaluates the batches k ≡ r (mod world) and the sums are
+// combined, so every rank returns the same result as one rank would (to summation order).
+EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples,
+                    dist::Communicator* comm = nullptr);
 
 }  // namespace zaya::train

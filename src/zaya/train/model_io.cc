@@ -14,6 +14,32 @@ std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m) {
   return items;
 }
 
+std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m, optim::ShardRange range, bool with_replicated) {
+  const int64_t P = m.params_flat().numel();
+  if (range.end < 0) range.end = P;
+  if (range.begin == 0 && range.end == P && with_replicated) return weight_items(m);
+  std::vector<ckpt::SaveItem> items;
+  const std::vector<std::pair<std::string, Tensor>> weights = m.weights();
+  for (size_t i = 0; i < m.specs().size(); ++i) {
+    const model::ParamSpec& spec = m.specs()[i];
+    const int64_t off = m.param_offset(static_cast<int>(i)), n = spec.shape.numel();
+    const int64_t lo = std::max(off, range.begin) - off, hi = std::min(off + n, range.end) - off;
+    if (hi <= lo) continue;
+    std::vector<int64_t> global(spec.shape.begin(), spec.shape.end()), offsets(global.size(), 0), shape = global;
+    if (hi - lo != n) {
+      const int64_t unit = n / spec.shape[0];
+      ZAYA_CHECK(lo % unit == 0 && hi % unit == 0, "weight_items: the range [", range.begin, ", ", range.end,
+                 ") cuts a row of ", spec.name);
+      offsets[0] = lo / unit;
+      shape[0] = (hi - lo) / unit;
+    }
+    items.push_back({spec.name, m.params_flat().window(off + lo, Shape::of(shape)), global, offsets});
+  }
+  if (with_replicated)
+    for (size_t i = m.specs().size(); i < weights.size(); ++i) items.push_back({weights[i].first, weights[i].second, {}, {}});
+  return items;
+}
+
 void load_weights(const ckpt::Checkpoint& c, model::ZayaModel& m) {
   // The checksums say the bytes are the ones written; the finiteness check says they are usable
   // (a checkpoint written from non-finite weights verifies but cannot train or evaluate).

@@ -13,11 +13,16 @@
 #include "zaya/ckpt/reader.h"
 #include "zaya/ckpt/writer.h"
 #include "zaya/model/zaya_model.h"
+#include "zaya/optim/param_table.h"
 
 namespace zaya::train {
 
 // The parameters and balancing biases of `m`, named as in Hugging Face, ready to save.
 std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m);
+// One data-parallel rank's share of them: the rows of each parameter inside `range` of the flat
+// buffer (whole rows of the leading dimension, as the ZeRO-1 shard plan cuts), and the balancing
+// biases (the same on every rank) only `with_replicated`.
+std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m, optim::ShardRange range, bool with_replicated);
 // Copies parameters and balancing biases from a checkpoint into `m` (same config).
 void load_weights(const ckpt::Checkpoint& c, model::ZayaModel& m);
 // The model config stored in a checkpoint's state ("model_config", transformers schema).

@@ -93,12 +93,17 @@ ParallelConfig read_parallel(ConfigReader& r) {
   r.get("parallel.dp", p.dp);
   r.get("parallel.cp", p.cp);
   r.get("parallel.bucket_mb", p.bucket_mb);
+  r.get("parallel.grad_reduce", p.grad_reduce);
+  r.get("parallel.timeout_s", p.timeout_s);
   need(p.device == "cpu" || p.device == "cuda", r.file(), "parallel.device", "\"cpu\" or \"cuda\"",
        "\"" + p.device + "\"");
   need(p.dp >= 0, r.file(), "parallel.dp", ">= 1, or 0 for the world size / parallel.cp", std::to_string(p.dp));
   need(p.cp >= 1, r.file(), "parallel.cp", ">= 1", std::to_string(p.cp));
   need(p.bucket_mb > 0 && p.bucket_mb <= 4096, r.file(), "parallel.bucket_mb", "in (0, 4096] MiB",
        std::to_string(p.bucket_mb));
+  need(p.grad_reduce == "f32" || p.grad_reduce == "bf16" || p.grad_reduce == "f64", r.file(), "parallel.grad_reduce",
+       "\"f32\", \"bf16\" or \"f64\"", "\"" + p.grad_reduce + "\"");
+  need(p.timeout_s > 0, r.file(), "parallel.timeout_s", "> 0 seconds", std::to_string(p.timeout_s));
   return p;
 }
 

@@ -69,6 +69,12 @@ struct ParallelConfig {
   // Gradient bucket size for the data-parallel reductions, in MiB: buckets are reduced as soon as
   // backward fills them, while it goes on.
   double bucket_mb = 32;
+  // How gradients are summed over micro-batches and ranks (train/grad_sync.h): "f32", "bf16"
+  // (half the bytes on the wire) or "f64" (order-independent: N ranks train bitwise like one).
+  std::string grad_reduce = "f32";
+  // A collective that has not completed after this long names the ranks that never arrived and
+  // stops every rank.
+  double timeout_s = 300;
 };
 
 struct RunConfig {

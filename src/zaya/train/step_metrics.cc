@@ -49,6 +49,13 @@ nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, do
                           {"optimizer", r.time.optimizer},
                           {"checkpoint_fence", r.time.checkpoint_fence},
                           {"step", r.time.step}}}};
+  if (r.time.sync.buckets > 0)
+    rec["data_parallel"] = {{"buckets", r.time.sync.buckets},
+                            {"comm", r.time.sync.comm_s},
+                            {"hidden", r.time.sync.hidden_s},
+                            {"exposed", r.time.sync.exposed_s},
+                            {"hidden_fraction", r.time.sync.hidden_fraction()},
+                            {"param_gather", r.time.sync.gather_s}};
   rec["expert_entropy"] = loads.entropy;
   rec["expert_max_load"] = loads.max_load;
   rec["expert_min_load"] = loads.min_load;

@@ -12,12 +12,11 @@ using Clock = std::chrono::steady_clock;
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 }  // namespace
 
-TrainStep::TrainStep(model::ZayaModel& model, optim::Optimizer& optimizer, dist::Communicator& comm)
-    : model_(model), optimizer_(optimizer), comm_(comm) {
-  // Until data parallelism lands, the step has no gradient reduction: refuse a larger world
-  // rather than let each rank train alone (the trainer says so at start with a clearer message).
-  ZAYA_CHECK(comm_.size() == 1, "TrainStep: a world of ", comm_.size(),
-             " ranks needs data-parallel gradient reduction, which is not built yet");
+TrainStep::TrainStep(model::ZayaModel& model, optim::Optimizer& optimizer, dist::Communicator& comm,
+                     GradientSync* sync)
+    : model_(model), optimizer_(optimizer), comm_(comm), sync_(sync) {
+  ZAYA_CHECK(comm_.size() == 1 || sync_, "TrainStep: a data-parallel group of ", comm_.size(),
+             " ranks needs a GradientSync to reduce the gradients");
   shape_batch();
 }
 
@@ -33,17 +32,27 @@ StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double 
   ZAYA_CHECK(micro_batches > 0, "TrainStep::run: micro_batches must be positive, found ", micro_batches);
   if (rows_.size(1) != model_.seq_len() + 1 || rows_.size(0) != model_.batch()) shape_batch();
   const int64_t L = model_.config().num_hidden_layers;
+  const int world = comm_.size();
   StepResult r;
   r.skipped.assign(static_cast<size_t>(L), 0);
+  std::vector<double> losses;  // this rank's micro-batch losses, in order
   const auto start = Clock::now();
   for (int64_t micro = 0; micro < micro_batches; ++micro) {
+    const bool last = micro + 1 == micro_batches;
     const auto t0 = Clock::now();
-    data.next_batch(comm_.rank(), comm_.size(), rows_);
+    // Micro-batch `micro` of rank r is global micro-batch micro·world + r: the step's samples do
+    // not depend on the world size.
+    data.next_batch(comm_.rank(), world, rows_);
     split_rows(rows_, ids_, targets_);
     const auto t1 = Clock::now();
-    r.loss += model_.forward(ids_, targets_) / static_cast<double>(micro_batches);
+    losses.push_back(model_.forward(ids_, targets_));
     const auto t2 = Clock::now();
-    model_.backward();
+    if (sync_) {
+      model_.backward(sync_->ready_fn(last));
+      sync_->end_backward(last);
+    } else {
+      model_.backward();
+    }
     const auto t3 = Clock::now();
     model_.add_expert_counts(r.expert_counts);
     const std::vector<model::RouterStats> stats = model_.router_stats();
@@ -52,19 +61,44 @@ StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double 
     r.time.forward += seconds(t1, t2);
     r.time.backward += seconds(t2, t3);
   }
-  // The gradient-sync point. Gradients were summed over micro-batches of equal token counts:
-  // average them. (Data parallelism reduces them across ranks here.)
-  if (micro_batches > 1) ops::scale_inplace(model_.grads_flat(), 1.0f / static_cast<float>(micro_batches));
-  r.sequences = micro_batches * model_.batch() * comm_.size();
+  // The gradient-sync point: the mean gradient over every rank's micro-batches of equal token
+  // counts (in the owned range, with data parallelism).
+  const int64_t total = micro_batches * world;
+  if (sync_) {
+    sync_->finish(total);
+  } else if (micro_batches > 1) {
+    ops::scale_inplace(model_.grads_flat(), 1.0f / static_cast<float>(micro_batches));
+  }
+  if (world > 1) {
+    // The step's loss summed in global micro-batch order (as one rank sums it), and the global
+    // expert loads for the metrics and the balancer.
+    std::vector<double> all(static_cast<size_t>(total));
+    comm_.host_all_gather(losses.data(), all.data(), losses.size() * sizeof(double));
+    losses.assign(static_cast<size_t>(total), 0.0);
+    for (int rank = 0; rank < world; ++rank)
+      for (int64_t m = 0; m < micro_batches; ++m)
+        losses[static_cast<size_t>(m * world + rank)] = all[static_cast<size_t>(rank * micro_batches + m)];
+    std::vector<int64_t> counts(r.expert_counts.size() + r.skipped.size());
+    std::copy(r.expert_counts.begin(), r.expert_counts.end(), counts.begin());
+    std::copy(r.skipped.begin(), r.skipped.end(), counts.begin() + static_cast<std::ptrdiff_t>(r.expert_counts.size()));
+    std::vector<int64_t> summed(counts.size());
+    comm_.all_reduce(counts.data(), summed.data(), counts.size(), DType::i64);
+    std::copy(summed.begin(), summed.begin() + static_cast<std::ptrdiff_t>(r.expert_counts.size()), r.expert_counts.begin());
+    std::copy(summed.begin() + static_cast<std::ptrdiff_t>(r.expert_counts.size()), summed.end(), r.skipped.begin());
+  }
+  for (double l : losses) r.loss += l / static_cast<double>(total);
+  r.sequences = total * model_.batch();
   r.tokens = r.sequences * model_.seq_len();
 
   r.time.checkpoint_fence = fence ? fence() : 0.0;
   const auto t_opt = Clock::now();
   r.update = optimizer_.step(lr);
+  if (sync_) sync_->gather_params();
   optimizer_.balance_step(r.expert_counts, lr);
   const auto end = Clock::now();
   r.time.optimizer = seconds(t_opt, end);
   r.time.step = seconds(start, end);
+  if (sync_) r.time.sync = sync_->times();
   return r;
 }
 

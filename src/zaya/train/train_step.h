@@ -13,11 +13,13 @@
 #include "zaya/dist/communicator.h"
 #include "zaya/model/zaya_model.h"
 #include "zaya/optim/optimizer.h"
+#include "zaya/train/grad_sync.h"
 
 namespace zaya::train {
 
 struct StepTimes {
   double data = 0, forward = 0, backward = 0, optimizer = 0, checkpoint_fence = 0, step = 0;  // seconds
+  SyncTimes sync;  // the data-parallel reductions (zero without a GradientSync)
 };
 
 struct StepResult {
@@ -32,9 +34,14 @@ struct StepResult {
 
 class TrainStep {
  public:
-  TrainStep(model::ZayaModel& model, optim::Optimizer& optimizer, dist::Communicator& comm);
+  // `comm` is the data-parallel group. `sync` (required when it has more than one rank) reduces the
+  // gradients and gathers the updated parameters; without it the step's gradients are this
+  // rank's alone.
+  TrainStep(model::ZayaModel& model, optim::Optimizer& optimizer, dist::Communicator& comm,
+            GradientSync* sync = nullptr);
 
-  // `micro_batches` micro-batches from `data` (rows for this rank), then the update with learning
+  // `micro_batches` micro-batches from `data` (rows for this rank; the step's global batch is
+  // micro_batches × the model's batch × comm.size()), then the update with learning
   // rate `lr`. `fence` runs just before the update and returns the seconds it waited (a deferred
   // checkpoint snapshot must finish copying the weights first).
   StepResult run(data::DataLoader& data, int64_t micro_batches, double lr, const std::function<double()>& fence);
@@ -45,6 +52,7 @@ class TrainStep {
   model::ZayaModel& model_;
   optim::Optimizer& optimizer_;
   dist::Communicator& comm_;
+  GradientSync* sync_;
   Tensor rows_, ids_, targets_;  // [B, T+1], [B, T], [B, T] i32
 };
 

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 
 #include "zaya/ckpt/fs_util.h"
@@ -67,8 +68,7 @@ extern "C" void on_stop_signal(int sig) {
              : "\nzaya train: stop signal again: still saving the checkpoint (a third signal ends without it)\n");
 }
 
-// The world this process belongs to, against [parallel], before anything is loaded: a world
-// larger than one rank must not train silently as several copies of one run into one directory.
+// The world this process belongs to, against [parallel], before anything is loaded.
 void check_parallel(RunConfig& c) {
   ParallelConfig& p = c.parallel;
   const int world = dist::launcher_world_size();
@@ -78,13 +78,19 @@ void check_parallel(RunConfig& c) {
                     " ranks, but this process was launched in a world of ", world,
                     world == 1 ? " (launch the ranks with mpirun -np N or srun)" : ""),
                 {.file = c.source, .field = "parallel.dp"});
-  if (world > 1)
-    throw Error(str("data-parallel training is not built yet: this process is rank ", dist::launcher_rank(), " of ",
-                    world, "; run `zaya train` as one process (without mpirun or srun) until it lands"),
-                {.file = c.source, .field = "parallel.dp"});
+  if (p.cp > 1)
+    throw Error("context parallelism is not built yet; use parallel.cp = 1",
+                {.file = c.source, .field = "parallel.cp", .found = std::to_string(p.cp)});
   if (p.device == "cuda")
     throw Error("training on a GPU is not built yet (the model's CUDA kernels come first); use \"cpu\"",
                 {.file = c.source, .field = "parallel.device", .found = "\"cuda\""});
+  // Every recipe phase's global batch must split into whole micro-batches on every rank.
+  for (const optim::Phase& ph : c.recipe.phases)
+    if (ph.batch_size % (c.train.micro_batch * p.dp) != 0)
+      throw Error(str("recipe phase '", ph.name, "' has a batch of ", ph.batch_size,
+                      " sequences, which does not split into micro-batches of ", c.train.micro_batch, " over ", p.dp,
+                      " data-parallel ranks (it must be a multiple of ", c.train.micro_batch * p.dp, ")"),
+                  {.file = c.source, .field = "recipe"});
 }
 
 }  // namespace
@@ -103,8 +109,14 @@ void install_stop_handlers(std::atomic<bool>* flag) {
 Trainer::Trainer(RunConfig config, TrainOptions options)
     : cfg_(std::move(config)), opts_(std::move(options)) {
   check_parallel(cfg_);
+  const dist::Options comm_options{.timeout_s = cfg_.parallel.timeout_s};
+  comm_ = dist::launcher_world_size() > 1 ? dist::make_mpi_communicator(comm_options)
+                                          : dist::make_local_communicator(comm_options);
+  set_log_rank(comm_->rank(), comm_->size());
+  // One rank speaks for the run; the others report only warnings and errors.
+  if (!rank0() && log_level() < LogLevel::warn) set_log_level(LogLevel::warn);
+  mesh_ = std::make_unique<dist::Mesh>(*comm_, static_cast<int>(cfg_.parallel.dp), static_cast<int>(cfg_.parallel.cp));
   lock_run_dir();
-  comm_ = dist::make_local_communicator();
   const auto& t = cfg_.train;
   train_data_ = std::make_unique<data::DataLoader>(cfg_.data.train, t.seq_len, cfg_.data.seed);
   for (int d = 0; d < train_data_->num_datasets(); ++d)
@@ -143,7 +155,22 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
           "train.gemm_dtype = \"bf16\": this CPU has no native bf16 matmul (avx512_bf16 or AMX), so "
           "the bf16 GEMMs run in f32 on widened copies, slower than train.gemm_dtype = \"f32\"");
   }
-  optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, optim::ParamTable::of(*model_));
+  const optim::ParamTable table = optim::ParamTable::of(*model_);
+  plan_ = optim::plan_shards(table, cfg_.optim, dp().size());
+  optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, table, plan_.range(dp().rank()));
+  const GradReduce reduce = parse_grad_reduce(cfg_.parallel.grad_reduce, "parallel.grad_reduce");
+  if (dp().size() > 1 || reduce == GradReduce::f64) {
+    const auto bucket = static_cast<int64_t>(cfg_.parallel.bucket_mb * 1048576.0 / 4);
+    sync_ = std::make_unique<GradientSync>(dp(), plan_, model_->params_flat(), model_->grads_flat(),
+                                           model_->ready_order(), reduce, std::max<int64_t>(bucket, 1));
+    // The clipping norm over every shard. In the f64 mode its square is rounded to f32, so that
+    // the order in which the ranks' parts were summed does not reach the update.
+    optimizer_->set_sum_across_ranks([this, reduce](double x) {
+      double sum = 0;
+      dp().all_reduce(&x, &sum, 1, DType::f64);
+      return reduce == GradReduce::f64 ? static_cast<double>(static_cast<float>(sum)) : sum;
+    });
+  }
 
   ckpt::WriterOptions w;
   w.retention.keep_last = static_cast<int>(cfg_.ckpt.keep_last);
@@ -155,7 +182,23 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   if (!opts_.resume.empty()) {
     // prepare_resume verified every checksum of the checkpoint it picked, and the run lock keeps it
     // unchanged since: its load need not hash it again.
-    restore(prepare_resume(t.out_dir, opts_.resume, opts_.rewind).string(), /*verified=*/true);
+    // Rank 0 picks (and verifies) the checkpoint; every rank loads that one.
+    // Rank 0 picks (and verifies) the checkpoint; every rank loads that one. Rank 0's error, if
+    // any, reaches every rank instead of leaving them waiting.
+    std::string dir, error;
+    std::exception_ptr failed;
+    if (rank0()) {
+      try {
+        dir = prepare_resume(t.out_dir, opts_.resume, opts_.rewind).string();
+      } catch (const std::exception& e) {
+        error = e.what();
+        failed = std::current_exception();
+      }
+    }
+    error = from_rank0(error);
+    if (failed) std::rethrow_exception(failed);
+    if (!error.empty()) throw Error(str("rank 0 could not resume: ", error));
+    restore(from_rank0(dir), /*verified=*/true);
   } else if (!t.init_from.empty()) {
     // A start point: weights only (an imported HF model or another run's checkpoint); the
     // optimizer, data and schedule start fresh.
@@ -174,13 +217,29 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
 // second trainer (fresh or resuming) is refused with the first one's pid, host and start time.
 void Trainer::lock_run_dir() {
   const fs::path out = cfg_.train.out_dir;
-  run_lock_ = std::make_unique<ckpt::RunLock>(out);
+  if (rank0()) run_lock_ = std::make_unique<ckpt::RunLock>(out);
+  comm_->barrier();  // no rank reads the directory before rank 0 holds it
   if (opts_.resume.empty() && (fs::exists(out / "latest") || !ckpt::list_steps(out).empty()))
     throw Error(
         "the output directory already holds checkpoints; resume with --resume, or choose another "
         "train.out_dir",
         {.file = cfg_.source, .field = "train.out_dir", .found = out.string()});
 }
+
+std::string Trainer::from_rank0(const std::string& s) {
+  if (comm_->size() == 1) return s;
+  const int world = comm_->size();
+  int64_t n = static_cast<int64_t>(s.size());
+  std::vector<int64_t> sizes(static_cast<size_t>(world));
+  comm_->host_all_gather(&n, sizes.data(), sizeof n);
+  std::string mine = s;
+  mine.resize(static_cast<size_t>(sizes[0]));
+  std::string all(static_cast<size_t>(sizes[0]) * static_cast<size_t>(world), '\0');
+  comm_->host_all_gather(mine.data(), all.data(), mine.size());
+  return all.substr(0, static_cast<size_t>(sizes[0]));
+}
+
+bool Trainer::any_rank(bool flag) { return comm_->size() == 1 ? flag : comm_->host_max(flag ? 1.0 : 0.0) > 0; }
 
 std::vector<data::DatasetSpec> Trainer::phase_specs(int p) const {
   std::vector<data::DatasetSpec> specs = cfg_.data.train;
@@ -257,17 +316,31 @@ void Trainer::print_summary() const {
                 "parameters: total %.2fM, active %.2fM, embedding %.2fM, non-embedding %.2fM", P / 1e6,
                 n.active / 1e6, n.embedding / 1e6, n.non_embedding / 1e6);
   log_info(line);
-  log_info("memory: weights ", human_bytes(4 * P), " (f32), gradients ", human_bytes(4 * P),
+  log_info("world: ", comm_->size(), " rank", comm_->size() == 1 ? "" : "s", " (", dist::backend_name(comm_->backend()),
+           "), mesh dp ", mesh_->dp_size(), " x cp ", mesh_->cp_size(), "; ", num_threads(), " thread",
+           num_threads() == 1 ? "" : "s", " per rank");
+  if (sync_) {
+    log_info(plan_.str());
+    log_info(sync_->plan_str());
+  }
+  log_info("memory per rank: weights ", human_bytes(4 * P), " (f32), gradients ", human_bytes(4 * P),
+           sync_ && sync_->buffer_bytes() > 0
+               ? str(" + ", human_bytes(static_cast<double>(sync_->buffer_bytes())), " ",
+                     grad_reduce_name(sync_->mode()), " reduction buffer")
+               : std::string(),
            ", optimizer state ", human_bytes(static_cast<double>(optimizer_->state_bytes())),
+           mesh_->dp_size() > 1 ? str(" (this rank's 1/", mesh_->dp_size(), " shard)") : std::string(),
            ", activations ", human_bytes(static_cast<double>(model_->activation_bytes())), " (",
            cfg_.train.micro_batch, "x", cfg_.train.seq_len,
            " tokens per micro-batch); expert and LM-head GEMMs ",
            cfg_.train.gemm_dtype == "bf16" ? "bf16 inputs, f32 accumulation" : "f32");
   log_info("optimizer: ", optimizer_->summary().str());
   if (!cfg_.has_recipe()) {
+    const int64_t tokens = cfg_.tokens_per_step() * mesh_->dp_size();
     log_info("batch: ", cfg_.train.micro_batch, " x ", cfg_.train.seq_len, " x ", cfg_.train.grad_accum,
-             " accumulation = ", cfg_.tokens_per_step(), " tokens per step; ", cfg_.train.steps,
-             " steps = ", cfg_.tokens_per_step() * cfg_.train.steps, " tokens; threads ", num_threads());
+             " accumulation", mesh_->dp_size() > 1 ? str(" x ", mesh_->dp_size(), " ranks") : std::string(), " = ",
+             tokens, " tokens per step; ", cfg_.train.steps, " steps = ", tokens * cfg_.train.steps,
+             " tokens; threads ", num_threads());
     return;
   }
   const optim::Recipe& r = cfg_.recipe;
@@ -313,10 +386,17 @@ nlohmann::json Trainer::state_json() const {
   return s;
 }
 
+std::vector<ckpt::SaveItem> Trainer::save_items() {
+  // This rank's rows of every parameter in its ZeRO-1 range, its optimizer state, and (rank 0)
+  // what every rank holds alike: the balancing biases, the counters, the balancer's moments.
+  std::vector<ckpt::SaveItem> items = weight_items(*model_, plan_.range(dp().rank()), rank0());
+  for (optim::Optimizer::StatePart& p : optimizer_->state_parts())
+    if (!p.replicated || rank0()) items.push_back({p.name, p.tensor, p.global_shape, p.offsets});
+  return items;
+}
+
 std::string Trainer::save(bool wait) {
-  std::vector<ckpt::SaveItem> items = weight_items(*model_);
-  for (auto& [name, t] : optimizer_->state_tensors()) items.push_back({name, t, {}, {}});
-  double stall = writer_->save(step_, items, state_json());
+  double stall = writer_->save(step_, save_items(), state_json());
   if (wait) writer_->wait();
   std::string dir = (fs::path(cfg_.train.out_dir) / ckpt::step_dir_name(step_)).string();
   log_info("checkpoint step ", step_, " -> ", dir, " (training stalled ", static_cast<int>(stall * 1000),
@@ -387,9 +467,9 @@ void Trainer::restore(const std::string& where, bool verified) {
              ": the checkpoint's model config differs from the run config's [model] section",
              cfg_.has_recipe() ? " (with the phase's rope_theta)" : "");
   load_weights(c, *model_);
-  std::map<std::string, Tensor> state;
-  for (auto& [name, t] : optimizer_->state_tensors()) state[name] = c.load_full(name);
-  optimizer_->load_state(state);
+  // This rank's part of every optimizer state tensor, whatever world size wrote them.
+  for (optim::Optimizer::StatePart& p : optimizer_->state_parts()) c.load(p.name, p.tensor, p.offsets);
+  optimizer_->state_parts_loaded();
   step_ = s.at("step").get<int64_t>();
   tokens_ = s.at("tokens").get<int64_t>();
   train_data_->set_state(s.at("data_loader_next_sample").get<int64_t>());
@@ -402,7 +482,7 @@ void Trainer::restore(const std::string& where, bool verified) {
 std::optional<double> Trainer::evaluate_now(const char* when, Progress& progress, MetricsSink& metrics) {
   if (!val_data_) return std::nullopt;
   auto t0 = Clock::now();
-  EvalResult r = evaluate(*model_, *val_data_, cfg_.train.eval_samples);
+  EvalResult r = evaluate(*model_, *val_data_, cfg_.train.eval_samples, &dp());
   if (progress.is_bar()) std::fprintf(stderr, "\n");
   char line[160];
   std::snprintf(line, sizeof line, "validation (%s, step %lld): loss %.4f, perplexity %.2f over %lld tokens (%.1f s)",
@@ -515,13 +595,17 @@ TrainResult Trainer::run() {
   log_info("MFU denominator: measured f32 GEMM peak ", static_cast<int>(peak / 1e9), " GFLOP/s (1024^3, ",
            num_threads(), " threads)");
 
-  MetricsSink metrics((fs::path(t.out_dir) / "metrics.jsonl").string(), /*resume_step=*/step_);
+  // Rank 0 writes the run's metrics; the other ranks' sink is closed.
+  const auto metrics_sink = rank0() ? std::make_unique<MetricsSink>((fs::path(t.out_dir) / "metrics.jsonl").string(),
+                                                                    /*resume_step=*/step_)
+                                    : std::make_unique<MetricsSink>();
+  MetricsSink& metrics = *metrics_sink;
   TrainResult result;
   result.first_step = step_;
   last_real_update_ = step_;
   Progress progress(step_, t.steps, t.progress && !opts_.quiet);
   const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_experts;
-  TrainStep train_step(*model_, *optimizer_, *comm_);
+  TrainStep train_step(*model_, *optimizer_, dp(), sync_.get());
   if (cfg_.has_recipe() && step_ == 0 && step_ < t.steps)
     announce_phase(cfg_.recipe.step_at(tokens_, t.micro_batch).batch_size, progress, metrics);
 
@@ -558,7 +642,7 @@ TrainResult Trainer::run() {
 
     // Evaluation and checkpoint policies.
     const bool stop_requested =
-        (opts_.stop && opts_.stop->load()) ||
+        any_rank(opts_.stop && opts_.stop->load()) ||
         (opts_.stop_after_steps >= 0 && step_ - result.first_step >= opts_.stop_after_steps);
     if (t.eval_every > 0 && step_ % t.eval_every == 0 && step_ < t.steps)
       evaluate_now("periodic", progress, metrics);

@@ -17,7 +17,10 @@
 #include "zaya/ckpt/writer.h"
 #include "zaya/data/loader.h"
 #include "zaya/dist/communicator.h"
+#include "zaya/dist/mesh.h"
 #include "zaya/model/zaya_model.h"
+#include "zaya/optim/shard_plan.h"
+#include "zaya/train/grad_sync.h"
 #include "zaya/optim/optimizer.h"
 #include "zaya/train/progress.h"
 #include "zaya/train/run_config.h"
@@ -64,10 +67,17 @@ class Trainer {
  private:
   void print_summary() const;
   void lock_run_dir();
+  bool rank0() const { return comm_->rank() == 0; }
+  dist::Communicator& dp() { return mesh_->dp(); }
+  // The same string on every rank: rank 0's.
+  std::string from_rank0(const std::string& s);
+  // Whether any rank asks to stop (a signal reaches the ranks at different steps).
+  bool any_rank(bool flag);
   // `verified`: every checksum of the checkpoint was just checked, so loading skips them.
   void restore(const std::string& dir, bool verified);
   TrainResult finished_run() const;
   std::string save(bool wait);
+  std::vector<ckpt::SaveItem> save_items();
   nlohmann::json state_json() const;
   double measure_gemm_peak() const;
   std::optional<double> evaluate_now(const char* when, Progress& progress, MetricsSink& metrics);
@@ -92,7 +102,10 @@ class Trainer {
 
   RunConfig cfg_;
   TrainOptions opts_;
-  std::unique_ptr<dist::Communicator> comm_;
+  std::unique_ptr<dist::Communicator> comm_;  // the world
+  std::unique_ptr<dist::Mesh> mesh_;          // dp × cp over comm_
+  optim::ShardPlan plan_;                     // the ZeRO-1 ranges of the dp ranks
+  std::unique_ptr<GradientSync> sync_;        // dp > 1 or parallel.grad_reduce = "f64"
   // Held from before the run directory is touched until after the last write into it (declared
   // before writer_, so destroyed after it).
   std::unique_ptr<ckpt::RunLock> run_lock_;

@@ -1,0 +1,239 @@
+#include "zaya/train/grad_sync.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "zaya/core/error.h"
+#include "zaya/ops/grad_wire.h"
+#include "zaya/ops/optim_ops.h"
+
+namespace zaya::train {
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+DType wire_dtype(GradReduce m) {
+  switch (m) {
+    case GradReduce::f32: return DType::f32;
+    case GradReduce::bf16: return DType::bf16;
+    case GradReduce::f64: return DType::f64;
+  }
+  return DType::f32;
+}
+}  // namespace
+
+GradReduce parse_grad_reduce(const std::string& name, const std::string& field) {
+  if (name == "f32") return GradReduce::f32;
+  if (name == "bf16") return GradReduce::bf16;
+  if (name == "f64") return GradReduce::f64;
+  throw Error(str(field, " must be \"f32\", \"bf16\" or \"f64\", found \"", name, "\""));
+}
+
+const char* grad_reduce_name(GradReduce r) {
+  switch (r) {
+    case GradReduce::f32: return "f32";
+    case GradReduce::bf16: return "bf16";
+    case GradReduce::f64: return "f64";
+  }
+  return "?";
+}
+
+GradientSync::GradientSync(dist::Communicator& dp, const optim::ShardPlan& plan, const Tensor& params,
+                           const Tensor& grads, std::vector<std::pair<int64_t, int64_t>> ready_order,
+                           GradReduce mode, int64_t bucket_elements)
+    : dp_(dp), plan_(plan), params_(params), grads_(grads), mode_(mode), order_(std::move(ready_order)) {
+  const int64_t P = grads_.numel();
+  ZAYA_CHECK(params_.dtype() == DType::f32 && grads_.dtype() == DType::f32 && params_.numel() == P,
+             "GradientSync: parameters ", params_.str(), " and gradients ", grads_.str(),
+             " must be flat f32 buffers of one size");
+  ZAYA_CHECK(static_cast<int>(plan_.ranks.size()) == dp_.size() && plan_.numel == P, "GradientSync: a plan for ",
+             plan_.ranks.size(), " ranks over ", plan_.numel, " elements, but ", dp_.size(), " ranks over ", P);
+  ZAYA_CHECK(bucket_elements > 0, "GradientSync: bucket size must be positive, found ", bucket_elements);
+  // The reports must tile the buffer, or some gradient would never be reduced.
+  std::vector<std::pair<int64_t, int64_t>> sorted = order_;
+  std::sort(sorted.begin(), sorted.end());
+  int64_t at = 0;
+  for (const auto& [b, e] : sorted) {
+    ZAYA_CHECK(b == at && e >= b, "GradientSync: the model's gradient reports do not tile its buffer: a range [", b,
+               ", ", e, ") where element ", at, " was expected");
+    at = e;
+  }
+  ZAYA_CHECK(at == P, "GradientSync: the model's gradient reports end at ", at, ", its buffer at ", P);
+  // Buckets: consecutive reports that are adjacent in the buffer (backward goes last to first),
+  // closed once they hold bucket_elements or the next report is not adjacent.
+  Bucket cur{0, 0, 0};
+  bool open = false;
+  for (size_t k = 0; k < order_.size(); ++k) {
+    const auto [b, e] = order_[k];
+    if (e == b) continue;
+    if (open && e != cur.begin) {
+      buckets_.push_back(cur);
+      open = false;
+    }
+    if (!open) cur = {b, e, k};
+    cur.begin = std::min(cur.begin, b);
+    cur.end = std::max(cur.end, e);
+    cur.last_report = k;
+    open = true;
+    if (cur.end - cur.begin >= bucket_elements) {
+      buckets_.push_back(cur);
+      open = false;
+    }
+  }
+  if (open) buckets_.push_back(cur);
+  if (mode_ == GradReduce::f64) wide_ = Tensor::zeros(Shape{P}, DType::f64, grads_.device());
+  if (mode_ == GradReduce::bf16) wire_ = Tensor::zeros(Shape{P}, DType::bf16, grads_.device());
+}
+
+std::vector<size_t> GradientSync::counts_of(int64_t begin, int64_t end) const {
+  std::vector<size_t> counts;
+  for (const optim::RankShare& s : plan_.ranks)
+    counts.push_back(static_cast<size_t>(std::max<int64_t>(0, std::min(end, s.end) - std::max(begin, s.begin))));
+  return counts;
+}
+
+model::ZayaModel::GradReadyFn GradientSync::ready_fn(bool last) {
+  next_report_ = 0;
+  if (last) {
+    next_bucket_ = 0;
+    flights_.clear();
+    times_ = {};
+  }
+  return [this, last](int64_t begin, int64_t end) { on_ready(begin, end, last); };
+}
+
+void GradientSync::on_ready(int64_t begin, int64_t end, bool last) {
+  while (next_report_ < order_.size() && order_[next_report_].first == order_[next_report_].second) ++next_report_;
+  ZAYA_CHECK(next_report_ < order_.size() && order_[next_report_] == std::make_pair(begin, end),
+             "GradientSync: backward reported gradients [", begin, ", ", end, ") out of the order its ready_order() gave");
+  if (mode_ == GradReduce::f64)
+    ops::accumulate_wide(wide_.window(begin, Shape{end - begin}), grads_.window(begin, Shape{end - begin}));
+  if (last) {
+    poll();  // MPI progresses non-blocking collectives only inside MPI calls
+    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].last_report == next_report_)
+      start_bucket(buckets_[next_bucket_++]);
+  }
+  ++next_report_;
+}
+
+void GradientSync::start_bucket(const Bucket& b) {
+  const int64_t n = b.end - b.begin;
+  Tensor buf = grads_;
+  if (mode_ == GradReduce::f64) buf = wide_;
+  if (mode_ == GradReduce::bf16) {
+    buf = wire_;
+    ops::to_bf16_wire(wire_.window(b.begin, Shape{n}), grads_.window(b.begin, Shape{n}));
+  }
+  const std::vector<size_t> counts = counts_of(b.begin, b.end);
+  size_t before = 0;
+  for (int r = 0; r < dp_.rank(); ++r) before += counts[static_cast<size_t>(r)];
+  const size_t es = dtype_size(buf.dtype());
+  std::byte* send = static_cast<std::byte*>(buf.raw()) + static_cast<size_t>(b.begin) * es;
+  InFlight f;
+  f.issued = Clock::now();
+  f.work = dp_.start_reduce_scatter_v(send, send + before * es, counts, buf.dtype());
+  flights_.push_back(std::move(f));
+  ++times_.buckets;
+}
+
+void GradientSync::poll() {
+  for (InFlight& f : flights_)
+    if (!f.complete && f.work.test()) {
+      f.complete = true;
+      f.done = Clock::now();
+    }
+}
+
+void GradientSync::end_backward(bool last) {
+  while (next_report_ < order_.size() && order_[next_report_].first == order_[next_report_].second) ++next_report_;
+  ZAYA_CHECK(next_report_ == order_.size(), "GradientSync: backward ended after ", next_report_, " of ",
+             order_.size(), " gradient reports");
+  if (last) {
+    ZAYA_CHECK(next_bucket_ == buckets_.size(), "GradientSync: ", buckets_.size() - next_bucket_,
+               " buckets were never started");
+    backward_end_ = Clock::now();
+  }
+}
+
+void GradientSync::finish(int64_t micro_batches_total) {
+  ZAYA_CHECK(micro_batches_total > 0, "GradientSync::finish: micro-batch count must be positive, found ",
+             micro_batches_total);
+  for (InFlight& f : flights_)
+    if (!f.complete) {
+      f.work.wait();
+      f.complete = true;
+      f.done = Clock::now();
+    }
+  const auto all_done = Clock::now();
+  // The union of the bucket spans, split at the end of backward.
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;
+  for (const InFlight& f : flights_) spans.emplace_back(f.issued, f.done);
+  std::sort(spans.begin(), spans.end());
+  Clock::time_point cur_b{}, cur_e{};
+  bool have = false;
+  auto close = [&] {
+    if (!have) return;
+    times_.comm_s += seconds(cur_b, cur_e);
+    times_.hidden_s += std::max(0.0, seconds(cur_b, std::min(cur_e, backward_end_)));
+  };
+  for (const auto& [b, e] : spans) {
+    if (have && b <= cur_e) {
+      cur_e = std::max(cur_e, e);
+      continue;
+    }
+    close();
+    cur_b = b, cur_e = e, have = true;
+  }
+  close();
+  times_.exposed_s = std::max(0.0, seconds(backward_end_, all_done));
+
+  const optim::RankShare& mine = plan_.ranks[static_cast<size_t>(dp_.rank())];
+  const int64_t n = mine.elements();
+  const double scale = 1.0 / static_cast<double>(micro_batches_total);
+  if (mode_ == GradReduce::f64) {
+    // Everything but the owned range holds partial sums: clear it for the next step.
+    if (mine.begin > 0) wide_.window(0, Shape{mine.begin}).zero_();
+    if (mine.end < wide_.numel()) wide_.window(mine.end, Shape{wide_.numel() - mine.end}).zero_();
+    if (n > 0) ops::narrow_scaled(grads_.window(mine.begin, Shape{n}), wide_.window(mine.begin, Shape{n}), scale);
+  } else if (mode_ == GradReduce::bf16) {
+    if (n > 0)
+      ops::from_bf16_wire(grads_.window(mine.begin, Shape{n}), wire_.window(mine.begin, Shape{n}),
+                          static_cast<float>(scale));
+  } else if (n > 0 && micro_batches_total > 1) {
+    ops::scale_inplace(grads_.window(mine.begin, Shape{n}), static_cast<float>(scale));
+  }
+}
+
+void GradientSync::gather_params() {
+  const auto t0 = Clock::now();
+  std::vector<size_t> counts;
+  for (const optim::RankShare& s : plan_.ranks) counts.push_back(static_cast<size_t>(s.elements()));
+  float* base = params_.data<float>();
+  const optim::RankShare& mine = plan_.ranks[static_cast<size_t>(dp_.rank())];
+  dp_.start_all_gather_v(base + mine.begin, base, counts, DType::f32).wait();
+  times_.gather_s = seconds(t0, Clock::now());
+}
+
+std::string GradientSync::plan_str() const {
+  int64_t largest = 0;
+  for (const Bucket& b : buckets_) largest = std::max(largest, b.end - b.begin);
+  char line[240];
+  std::snprintf(line, sizeof line,
+                "gradient buckets: %zu over %lld elements (largest %.2f MiB of f32), reduced in %s; "
+                "%.2f MiB sent per rank per step (reduce-scatter + all-gather)",
+                buckets_.size(), static_cast<long long>(grads_.numel()), static_cast<double>(largest) * 4 / 1048576.0,
+                grad_reduce_name(mode_), bytes_per_step() / 1048576.0);
+  return line;
+}
+
+int64_t GradientSync::buffer_bytes() const {
+  return (wide_.defined() ? static_cast<int64_t>(wide_.nbytes()) : 0) +
+         (wire_.defined() ? static_cast<int64_t>(wire_.nbytes()) : 0);
+}
+
+double GradientSync::bytes_per_step() const {
+  const double N = static_cast<double>(dp_.size()), P = static_cast<double>(grads_.numel());
+  return (N - 1) / N * P * static_cast<double>(dtype_size(wire_dtype(mode_)) + 4);
+}
+
+}  // namespace zaya::train

@@ -1,0 +1,110 @@
+// Data-parallel gradient synchronization for ZeRO-1 (docs/data-parallel.md): the gradient buckets
+// reduced while backward goes on, and the parameter all-gather after the update.
+//
+// Every rank holds the whole parameter and gradient buffers; the shard plan gives each rank one
+// contiguous range whose optimizer state it owns. During the step's last micro-batch, backward
+// reports flat gradient ranges as they become final (ZayaModel::ready_order: the final norm, the
+// layers last to first, the embedding). Consecutive reports are grouped into buckets of about
+// `bucket_elements`; when a bucket's last range is reported, the bucket is reduce-scattered in
+// place — each rank receives the sum over ranks of the bucket's intersection with its range — and
+// backward continues. After backward, finish() waits for the buckets and leaves in the owned range
+// the mean gradient over every rank's micro-batches. The optimizer updates the owned range, and
+// gather_params() all-gathers every rank's updated range in place.
+//
+// What travels (GradReduce):
+//   f32  the model's f32 gradient buffer, summed over micro-batches in f32, reduced in f32.
+//   bf16 the same, converted to bf16 per bucket and reduced in bf16 (half the bytes; each
+//        pairwise sum rounds to bf16).
+//   f64  the order-independent mode: every micro-batch's gradient is added to an fp64 buffer as
+//        backward reports it, the buckets are reduced in fp64, and the owned range is rounded to
+//        f32 once. The sum of a step's few f32 terms is then exact in fp64 (unless they differ in
+//        magnitude by more than 2^29), so it does not depend on how the micro-batches are spread
+//        over the ranks: N ranks train bitwise like one (given the same threads per rank).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zaya/core/tensor.h"
+#include "zaya/dist/communicator.h"
+#include "zaya/model/zaya_model.h"
+#include "zaya/optim/shard_plan.h"
+
+namespace zaya::train {
+
+enum class GradReduce { f32, bf16, f64 };
+GradReduce parse_grad_reduce(const std::string& name, const std::string& field);  // "f32" | "bf16" | "f64"
+const char* grad_reduce_name(GradReduce r);
+
+struct SyncTimes {
+  double comm_s = 0;     // time some bucket reduction was in flight (the union of their spans)
+  double hidden_s = 0;   // ... of which while backward was still running
+  double exposed_s = 0;  // waiting for the reductions after backward ended
+  double gather_s = 0;   // the parameter all-gather
+  int buckets = 0;
+  double hidden_fraction() const { return comm_s > 0 ? hidden_s / comm_s : 0.0; }
+};
+
+class GradientSync {
+ public:
+  // `dp` is the data-parallel communicator (its size is the plan's rank count); params and grads
+  // the model's flat f32 buffers; `ready_order` the model's report order, which must tile the
+  // buffers exactly.
+  GradientSync(dist::Communicator& dp, const optim::ShardPlan& plan, const Tensor& params, const Tensor& grads,
+               std::vector<std::pair<int64_t, int64_t>> ready_order, GradReduce mode, int64_t bucket_elements);
+
+  // The callback for the backward of one micro-batch (`last`: the step's last one). Bucket
+  // reductions start from inside it.
+  model::ZayaModel::GradReadyFn ready_fn(bool last);
+  // After each micro-batch's backward: checks every range was reported; marks backward's end.
+  void end_backward(bool last);
+  // Waits for every bucket; the owned range of grads becomes the mean over `micro_batches_total`
+  // micro-batches (every rank's). The rest of grads is left unspecified (the optimizer zeroes it).
+  void finish(int64_t micro_batches_total);
+  // Every rank's updated range to every rank (after the optimizer step).
+  void gather_params();
+
+  const SyncTimes& times() const { return times_; }
+  GradReduce mode() const { return mode_; }
+  // The bucket plan for the start-up summary: count, sizes, wire dtype, bytes per step.
+  std::string plan_str() const;
+  // Extra memory this sync holds (the fp64 accumulator or the bf16 wire buffer), bytes.
+  int64_t buffer_bytes() const;
+  // Bytes one rank sends per step in theory: reduce-scatter and all-gather each move (N−1)/N of
+  // the buffer in the wire's and f32's element size.
+  double bytes_per_step() const;
+
+ private:
+  struct Bucket {
+    int64_t begin = 0, end = 0;  // the flat range
+    size_t last_report = 0;      // index in order_ of the report that completes it
+  };
+  void on_ready(int64_t begin, int64_t end, bool last);
+  void start_bucket(const Bucket& b);
+  void poll();
+  std::vector<size_t> counts_of(int64_t begin, int64_t end) const;
+
+  dist::Communicator& dp_;
+  optim::ShardPlan plan_;
+  Tensor params_, grads_;
+  GradReduce mode_;
+  std::vector<std::pair<int64_t, int64_t>> order_;
+  std::vector<Bucket> buckets_;
+  Tensor wide_;  // f64 [P] (f64 mode)
+  Tensor wire_;  // bf16 [P] (bf16 mode)
+  size_t next_report_ = 0;
+  size_t next_bucket_ = 0;
+  struct InFlight {
+    dist::Work work;
+    std::chrono::steady_clock::time_point issued, done;
+    bool complete = false;
+  };
+  std::vector<InFlight> flights_;
+  std::chrono::steady_clock::time_point backward_end_;
+  SyncTimes times_;
+};
+
+}  // namespace zaya::train
