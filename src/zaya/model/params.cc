@@ -118,4 +118,27 @@ std::vector<std::pair<std::string, Shape>> weight_shapes(const ModelConfig& c) {
   return out;
 }
 
+std::vector<std::pair<int64_t, int64_t>> gradient_report_order(const std::vector<ParamSpec>& specs) {
+  std::vector<std::pair<int64_t, int64_t>> layers;
+  int64_t off = 0, norm_begin = -1, norm_end = -1;
+  for (const ParamSpec& s : specs) {
+    const int64_t n = s.shape.numel();
+    if (s.layer >= 0) {
+      if (static_cast<size_t>(s.layer) >= layers.size()) layers.resize(static_cast<size_t>(s.layer) + 1, {-1, -1});
+      auto& [b, e] = layers[static_cast<size_t>(s.layer)];
+      if (b < 0) b = off;
+      ZAYA_CHECK(e < 0 || e == off, "gradient_report_order: layer ", s.layer, "'s parameters are not contiguous (", s.name, ")");
+      e = off + n;
+    } else if (s.name == "model.norm.weight") {
+      norm_begin = off, norm_end = off + n;
+    }
+    off += n;
+  }
+  ZAYA_CHECK(norm_begin >= 0, "gradient_report_order: no model.norm.weight");
+  std::vector<std::pair<int64_t, int64_t>> order{{norm_begin, norm_end}};
+  for (auto it = layers.rbegin(); it != layers.rend(); ++it) order.push_back(*it);
+  order.emplace_back(0, layers.empty() ? norm_begin : layers[0].first);
+  return order;
+}
+
 }  // namespace zaya::model

@@ -39,7 +39,11 @@ struct ParamSpec {
 // Every trainable parameter, in a fixed order (embedding, input scale/bias, then layer by layer,
 // final norm). The balancing biases are not parameters (no loss gradient): see balancing_bias_name.
 std::vector<ParamSpec> parameter_specs(const ModelConfig& c);
-std::string balancing_bias_name(int layer);  // model.layers.{l}.mlp.gate.balancing_biases, [E+1] fp32
+std::string balancing_bias_name(int layer);
+// The flat gradient ranges ZayaModel::backward reports as final, in its order (the final norm, the
+// layers last to first, then everything before layer 0), for parameters laid out contiguously in
+// `specs` order: what data-parallel gradient buckets are planned from, with or without a model.
+std::vector<std::pair<int64_t, int64_t>> gradient_report_order(const std::vector<ParamSpec>& specs);  // model.layers.{l}.mlp.gate.balancing_biases, [E+1] fp32
 // Every tensor of a model checkpoint, in order: the parameters (parameter_specs), then each
 // layer's balancing biases [E+1].
 std::vector<std::pair<std::string, Shape>> weight_shapes(const ModelConfig& c);

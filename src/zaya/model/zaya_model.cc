@@ -372,12 +372,7 @@ void ZayaModel::report_ready_layer(int l) const {
 }
 
 std::vector<std::pair<int64_t, int64_t>> ZayaModel::ready_order() const {
-  // Mirrors backward(): the final norm, the layers last to first, then everything before layer 0.
-  const int norm = param_index("model.norm.weight");
-  std::vector<std::pair<int64_t, int64_t>> order{{offsets_[norm], offsets_[norm] + specs_[norm].shape.numel()}};
-  for (int l = static_cast<int>(layer_ranges_.size()) - 1; l >= 0; --l) order.push_back(layer_ranges_[static_cast<size_t>(l)]);
-  order.emplace_back(0, layer_ranges_.empty() ? offsets_[norm] : layer_ranges_[0].first);
-  return order;
+  return gradient_report_order(specs_);  // mirrors backward() below
 }
 
 void ZayaModel::backward(const GradReadyFn& ready) {

@@ -59,28 +59,7 @@ GradientSync::GradientSync(dist::Communicator& dp, const optim::ShardPlan& plan,
     at = e;
   }
   ZAYA_CHECK(at == P, "GradientSync: the model's gradient reports end at ", at, ", its buffer at ", P);
-  // Buckets: consecutive reports that are adjacent in the buffer (backward goes last to first),
-  // closed once they hold bucket_elements or the next report is not adjacent.
-  Bucket cur{0, 0, 0};
-  bool open = false;
-  for (size_t k = 0; k < order_.size(); ++k) {
-    const auto [b, e] = order_[k];
-    if (e == b) continue;
-    if (open && e != cur.begin) {
-      buckets_.push_back(cur);
-      open = false;
-    }
-    if (!open) cur = {b, e, k};
-    cur.begin = std::min(cur.begin, b);
-    cur.end = std::max(cur.end, e);
-    cur.last_report = k;
-    open = true;
-    if (cur.end - cur.begin >= bucket_elements) {
-      buckets_.push_back(cur);
-      open = false;
-    }
-  }
-  if (open) buckets_.push_back(cur);
+  buckets_ = dist::plan_buckets(order_, bucket_elements);
   if (mode_ == GradReduce::f64) wide_ = Tensor::zeros(Shape{P}, DType::f64, grads_.device());
   if (mode_ == GradReduce::bf16) wire_ = Tensor::zeros(Shape{P}, DType::bf16, grads_.device());
 }
@@ -116,7 +95,7 @@ void GradientSync::on_ready(int64_t begin, int64_t end, bool last) {
   ++next_report_;
 }
 
-void GradientSync::start_bucket(const Bucket& b) {
+void GradientSync::start_bucket(const dist::Bucket& b) {
   const int64_t n = b.end - b.begin;
   Tensor buf = grads_;
   if (mode_ == GradReduce::f64) buf = wide_;
@@ -216,7 +195,7 @@ void GradientSync::gather_params() {
 
 std::string GradientSync::plan_str() const {
   int64_t largest = 0;
-  for (const Bucket& b : buckets_) largest = std::max(largest, b.end - b.begin);
+  for (const dist::Bucket& b : buckets_) largest = std::max(largest, b.end - b.begin);
   char line[240];
   std::snprintf(line, sizeof line,
                 "gradient buckets: %zu over %lld elements (largest %.2f MiB of f32), reduced in %s; "

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "zaya/core/tensor.h"
+#include "zaya/dist/bucket_plan.h"
 #include "zaya/dist/communicator.h"
 #include "zaya/model/zaya_model.h"
 #include "zaya/optim/shard_plan.h"
@@ -78,12 +79,8 @@ class GradientSync {
   double bytes_per_step() const;
 
  private:
-  struct Bucket {
-    int64_t begin = 0, end = 0;  // the flat range
-    size_t last_report = 0;      // index in order_ of the report that completes it
-  };
   void on_ready(int64_t begin, int64_t end, bool last);
-  void start_bucket(const Bucket& b);
+  void start_bucket(const dist::Bucket& b);
   void poll();
   std::vector<size_t> counts_of(int64_t begin, int64_t end) const;
 
@@ -92,7 +89,7 @@ class GradientSync {
   Tensor params_, grads_;
   GradReduce mode_;
   std::vector<std::pair<int64_t, int64_t>> order_;
-  std::vector<Bucket> buckets_;
+  std::vector<dist::Bucket> buckets_;
   Tensor wide_;  // f64 [P] (f64 mode)
   Tensor wire_;  // bf16 [P] (bf16 mode)
   size_t next_report_ = 0;

@@ -418,7 +418,24 @@ void Trainer::check_config_change(const nlohmann::json& state, const std::string
     log_warn("resume: the checkpoint's run config no longer parses (", e.what(), "); resuming as allowed");
     return;
   }
-  const std::vector<ConfigChange> changes = config_changes(saved, cfg_);
+  std::vector<ConfigChange> changes = config_changes(saved, cfg_);
+  // A new world size reshards the checkpoint; with grad_accum adjusted so that the global batch
+  // (micro_batch × grad_accum × dp) stays the same, the run continues the same trajectory.
+  const int64_t saved_dp = state.contains("world") ? state["world"].value("data_parallel", int64_t{1}) : 1;
+  const int64_t saved_batch = saved.train.micro_batch * saved.train.grad_accum * saved_dp;
+  const int64_t batch = cfg_.train.micro_batch * cfg_.train.grad_accum * cfg_.parallel.dp;
+  for (ConfigChange& c : changes)
+    if ((c.key == "train.grad_accum" || c.key == "parallel.dp") && saved_batch == batch && !cfg_.has_recipe()) c.safe = true;
+  if (saved_dp != cfg_.parallel.dp)
+    log_info("resume: ", saved_dp, " data-parallel ranks wrote the checkpoint, ", cfg_.parallel.dp,
+             " continue it (global batch ", saved_batch, " -> ", batch, " sequences", saved_batch == batch ? ", unchanged" : "",
+             ")");
+  if (saved_batch != batch && saved_dp != cfg_.parallel.dp && !opts_.allow_config_change && !cfg_.has_recipe())
+    throw Error(str("the checkpoint in ", dir, " was trained with a global batch of ", saved_batch, " sequences (",
+                    saved.train.micro_batch, " x ", saved.train.grad_accum, " x ", saved_dp,
+                    " ranks); at ", cfg_.parallel.dp, " ranks set train.grad_accum so that micro_batch x grad_accum x dp = ",
+                    saved_batch, ", or pass --allow-config-change"),
+                {.file = cfg_.source, .field = "train.grad_accum"});
   if (changes.empty()) return;
   std::string unsafe;
   int n_unsafe = 0;
