@@ -13,7 +13,8 @@
 
 namespace zaya {
 
-enum class DType : uint8_t { f32, bf16, i32, i64, u8 };
+// f64 is for reductions that must not depend on their order (deterministic gradient sums).
+enum class DType : uint8_t { f32, bf16, i32, i64, u8, f64 };
 enum class Device : uint8_t { cpu, cuda };
 
 constexpr size_t dtype_size(DType t) {
@@ -23,6 +24,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::i32: return 4;
     case DType::i64: return 8;
     case DType::u8: return 1;
+    case DType::f64: return 8;
   }
   return 0;
 }
@@ -62,5 +64,6 @@ template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; 
 template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
 template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
 template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::u8; };
+template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
 
 }  // namespace zaya

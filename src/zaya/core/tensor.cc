@@ -19,6 +19,7 @@ std::string_view dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::u8: return "u8";
+    case DType::f64: return "f64";
   }
   return "?";
 }
@@ -235,6 +236,7 @@ void Tensor::fill_(double value) {
     case DType::i32: { int32_t* p = data<int32_t>(); for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(value); break; }
     case DType::i64: { int64_t* p = data<int64_t>(); for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int64_t>(value); break; }
     case DType::u8: { uint8_t* p = data<uint8_t>(); for (int64_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(value); break; }
+    case DType::f64: { double* p = data<double>(); for (int64_t i = 0; i < n; ++i) p[i] = value; break; }
   }
 }
 

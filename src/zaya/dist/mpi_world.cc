@@ -76,6 +76,7 @@ MPI_Datatype mpi_datatype(DType t) {
     case DType::i32: return MPI_INT32_T;
     case DType::i64: return MPI_INT64_T;
     case DType::u8: return MPI_UINT8_T;
+    case DType::f64: return MPI_DOUBLE;
   }
   return MPI_DATATYPE_NULL;
 }
