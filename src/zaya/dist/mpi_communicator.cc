@@ -142,8 +142,9 @@ class MpiCommunicator final : public Communicator {
   Work start_reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts, DType t) override {
     size_t total = 0;
     const size_t offset = block_offset(counts, "reduce_scatter_v", &total);
+    mpi_count(total, "reduce_scatter_v");  // every count and displacement then fits an int
     auto w = begin("reduce_scatter_v");
-    set_counts(*w, counts, total, "reduce_scatter_v");
+    set_counts(*w, counts);
     const size_t ts = dtype_size(t);
     const bool in_place = static_cast<const char*>(send) + offset * ts == static_cast<const char*>(recv);
     if (in_place) {
@@ -165,8 +166,9 @@ class MpiCommunicator final : public Communicator {
   Work start_all_gather_v(const void* send, void* recv, std::span<const size_t> counts, DType t) override {
     size_t total = 0;
     const size_t offset = block_offset(counts, "all_gather_v", &total);
+    mpi_count(total, "all_gather_v");  // every count and displacement then fits an int
     auto w = begin("all_gather_v");
-    set_counts(*w, counts, total, "all_gather_v");
+    set_counts(*w, counts);
     const bool in_place = static_cast<const char*>(recv) + offset * dtype_size(t) == static_cast<const char*>(send);
     // MPI's in-place form reads this rank's block from its place in recv, as ours does.
     check(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : send, w->counts[rank_], mpi_datatype(t), recv, w->counts.data(),
@@ -250,9 +252,8 @@ class MpiCommunicator final : public Communicator {
     ZAYA_CHECK(peer >= 0 && peer < size_ && peer != rank_, what, ": peer rank ", peer,
                " is not another rank of a world of ", size_);
   }
-  // The Work's int counts and displacements for a _v collective; every displacement must fit too.
-  static void set_counts(MpiWork& w, std::span<const size_t> counts, size_t total, const char* what) {
-    mpi_count(total, what);
+  // The Work's int counts and displacements for a _v collective (their sum was checked to fit).
+  static void set_counts(MpiWork& w, std::span<const size_t> counts) {
     w.counts.resize(counts.size());
     w.displs.resize(counts.size());
     int displ = 0;
