@@ -20,10 +20,20 @@ namespace zaya {
 namespace {
 
 // Every variable the functions under test read.
-const char* const kVars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALRANKID",
-                             "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE",
-                             "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-                             "SLURM_NTASKS_PER_NODE", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "ZAYA_THREADS"};
+const char* const kVars[] = {"OMPI_COMM_WORLD_LOCAL_RANK",
+                             "OMPI_COMM_WORLD_LOCAL_SIZE",
+                             "MPI_LOCALRANKID",
+                             "MPI_LOCALNRANKS",
+                             "MV2_COMM_WORLD_LOCAL_RANK",
+                             "MV2_COMM_WORLD_LOCAL_SIZE",
+                             "SLURM_LOCALID",
+                             "SLURM_NODEID",
+                             "SLURM_STEP_TASKS_PER_NODE",
+                             "SLURM_TASKS_PER_NODE",
+                             "SLURM_NTASKS_PER_NODE",
+                             "OMP_WAIT_POLICY",
+                             "GOMP_SPINCOUNT",
+                             "ZAYA_THREADS"};
 
 // Clears those variables for one test, sets `vars`, and puts the old values back afterwards.
 class Env {
@@ -38,8 +48,10 @@ class Env {
   }
   ~Env() {
     for (const auto& [k, v] : saved_) {
-      if (v) setenv(k.c_str(), v->c_str(), 1);
-      else unsetenv(k.c_str());
+      if (v)
+        setenv(k.c_str(), v->c_str(), 1);
+      else
+        unsetenv(k.c_str());
     }
   }
 
@@ -79,7 +91,9 @@ TEST(LocalRanks, EachMpiLaunchersPair) {
   }
   // mpirun inside a Slurm allocation: the MPI launcher's variables describe the job, Slurm's the
   // allocation.
-  Env env({{"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}, {"SLURM_LOCALID", "0"},
+  Env env({{"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+           {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"},
+           {"SLURM_LOCALID", "0"},
            {"SLURM_TASKS_PER_NODE", "1"}});
   EXPECT_EQ(launcher_local_ranks().size, 3);
 }
@@ -87,7 +101,9 @@ TEST(LocalRanks, EachMpiLaunchersPair) {
 TEST(LocalRanks, SlurmTasksPerNodeLists) {
   if (is_launcher_child()) GTEST_SKIP();
   {  // 2(x3),4: nodes 0-2 run 2 tasks, node 3 runs 4.
-    Env env({{"SLURM_LOCALID", "3"}, {"SLURM_NODEID", "3"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x3),4"},
+    Env env({{"SLURM_LOCALID", "3"},
+             {"SLURM_NODEID", "3"},
+             {"SLURM_STEP_TASKS_PER_NODE", "2(x3),4"},
              {"SLURM_TASKS_PER_NODE", "9"}});
     const LocalRanks l = launcher_local_ranks();
     EXPECT_EQ(l.rank, 3);
@@ -113,7 +129,8 @@ TEST(LocalRanks, SlurmTasksPerNodeLists) {
 
 TEST(LocalRanks, MoreRanksThanHardwareThreadsStillGetOne) {
   if (is_launcher_child()) GTEST_SKIP();
-  Env env({{"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(4 * hardware_threads())}});
+  Env env({{"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+           {"OMPI_COMM_WORLD_LOCAL_SIZE", std::to_string(4 * hardware_threads())}});
   EXPECT_EQ(default_threads_per_rank(), 1);
 }
 
@@ -130,11 +147,14 @@ TEST(LocalRanks, MalformedVariablesAreNamed) {
     const char* message;
   };
   const Case cases[] = {
-      {{{"OMPI_COMM_WORLD_LOCAL_RANK", "1"}}, "the launcher set OMPI_COMM_WORLD_LOCAL_RANK but not OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {{{"OMPI_COMM_WORLD_LOCAL_RANK", "1"}},
+       "the launcher set OMPI_COMM_WORLD_LOCAL_RANK but not OMPI_COMM_WORLD_LOCAL_SIZE"},
       {{{"OMPI_COMM_WORLD_LOCAL_RANK", "x"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
        "OMPI_COMM_WORLD_LOCAL_RANK: expected a non-negative integer from the launcher, found 'x'"},
-      {{{"MPI_LOCALRANKID", "2"}, {"MPI_LOCALNRANKS", "2"}}, "MPI_LOCALRANKID = 2 is not a rank among MPI_LOCALNRANKS = 2"},
-      {{{"MPI_LOCALRANKID", "0"}, {"MPI_LOCALNRANKS", "0"}}, "MPI_LOCALRANKID = 0 is not a rank among MPI_LOCALNRANKS = 0"},
+      {{{"MPI_LOCALRANKID", "2"}, {"MPI_LOCALNRANKS", "2"}},
+       "MPI_LOCALRANKID = 2 is not a rank among MPI_LOCALNRANKS = 2"},
+      {{{"MPI_LOCALRANKID", "0"}, {"MPI_LOCALNRANKS", "0"}},
+       "MPI_LOCALRANKID = 0 is not a rank among MPI_LOCALNRANKS = 0"},
       {{{"SLURM_LOCALID", "0"}}, "SLURM_LOCALID is set but none of SLURM_STEP_TASKS_PER_NODE"},
       {{{"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "2(x3"}},
        "SLURM_TASKS_PER_NODE: malformed repeat in '2(x3' (expected counts like 2(x3),1)"},
@@ -148,7 +168,8 @@ TEST(LocalRanks, MalformedVariablesAreNamed) {
   for (const Case& c : cases) {
     Env env(c.vars);
     const std::string message = test::error_of([] { (void)launcher_local_ranks(); });
-    EXPECT_NE(message.find(c.message), std::string::npos) << "expected '" << c.message << "', got '" << message << "'";
+    EXPECT_NE(message.find(c.message), std::string::npos)
+        << "expected '" << c.message << "', got '" << message << "'";
     // The default thread count reports the same error instead of guessing.
     EXPECT_EQ(test::error_of([] { (void)default_num_threads(); }), message);
   }
@@ -180,11 +201,15 @@ TEST(OpenMpWaitPolicy, OversubscribedCountsRanksTimesThreads) {
 TEST(OpenMpWaitPolicy, SummaryLine) {
   if (is_launcher_child()) GTEST_SKIP();
   {
-    Env env({{"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"OMP_WAIT_POLICY", "PASSIVE"}});
-    EXPECT_EQ(rank_threads_summary(1, 2, 1), "rank 1 of 2 (local 1 of 2 on this host), 1 thread, OpenMP passive wait");
+    Env env({{"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+             {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+             {"OMP_WAIT_POLICY", "PASSIVE"}});
+    EXPECT_EQ(rank_threads_summary(1, 2, 1),
+              "rank 1 of 2 (local 1 of 2 on this host), 1 thread, OpenMP passive wait");
   }
   Env env;
-  EXPECT_EQ(rank_threads_summary(0, 1, 4), "rank 0 of 1 (local 0 of 1 on this host), 4 threads, OpenMP default wait");
+  EXPECT_EQ(rank_threads_summary(0, 1, 4),
+            "rank 0 of 1 (local 0 of 1 on this host), 4 threads, OpenMP default wait");
 }
 
 // ---- The zaya binary restarts itself with OMP_WAIT_POLICY=PASSIVE when the ranks on this host times
@@ -197,7 +222,8 @@ std::string zaya_with(const std::string& env, int threads) {
   // might carry, then exactly `env`.
   std::string cmd = "env";
   for (const char* v : kVars) cmd += std::string(" -u ") + v;
-  cmd += " OMP_DISPLAY_ENV=VERBOSE " + env + " " + ZAYA_BINARY + " --threads " + std::to_string(threads) + " sysinfo";
+  cmd += " OMP_DISPLAY_ENV=VERBOSE " + env + " " + ZAYA_BINARY + " --threads " + std::to_string(threads) +
+         " sysinfo";
   return test::run_shell(cmd).output;
 }
 
@@ -208,7 +234,8 @@ TEST(OpenMpWaitPolicy, ZayaRestartsWithPassiveWaitWhenOversubscribed) {
   const std::string out = zaya_with(two, threads);
   const size_t first = out.find("GOMP_SPINCOUNT = '300000'"), restarted = out.find("GOMP_SPINCOUNT = '0'");
   ASSERT_NE(first, std::string::npos) << out;
-  ASSERT_NE(restarted, std::string::npos) << "the restarted image's libgomp did not take passive waits:\n" << out;
+  ASSERT_NE(restarted, std::string::npos) << "the restarted image's libgomp did not take passive waits:\n"
+                                          << out;
   EXPECT_LT(first, restarted) << out;
   EXPECT_NE(out.find("zaya threads: " + std::to_string(threads)), std::string::npos) << out;
 
@@ -226,10 +253,11 @@ TEST(OpenMpWaitPolicy, ZayaRestartsWithPassiveWaitWhenOversubscribed) {
 // ---- Under a real `mpirun -np 2` on this host each child sees local size 2 and its local rank. ----
 
 TEST(LauncherChild, SeesItsLocalRank) {
-  if (!is_launcher_child()) GTEST_SKIP() << "runs only as an mpirun child of LocalRanks.UnderMpirunEachChildSeesTwo";
+  if (!is_launcher_child())
+    GTEST_SKIP() << "runs only as an mpirun child of LocalRanks.UnderMpirunEachChildSeesTwo";
   const LocalRanks l = launcher_local_ranks();
-  std::printf("zaya-local world rank %s: local %d of %d from %s\n", std::getenv("OMPI_COMM_WORLD_RANK"), l.rank,
-              l.size, l.source.c_str());
+  std::printf("zaya-local world rank %s: local %d of %d from %s\n", std::getenv("OMPI_COMM_WORLD_RANK"),
+              l.rank, l.size, l.source.c_str());
   std::fflush(stdout);
 }
 
@@ -237,13 +265,15 @@ TEST(LocalRanks, UnderMpirunEachChildSeesTwo) {
   if (is_launcher_child()) GTEST_SKIP();
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
   const test::CliRun r = test::run_shell(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -x ZAYA_LOCAL_RANKS_TEST=1 -np 2 " +
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -x "
+      "ZAYA_LOCAL_RANKS_TEST=1 -np 2 " +
       exe + " --gtest_filter=LauncherChild.* --gtest_brief=1");
   EXPECT_EQ(r.code, 0) << r.output;
   for (int rank : {0, 1})  // one host: the local rank is the world rank
-    EXPECT_NE(r.output.find("zaya-local world rank " + std::to_string(rank) + ": local " + std::to_string(rank) +
-                            " of 2 from OMPI_COMM_WORLD_LOCAL_RANK/OMPI_COMM_WORLD_LOCAL_SIZE"),
-              std::string::npos)
+    EXPECT_NE(
+        r.output.find("zaya-local world rank " + std::to_string(rank) + ": local " + std::to_string(rank) +
+                      " of 2 from OMPI_COMM_WORLD_LOCAL_RANK/OMPI_COMM_WORLD_LOCAL_SIZE"),
+        std::string::npos)
         << r.output;
 }
 

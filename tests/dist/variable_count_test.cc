@@ -40,13 +40,17 @@ double sum_over_ranks(int n, size_t i, DType t) {
 
 template <class T>
 T as(double v) {
-  if constexpr (std::is_same_v<T, bf16>) return to_bf16(static_cast<float>(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, bf16>)
+    return to_bf16(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 template <class T>
 double back(T v) {
-  if constexpr (std::is_same_v<T, bf16>) return to_float(v);
-  else return static_cast<double>(v);
+  if constexpr (std::is_same_v<T, bf16>)
+    return to_float(v);
+  else
+    return static_cast<double>(v);
 }
 
 size_t sum(const std::vector<size_t>& v, size_t end) {
@@ -120,7 +124,8 @@ void check_out_of_place(Communicator& c, const std::vector<size_t>& counts) {
   c.all_gather_v(block.data(), all.data(), counts, t);
   for (int q = 0, at = 0; q < n; at += static_cast<int>(counts[q]), ++q)
     for (size_t i = 0; i < counts[q]; ++i)
-      EXPECT_EQ(back(all.get()[at + i]), input(q, at + i, t)) << dtype_name(t) << " block " << q << " element " << i;
+      EXPECT_EQ(back(all.get()[at + i]), input(q, at + i, t))
+          << dtype_name(t) << " block " << q << " element " << i;
   EXPECT_EQ(back(all.get()[total]), -5.0) << "all_gather_v wrote past sum(counts) = " << total;
 }
 
@@ -170,13 +175,15 @@ TEST(LocalCommunicator, VariableCounts) {
     c->all_gather_v(a.data(), b.data(), std::vector<size_t>{1, 2}, DType::f32);
     ADD_FAILURE() << "two counts in a world of one were accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("all_gather_v: expected one count per rank (1), found 2"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("all_gather_v: expected one count per rank (1), found 2"),
+              std::string::npos)
         << e.what();
   }
 }
 
 TEST(MpiSelf, VariableCounts) {
-  if (!test_support::is_mpi_child()) GTEST_SKIP() << "runs only as an mpirun child of MpiIntegration.CommunicatorOps";
+  if (!test_support::is_mpi_child())
+    GTEST_SKIP() << "runs only as an mpirun child of MpiIntegration.CommunicatorOps";
   Communicator& c = test_support::mpi_self_world();
   ASSERT_GE(c.size(), 2);
   test_support::check_variable_counts(c);
@@ -189,7 +196,8 @@ TEST(MpiSelf, VariableCounts) {
 bool is_v_timeout_child() { return std::getenv("ZAYA_MPI_V_TIMEOUT_TEST") != nullptr; }
 
 TEST(MpiVariableCountTimeoutChild, NamesTheRankThatNeverIssued) {
-  if (!is_v_timeout_child()) GTEST_SKIP() << "runs only as an mpirun child of MpiIntegration.VariableCountTimeout*";
+  if (!is_v_timeout_child())
+    GTEST_SKIP() << "runs only as an mpirun child of MpiIntegration.VariableCountTimeout*";
   auto c = make_mpi_communicator({.timeout_s = 20, .census_s = 1.0});
   const int n = c->size(), me = c->rank(), late = n - 1;
   auto survivors = c->split(me == late ? 1 : 0, me);  // #1 (its barrier) on c
@@ -201,7 +209,7 @@ TEST(MpiVariableCountTimeoutChild, NamesTheRankThatNeverIssued) {
   std::vector<size_t> counts(n, 2);
   counts[late] = 0;
   std::vector<float> buf(2 * n, 1.0f), out(2 * n, 0.0f);
-  Work gather = c->start_all_gather_v(buf.data(), out.data(), counts, DType::f32);  // #2
+  Work gather = c->start_all_gather_v(buf.data(), out.data(), counts, DType::f32);               // #2
   Work reduce = c->start_reduce_scatter_v(buf.data(), buf.data() + 2 * me, counts, DType::f32);  // #3
   try {
     reduce.wait();
@@ -230,9 +238,9 @@ TEST(MpiVariableCountTimeoutChild, NamesTheRankThatNeverIssued) {
 TEST(MpiIntegration, VariableCountTimeoutNamesTheRankThatNeverIssued) {
   const int np = 3;
   const auto t0 = std::chrono::steady_clock::now();
-  const test::CliRun r = test::run_shell(test_support::mpirun(np, "-x ZAYA_MPI_V_TIMEOUT_TEST=1") +
-                                         test_support::self_exe() +
-                                         " --gtest_filter=MpiVariableCountTimeoutChild.* --gtest_brief=1");
+  const test::CliRun r =
+      test::run_shell(test_support::mpirun(np, "-x ZAYA_MPI_V_TIMEOUT_TEST=1") + test_support::self_exe() +
+                      " --gtest_filter=MpiVariableCountTimeoutChild.* --gtest_brief=1");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int survivor = 0; survivor < np - 1; ++survivor) {
     EXPECT_NE(r.output.find(str("zaya-timeout rank ", survivor, ": collective #3 (reduce_scatter_v) on rank ",

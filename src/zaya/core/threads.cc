@@ -76,8 +76,8 @@ LocalRanks launcher_local_ranks() {
     const char* size;
   };
   for (const Pair& p : {Pair{"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},  // OpenMPI
-                        Pair{"MPI_LOCALRANKID", "MPI_LOCALNRANKS"},                          // MPICH Hydra, Intel MPI
-                        Pair{"MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"}}) {   // MVAPICH2
+                        Pair{"MPI_LOCALRANKID", "MPI_LOCALNRANKS"},  // MPICH Hydra, Intel MPI
+                        Pair{"MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"}}) {  // MVAPICH2
     const char* r = env(p.rank);
     const char* n = env(p.size);
     if (!r && !n) continue;
@@ -102,13 +102,14 @@ LocalRanks launcher_local_ranks() {
       }
     if (out.source.empty()) {
       const char* v = env("SLURM_NTASKS_PER_NODE");
-      ZAYA_CHECK(v, "SLURM_LOCALID is set but none of SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE and "
-                    "SLURM_NTASKS_PER_NODE says how many tasks share this node");
+      ZAYA_CHECK(v,
+                 "SLURM_LOCALID is set but none of SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE and "
+                 "SLURM_NTASKS_PER_NODE says how many tasks share this node");
       out.size = env_count("SLURM_NTASKS_PER_NODE", v);
       out.source = "SLURM_LOCALID/SLURM_NTASKS_PER_NODE";
     }
-    ZAYA_CHECK(out.size >= 1 && out.rank < out.size, "SLURM_LOCALID = ", out.rank, " is not a rank among the ",
-               out.size, " tasks on this node (", out.source, ")");
+    ZAYA_CHECK(out.size >= 1 && out.rank < out.size, "SLURM_LOCALID = ", out.rank,
+               " is not a rank among the ", out.size, " tasks on this node (", out.source, ")");
     return out;
   }
   return {};
@@ -153,8 +154,8 @@ void restart_with_passive_openmp_if_oversubscribed(int threads, char** argv) {
 
 std::string rank_threads_summary(int rank, int world, int threads) {
   const LocalRanks local = launcher_local_ranks();
-  return str("rank ", rank, " of ", world, " (local ", local.rank, " of ", local.size, " on this host), ", threads,
-             threads == 1 ? " thread" : " threads", ", OpenMP ", openmp_wait_policy(), " wait");
+  return str("rank ", rank, " of ", world, " (local ", local.rank, " of ", local.size, " on this host), ",
+             threads, threads == 1 ? " thread" : " threads", ", OpenMP ", openmp_wait_policy(), " wait");
 }
 
 int max_num_threads() { return 4 * hardware_threads(); }
@@ -170,8 +171,8 @@ int default_num_threads() {
     char* end = nullptr;
     errno = 0;
     const long long n = std::strtoll(env, &end, 10);
-    ZAYA_CHECK(end != env && *end == '\0' && errno == 0, "ZAYA_THREADS must be a positive integer, found '", env,
-               "'");
+    ZAYA_CHECK(end != env && *end == '\0' && errno == 0, "ZAYA_THREADS must be a positive integer, found '",
+               env, "'");
     return checked_num_threads(n, "ZAYA_THREADS");
   }
   return default_threads_per_rank();

@@ -127,7 +127,8 @@ class Communicator {
   // buckets need when the ranks own contiguous ranges of the flat buffer of unequal sizes.
   virtual Work start_reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts,
                                       DType dtype) = 0;
-  virtual Work start_all_gather_v(const void* send, void* recv, std::span<const size_t> counts, DType dtype) = 0;
+  virtual Work start_all_gather_v(const void* send, void* recv, std::span<const size_t> counts,
+                                  DType dtype) = 0;
   // Completes once every rank has issued its barrier. It orders ranks, not data: Works issued
   // before it are not implied complete.
   virtual Work start_barrier() = 0;
