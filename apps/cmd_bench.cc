@@ -144,7 +144,9 @@ void add_bench(CLI::App& app, Commands& commands) {
   coll->add_option("-n,--iters", fl->n, "Timed iterations per test")->capture_default_str();
   coll->add_option("-w,--warmup_iters", fl->w, "Untimed iterations before each test")->capture_default_str();
   coll->add_option("-c,--check", fl->c, "Validation passes per test (0: no check)")->capture_default_str();
-  coll->add_option("--op", fl->op, "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all or all")
+  coll->add_option("--op", fl->op,
+                   "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, reduce_scatter_v, all_gather_v "
+                   "(the variable-count forms, run with equal counts) or all")
       ->capture_default_str();
   coll->add_option("--dtype,-d", fl->dtype, "float or bfloat16")->capture_default_str();
   coll->add_option("--backend", fl->backend, "auto, local, mpi or nccl")->capture_default_str();

@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   auto* threads_opt = app.add_option(
       "--threads", threads,
-      "Threads for OpenMP, oneDNN and BLAS, at most 4 x the hardware threads (default: $ZAYA_THREADS or all)");
+      "Threads for OpenMP, oneDNN and BLAS, at most 4 x the hardware threads (default: $ZAYA_THREADS, "
+      "else the hardware threads / the launcher's ranks on this host)");
   app.add_option("--log-level", log_level, "debug, info, warn or error");
 
   zaya::app::Commands commands;
@@ -71,8 +72,13 @@ int main(int argc, char** argv) {
   try {
     zaya::set_log_level(zaya::parse_log_level(log_level));
     // Checked before any runtime sees it: libgomp crashes on absurd counts instead of failing.
-    zaya::set_num_threads(threads_opt->count() ? zaya::checked_num_threads(threads, "--threads")
-                                               : zaya::default_num_threads());
+    const int num_threads = threads_opt->count() ? zaya::checked_num_threads(threads, "--threads")
+                                                 : zaya::default_num_threads();
+    // Ranks sharing a host whose threads outnumber its cores must not spin-wait in OpenMP; libgomp
+    // took its wait policy from the environment before main, so this may restart the program with
+    // OMP_WAIT_POLICY=PASSIVE (before MPI, CUDA or any thread has started).
+    zaya::restart_with_passive_openmp_if_oversubscribed(num_threads, argv);
+    zaya::set_num_threads(num_threads);
     for (const auto& c : commands)
       if (c.cli->parsed()) return c.run();
     return 2;  // unreachable: require_subcommand(1)

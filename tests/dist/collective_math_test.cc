@@ -35,6 +35,18 @@ TEST(CollSizes, SplittingOpsRoundDownToAMultipleOfTheRankCount) {
   EXPECT_EQ(a2a.send_count, 498u);
   EXPECT_EQ(a2a.recv_count, 498u);
   EXPECT_EQ(a2a.bytes, 166u * 3 * 2);
+  // The _v forms run with equal counts: their fixed-count form's sizes and bus factor.
+  for (Coll v : {Coll::reduce_scatter_v, Coll::all_gather_v}) {
+    const CollSizes z = coll_sizes(v, 1000, 2, 3), f = coll_sizes(fixed_count_form(v), 1000, 2, 3);
+    EXPECT_EQ(z.count, f.count);
+    EXPECT_EQ(z.send_count, f.send_count);
+    EXPECT_EQ(z.recv_count, f.recv_count);
+    EXPECT_EQ(z.bytes, f.bytes);
+    EXPECT_DOUBLE_EQ(bus_factor(v, 4), 0.75);
+  }
+  EXPECT_EQ(fixed_count_form(Coll::reduce_scatter_v), Coll::reduce_scatter);
+  EXPECT_EQ(fixed_count_form(Coll::all_gather_v), Coll::all_gather);
+  EXPECT_EQ(fixed_count_form(Coll::broadcast), Coll::broadcast);
 }
 
 TEST(CollSizes, TooSmallForTheRanksGivesZeroCount) {
@@ -83,8 +95,9 @@ TEST(Sweep, FactorAndStep) {
 }
 
 TEST(ParseColls, NamesAndAll) {
-  EXPECT_EQ(parse_colls("all").size(), 5u);
+  EXPECT_EQ(parse_colls("all").size(), 7u);
   EXPECT_EQ(parse_colls("all_to_all"), (std::vector<Coll>{Coll::all_to_all}));
+  EXPECT_EQ(parse_colls("reduce_scatter_v"), (std::vector<Coll>{Coll::reduce_scatter_v}));
   EXPECT_THROW(parse_colls("allreduce"), Error);
 }
 

@@ -167,6 +167,7 @@ TEST(MpiWorldOfOne, SingletonRunsEveryOperation) {
   check_every_operation(*c);
   check_nonblocking(*c);
   check_meshes(*c);
+  test_support::check_variable_counts(*c);
 }
 
 // The NCCL backend on device buffers: in a world of one (MPI as a singleton), NCCL makes a
@@ -187,6 +188,7 @@ TEST(NcclWorld, EveryOperationOnDeviceBuffers) {
   check_every_operation(*c);
   check_nonblocking(*c);
   check_meshes(*c);
+  test_support::check_variable_counts(*c);
   if (c->size() == 1) {
     EXPECT_THROW(c->broadcast(nullptr, nullptr, 1, DType::f32, 1), Error);  // root out of range
   }

@@ -79,5 +79,6 @@ inline std::string mpirun(int np, const std::string& extra = "") {
 void check_every_operation(Communicator& c);  // communicator_test.cc
 void check_nonblocking(Communicator& c);      // nonblocking_test.cc
 void check_meshes(Communicator& world);       // mesh_test.cc: every dp × cp shape of the world
+void check_variable_counts(Communicator& c);  // variable_count_test.cc: reduce_scatter_v, all_gather_v
 
 }  // namespace zaya::dist::test_support

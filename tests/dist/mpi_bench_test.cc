@@ -83,8 +83,8 @@ TEST(MpiIntegration, AllOpsFloatOnTwoRanksWithCsvAndJson) {
   std::filesystem::create_directories(dir);
   Proc r = sh(mpirun(2) + zaya() + " bench collectives --op all -b 8 -e 1M -f 4 -n 2 -w 1 -c 1 --csv " +
               (dir / "r.csv").string() + " --json " + (dir / "r.json").string());
-  // 8 B .. 1 MiB by 4: 8, 32, ..., 524288 = 9 sizes; 5 ops.
-  expect_format_and_no_wrong(r, 2, "float", 45);
+  // 8 B .. 1 MiB by 4: 8, 32, ..., 524288 = 9 sizes; 7 ops.
+  expect_format_and_no_wrong(r, 2, "float", 63);
   // Sizes and counts follow nccl-tests: the 8-byte all_gather row over 2 ranks moves 1 float each.
   bool saw = false;
   for (const auto& f : rows(r.out))
@@ -92,18 +92,19 @@ TEST(MpiIntegration, AllOpsFloatOnTwoRanksWithCsvAndJson) {
   EXPECT_TRUE(saw) << r.out;
   std::ifstream csv(dir / "r.csv");
   std::string all((std::istreambuf_iterator<char>(csv)), {});
-  EXPECT_EQ(lines(all).size(), 46u);
+  EXPECT_EQ(lines(all).size(), 64u);
   EXPECT_EQ(lines(all)[0].rfind("op,ranks,size_bytes,count,type", 0), 0u);
   std::ifstream json(dir / "r.json");
   std::string js((std::istreambuf_iterator<char>(json)), {});
   EXPECT_NE(js.find("\"results\": ["), std::string::npos);
   EXPECT_NE(js.find("\"op\": \"all_to_all\""), std::string::npos);
+  EXPECT_NE(js.find("\"op\": \"all_gather_v\""), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
 TEST(MpiIntegration, AllOpsBfloat16OnFourRanks) {
   Proc r = sh(mpirun(4) + zaya() + " bench collectives --op all -b 8 -e 1M -f 4 -n 2 -w 1 -c 1 --dtype bfloat16");
-  expect_format_and_no_wrong(r, 4, "bfloat16", 45);
+  expect_format_and_no_wrong(r, 4, "bfloat16", 63);
 }
 
 TEST(MpiIntegration, NonPowerOfTwoSizesAndRanks) {
@@ -111,11 +112,11 @@ TEST(MpiIntegration, NonPowerOfTwoSizesAndRanks) {
   for (const char* type : {"float", "bfloat16"}) {
     Proc r = sh(mpirun(3) + zaya() + " bench collectives --op all -b 1000 -e 50000 -f 7 -n 2 -w 1 -c 1 --dtype " +
                 type);
-    expect_format_and_no_wrong(r, 3, type, 15);
+    expect_format_and_no_wrong(r, 3, type, 21);
     const size_t ts = std::string(type) == "float" ? 4 : 2;
     // The first row of each op, against the pure function (checked by hand in collective_math_test).
     auto rs = rows(r.out);
-    for (int op = 0; op < 5; ++op) {
+    for (int op = 0; op < 7; ++op) {
       CollSizes z = coll_sizes(kAllColls[op], 1000, ts, 3);
       EXPECT_EQ(rs[op * 3][0], std::to_string(z.bytes)) << r.out;
       EXPECT_EQ(rs[op * 3][1], std::to_string(z.count)) << r.out;
@@ -147,7 +148,7 @@ TEST(MpiIntegration, WorldOfOneNeedsNoMpirun) {
   Proc r = sh(zaya() + " bench collectives --op all -b 8 -e 64 -f 2 -n 1 -w 0");
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("backend local, 1 ranks"), std::string::npos) << r.out;
-  EXPECT_EQ(rows(r.out).size(), 20u);
+  EXPECT_EQ(rows(r.out).size(), 28u);
 }
 
 TEST(MpiIntegration, BadFlagsExit2WithAClearMessage) {

@@ -35,7 +35,10 @@ void CollectivesOptions::validate() const {
 namespace {
 
 const char* type_name(DType t) { return t == DType::bf16 ? "bfloat16" : "float"; }
-const char* redop_name(Coll c) { return c == Coll::all_reduce || c == Coll::reduce_scatter ? "sum" : "none"; }
+const char* redop_name(Coll c) {
+  c = fixed_count_form(c);
+  return c == Coll::all_reduce || c == Coll::reduce_scatter ? "sum" : "none";
+}
 
 // Input element i of rank r: a small integer, so every sum over ranks is exact in fp32 and in
 // bf16 (at most 256, and bf16 holds every integer up to 256). `rep` varies the data per test so a
@@ -130,16 +133,19 @@ struct Test {
   Buffers& buf;
   DieHook& hook;
   int root = 0;
+  std::vector<size_t> counts = std::vector<size_t>(comm.size(), sz.count);  // the _v forms' counts
 
   size_t ts() const { return dtype_size(t); }
+  // A _v form shares its fixed-count form's layout and results (every rank's count is sz.count).
+  Coll base() const { return fixed_count_form(op); }
   // Where the input and output live for this placement (the nccl-tests layout).
   char* send_ptr(bool in_place) const {
     if (!in_place) return buf.send();
-    if (op == Coll::all_gather) return buf.recv() + comm.rank() * sz.count * ts();
+    if (base() == Coll::all_gather) return buf.recv() + comm.rank() * sz.count * ts();
     return buf.recv();
   }
   char* recv_ptr(bool in_place) const {
-    if (in_place && op == Coll::reduce_scatter) return buf.recv() + comm.rank() * sz.count * ts();
+    if (in_place && base() == Coll::reduce_scatter) return buf.recv() + comm.rank() * sz.count * ts();
     return buf.recv();
   }
 
@@ -153,6 +159,8 @@ struct Test {
       case Coll::all_gather: comm.all_gather(s, r, sz.count, t); break;
       case Coll::broadcast: comm.broadcast(s, r, sz.count, t, root); break;
       case Coll::all_to_all: comm.all_to_all(s, r, sz.count, t); break;
+      case Coll::reduce_scatter_v: comm.reduce_scatter_v(s, r, counts, t); break;
+      case Coll::all_gather_v: comm.all_gather_v(s, r, counts, t); break;
     }
   }
 
@@ -175,7 +183,7 @@ struct Test {
     int64_t bad = 0;
     for (size_t i = 0; i < sz.recv_count; ++i) {
       float want = 0;
-      switch (op) {
+      switch (base()) {
         case Coll::all_reduce:
           for (int q = 0; q < n; ++q) want += pattern(q, i, rep, n);
           break;
@@ -185,6 +193,7 @@ struct Test {
         case Coll::all_gather: want = pattern(static_cast<int>(i / c), i % c, rep, n); break;
         case Coll::broadcast: want = pattern(root, i, rep, n); break;
         case Coll::all_to_all: want = pattern(static_cast<int>(i / c), me * c + i % c, rep, n); break;
+        default: break;  // base() is never a _v form
       }
       bad += load(buf.host(), i, t) != want;
     }

@@ -13,6 +13,7 @@
 
 namespace zaya {
 
+// f64 is for reductions that must not depend on their order (deterministic gradient sums).
 enum class DType : uint8_t { f32, bf16, i32, i64, u8, f64 };
 enum class Device : uint8_t { cpu, cuda };
 

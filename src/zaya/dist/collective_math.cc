@@ -17,8 +17,16 @@ std::string_view coll_name(Coll c) {
     case Coll::all_gather: return "all_gather";
     case Coll::broadcast: return "broadcast";
     case Coll::all_to_all: return "all_to_all";
+    case Coll::reduce_scatter_v: return "reduce_scatter_v";
+    case Coll::all_gather_v: return "all_gather_v";
   }
   return "?";
+}
+
+Coll fixed_count_form(Coll c) {
+  if (c == Coll::reduce_scatter_v) return Coll::reduce_scatter;
+  if (c == Coll::all_gather_v) return Coll::all_gather;
+  return c;
 }
 
 std::vector<Coll> parse_colls(const std::string& name) {
@@ -26,7 +34,8 @@ std::vector<Coll> parse_colls(const std::string& name) {
   for (Coll c : kAllColls)
     if (name == coll_name(c)) return {c};
   throw Error("unknown collective", {.field = "--op",
-                                     .expected = "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all or all",
+                                     .expected = "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, "
+                                                 "reduce_scatter_v, all_gather_v or all",
                                      .found = name});
 }
 
@@ -34,7 +43,7 @@ CollSizes coll_sizes(Coll c, size_t bytes, size_t type_size, int nranks) {
   const size_t n = static_cast<size_t>(nranks);
   const size_t count = bytes / type_size;
   CollSizes s;
-  switch (c) {
+  switch (fixed_count_form(c)) {
     case Coll::all_reduce:
     case Coll::broadcast:
       s.send_count = s.recv_count = s.count = count;
@@ -51,6 +60,7 @@ CollSizes coll_sizes(Coll c, size_t bytes, size_t type_size, int nranks) {
       s.send_count = s.recv_count = (count / n) * n;
       s.count = count / n;
       break;
+    default: break;  // fixed_count_form returns no _v form
   }
   s.bytes = std::max(s.send_count, s.recv_count) * type_size;
   return s;
@@ -58,12 +68,13 @@ CollSizes coll_sizes(Coll c, size_t bytes, size_t type_size, int nranks) {
 
 double bus_factor(Coll c, int nranks) {
   const double n = nranks;
-  switch (c) {
+  switch (fixed_count_form(c)) {
     case Coll::all_reduce: return 2.0 * (n - 1) / n;
     case Coll::reduce_scatter:
     case Coll::all_gather:
     case Coll::all_to_all: return (n - 1) / n;
     case Coll::broadcast: return 1.0;
+    default: break;  // fixed_count_form returns no _v form
   }
   return 1.0;
 }

@@ -11,10 +11,16 @@
 
 namespace zaya::dist {
 
-enum class Coll { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all };
-constexpr Coll kAllColls[] = {Coll::all_reduce, Coll::reduce_scatter, Coll::all_gather, Coll::broadcast,
-                              Coll::all_to_all};
+// The _v forms run with every rank's count equal, so that their rows compare directly with the
+// fixed-count forms: same sizes, same bytes moved, only the implementation differs (on NCCL,
+// grouped reduces or broadcasts instead of one reduce_scatter or all_gather).
+enum class Coll { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, reduce_scatter_v, all_gather_v };
+constexpr Coll kAllColls[] = {Coll::all_reduce, Coll::reduce_scatter, Coll::all_gather,      Coll::broadcast,
+                              Coll::all_to_all, Coll::reduce_scatter_v, Coll::all_gather_v};
 std::string_view coll_name(Coll c);  // "all_reduce", ...
+// The fixed-count collective whose sizes, data layout and results a _v form shares (c itself for
+// the others).
+Coll fixed_count_form(Coll c);
 // "all_reduce" | ... | "all" (every op); throws zaya::Error naming --op otherwise.
 std::vector<Coll> parse_colls(const std::string& name);
 

@@ -46,6 +46,18 @@ void Communicator::set_timeout(double seconds) {
   options_.timeout_s = seconds;
 }
 
+size_t Communicator::block_offset(std::span<const size_t> counts, const char* what, size_t* total) const {
+  ZAYA_CHECK(counts.size() == static_cast<size_t>(size()), what, ": expected one count per rank (", size(),
+             "), found ", counts.size());
+  size_t before = 0, sum = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (r == static_cast<size_t>(rank())) before = sum;
+    sum += counts[r];
+  }
+  if (total) *total = sum;
+  return before;
+}
+
 namespace {
 
 // First variable that is set and parses as a non-negative integer, else `fallback`.
@@ -77,6 +89,14 @@ class LocalCommunicator final : public Communicator {
     return copy(s, r, n, t);
   }
   Work start_all_to_all(const void* s, void* r, size_t n, DType t) override { return copy(s, r, n, t); }
+  Work start_reduce_scatter_v(const void* s, void* r, std::span<const size_t> counts, DType t) override {
+    block_offset(counts, "reduce_scatter_v");
+    return copy(s, r, counts[0], t);
+  }
+  Work start_all_gather_v(const void* s, void* r, std::span<const size_t> counts, DType t) override {
+    block_offset(counts, "all_gather_v");
+    return copy(s, r, counts[0], t);
+  }
   Work start_barrier() override { return {}; }
   Work start_send(const void*, size_t, DType, int peer, int) override {
     throw Error(str("send to rank ", peer, " in a world of 1: there is no peer"));

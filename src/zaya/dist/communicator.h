@@ -8,8 +8,9 @@
 //
 // Conventions (the same as NCCL's, so callers need not care which backend they hold):
 // - counts are elements, not bytes; buffers live on device(); every rank passes the same count.
-// - all_reduce and reduce_scatter sum. bf16 sums in fp32 per element and rounds once per
-//   pairwise combine (MPI: a custom MPI_Op; NCCL: its native bf16 sum).
+// - all_reduce and reduce_scatter(_v) sum. bf16 sums in fp32 per element and rounds once per
+//   pairwise combine (MPI: a custom MPI_Op; NCCL: its native bf16 sum); f32 and f64 sum in their
+//   own precision (f64 for reductions whose result must not depend on how they are split).
 // - reduce_scatter(send, recv, recv_count): send holds size()*recv_count elements, rank r receives
 //   the sum of block r. In place when recv == send + rank()*recv_count (the rest of send is then
 //   unspecified afterwards).
@@ -17,6 +18,14 @@
 //   rank j. In place when send == recv + rank()*send_count.
 // - all_to_all(send, recv, count): both hold size()*count elements; block j of send goes to rank
 //   j and lands in block rank() of j's recv. In place when send == recv.
+// - reduce_scatter_v(send, recv, counts) and all_gather_v(send, recv, counts): the same with a block
+//   of counts[r] elements for rank r (counts.size() == size(); zero allowed), the blocks laid out
+//   back to back in rank order; offset(r) = counts[0] + ... + counts[r-1]. reduce_scatter_v: send
+//   holds sum(counts) elements, rank r receives counts[r] elements, the sum of block r; in place
+//   when recv == send + offset(rank()). all_gather_v: rank r sends counts[r] elements, recv holds
+//   sum(counts) with block j from rank j; in place when send == recv + offset(rank()). Every rank
+//   passes the same counts (not checked: it would cost a collective); a rank whose count is 0
+//   still issues the call (its out-of-place reduce_scatter_v recv is not written).
 // - all_reduce / broadcast are in place when send == recv.
 //
 // Every collective has a non-blocking form, start_<op>(...), that issues it and returns a Work; the
@@ -34,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -113,6 +123,12 @@ class Communicator {
   virtual Work start_all_gather(const void* send, void* recv, size_t send_count, DType dtype) = 0;
   virtual Work start_broadcast(const void* send, void* recv, size_t count, DType dtype, int root) = 0;
   virtual Work start_all_to_all(const void* send, void* recv, size_t count, DType dtype) = 0;
+  // Variable block sizes, counts[r] elements for rank r (see the conventions above): what gradient
+  // buckets need when the ranks own contiguous ranges of the flat buffer of unequal sizes.
+  virtual Work start_reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts,
+                                      DType dtype) = 0;
+  virtual Work start_all_gather_v(const void* send, void* recv, std::span<const size_t> counts,
+                                  DType dtype) = 0;
   // Completes once every rank has issued its barrier. It orders ranks, not data: Works issued
   // before it are not implied complete.
   virtual Work start_barrier() = 0;
@@ -138,6 +154,12 @@ class Communicator {
   }
   void all_to_all(const void* send, void* recv, size_t count, DType dtype) {
     start_all_to_all(send, recv, count, dtype).wait();
+  }
+  void reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts, DType dtype) {
+    start_reduce_scatter_v(send, recv, counts, dtype).wait();
+  }
+  void all_gather_v(const void* send, void* recv, std::span<const size_t> counts, DType dtype) {
+    start_all_gather_v(send, recv, counts, dtype).wait();
   }
   void barrier() { start_barrier().wait(); }
   void send(const void* buf, size_t count, DType dtype, int peer, int tag = 0) {
@@ -165,6 +187,9 @@ class Communicator {
 
  protected:
   explicit Communicator(Options options) : options_(options) {}
+  // Checks a _v call's counts (one per rank) and returns the elements before this rank's block;
+  // *total (when given) gets their sum. Throws zaya::Error naming `what` otherwise.
+  size_t block_offset(std::span<const size_t> counts, const char* what, size_t* total = nullptr) const;
   Options options_;
 };
 

@@ -42,6 +42,8 @@ class MpiWork final : public Work::Impl {
   const void* move_from = nullptr;
   size_t move_bytes = 0;
   std::vector<char> scratch;  // the staged input of an in-place all_to_all
+  // The count and displacement arrays of a _v collective: MPI reads them until it completes.
+  std::vector<int> counts, displs;
 
  private:
   void complete();
@@ -137,6 +139,43 @@ class MpiCommunicator final : public Communicator {
     return Work(std::move(w));
   }
 
+  Work start_reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts, DType t) override {
+    size_t total = 0;
+    const size_t offset = block_offset(counts, "reduce_scatter_v", &total);
+    mpi_count(total, "reduce_scatter_v");  // every count and displacement then fits an int
+    auto w = begin("reduce_scatter_v");
+    set_counts(*w, counts);
+    const size_t ts = dtype_size(t);
+    const bool in_place = static_cast<const char*>(send) + offset * ts == static_cast<const char*>(recv);
+    if (in_place) {
+      // As for reduce_scatter: MPI leaves this rank's block at the start of the buffer, ours goes
+      // at its offset.
+      void* base = const_cast<void*>(send);
+      check(MPI_Ireduce_scatter(MPI_IN_PLACE, base, w->counts.data(), mpi_datatype(t), mpi_sum(t), comm_, &w->request));
+      if (offset && counts[rank_]) {
+        w->move_to = recv;
+        w->move_from = base;
+        w->move_bytes = counts[rank_] * ts;
+      }
+      return Work(std::move(w));
+    }
+    check(MPI_Ireduce_scatter(send, recv, w->counts.data(), mpi_datatype(t), mpi_sum(t), comm_, &w->request));
+    return Work(std::move(w));
+  }
+
+  Work start_all_gather_v(const void* send, void* recv, std::span<const size_t> counts, DType t) override {
+    size_t total = 0;
+    const size_t offset = block_offset(counts, "all_gather_v", &total);
+    mpi_count(total, "all_gather_v");  // every count and displacement then fits an int
+    auto w = begin("all_gather_v");
+    set_counts(*w, counts);
+    const bool in_place = static_cast<const char*>(recv) + offset * dtype_size(t) == static_cast<const char*>(send);
+    // MPI's in-place form reads this rank's block from its place in recv, as ours does.
+    check(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : send, w->counts[rank_], mpi_datatype(t), recv, w->counts.data(),
+                          w->displs.data(), mpi_datatype(t), comm_, &w->request));
+    return Work(std::move(w));
+  }
+
   Work start_barrier() override {
     auto w = begin("barrier");
     check(MPI_Ibarrier(comm_, &w->request));
@@ -212,6 +251,17 @@ class MpiCommunicator final : public Communicator {
   void check_peer(int peer, const char* what) const {
     ZAYA_CHECK(peer >= 0 && peer < size_ && peer != rank_, what, ": peer rank ", peer,
                " is not another rank of a world of ", size_);
+  }
+  // The Work's int counts and displacements for a _v collective (their sum was checked to fit).
+  static void set_counts(MpiWork& w, std::span<const size_t> counts) {
+    w.counts.resize(counts.size());
+    w.displs.resize(counts.size());
+    int displ = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      w.counts[r] = static_cast<int>(counts[r]);
+      w.displs[r] = displ;
+      displ += w.counts[r];
+    }
   }
   // A pooled buffer of at least `bytes`, resized to exactly `bytes`.
   std::vector<char> take_scratch(size_t bytes) {

@@ -170,6 +170,42 @@ class NcclCommunicator final : public Communicator {
       check_nccl(ncclGroupEnd(), "ncclGroupEnd");
     });
   }
+  // NCCL has no variable-count collectives: one ncclReduce (reduce_scatter_v) or ncclBroadcast
+  // (all_gather_v) per rank whose block is not empty, rooted there, grouped so they run as one
+  // launch. Buckets of a flat buffer owned in contiguous ranges touch one or two ranks, so a group
+  // holds few operations. In place falls out: the root's reduce or broadcast has send == recv.
+  Work start_reduce_scatter_v(const void* s, void* r, std::span<const size_t> counts, DType t) override {
+    block_offset(counts, "reduce_scatter_v");
+    return launch("reduce_scatter_v", [&](NcclWork&) {
+      const size_t ts = dtype_size(t);
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      size_t offset = 0;
+      for (int p = 0; p < size_; ++p) {
+        if (counts[p])
+          check_nccl(ncclReduce(static_cast<const char*>(s) + offset * ts, p == rank_ ? r : nullptr, counts[p],
+                                nccl_type(t), ncclSum, p, comm_, stream_),
+                     "ncclReduce");
+        offset += counts[p];
+      }
+      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    });
+  }
+  Work start_all_gather_v(const void* s, void* r, std::span<const size_t> counts, DType t) override {
+    block_offset(counts, "all_gather_v");
+    return launch("all_gather_v", [&](NcclWork&) {
+      const size_t ts = dtype_size(t);
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      size_t offset = 0;
+      for (int p = 0; p < size_; ++p) {
+        char* dst = static_cast<char*>(r) + offset * ts;
+        if (counts[p])
+          check_nccl(ncclBroadcast(p == rank_ ? s : dst, dst, counts[p], nccl_type(t), p, comm_, stream_),
+                     "ncclBroadcast");
+        offset += counts[p];
+      }
+      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    });
+  }
   Work start_barrier() override {
     // A host barrier over MPI: NCCL has none. Like every barrier here it orders ranks, not the
     // Works issued before it.
