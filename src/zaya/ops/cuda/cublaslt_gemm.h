@@ -1,0 +1,47 @@
+// GEMMs through cuBLASLt on the calling thread's device context (its handle, stream and workspace),
+// in zaya's row-major terms: C = alpha·op(A)·op(B) + beta·C (+ bias), fp32 accumulation and an f32
+// C. A plain C++ header (no CUDA types), for the CUDA kernels of the GEMM, linear, experts and
+// Newton–Schulz ops; included only where the build has CUDA (ZAYA_HAVE_CUDA).
+//
+// Precision: f32 inputs run in CUBLAS_COMPUTE_32F (true fp32 products, no TF32), bf16 inputs in
+// CUBLAS_COMPUTE_32F with f32 accumulation: the arithmetic of the CPU's GEMMs, in another order.
+//
+// The matmul descriptor, the three layouts and the algorithm cuBLASLt's heuristic picks are cached
+// per thread, keyed by everything the heuristic sees (dims, transposes, batch and strides, dtype,
+// the bias epilogue and each operand's pointer alignment): the heuristic runs once per distinct key
+// and never again. The experts' GEMMs bring a new row count per expert and step; their keys are
+// the few hundred row counts that routing produces, each queried once.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "zaya/core/dtype.h"
+#include "zaya/ops/gemm.h"
+
+namespace zaya::ops::cuda {
+
+// One strided-batched problem in row-major terms. A is op(A) [m, k] as stored (Trans::N: [m, k],
+// Trans::T: [k, m]), B is op(B) [k, n] likewise, C is [m, n]; `batch` problems at element strides
+// stride_a, stride_b (> 0) and stride_c. m, n, k > 0.
+struct LtProblem {
+  int64_t m = 0, n = 0, k = 0;
+  Trans ta = Trans::N, tb = Trans::N;
+  DType in = DType::f32;  // A's and B's dtype: f32 or bf16
+  const void* A = nullptr;
+  const void* B = nullptr;
+  float* C = nullptr;
+  int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+  // With a bias (f32 [n], device memory, 16-byte aligned): C = alpha·op(A)·op(B) + beta·C + bias,
+  // the bias added to every row (cuBLASLt's BIAS epilogue).
+  const float* bias = nullptr;
+};
+
+// Queues the problem on the calling thread's stream; throws a zaya::Error naming `op` when
+// cuBLASLt has no algorithm for it or fails.
+void lt_matmul(std::string_view op, const LtProblem& p, float alpha, float beta);
+
+// The number of cached plans on the calling thread (for the tests: a repeated shape adds none).
+int64_t lt_plan_count();
+
+}  // namespace zaya::ops::cuda
