@@ -80,7 +80,6 @@ TEST(OptimCuda, GradNormAndClippingAreBitwiseTheCpus) {
   std::vector<Tensor> gg = to_gpu(grads);
   const double norm = global_grad_norm(grads);
   EXPECT_EQ(global_grad_norm(gg), norm);
-  EXPECT_EQ(global_grad_norm(std::vector<Tensor>{}), 0.0);
   EXPECT_EQ(clip_grad_norm(gg, norm / 4), clip_grad_norm(grads, norm / 4));
   for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(bitwise_equal(gg[i], grads[i])) << i;
 }

@@ -37,9 +37,11 @@ struct LtProblem {
   const float* bias = nullptr;
 };
 
-// Queues the problem on the calling thread's stream; throws a zaya::Error naming `op` when
-// cuBLASLt has no algorithm for it or fails.
-void lt_matmul(std::string_view op, const LtProblem& p, float alpha, float beta);
+// Queues the problem on the calling thread's stream and returns true. With a bias for which cuBLASLt
+// has no epilogue algorithm, returns false having queued nothing (remembered: asked once per key),
+// and the caller adds the bias itself. Throws a zaya::Error naming `op` when cuBLASLt has no
+// algorithm for the plain problem or fails.
+bool lt_matmul(std::string_view op, const LtProblem& p, float alpha, float beta);
 
 // The number of cached plans on the calling thread (for the tests: a repeated shape adds none).
 int64_t lt_plan_count();

@@ -57,6 +57,7 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t lay_a = nullptr, lay_b = nullptr, lay_c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool supported = true;  // false: no algorithm with the bias epilogue (the caller adds the bias)
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -132,6 +133,10 @@ std::unique_ptr<Plan> make_plan(std::string_view op, const PlanKey& key, cublasL
   check_lt(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->lay_a, plan->lay_b, plan->lay_c, plan->lay_c,
                                           pref, 1, &result, &found),
            op, "heuristic");
+  if (found == 0 && key.bias) {
+    plan->supported = false;
+    return plan;
+  }
   if (found == 0)
     throw Error(str("ops::", op, ": cuBLASLt has no algorithm for C [", key.m, ", ", key.n, "] = op(A)·op(B) with k = ",
                     key.k, ", batch ", key.batch, ", ", key.in == static_cast<uint8_t>(DType::bf16) ? "bf16" : "f32",
@@ -142,7 +147,7 @@ std::unique_ptr<Plan> make_plan(std::string_view op, const PlanKey& key, cublasL
 
 }  // namespace
 
-void lt_matmul(std::string_view op, const LtProblem& p, float alpha, float beta) {
+bool lt_matmul(std::string_view op, const LtProblem& p, float alpha, float beta) {
   zaya::cuda::DeviceContext* context = nullptr;
   try {
     context = &zaya::cuda::current();
@@ -170,6 +175,7 @@ void lt_matmul(std::string_view op, const LtProblem& p, float alpha, float beta)
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make_plan(op, key, handle)).first;
   Plan& plan = *it->second;
+  if (!plan.supported) return false;
   if (p.bias)  // the pointer changes from call to call; the epilogue is part of the key
     check_lt(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof p.bias), op,
              "bias pointer");
@@ -177,6 +183,7 @@ void lt_matmul(std::string_view op, const LtProblem& p, float alpha, float beta)
                           plan.lay_c, &plan.algo, ctx.cublaslt_workspace(),
                           zaya::cuda::DeviceContext::kCublasLtWorkspaceBytes, static_cast<cudaStream_t>(ctx.stream())),
            op, "matmul");
+  return true;
 }
 
 int64_t lt_plan_count() { return static_cast<int64_t>(plans().size()); }

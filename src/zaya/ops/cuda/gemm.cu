@@ -42,14 +42,14 @@ const char* bytes_at(const Tensor& t, int64_t elems) {
 }
 
 // One matmul over C = alpha·op(A)·op(B) + beta·C (+ bias) for 2-D operands, or `batch` of them at
-// the given element strides.
-void matmul(std::string_view op, int64_t m, int64_t n, int64_t k, const void* A, Trans ta, const void* B, Trans tb,
+// the given element strides. False where cuBLASLt has no bias epilogue for it (nothing queued).
+bool matmul(std::string_view op, int64_t m, int64_t n, int64_t k, const void* A, Trans ta, const void* B, Trans tb,
             float* C, DType in, float alpha, float beta, const float* bias = nullptr, int64_t batch = 1,
             int64_t stride_a = 0, int64_t stride_b = 0, int64_t stride_c = 0) {
   LtProblem p;
   p.m = m, p.n = n, p.k = k, p.ta = ta, p.tb = tb, p.in = in, p.A = A, p.B = B, p.C = C, p.bias = bias;
   p.batch = batch, p.stride_a = stride_a, p.stride_b = stride_b, p.stride_c = stride_c;
-  lt_matmul(op, p, alpha, beta);
+  return lt_matmul(op, p, alpha, beta);
 }
 
 void gemm_named(std::string_view op, const GemmDims& d, const Tensor& A, Trans ta, const Tensor& B, Trans tb,
@@ -64,12 +64,19 @@ void gemm_named(std::string_view op, const GemmDims& d, const Tensor& A, Trans t
   }
   const DType in = A.dtype();
   const bool batched = A.ndim() == 3;
-  if (!batched) return matmul(op, d.m, d.n, d.k, A.raw(), ta, B.raw(), tb, c, in, alpha, beta);
-  if (B.ndim() == 3)  // a B per batch entry: one strided-batched matmul
-    return matmul(op, d.m, d.n, d.k, A.raw(), ta, B.raw(), tb, c, in, alpha, beta, nullptr, d.batch, d.m * d.k,
-                  d.k * d.n, d.m * d.n);
-  if (ta == Trans::N)  // one B for all: the batch's rows stacked are one [batch·m, k] matrix
-    return matmul(op, d.batch * d.m, d.n, d.k, A.raw(), ta, B.raw(), tb, c, in, alpha, beta);
+  if (!batched) {
+    matmul(op, d.m, d.n, d.k, A.raw(), ta, B.raw(), tb, c, in, alpha, beta);
+    return;
+  }
+  if (B.ndim() == 3) {  // a B per batch entry: one strided-batched matmul
+    matmul(op, d.m, d.n, d.k, A.raw(), ta, B.raw(), tb, c, in, alpha, beta, nullptr, d.batch, d.m * d.k, d.k * d.n,
+           d.m * d.n);
+    return;
+  }
+  if (ta == Trans::N) {  // one B for all: the batch's rows stacked are one [batch·m, k] matrix
+    matmul(op, d.batch * d.m, d.n, d.k, A.raw(), ta, B.raw(), tb, c, in, alpha, beta);
+    return;
+  }
   for (int64_t e = 0; e < d.batch; ++e)  // Aᵀ per entry with one B: no common stacked form
     matmul(op, d.m, d.n, d.k, bytes_at(A, e * d.m * d.k), ta, B.raw(), tb, c + e * d.m * d.n, in, alpha, beta);
 }
@@ -103,11 +110,13 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& W, const Ten
     scale_kernel<<<blocks_for(y.numel()), kThreads, 0, stream_of(ctx)>>>(yp, y.numel(), 0.0f);
     check_launch(op);
   } else {
-    // The epilogue reads the bias through vector loads: only a 16-byte-aligned one is handed to it.
-    const bool fuse = b.defined() && reinterpret_cast<uintptr_t>(b.raw()) % 16 == 0;
-    matmul(op, n, out, in, x.raw(), Trans::N, W.raw(), Trans::T, yp, x.dtype(), 1.0f, 0.0f,
-           fuse ? b.data<float>() : nullptr);
-    if (fuse || !b.defined()) return;
+    // The epilogue reads the bias through vector loads: only a 16-byte-aligned one is handed to it,
+    // and where cuBLASLt has no bias epilogue for the problem the plain matmul runs instead.
+    const bool fused = b.defined() && reinterpret_cast<uintptr_t>(b.raw()) % 16 == 0 &&
+                 matmul(op, n, out, in, x.raw(), Trans::N, W.raw(), Trans::T, yp, x.dtype(), 1.0f, 0.0f,
+                        b.data<float>());
+    if (!fused) matmul(op, n, out, in, x.raw(), Trans::N, W.raw(), Trans::T, yp, x.dtype(), 1.0f, 0.0f);
+    if (fused || !b.defined()) return;
   }
   if (!b.defined()) return;
   add_bias_kernel<<<blocks_for(n * out), kThreads, 0, stream_of(ctx)>>>(yp, b.data<float>(), n, out);
