@@ -207,8 +207,7 @@ TEST(ExpertsDevice, MixedDevicesNameTheArgumentAndCudaTensorsNeedAGpu) {
   test::expect_needs_gpu("experts_forward", [&] { experts_forward(a, x, src, offsets, w, 4); });
   test::expect_needs_gpu("experts_backward", [&] { experts_backward(dxp, g, dy, offsets, w, a, s, 4, {}); });
   const GemmProblem p[1] = {{cu({4, 3}), cu({3, 5}), cu({4, 5})}};
-  // gemm_many hands each problem to ops::gemm, whose kernel names itself.
-  test::expect_needs_gpu("gemm", [&] { gemm_many(p, Trans::N, Trans::N); });
+  test::expect_needs_gpu("gemm_many", [&] { gemm_many(p, Trans::N, Trans::N); });
 }
 
 }  // namespace

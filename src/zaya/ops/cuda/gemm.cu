@@ -94,6 +94,7 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
 }
 
 void gemm_many(std::span<const GemmProblem> problems, Trans ta, Trans tb, float alpha, float beta) {
+  context_for("gemm_many");  // without a GPU, the error names this op rather than ops::gemm
   for (const GemmProblem& p : problems) ops::gemm(p.C, p.A, ta, p.B, tb, alpha, beta);
 }
 
