@@ -81,7 +81,7 @@ run | tests)
     2>&1 | tee -a "$out/tests.txt" || status=1
   # The GEMM, linear, experts, optimizer, Newton–Schulz and copy kernels against the CPU ops
   # (tests/ops/test_{gemm,experts,optim}_cuda.cc) and their fronts' device checks.
-  "$pack_dir/test_ops" --gtest_filter='GemmCuda.*:LinearCuda.*:ExpertsCuda.*:OptimCuda.*:NewtonSchulzCuda.*:CopyCuda.*:OptimMath.*:GemmDevice.*:ExpertsDevice.*:NewtonSchulzDevice.*:OptimOpsDevice.*:CopyBlock.*' \
+  "$pack_dir/test_ops" --gtest_filter='GemmCuda.*:LinearCuda.*:ExpertsCuda.*:OptimCuda.*:NewtonSchulzCuda.*:CopyCuda.*:OptimMath.*:CublasLtMapping.*:GemmDevice.*:ExpertsDevice.*:NewtonSchulzDevice.*:OptimOpsDevice.*:CopyBlock.*' \
     2>&1 | tee -a "$out/tests.txt" || status=1
   # The GEMM ops at ZAYA1-base's shapes in FLOP/s (dense, one expert, 16 experts grouped, the experts op).
   "$pack_dir/bench_ops_gemm_cuda" --benchmark_min_time=0.2s 2>&1 | tee "$out/ops_gemm_bench.txt" || status=1

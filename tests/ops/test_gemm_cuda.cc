@@ -6,6 +6,9 @@
 // Tolerances (cuda_compare.h): a GEMM's result 4·(K + 2)·u norm-wise, for f32 and bf16 inputs
 // alike; the bias gradient, a column sum over N rows, kColumnSums as in test_dense_cuda.cc; what is
 // the same operations in the same order (a repeated call, k = 0, the bf16 cast of dy) bitwise.
+//
+// On every machine: how a row-major problem is handed to column-major cuBLASLt (lt_mapping), read
+// back with cuBLAS's own semantics, is the row-major GEMM.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -13,10 +16,8 @@
 #include "ops/cuda_compare.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/gemm.h"
-#include "zaya/ops/gemm_many.h"
-#if defined(ZAYA_HAVE_CUDA)
 #include "zaya/ops/cuda/cublaslt_gemm.h"
-#endif
+#include "zaya/ops/gemm_many.h"
 
 namespace zaya::ops {
 namespace {
@@ -34,6 +35,48 @@ Shape op_shape(Trans t, int64_t rows, int64_t cols) { return t == Trans::N ? Sha
 
 // Odd sizes: no multiple of a tile, a warp or a vector width; K = 300 crosses any K blocking.
 constexpr int64_t M = 37, Nn = 53, K = 300;
+
+// cuBLAS's D = op(A)·op(B) on column-major buffers (element (r, c) of a layout at r + c·ld), with
+// the shapes checked as cublasLtMatmul checks them.
+std::vector<double> column_major_gemm(const cuda::LtMapping& mp, const std::vector<double>& a,
+                                      const std::vector<double>& b) {
+  const int64_t m = mp.trans_a ? mp.a.cols : mp.a.rows, k = mp.trans_a ? mp.a.rows : mp.a.cols;
+  const int64_t kb = mp.trans_b ? mp.b.cols : mp.b.rows, n = mp.trans_b ? mp.b.rows : mp.b.cols;
+  EXPECT_EQ(k, kb);
+  EXPECT_EQ(mp.c.rows, m);
+  EXPECT_EQ(mp.c.cols, n);
+  auto op = [](const std::vector<double>& x, const cuda::LtLayout& l, bool t, int64_t i, int64_t p) {
+    return t ? x[static_cast<size_t>(p + i * l.ld)] : x[static_cast<size_t>(i + p * l.ld)];
+  };
+  std::vector<double> d(static_cast<size_t>(mp.c.ld * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) s += op(a, mp.a, mp.trans_a, i, p) * op(b, mp.b, mp.trans_b, p, j);
+      d[static_cast<size_t>(i + j * mp.c.ld)] = s;
+    }
+  return d;
+}
+
+TEST(CublasLtMapping, TheColumnMajorProblemIsTheRowMajorGemm) {
+  const int64_t m = 5, n = 7, k = 3;
+  for (Trans ta : {Trans::N, Trans::T})
+    for (Trans tb : {Trans::N, Trans::T}) {
+      // Small integers: every sum exact.
+      std::vector<double> A(m * k), B(k * n);
+      for (size_t i = 0; i < A.size(); ++i) A[i] = static_cast<double>((i * 7) % 11) - 5;
+      for (size_t i = 0; i < B.size(); ++i) B[i] = static_cast<double>((i * 5) % 13) - 6;
+      auto a_at = [&](int64_t i, int64_t p) { return ta == Trans::N ? A[i * k + p] : A[p * m + i]; };
+      auto b_at = [&](int64_t p, int64_t j) { return tb == Trans::N ? B[p * n + j] : B[j * k + p]; };
+      std::vector<double> want(m * n, 0.0);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t p = 0; p < k; ++p) want[i * n + j] += a_at(i, p) * b_at(p, j);
+      // cuBLASLt's A is our B and its B our A; its column-major D is our row-major C.
+      const cuda::LtMapping mp = cuda::lt_mapping(m, n, k, ta, tb);
+      EXPECT_EQ(column_major_gemm(mp, B, A), want) << "ta " << (ta == Trans::T) << " tb " << (tb == Trans::T);
+    }
+}
 
 TEST(GemmCuda, MatchesTheCpuForEveryTransposeDtypeAndBeta) {
   ZAYA_SKIP_WITHOUT_GPU();

@@ -1,10 +1,8 @@
 // cuBLASLt matmuls with a per-thread plan cache (cublaslt_gemm.h).
 //
-// Row-major C [m, n] is column-major Cᵀ [n, m], so C = op(A)·op(B) runs as Cᵀ = op(B)ᵀ·op(A)ᵀ:
-// cuBLASLt's first operand is our B and its second our A, each described by its stored row-major
-// buffer read as column-major (rows = the stored row length), with cuBLASLt's transpose flag equal
-// to ours. The bias epilogue adds a vector along the rows of column-major D, which are C's columns:
-// one value per output feature, as linear's bias is.
+// The operands are handed over as lt_mapping says (cuBLASLt's A is our B, its B our A). The bias
+// epilogue adds a vector along the rows of column-major D, which are C's columns: one value per
+// output feature, as linear's bias is.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -75,11 +73,11 @@ PlanCache& plans() {
   return cache;
 }
 
-cublasLtMatrixLayout_t make_layout(std::string_view op, cudaDataType_t type, int64_t rows, int64_t cols,
-                                   int64_t batch, int64_t stride) {
+cublasLtMatrixLayout_t make_layout(std::string_view op, cudaDataType_t type, const LtLayout& lay, int64_t batch,
+                                   int64_t stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  check_lt(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), rows), op,
-           "layout");
+  check_lt(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(lay.rows), static_cast<uint64_t>(lay.cols), lay.ld),
+           op, "layout");
   if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
     check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), op,
@@ -94,8 +92,9 @@ std::unique_ptr<Plan> make_plan(std::string_view op, const PlanKey& key, cublasL
   auto plan = std::make_unique<Plan>();
   const cudaDataType_t in = key.in == static_cast<uint8_t>(DType::bf16) ? CUDA_R_16BF : CUDA_R_32F;
   check_lt(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), op, "matmul descriptor");
-  const cublasOperation_t lt_a = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
-  const cublasOperation_t lt_b = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const LtMapping map = lt_mapping(key.m, key.n, key.k, key.ta ? Trans::T : Trans::N, key.tb ? Trans::T : Trans::N);
+  const cublasOperation_t lt_a = map.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
+  const cublasOperation_t lt_b = map.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   check_lt(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &lt_a, sizeof lt_a), op,
            "transpose");
   check_lt(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &lt_b, sizeof lt_b), op,
@@ -105,12 +104,9 @@ std::unique_ptr<Plan> make_plan(std::string_view op, const PlanKey& key, cublasL
     check_lt(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), op,
              "bias epilogue");
   }
-  // Stored column-major shapes: our B is [k, n] row-major for N (column-major n × k), [n, k] for T;
-  // our A is [m, k] for N (column-major k × m), [k, m] for T.
-  const bool tb = key.tb != 0, ta = key.ta != 0;
-  plan->lay_a = make_layout(op, in, tb ? key.k : key.n, tb ? key.n : key.k, key.batch, key.stride_b);
-  plan->lay_b = make_layout(op, in, ta ? key.m : key.k, ta ? key.k : key.m, key.batch, key.stride_a);
-  plan->lay_c = make_layout(op, CUDA_R_32F, key.n, key.m, key.batch, key.stride_c);
+  plan->lay_a = make_layout(op, in, map.a, key.batch, key.stride_b);
+  plan->lay_b = make_layout(op, in, map.b, key.batch, key.stride_a);
+  plan->lay_c = make_layout(op, CUDA_R_32F, map.c, key.batch, key.stride_c);
 
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(cublasLtMatmulPreferenceCreate(&pref), op, "preference");
