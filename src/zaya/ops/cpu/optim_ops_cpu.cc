@@ -1,11 +1,12 @@
 // CPU kernels of the optimizer primitives (optim_ops.h; arguments checked by the fronts in
 // ops/optim_ops.cc).
 #include "zaya/ops/cpu/optim_ops_cpu.h"
-#include "zaya/ops/optim_math.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "zaya/ops/optim_math.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -52,9 +53,8 @@ using math::AdamWConsts;
 // IEEE operations in the same order as the scalar one (math::adamw_step, optim_math.h, which the
 // CUDA kernel runs too), so both give bitwise the same result. Each multiply-add is an explicit
 // fused one in both (GCC contracts a·b + c into an FMA on its own in C++, and might pick different
-// pairs in the two bodies). The explicit vectors are there because
-// GCC does not vectorize the scalar loop: with errno-setting math (its default) each sqrt carries
-// a branch for negative input.
+// pairs in the two bodies). The explicit vectors are there because GCC does not vectorize the
+// scalar loop: with errno-setting math (its default) each sqrt carries a branch for negative input.
 //
 // Moments that fall below float's normal range are stored as 0 (flush_subnormal: by value, no FP
 // mode is set). A parameter whose gradient stays 0 (the embedding row of a token no batch holds)
