@@ -3,7 +3,7 @@
 // FLOP/s: the model's dense GEMMs, one expert's GEMMs alone, the 16 experts' grouped GEMMs and the
 // whole experts forward and backward, next to a large square GEMM (the library's best case; the
 // issue's goal is expert GEMMs at >= 60% of it). scripts/gpu_check.sh runs it on a lent GPU.
-//   ./bench_ops_gemm_cuda --benchmark_min_time=0.2s
+//   ./bench_ops_gemm_cuda --benchmark_min_time=0.2
 // Each timed iteration queues kRepeat calls and waits for them (wall time), so the per-call host
 // launch cost overlaps the GPU's work as in a training step. Without a GPU every case is skipped
 // with the reason.

@@ -84,7 +84,7 @@ run | tests)
   "$pack_dir/test_ops" --gtest_filter='GemmCuda.*:LinearCuda.*:ExpertsCuda.*:OptimCuda.*:NewtonSchulzCuda.*:CopyCuda.*:OptimMath.*:CublasLtMapping.*:GemmDevice.*:ExpertsDevice.*:NewtonSchulzDevice.*:OptimOpsDevice.*:CopyBlock.*' \
     2>&1 | tee -a "$out/tests.txt" || status=1
   # The GEMM ops at ZAYA1-base's shapes in FLOP/s (dense, one expert, 16 experts grouped, the experts op).
-  "$pack_dir/bench_ops_gemm_cuda" --benchmark_min_time=0.2s 2>&1 | tee "$out/ops_gemm_bench.txt" || status=1
+  "$pack_dir/bench_ops_gemm_cuda" --benchmark_min_time=0.2 2>&1 | tee "$out/ops_gemm_bench.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon; the tests start it
   # in a child process of their own), its plugins and texts from the pack.

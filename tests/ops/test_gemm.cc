@@ -122,9 +122,10 @@ TEST(Gemm, ShapeErrorsNameBothShapes) {
 // them as on the CPU; where no GPU is present their CUDA kernels (cuda/gemm.cu) then say so, naming
 // the op, before anything is launched (with a GPU, test_gemm_cuda.cc runs them on device memory).
 TEST(GemmDevice, CudaTensorsAreCheckedAndNeedAGpu) {
-  using test::as_cuda;
-  Tensor A = as_cuda(random_tensor({5, 4}, 1)), B = as_cuda(random_tensor({4, 3}, 2));
-  Tensor C = as_cuda(Tensor::empty({5, 3}, DType::f32));
+  // Host buffers kept alive (CudaLabelled): the front compares the operands' addresses (C must not
+  // overlap A or B), which freed temporaries could share.
+  test::CudaLabelled cu;
+  Tensor A = cu({5, 4}), B = cu({4, 3}), C = cu({5, 3});
   // The shape checks hold for CUDA operands too.
   EXPECT_NE(error_of([&] { gemm(C, A, Trans::T, B, Trans::N); }).find("inner dims differ"), std::string::npos);
   if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is present: test_gemm_cuda.cc runs these ops on it";
