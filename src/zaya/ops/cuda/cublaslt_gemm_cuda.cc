@@ -126,9 +126,13 @@ std::unique_ptr<Plan> make_plan(std::string_view op, const PlanKey& key, cublasL
            op, "alignment preference");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  check_lt(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->lay_a, plan->lay_b, plan->lay_c, plan->lay_c,
-                                          pref, 1, &result, &found),
-           op, "heuristic");
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->lay_a, plan->lay_b, plan->lay_c,
+                                                           plan->lay_c, pref, 1, &result, &found);
+  // NOT_SUPPORTED: no heuristic for this configuration, i.e. no algorithm (as found = 0 says).
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && result.state != CUBLAS_STATUS_SUCCESS))
+    found = 0;
+  else
+    check_lt(st, op, "heuristic");
   if (found == 0 && key.bias) {
     plan->supported = false;
     return plan;
