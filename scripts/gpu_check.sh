@@ -4,12 +4,14 @@
 # CI machines have no GPU, so the CUDA tests skip there. This script runs them where a GPU is:
 #
 #   scripts/gpu_check.sh pack          on the build machine: bundles build/cuda's test_core,
-#                                      test_ops, test_bench, test_dist and zaya binaries with the
+#                                      test_ops, test_bench, test_dist, bench_ops_gemm_cuda and zaya binaries with the
 #                                      shared libraries a bare CUDA image lacks (Open MPI's plugins
 #                                      and help texts among them), into build/gpu_check/
 #   scripts/gpu_check.sh run [OUTDIR]  on the GPU machine: unpacks them and runs the CUDA
 #                                      tests (the device context; the CUDA op kernels against
-#                                      the CPU ops: docs/cuda.md), the NCCL backend's tests and
+#                                      the CPU ops: docs/cuda.md), the CUDA GEMM op benchmark
+#                                      (bench_ops_gemm_cuda: ZAYA1-base's dense and expert GEMMs
+#                                      in FLOP/s), the NCCL backend's tests and
 #                                      `zaya bench collectives --backend nccl` (a world of one:
 #                                      MPI as a singleton), `zaya sysinfo`, and `zaya bench gemm --backend cuda` over
 #                                      ZAYA1-base's training GEMMs (bf16 and f32); logs and the
@@ -39,7 +41,7 @@ cpu_flags() { grep -o -w -e avx512f -e avx512_bf16 -e amx_tile /proc/cpuinfo | s
 case "${1:-}" in
 pack)
   bins=(build/cuda/zaya build/cuda/tests/test_core build/cuda/tests/test_ops build/cuda/tests/test_bench
-        build/cuda/tests/test_dist)
+        build/cuda/tests/test_dist build/cuda/benchmarks/bench_ops_gemm_cuda)
   for f in "${bins[@]}"; do
     [[ -x "$f" ]] || { echo "gpu_check: $f is missing: build the CUDA preset first (cmake --preset cuda && cmake --build build/cuda)" >&2; exit 1; }
   done
@@ -77,6 +79,12 @@ run | tests)
   # checks (which skip their no-GPU halves here).
   "$pack_dir/test_ops" --gtest_filter='DenseCuda.*:ScaleBiasCuda.*:EdaCuda.*:ElementwiseMath.*:DenseDevice.*:RouterStateDevice.*' \
     2>&1 | tee -a "$out/tests.txt" || status=1
+  # The GEMM, linear, experts, optimizer, Newton–Schulz and copy kernels against the CPU ops
+  # (tests/ops/test_{gemm,experts,optim}_cuda.cc) and their fronts' device checks.
+  "$pack_dir/test_ops" --gtest_filter='GemmCuda.*:LinearCuda.*:ExpertsCuda.*:OptimCuda.*:NewtonSchulzCuda.*:CopyCuda.*:OptimMath.*:CublasLtMapping.*:GemmDevice.*:ExpertsDevice.*:NewtonSchulzDevice.*:OptimOpsDevice.*:CopyBlock.*' \
+    2>&1 | tee -a "$out/tests.txt" || status=1
+  # The GEMM ops at ZAYA1-base's shapes in FLOP/s (dense, one expert, 16 experts grouped, the experts op).
+  "$pack_dir/bench_ops_gemm_cuda" --benchmark_min_time=0.2 2>&1 | tee "$out/ops_gemm_bench.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon; the tests start it
   # in a child process of their own), its plugins and texts from the pack.

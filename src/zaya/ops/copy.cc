@@ -1,8 +1,11 @@
-// Argument checks and dispatch for block copies (kernel in cpu/copy_cpu.cc).
+// Argument checks and dispatch for block copies (kernels in cpu/copy_cpu.cc and cuda/copy_cuda.cc).
 #include "zaya/ops/copy.h"
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/copy_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/copy_cuda.h"
+#endif
 
 namespace zaya::ops {
 
@@ -25,6 +28,9 @@ void copy_block(const Tensor& dst, int64_t dst_row, int64_t dst_col, const Tenso
              src.str(), " seen as [", sh, ", ", sw, "]");
   if (rows == 0 || cols == 0) return;
   if (on.cpu()) return cpu::copy_block(dst, dst_row, dst_col, src, src_row, src_col, rows, cols);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::copy_block(dst, dst_row, dst_col, src, src_row, src_col, rows, cols);
+#endif
   on.no_kernel();
 }
 

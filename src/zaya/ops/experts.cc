@@ -1,10 +1,13 @@
-// Argument checks and dispatch for the experts (kernels in cpu/experts_cpu.cc).
+// Argument checks and dispatch for the experts (kernels in cpu/experts_cpu.cc and cuda/experts.cu).
 #include "zaya/ops/experts.h"
 
 #include <utility>
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/experts_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/experts_cuda.h"
+#endif
 
 namespace zaya::ops {
 namespace {
@@ -68,6 +71,9 @@ void experts_forward(const ExpertActs& a, const Tensor& x, const Tensor& src, co
   check::shape(op, "src", src, Shape{x.size(0)});
   check_acts(op, a, M, d, w.gate_up.dtype() == DType::bf16);
   if (on.cpu()) return cpu::experts_forward(a, x, src, offsets, w, M);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::experts_forward(a, x, src, offsets, w, M);
+#endif
   on.no_kernel();
 }
 
@@ -105,6 +111,9 @@ bool experts_backward(const Tensor& dxp, const ExpertWeights& grads, const Tenso
   }
   for (const SideTask& t : side) ZAYA_CHECK(t.run != nullptr, op, ": a side task has no function");
   if (on.cpu()) return cpu::experts_backward(dxp, grads, dy, offsets, w, a, scratch, M, side);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::experts_backward(dxp, grads, dy, offsets, w, a, scratch, M);
+#endif
   on.no_kernel();
 }
 

@@ -1,10 +1,13 @@
 // The GEMM fronts: argument checks for any device, then the kernel for the tensors' device (CPU:
-// cpu/gemm_cpu.cc and cpu/gemm_grouped_cpu.cc).
+// cpu/gemm_cpu.cc and cpu/gemm_grouped_cpu.cc; CUDA: cuda/gemm.cu through cuBLASLt).
 #include "zaya/ops/gemm.h"
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/ops/gemm_checks.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/gemm_cuda.h"
+#endif
 
 namespace zaya::ops {
 namespace {
@@ -46,6 +49,9 @@ void gemm(const Tensor& C, const Tensor& A, Trans ta, const Tensor& B, Trans tb,
   const OpDevice on(op, {{"A", A}, {"B", B}, {"C", C}});
   const GemmDims d = check_gemm_problem(op, A, ta, B, tb, C);
   if (on.cpu()) return cpu::gemm(d, A, ta, B, tb, C, alpha, beta);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::gemm(d, A, ta, B, tb, C, alpha, beta);
+#endif
   on.no_kernel();
 }
 
@@ -60,6 +66,9 @@ void gemm_grouped(std::span<GemmProblem> problems, Trans ta, Trans tb, float alp
     check_gemm_problem(op, p.A, ta, p.B, tb, p.C);
   }
   if (on.cpu()) return cpu::gemm_grouped(problems, ta, tb, alpha, beta);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::gemm_grouped(problems, ta, tb, alpha, beta);
+#endif
   on.no_kernel();
 }
 

@@ -1,9 +1,12 @@
-// Argument checks and dispatch for independent GEMMs (kernel in cpu/gemm_many_cpu.cc; each problem
-// is checked again by ops::gemm).
+// Argument checks and dispatch for independent GEMMs (kernels in cpu/gemm_many_cpu.cc and
+// cuda/gemm.cu; each problem is checked again by ops::gemm).
 #include "zaya/ops/gemm_many.h"
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/gemm_many_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/gemm_cuda.h"
+#endif
 
 namespace zaya::ops {
 
@@ -19,6 +22,9 @@ void gemm_many(std::span<const GemmProblem> problems, Trans ta, Trans tb, float 
                  " write the same output ", problems[i].C.str());
   }
   if (on.cpu()) return cpu::gemm_many(problems, ta, tb, alpha, beta);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::gemm_many(problems, ta, tb, alpha, beta);
+#endif
   on.no_kernel();
 }
 

@@ -1,11 +1,14 @@
 // The Newton–Schulz fronts: argument checks for any device, then the kernel for the tensors' device
-// (CPU: cpu/newton_schulz_cpu.cc).
+// (CPU: cpu/newton_schulz_cpu.cc; CUDA: cuda/newton_schulz.cu).
 #include "zaya/ops/newton_schulz.h"
 
 #include <algorithm>
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/newton_schulz_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/optim_cuda.h"
+#endif
 
 namespace zaya::ops {
 
@@ -23,6 +26,9 @@ void newton_schulz_step(const Tensor& X_next, const Tensor& X, const Tensor& A, 
   check::f32(op, "B", B);
   check::shape(op, "B", B, Shape{r, r});
   if (on.cpu()) return cpu::newton_schulz_step(X_next, X, A, B, a, b, c);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::newton_schulz_step(X_next, X, A, B, a, b, c);
+#endif
   on.no_kernel();
 }
 
@@ -55,6 +61,9 @@ void newton_schulz_orthogonalize(const Tensor& out, const Tensor& G, const Tenso
   ZAYA_CHECK(workspace.numel() >= need, op, ": workspace has ", workspace.numel(), " elements, needs ", need,
              " for G ", G.shape().str(), " in ", dtype_name(compute));
   if (on.cpu()) return cpu::newton_schulz_orthogonalize(out, G, workspace, steps, compute);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::newton_schulz_orthogonalize(out, G, workspace, steps, compute);
+#endif
   on.no_kernel();
 }
 

@@ -1,11 +1,14 @@
 // The optimizer primitives' fronts: argument checks for any device, then the kernel for the
-// tensors' device (CPU: cpu/optim_ops_cpu.cc).
+// tensors' device (CPU: cpu/optim_ops_cpu.cc; CUDA: cuda/optim_ops.cu).
 #include "zaya/ops/optim_ops.h"
 
 #include <utility>
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/optim_ops_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/optim_cuda.h"
+#endif
 
 namespace zaya::ops {
 
@@ -14,6 +17,9 @@ double global_grad_norm(std::span<const Tensor> grads) {
   for (size_t i = 0; i < grads.size(); ++i) check::f32(op, str("gradient ", i), grads[i]);
   const OpDevice on(op, "gradient", grads);
   if (on.cpu()) return cpu::global_grad_norm(grads);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::global_grad_norm(grads);
+#endif
   on.no_kernel();
 }
 
@@ -22,6 +28,9 @@ void scale_inplace(const Tensor& t, float s) {
   const OpDevice on(op, {{"t", t}});
   check::f32(op, "t", t);
   if (on.cpu()) return cpu::scale_inplace(t, s);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::scale_inplace(t, s);
+#endif
   on.no_kernel();
 }
 
@@ -47,6 +56,9 @@ void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const T
   }
   ZAYA_CHECK(step >= 1, op, ": step must be >= 1 (bias correction divides by 1 - beta^step), found ", step);
   if (on.cpu()) return cpu::adamw_update(param, m, v, grad, hp, step);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::adamw_update(param, m, v, grad, hp, step);
+#endif
   on.no_kernel();
 }
 

@@ -2,6 +2,8 @@
 // Newton–Schulz iteration is in newton_schulz.h). f32 tensors; in place.
 #pragma once
 
+#include <math.h>
+
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -33,8 +35,9 @@ struct AdamWHyper {
 
 // x, or 0 where |x| is below float's normal range (NaN kept): optimizer state that would decay
 // into subnormals is stored as 0 instead (x86 runs arithmetic on subnormals through microcode
-// assists, ~20× slower; docs/results/ops-cpu.md, "AdamW: subnormal moments").
-inline float flush_subnormal(float x) { return std::fabs(x) < FLT_MIN ? 0.0f : x; }
+// assists, ~20× slower; docs/results/ops-cpu.md, "AdamW: subnormal moments"). Also the CUDA
+// kernels' (optim_math.h): a GPU has no such penalty, but the two devices store the same state.
+ZAYA_HD inline float flush_subnormal(float x) { return fabsf(x) < FLT_MIN ? 0.0f : x; }
 
 // One AdamW step t >= 1 (decoupled weight decay, bias-corrected moments):
 //   m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²  (each through flush_subnormal);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "zaya/ops/optim_math.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -13,7 +15,7 @@
 namespace zaya::ops::cpu {
 namespace {
 
-constexpr int64_t kNormBlock = 16384;
+using math::kNormBlock;  // the block and lane order shared with the CUDA kernel (optim_math.h)
 constexpr int64_t kAdamChunk = 8192;  // elements per thread work item
 
 // Σ x² over x[0..n) in double, 16 lanes: x² of a float is exact in double, each lane adds every
@@ -45,31 +47,20 @@ double sum_squares(const float* x, int64_t n) {
   return s;
 }
 
-struct AdamWConsts {
-  float b1, c1, b2, c2, inv_bc1, inv_sqrt_bc2, lr, eps, wd;
-};
+using math::AdamWConsts;
 
 // One chunk of the AdamW update. Every element is independent, and the AVX-512 body does the same
-// IEEE operations in the same order as the scalar one, so both give bitwise the same result. Each
-// multiply-add is an explicit fused one in both (GCC contracts a·b + c into an FMA on its own in
-// C++, and might pick different pairs in the two bodies). The explicit vectors are there because
-// GCC does not vectorize the scalar loop: with errno-setting math (its default) each sqrt carries
-// a branch for negative input.
+// IEEE operations in the same order as the scalar one (math::adamw_step, optim_math.h, which the
+// CUDA kernel runs too), so both give bitwise the same result. Each multiply-add is an explicit
+// fused one in both (GCC contracts a·b + c into an FMA on its own in C++, and might pick different
+// pairs in the two bodies). The explicit vectors are there because GCC does not vectorize the
+// scalar loop: with errno-setting math (its default) each sqrt carries a branch for negative input.
 //
 // Moments that fall below float's normal range are stored as 0 (flush_subnormal: by value, no FP
 // mode is set). A parameter whose gradient stays 0 (the embedding row of a token no batch holds)
 // has its first moment decay by β1 every step, subnormal after ~650 steps from 1e-10, and then
 // every step on it ran through microcode assists. A flushed moment is < 2^-126, whose part of the
 // update, m̂/(√v̂ + eps) with eps = 1e-8, is below 1e-30.
-inline void adamw_one(float& p, float g, float& m, float& v, const AdamWConsts& k) {
-  const float mi = flush_subnormal(std::fma(k.b1, m, k.c1 * g));
-  const float vi = flush_subnormal(std::fma(k.b2, v, (k.c2 * g) * g));
-  m = mi;
-  v = vi;
-  const float upd = (mi * k.inv_bc1) / std::fma(std::sqrt(vi), k.inv_sqrt_bc2, k.eps);
-  p = std::fma(-k.lr, std::fma(k.wd, p, upd), p);  // p − lr·(upd + wd·p)
-}
-
 void adamw_chunk(float* p, const float* g, float* mp, float* vp, int64_t n, const AdamWConsts& k) {
   int64_t i = 0;
 #if defined(__AVX512F__)
@@ -96,7 +87,7 @@ void adamw_chunk(float* p, const float* g, float* mp, float* vp, int64_t n, cons
     _mm512_storeu_ps(p + i, _mm512_fmadd_ps(nlr, _mm512_fmadd_ps(wd, pi, upd), pi));
   }
 #endif
-  for (; i < n; ++i) adamw_one(p[i], g[i], mp[i], vp[i], k);
+  for (; i < n; ++i) math::adamw_step(p[i], g[i], mp[i], vp[i], k);
 }
 
 }  // namespace
@@ -116,15 +107,7 @@ void scale_inplace(const Tensor& t, float s) {
 
 void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad,
                   const AdamWHyper& hp, int64_t step) {
-  // Bias corrections in double (1 − 0.95^t loses digits in float for small t), applied as
-  // multipliers: m̂ = m·(1/bc1) and √v̂ = √v·(1/√bc2), so the element loop has one sqrt and one
-  // division and no double arithmetic, and vectorizes.
-  const double bc1 = 1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(step));
-  const float inv_bc1 = static_cast<float>(1.0 / bc1),
-              inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const AdamWConsts k{hp.beta1,     1.0f - hp.beta1, hp.beta2, 1.0f - hp.beta2, inv_bc1,
-                      inv_sqrt_bc2, hp.lr,           hp.eps,   hp.weight_decay};
+  const AdamWConsts k = math::adamw_consts(hp, step);  // the element loop vectorizes
   float* __restrict p = param.data<float>();
   float* __restrict mp = m.data<float>();
   float* __restrict vp = v.data<float>();

@@ -1,0 +1,14 @@
+// The CUDA kernel behind zaya/ops/copy.h (copy_cuda.cc): one strided device-to-device copy on the
+// calling thread's stream. A plain C++ header, included only where the build has CUDA.
+#pragma once
+
+#include <cstdint>
+
+#include "zaya/core/tensor.h"
+
+namespace zaya::ops::cuda {
+
+void copy_block(const Tensor& dst, int64_t dst_row, int64_t dst_col, const Tensor& src, int64_t src_row,
+                int64_t src_col, int64_t rows, int64_t cols);
+
+}  // namespace zaya::ops::cuda
