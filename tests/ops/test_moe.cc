@@ -158,8 +158,7 @@ TEST(MoeDevice, CudaKernelsWithoutAGpuGiveAClearErrorAndMixedDevicesNameTheArgum
   expect_needs_gpu("moe_route_backward", [&] { ops::moe_route_backward(dlogits, dweight, probs, choice, N, E); });
   expect_needs_gpu("moe_plan", [&] { ops::moe_plan(counts, offsets, pos, src, choice, N, E); });
   expect_needs_gpu("moe_gather", [&] { ops::moe_gather(xp, x, src, N, N, H); });
-  // moe_gather_rows runs moe_gather's kernel, under that name.
-  expect_needs_gpu("moe_gather", [&] { ops::moe_gather_rows(xp, x, src, 1, 3, N, H); });
+  expect_needs_gpu("moe_gather_rows", [&] { ops::moe_gather_rows(xp, x, src, 1, 3, N, H); });
   expect_needs_gpu("moe_gather_backward", [&] { ops::moe_gather_backward(dx, xp, pos, N, N, H); });
   expect_needs_gpu("moe_unpermute", [&] { ops::moe_unpermute(dx, y, weight, pos, N, N, H); });
   expect_needs_gpu("moe_unpermute_backward",

@@ -114,7 +114,7 @@ void gather_checked(std::string_view op, const Tensor& xp, const Tensor& x, cons
   if (on.cpu())
     return cpu::moe_gather(xp.data<float>() + r0 * H, x.data<float>(), src.data<int32_t>() + r0, r1 - r0, H);
 #if defined(ZAYA_HAVE_CUDA)
-  if (on.cuda()) return cuda::moe_gather(xp, x, src, r0, r1, H);
+  if (on.cuda()) return cuda::moe_gather(xp, x, src, r0, r1, H, op);
 #endif
   on.no_kernel();
 }

@@ -180,22 +180,27 @@ __device__ inline float4 zero() {
   return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
+// Each kernel gives a block one row at a time (grid-stride over rows), its threads the row's
+// columns: no index division per element.
+#define ROWS_OF_BLOCKS(r, rows) for (int64_t r = blockIdx.x; r < (rows); r += gridDim.x)
+#define COLS_OF_THREADS(h, hv) for (int64_t h = threadIdx.x; h < (hv); h += blockDim.x)
+
 // xp[r] = x[src[r]] for r < rows (xp and src already offset to the first row).
 template <class V>
 __global__ void moe_gather_kernel(V* xp, const V* x, const int32_t* src, int64_t rows, int64_t hv) {
-  GRID_STRIDE(k, rows * hv) {
-    const int64_t r = k / hv, h = k % hv;
-    xp[k] = x[static_cast<int64_t>(src[r]) * hv + h];
+  ROWS_OF_BLOCKS(r, rows) {
+    const V* from = x + static_cast<int64_t>(src[r]) * hv;
+    COLS_OF_THREADS(h, hv) xp[r * hv + h] = from[h];
   }
 }
 
 // dx[n] = dxp[pos[n]], 0 for skipped tokens.
 template <class V>
 __global__ void moe_gather_backward_kernel(V* dx, const V* dxp, const int32_t* pos, int64_t N, int64_t hv) {
-  GRID_STRIDE(k, N * hv) {
-    const int64_t n = k / hv, h = k % hv;
+  ROWS_OF_BLOCKS(n, N) {
     const int32_t r = pos[n];
-    dx[k] = r < 0 ? zero<V>() : dxp[static_cast<int64_t>(r) * hv + h];
+    const V* from = dxp + static_cast<int64_t>(r < 0 ? 0 : r) * hv;  // not read when skipped
+    COLS_OF_THREADS(h, hv) dx[n * hv + h] = r < 0 ? zero<V>() : from[h];
   }
 }
 
@@ -203,10 +208,11 @@ __global__ void moe_gather_backward_kernel(V* dx, const V* dxp, const int32_t* p
 template <class V>
 __global__ void moe_unpermute_kernel(V* out, const V* y, const float* weight, const int32_t* pos, int64_t N,
                                      int64_t hv) {
-  GRID_STRIDE(k, N * hv) {
-    const int64_t n = k / hv, h = k % hv;
+  ROWS_OF_BLOCKS(n, N) {
     const int32_t r = pos[n];
-    out[k] = r < 0 ? zero<V>() : scaled(weight[n], y[static_cast<int64_t>(r) * hv + h]);
+    const float w = weight[n];
+    const V* from = y + static_cast<int64_t>(r < 0 ? 0 : r) * hv;  // not read when skipped
+    COLS_OF_THREADS(h, hv) out[n * hv + h] = r < 0 ? zero<V>() : scaled(w, from[h]);
   }
 }
 
@@ -294,18 +300,18 @@ int64_t moe_plan(const Tensor& counts, const Tensor& offsets, const Tensor& pos,
   return host[0];
 }
 
-void moe_gather(const Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1, int64_t H) {
-  constexpr std::string_view op = "moe_gather";
+void moe_gather(const Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1, int64_t H,
+                std::string_view op) {
   auto& ctx = context_for(op);
   const int64_t rows = r1 - r0;
   if (rows == 0) return;
   float* dst = xp.data<float>() + r0 * H;
   const int32_t* s = src.data<int32_t>() + r0;
   if (vec4_ok(H, {dst, x.raw()})) {
-    moe_gather_kernel<<<blocks_for(rows * H / 4), kThreads, 0, stream_of(ctx)>>>(
+    moe_gather_kernel<<<row_blocks(rows), kThreads, 0, stream_of(ctx)>>>(
         reinterpret_cast<float4*>(dst), reinterpret_cast<const float4*>(x.data<float>()), s, rows, H / 4);
   } else {
-    moe_gather_kernel<<<blocks_for(rows * H), kThreads, 0, stream_of(ctx)>>>(dst, x.data<float>(), s, rows, H);
+    moe_gather_kernel<<<row_blocks(rows), kThreads, 0, stream_of(ctx)>>>(dst, x.data<float>(), s, rows, H);
   }
   check_launch(op);
 }
@@ -314,11 +320,11 @@ void moe_gather_backward(const Tensor& dx, const Tensor& dxp, const Tensor& pos,
   constexpr std::string_view op = "moe_gather_backward";
   auto& ctx = context_for(op);
   if (vec4_ok(H, {dx.raw(), dxp.raw()})) {
-    moe_gather_backward_kernel<<<blocks_for(N * H / 4), kThreads, 0, stream_of(ctx)>>>(
+    moe_gather_backward_kernel<<<row_blocks(N), kThreads, 0, stream_of(ctx)>>>(
         reinterpret_cast<float4*>(dx.data<float>()), reinterpret_cast<const float4*>(dxp.data<float>()),
         pos.data<int32_t>(), N, H / 4);
   } else {
-    moe_gather_backward_kernel<<<blocks_for(N * H), kThreads, 0, stream_of(ctx)>>>(
+    moe_gather_backward_kernel<<<row_blocks(N), kThreads, 0, stream_of(ctx)>>>(
         dx.data<float>(), dxp.data<float>(), pos.data<int32_t>(), N, H);
   }
   check_launch(op);
@@ -329,11 +335,11 @@ void moe_unpermute(const Tensor& out, const Tensor& y, const Tensor& weight, con
   constexpr std::string_view op = "moe_unpermute";
   auto& ctx = context_for(op);
   if (vec4_ok(H, {out.raw(), y.raw()})) {
-    moe_unpermute_kernel<<<blocks_for(N * H / 4), kThreads, 0, stream_of(ctx)>>>(
+    moe_unpermute_kernel<<<row_blocks(N), kThreads, 0, stream_of(ctx)>>>(
         reinterpret_cast<float4*>(out.data<float>()), reinterpret_cast<const float4*>(y.data<float>()),
         weight.data<float>(), pos.data<int32_t>(), N, H / 4);
   } else {
-    moe_unpermute_kernel<<<blocks_for(N * H), kThreads, 0, stream_of(ctx)>>>(
+    moe_unpermute_kernel<<<row_blocks(N), kThreads, 0, stream_of(ctx)>>>(
         out.data<float>(), y.data<float>(), weight.data<float>(), pos.data<int32_t>(), N, H);
   }
   check_launch(op);

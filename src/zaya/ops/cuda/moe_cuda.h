@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "zaya/core/tensor.h"
 
@@ -22,8 +23,9 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
 // front does, after the sync; its token then has pos −1 and no row.
 int64_t moe_plan(const Tensor& counts, const Tensor& offsets, const Tensor& pos, const Tensor& src,
                  const Tensor& choice, int64_t N, int64_t E);
-// xp[r − r0] = x[src[r]] for r0 ≤ r < r1, xp already offset to row r0 by the caller's view.
-void moe_gather(const Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1, int64_t H);
+// xp[r] = x[src[r]] for r0 ≤ r < r1; `op` names the front (moe_gather or moe_gather_rows) in errors.
+void moe_gather(const Tensor& xp, const Tensor& x, const Tensor& src, int64_t r0, int64_t r1, int64_t H,
+                std::string_view op);
 void moe_gather_backward(const Tensor& dx, const Tensor& dxp, const Tensor& pos, int64_t N, int64_t H);
 void moe_unpermute(const Tensor& out, const Tensor& y, const Tensor& weight, const Tensor& pos, int64_t N,
                    int64_t H);
