@@ -76,7 +76,7 @@ run | tests)
   "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:CudaContext.*:Philox.*:Tensor.*' 2>&1 | tee "$out/tests.txt" || status=1
   # The CUDA op kernels against the CPU ops (tests/ops/test_*_cuda.cc), their shared per-element
   # math, and the fronts' device checks (which skip their no-GPU halves here).
-  "$pack_dir/test_ops" --gtest_filter='DenseCuda.*:ScaleBiasCuda.*:EdaCuda.*:MoeCuda.*:CrossEntropyCuda.*:ElementwiseMath.*:LossMath.*:DenseDevice.*:RouterStateDevice.*:MoeDevice.*:CrossEntropyDevice.*' \
+  "$pack_dir/test_ops" --gtest_filter='DenseCuda.*:ScaleBiasCuda.*:EdaCuda.*:MoeCuda.*:CrossEntropyCuda.*:LinearCuda.*:ElementwiseMath.*:LossMath.*:DenseDevice.*:RouterStateDevice.*:MoeDevice.*:CrossEntropyDevice.*' \
     2>&1 | tee -a "$out/tests.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon; the tests start it

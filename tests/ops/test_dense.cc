@@ -426,30 +426,18 @@ TEST(Softmax, ForwardBackward) {
   }
 }
 
-// The dense fronts without a CUDA kernel (linear's GEMMs), handed CUDA tensors (host memory
-// labelled CUDA: device_dispatch.h), check them as on the CPU and then stop at the dispatch, naming
-// the op.
-TEST(DenseDevice, CudaTensorsGetTheNoKernelErrorNamingTheOp) {
+// The dense fronts check their arguments before the dispatch, for every device: a CUDA tensor
+// (host memory labelled CUDA: device_dispatch.h) with the wrong dtype is named as such.
+TEST(DenseDevice, ChecksRunBeforeTheDispatchForCudaTensors) {
   using test::as_cuda;
   const int64_t n = 4, f = 8;
-  Tensor x = as_cuda(random_tensor({n, f}, 1)), y = as_cuda(random_tensor({n, f}, 2));
-  Tensor dy = as_cuda(random_tensor({n, f}, 3)), dx = as_cuda(random_tensor({n, f}, 4));
-  Tensor W = as_cuda(random_tensor({f, f}, 5)), dW = as_cuda(random_tensor({f, f}, 6));
-  Tensor w = as_cuda(random_tensor({f}, 7)), dw = as_cuda(random_tensor({f}, 8));
-  Tensor rstd = as_cuda(random_tensor({n}, 9));
-  Tensor x16 = as_cuda(Tensor::zeros({n, f}, DType::bf16));
-  using test::expect_no_cuda_kernel;
-  expect_no_cuda_kernel("linear_forward", [&] { linear_forward(y, x, W, w); });
-  expect_no_cuda_kernel("linear_backward", [&] { linear_backward(dx, dW, dw, dy, x, W); });
-  // The message names the first tensor argument with its dtype, shape and device; the checks run
-  // before the dispatch, for every device.
+  Tensor x16 = as_cuda(Tensor::zeros({n, f}, DType::bf16)), y = as_cuda(random_tensor({n, f}, 2));
+  Tensor w = as_cuda(random_tensor({f}, 7)), rstd = as_cuda(random_tensor({n}, 9));
   EXPECT_EQ(test::error_of([&] { rmsnorm_forward(y, rstd, x16, w, 1e-6f); }),
             "rmsnorm_forward: x must be f32, found bf16[4, 8] cuda");
-  EXPECT_EQ(test::error_of([&] { linear_forward(y, x, W, {}); }),
-            "no CUDA kernel for ops::linear_forward yet (x is f32[4, 8] cuda)");
 }
 
-// The fronts with a CUDA kernel (cuda/dense.cu), handed CUDA tensors where no GPU is present, give
+// The fronts with a CUDA kernel (cuda/dense.cu, cuda/linear.cu), handed CUDA tensors where no GPU is present, give
 // a zaya::Error naming the op and saying why, before any kernel could touch the memory (here host
 // memory under a CUDA label, which a real GPU kernel would fault on: hence skipped with a GPU,
 // where test_dense_cuda.cc runs them on device memory).
@@ -481,6 +469,9 @@ TEST(DenseDevice, CudaKernelsWithoutAGpuGiveAClearError) {
   expect_needs_gpu("cast_to_bf16", [&] { cast_to_bf16(x16, x); });
   expect_needs_gpu("softmax_forward", [&] { softmax_forward(y, x); });
   expect_needs_gpu("softmax_backward", [&] { softmax_backward(dx, dy, y); });
+  Tensor W = as_cuda(random_tensor({f, f}, 5)), dW = as_cuda(random_tensor({f, f}, 6));
+  expect_needs_gpu("linear_forward", [&] { linear_forward(y, x, W, w); });
+  expect_needs_gpu("linear_backward", [&] { linear_backward(dx, dW, dw, dy, x, W); });
 }
 
 TEST(DenseDevice, MixedDevicesAreRejectedNamingTheArgument) {

@@ -20,50 +20,20 @@
 #include <cstring>
 #include <vector>
 
-#include "ops/gradcheck.h"
+#include "ops/cuda_compare.h"
 #include "ops/loss_reference.h"
 #include "test_util.h"
-#include "zaya/core/cuda_runtime.h"
-#include "zaya/ops/gemm.h"
 #include "zaya/ops/loss.h"
 
 namespace zaya::ops {
 namespace {
 
 using loss_test::make_targets;
+using test::bitwise_equal;
+using test::gpu_empty;
+using test::on_gpu;
 using test::random_tensor;
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason()
-
-Tensor on_gpu(const Tensor& host) { return host.to(Device::cuda); }
-Tensor gpu_empty(const Shape& s, DType d = DType::f32) { return Tensor::empty(s, d, Device::cuda); }
-
-double rel_diff(const Tensor& on_cuda, const Tensor& on_cpu) {
-  return test::rel_error(on_cuda.to(Device::cpu), test::to_f64(on_cpu));
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  Tensor ha = a.to(Device::cpu), hb = b.to(Device::cpu);
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-}
-
-// Whether ops::gemm runs on CUDA tensors in this build (the GEMM kernels are another family's); the
-// message when it does not.
-std::string gemm_missing_on_cuda() {
-  Tensor a = Tensor::zeros({1, 1}, DType::f32).to(Device::cuda), c = gpu_empty({1, 1});
-  try {
-    gemm(c, a, Trans::N, a, Trans::T, 1.0f, 0.0f);
-  } catch (const Error& e) {
-    if (std::string(e.what()).find("no CUDA kernel for ops::gemm") != std::string::npos) return e.what();
-    throw;
-  }
-  return "";
-}
-
-#define SKIP_WITHOUT_GEMM()                                                              \
-  if (const std::string why = gemm_missing_on_cuda(); !why.empty())                      \
-  GTEST_SKIP() << "the tied head's logits need ops::gemm on CUDA: " << why
+using test::rel_diff;
 
 constexpr int64_t kRows = 61, kVocab = 1000;
 

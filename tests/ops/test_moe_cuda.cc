@@ -21,29 +21,20 @@
 #include <cstring>
 #include <vector>
 
-#include "ops/gradcheck.h"
+#include "ops/cuda_compare.h"
 #include "test_util.h"
-#include "zaya/core/cuda_runtime.h"
 #include "zaya/ops/moe.h"
 
 namespace zaya::ops {
 namespace {
 
+using test::bitwise_equal;
+using test::gpu_empty;
+using test::on_gpu;
 using test::random_tensor;
-
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason()
 
 // 2500 tokens: more than two of the plan's 1024-token tiles; 16 experts as ZAYA1.
 constexpr int64_t N = 2500, E = 16, K = E + 1;
-
-Tensor on_gpu(const Tensor& host) { return host.to(Device::cuda); }
-Tensor gpu_empty(const Shape& s, DType d = DType::f32) { return Tensor::empty(s, d, Device::cuda); }
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  Tensor ha = a.to(Device::cpu), hb = b.to(Device::cpu);
-  return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
-}
 
 // max over elements of |a − b| / max(|b|, tiny).
 double max_rel_diff(const Tensor& on_cuda, const Tensor& on_cpu) {

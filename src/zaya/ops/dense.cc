@@ -10,6 +10,7 @@
 #include "zaya/ops/cpu/dense_cpu.h"
 #if defined(ZAYA_HAVE_CUDA)
 #include "zaya/ops/cuda/dense_cuda.h"
+#include "zaya/ops/cuda/linear_cuda.h"
 #endif
 
 namespace zaya::ops {
@@ -56,6 +57,9 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& W, const Ten
   check::shape(op, "y", y, Shape{n, out});
   if (b.defined()) check::vector(op, "b", b, out);
   if (on.cpu()) return cpu::linear_forward(y, x, W, b);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::linear_forward(y, x, W, b);
+#endif
   on.no_kernel();
 }
 
@@ -89,6 +93,9 @@ void linear_backward(const Tensor& dx, const Tensor& dW, const Tensor& db, const
   }
   if (db.defined()) check::vector(op, "db", db, out);
   if (on.cpu()) return cpu::linear_backward(dx, dW, db, dy, x, W, dy_bf16, accumulate_dx);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::linear_backward(dx, dW, db, dy, x, W, dy_bf16, accumulate_dx);
+#endif
   on.no_kernel();
 }
 
