@@ -74,7 +74,8 @@ void BM_cuda_copy_reference(benchmark::State& state) {
   if (skip_without_gpu(state)) return;
   const int64_t n = int64_t{1} << 28;  // 1 GiB of f32
   Tensor a = gpu({n}), b = gpu({n});
-  run_batches(state, 2 * n * 4, [&] { cuda::copy(b.raw(), Device::cuda, a.raw(), Device::cuda, n * 4); });
+  auto& ctx = cuda::current();  // on the ops' stream, unsynchronized like them (cuda::copy waits per call)
+  run_batches(state, 2 * n * 4, [&] { ctx.copy_async(b.raw(), Device::cuda, a.raw(), Device::cuda, n * 4); });
 }
 
 void BM_cuda_moe_route(benchmark::State& state) {

@@ -82,7 +82,7 @@ __global__ void moe_route_backward_kernel(float* dlogits, const float* dweight, 
 
 constexpr int kPlanThreads = 1024;
 constexpr int kPlanWarps = kPlanThreads / 32;
-constexpr int64_t kPlanMaxExperts = 256;  // shared memory: 32 warps × 257 classes of i32
+constexpr int64_t kPlanMaxExperts = 256;  // shared memory: (32 warps + 2) × 256 experts of i32, 34 KiB
 
 // status[0] = M, status[1] = the first token whose choice is outside [0, E] (−1 if none),
 // status[2] = that choice.
