@@ -50,7 +50,8 @@ void run_batches(benchmark::State& state, int64_t bytes_per_call, Op op) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < kBatch; ++i) op();
     ctx.synchronize();
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kBatch);
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                           kBatch);
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes_per_call);
 }
@@ -63,8 +64,15 @@ struct Routed {
 };
 Routed routed_layer() {
   const int64_t N = kTokens, E = kExperts;
-  Routed r{randn_gpu({N, E + 1}, 1, 2.0f), gpu({E + 1}), gpu({N, E + 1}), gpu({N}, DType::i32), gpu({N}),
-           gpu({E}, DType::i32), gpu({E + 1}, DType::i32), gpu({N}, DType::i32), gpu({N}, DType::i32)};
+  Routed r{randn_gpu({N, E + 1}, 1, 2.0f),
+           gpu({E + 1}),
+           gpu({N, E + 1}),
+           gpu({N}, DType::i32),
+           gpu({N}),
+           gpu({E}, DType::i32),
+           gpu({E + 1}, DType::i32),
+           gpu({N}, DType::i32),
+           gpu({N}, DType::i32)};
   ops::moe_route(r.probs, r.choice, r.weight, r.logits, r.beta, N, E);
   r.M = ops::moe_plan(r.counts, r.offsets, r.pos, r.src, r.choice, N, E);
   return r;
@@ -170,10 +178,13 @@ void BM_cuda_cross_entropy_tied(benchmark::State& state) {
   for (int64_t i = 0; i < kTokens; ++i) t.data<int32_t>()[i] = static_cast<int32_t>((i * 104729) % kVocab);
   Tensor tg = t.to(Device::cuda), lse = gpu({kTokens});
   Tensor ws = gpu({ops::cross_entropy_workspace_elems(kTokens, kVocab, opt)});
-  Tensor dh = backward ? gpu({kTokens, kHidden}) : Tensor{}, dE = backward ? gpu({kVocab, kHidden}) : Tensor{};
+  Tensor dh = backward ? gpu({kTokens, kHidden}) : Tensor{},
+         dE = backward ? gpu({kVocab, kHidden}) : Tensor{};
   auto call = [&] {
-    if (backward) ops::cross_entropy_tied_forward_backward(dh, dE, lse, h, E, tg, ws, opt);
-    else ops::cross_entropy_tied_forward(lse, h, E, tg, ws, opt);
+    if (backward)
+      ops::cross_entropy_tied_forward_backward(dh, dE, lse, h, E, tg, ws, opt);
+    else
+      ops::cross_entropy_tied_forward(lse, h, E, tg, ws, opt);
   };
   try {
     call();
@@ -206,6 +217,11 @@ BENCHMARK(BM_cuda_moe_unpermute)->UseManualTime()->Unit(benchmark::kMicrosecond)
 BENCHMARK(BM_cuda_moe_unpermute_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_cuda_xent_logits_forward)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_cuda_xent_logits_backward)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_cuda_cross_entropy_tied)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK(BM_cuda_cross_entropy_tied)
+    ->Arg(0)
+    ->Arg(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
 
 BENCHMARK_MAIN();

@@ -22,7 +22,8 @@ namespace zaya::test {
 // Why ops::gemm cannot run on CUDA tensors in this build ("" when it can): the GEMM kernels are
 // another family's, and the ops built on them skip until it has them.
 inline std::string gemm_missing_on_cuda() {
-  Tensor a = Tensor::zeros({1, 1}, DType::f32).to(Device::cuda), c = Tensor::empty({1, 1}, DType::f32, Device::cuda);
+  Tensor a = Tensor::zeros({1, 1}, DType::f32).to(Device::cuda),
+         c = Tensor::empty({1, 1}, DType::f32, Device::cuda);
   try {
     ops::gemm(c, a, ops::Trans::N, a, ops::Trans::T, 1.0f, 0.0f);
   } catch (const Error& e) {
@@ -32,8 +33,8 @@ inline std::string gemm_missing_on_cuda() {
   return "";
 }
 
-#define SKIP_WITHOUT_GEMM()                                                                 \
-  if (const std::string why = test::gemm_missing_on_cuda(); !why.empty())                   \
+#define SKIP_WITHOUT_GEMM()                                               \
+  if (const std::string why = test::gemm_missing_on_cuda(); !why.empty()) \
   GTEST_SKIP() << "this op's products need ops::gemm on CUDA: " << why
 
 inline Tensor on_gpu(const Tensor& host) { return host.to(Device::cuda); }

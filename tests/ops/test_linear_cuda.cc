@@ -50,7 +50,8 @@ TEST(LinearCuda, ForwardAndBackwardMatchTheCpuInF32AndBf16) {
     EXPECT_LT(rel_diff(yg, y), 1e-5);
 
     // dx accumulated onto a start, dW and db accumulated.
-    Tensor dx0 = random_tensor({kRows, kIn}, 75), dW0 = random_tensor({kOut, kIn}, 76), db0 = random_tensor({kOut}, 77);
+    Tensor dx0 = random_tensor({kRows, kIn}, 75), dW0 = random_tensor({kOut, kIn}, 76),
+           db0 = random_tensor({kOut}, 77);
     Tensor dx = dx0.clone(), dW = dW0.clone(), db = db0.clone();
     Tensor dxg = on_gpu(dx0), dWg = on_gpu(dW0), dbg = on_gpu(db0);
     const bool bf = dt == DType::bf16;

@@ -60,7 +60,8 @@ TEST(CrossEntropyCuda, LogitsForwardAndBackwardMatchTheCpu) {
   EXPECT_TRUE(bitwise_equal(logits_g, logits));  // the forward leaves the logits as they are
 
   cross_entropy_logits_backward(logits, lse, tg, r.count);
-  cross_entropy_logits_backward(logits_g, on_gpu(lse), tg_g, r.count);  // the CPU's lse: the backward's own error
+  cross_entropy_logits_backward(logits_g, on_gpu(lse), tg_g,
+                                r.count);  // the CPU's lse: the backward's own error
   EXPECT_LT(rel_diff(logits_g, logits), 1e-5);
   const Tensor g = logits_g.to(Device::cpu);
   for (int64_t j = 0; j < kVocab; ++j) EXPECT_EQ(g.data<float>()[4 * kVocab + j], 0.0f);  // an ignored row
@@ -74,7 +75,8 @@ TEST(CrossEntropyCuda, ABadTargetIsNamedWithItsRow) {
   Tensor lse_g = gpu_empty({kRows});
   const std::string msg =
       test::error_of([&] { cross_entropy_logits_forward(lse_g, on_gpu(logits), on_gpu(tg)); });
-  EXPECT_NE(msg.find("cross_entropy_logits_forward: target 1000 at row 17 is outside [0, 1000)"), std::string::npos)
+  EXPECT_NE(msg.find("cross_entropy_logits_forward: target 1000 at row 17 is outside [0, 1000)"),
+            std::string::npos)
       << msg;
 }
 
@@ -103,12 +105,14 @@ TEST(CrossEntropyCuda, TiedHeadMatchesTheCpuForEveryChunking) {
     Tensor dh = random_tensor({kRows, hd}, 56), dE = dE0.clone();
     Tensor dh_g = on_gpu(dh), dE_g = on_gpu(dE0);
     const CrossEntropyResult b = cross_entropy_tied_forward_backward(dh, dE, lse, h, E, tg, ws, opt);
-    const CrossEntropyResult bg = cross_entropy_tied_forward_backward(dh_g, dE_g, lse_g, h_g, E_g, tg_g, ws_g, opt);
+    const CrossEntropyResult bg =
+        cross_entropy_tied_forward_backward(dh_g, dE_g, lse_g, h_g, E_g, tg_g, ws_g, opt);
     EXPECT_EQ(bg.loss, fg.loss);  // the same forward, bitwise
     EXPECT_EQ(b.count, bg.count);
     EXPECT_LT(rel_diff(dh_g, dh), 1e-4);
     // dE's change, not dE: the start would hide the gradient's error.
-    std::vector<double> de = test::to_f64(dE), de_g = test::to_f64(dE_g.to(Device::cpu)), d0 = test::to_f64(dE0);
+    std::vector<double> de = test::to_f64(dE), de_g = test::to_f64(dE_g.to(Device::cpu)),
+                        d0 = test::to_f64(dE0);
     for (size_t i = 0; i < de.size(); ++i) de[i] -= d0[i], de_g[i] -= d0[i];
     EXPECT_LT(test::rel_error(de_g, de), 1e-4);
   }

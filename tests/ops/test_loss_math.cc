@@ -61,7 +61,8 @@ TEST(LossMath, LogitGradientMatchesTheCpuOp) {
     if (t[i] == -100) continue;
     for (int64_t j = 0; j < V; ++j) {
       const float want = g.data<float>()[i * V + j];
-      const float got = math::xent_logit_grad(logits.data<float>()[i * V + j], lse.data<float>()[i], inv_count, j == t[i]);
+      const float got =
+          math::xent_logit_grad(logits.data<float>()[i * V + j], lse.data<float>()[i], inv_count, j == t[i]);
       flushed += got == 0.0f;
       EXPECT_LE(std::fabs(got - want), 4.8e-7 * std::fabs(want) + 0x1p-100 * inv_count) << i << ", " << j;
     }

@@ -40,7 +40,8 @@ constexpr int64_t N = 2500, E = 16, K = E + 1;
 double max_rel_diff(const Tensor& on_cuda, const Tensor& on_cpu) {
   const std::vector<double> a = test::to_f64(on_cuda.to(Device::cpu)), b = test::to_f64(on_cpu);
   double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / std::max(std::fabs(b[i]), 1e-30));
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::max(std::fabs(b[i]), 1e-30));
   return worst;
 }
 
@@ -63,8 +64,10 @@ Tensor router_logits(const Tensor& beta) {
       double s1 = -1e30, s2 = -1e30;
       for (int64_t e = 0; e < K; ++e) {
         const double s = std::exp(row[e] - mx) / sum + b[e];
-        if (s > s1) s2 = s1, s1 = s, best = e;
-        else if (s > s2) s2 = s;
+        if (s > s1)
+          s2 = s1, s1 = s, best = e;
+        else if (s > s2)
+          s2 = s;
       }
       if (s1 - s2 >= 1e-4) break;
       row[best] += 0.5f;  // a clear winner
@@ -91,7 +94,8 @@ TEST(MoeCuda, RoutingDecisionsMatchTheCpuExactly) {
   std::fill_n(flat.data<float>(), 3 * K, 1.5f);
   Tensor tie_beta = Tensor::zeros({K}, DType::f32);
   tie_beta.data<float>()[5] = tie_beta.data<float>()[9] = 0.125f;  // classes 5 and 9 tie above the rest
-  Tensor tp = Tensor::empty({3, K}, DType::f32), tc = Tensor::empty({3}, DType::i32), tw = Tensor::empty({3}, DType::f32);
+  Tensor tp = Tensor::empty({3, K}, DType::f32), tc = Tensor::empty({3}, DType::i32),
+         tw = Tensor::empty({3}, DType::f32);
   moe_route(tp, tc, tw, flat, tie_beta, 3, E);
   Tensor tpg = gpu_empty({3, K}), tcg = gpu_empty({3}, DType::i32), twg = gpu_empty({3});
   moe_route(tpg, tcg, twg, on_gpu(flat), on_gpu(tie_beta), 3, E);
@@ -135,7 +139,8 @@ TEST(MoeCuda, PlanIsTheCpusStableCountingSortExactly) {
   Tensor counts = Tensor::empty({E}, DType::i32), offsets = Tensor::empty({E + 1}, DType::i32);
   Tensor pos = Tensor::empty({N}, DType::i32), src = Tensor::zeros({N}, DType::i32);
   const int64_t M = moe_plan(counts, offsets, pos, src, choice, N, E);
-  Tensor cg = gpu_empty({E}, DType::i32), og = gpu_empty({E + 1}, DType::i32), pg = gpu_empty({N}, DType::i32);
+  Tensor cg = gpu_empty({E}, DType::i32), og = gpu_empty({E + 1}, DType::i32),
+         pg = gpu_empty({N}, DType::i32);
   Tensor sg = Tensor::zeros({N}, DType::i32).to(Device::cuda);
   const int64_t Mg = moe_plan(cg, og, pg, sg, on_gpu(choice), N, E);
   EXPECT_EQ(Mg, M);
@@ -151,7 +156,8 @@ TEST(MoeCuda, PlanNamesTheFirstChoiceOutsideTheExperts) {
   Tensor choice = plan_choices();
   choice.data<int32_t>()[1777] = E + 1;
   choice.data<int32_t>()[2001] = -3;
-  Tensor cg = gpu_empty({E}, DType::i32), og = gpu_empty({E + 1}, DType::i32), pg = gpu_empty({N}, DType::i32);
+  Tensor cg = gpu_empty({E}, DType::i32), og = gpu_empty({E + 1}, DType::i32),
+         pg = gpu_empty({N}, DType::i32);
   Tensor sg = gpu_empty({N}, DType::i32);
   const std::string msg = test::error_of([&] { moe_plan(cg, og, pg, sg, on_gpu(choice), N, E); });
   EXPECT_NE(msg.find("moe_plan: choice[1777] = 17, expected an expert in [0, 16]"), std::string::npos) << msg;
@@ -175,7 +181,8 @@ TEST(MoeCuda, GatherUnpermuteAndTheirBackwardsMatchTheCpu) {
     EXPECT_TRUE(bitwise_equal(xp_g, xp));
     // One expert's rows alone, into a fresh buffer: the same rows, the others untouched.
     const int64_t r0 = offsets.data<int32_t>()[3], r1 = offsets.data<int32_t>()[4];
-    Tensor part = Tensor::zeros({N, H}, DType::f32), part_g = Tensor::zeros({N, H}, DType::f32).to(Device::cuda);
+    Tensor part = Tensor::zeros({N, H}, DType::f32),
+           part_g = Tensor::zeros({N, H}, DType::f32).to(Device::cuda);
     moe_gather_rows(part, x, src, r0, r1, N, H);
     moe_gather_rows(part_g, x_g, src_g, r0, r1, N, H);
     EXPECT_TRUE(bitwise_equal(part_g, part));

@@ -115,8 +115,8 @@ __global__ void finish_kernel(LossTotals* out, float* lse, const float* sum, con
 // g = d loss / d logits for a chunk [n, c] in place: (softmax − onehot)/count on counted rows
 // (math::xent_logit_grad), 0 on ignored ones. Rows on the grid's y, columns on x: a row's lse and
 // target are read once per thread.
-__global__ void grad_kernel(float* g, const float* lse, const int32_t* targets, int64_t n, int64_t c, int64_t v0,
-                            float inv_count, int32_t ignore_index) {
+__global__ void grad_kernel(float* g, const float* lse, const int32_t* targets, int64_t n, int64_t c,
+                            int64_t v0, float inv_count, int32_t ignore_index) {
   for (int64_t i = blockIdx.y; i < n; i += gridDim.y) {
     const int32_t t = targets[i];
     const float l = lse[i];
@@ -146,15 +146,16 @@ void init_rows(std::string_view op, zaya::cuda::DeviceContext& ctx, const RowSta
 
 void row_stats(std::string_view op, zaya::cuda::DeviceContext& ctx, const RowState& st, const float* logits,
                const int32_t* targets, int64_t n, int64_t c, int64_t v0) {
-  row_stats_kernel<<<row_blocks(n), kThreads, 0, stream_of(ctx)>>>(st.run_max, st.sum, st.picked, logits, targets,
-                                                                    n, c, v0);
+  row_stats_kernel<<<row_blocks(n), kThreads, 0, stream_of(ctx)>>>(st.run_max, st.sum, st.picked, logits,
+                                                                   targets, n, c, v0);
   check_launch(op);
 }
 
 // The forward's end: lse finished, the totals (`dev`, device memory) to the host (the one
 // synchronization), a bad target thrown with the CPU kernels' message.
-CrossEntropyResult finish(std::string_view op, zaya::cuda::DeviceContext& ctx, const RowState& st, LossTotals* dev,
-                          const int32_t* targets, int64_t n, int64_t vocab, int32_t ignore_index) {
+CrossEntropyResult finish(std::string_view op, zaya::cuda::DeviceContext& ctx, const RowState& st,
+                          LossTotals* dev, const int32_t* targets, int64_t n, int64_t vocab,
+                          int32_t ignore_index) {
   finish_kernel<<<1, kThreads, 0, stream_of(ctx)>>>(dev, st.run_max, st.sum, st.picked, targets, n, vocab,
                                                     ignore_index);
   check_launch(op);
@@ -175,8 +176,8 @@ struct TiedDims {
 
 // The forward of the tied head, leaving the last chunk's logits in the workspace.
 CrossEntropyResult tied_forward(std::string_view op, zaya::cuda::DeviceContext& ctx, const Tensor& lse,
-                                const Tensor& h, const Tensor& E, const Tensor& targets, const Tensor& workspace,
-                                const CrossEntropyOptions& opt, const TiedDims& d) {
+                                const Tensor& h, const Tensor& E, const Tensor& targets,
+                                const Tensor& workspace, const CrossEntropyOptions& opt, const TiedDims& d) {
   float* sum = workspace.data<float>() + d.n * d.chunk;
   const RowState st{lse.data<float>(), sum, sum + d.n};
   init_rows(op, ctx, st, d.n);
@@ -208,8 +209,9 @@ CrossEntropyResult cross_entropy_tied_forward(const Tensor& lse, const Tensor& h
 // d loss / d logit[n, v] = (softmax[n, v] − [v == t_n]) / count for counted rows, 0 for ignored:
 // dh = G·E chunk by chunk (the first chunk writes), dE += Gᵀ·h.
 CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const Tensor& dE, const Tensor& lse,
-                                                       const Tensor& h, const Tensor& E, const Tensor& targets,
-                                                       const Tensor& workspace, const CrossEntropyOptions& opt) {
+                                                       const Tensor& h, const Tensor& E,
+                                                       const Tensor& targets, const Tensor& workspace,
+                                                       const CrossEntropyOptions& opt) {
   constexpr std::string_view op = "cross_entropy_tied_forward_backward";
   auto& ctx = context_for(op);
   const TiedDims d = tied_dims(h, E, opt);
@@ -227,9 +229,8 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const T
     Tensor g = workspace.window(0, Shape{d.n, c});
     Tensor e_chunk = E.slice(v0, v0 + c);
     if (!kept) ops::gemm(g, h, Trans::N, e_chunk, Trans::T, 1.0f, 0.0f);
-    grad_kernel<<<grad_grid(d.n, c), kThreads, 0, stream_of(ctx)>>>(g.data<float>(), lse.data<float>(),
-                                                                     targets.data<int32_t>(), d.n, c, v0, inv_count,
-                                                                     opt.ignore_index);
+    grad_kernel<<<grad_grid(d.n, c), kThreads, 0, stream_of(ctx)>>>(
+        g.data<float>(), lse.data<float>(), targets.data<int32_t>(), d.n, c, v0, inv_count, opt.ignore_index);
     check_launch(op);
     ops::gemm(dh, g, Trans::N, e_chunk, Trans::N, 1.0f, v0 == 0 ? 0.0f : 1.0f);
     ops::gemm(dE.slice(v0, v0 + c), g, Trans::T, h, Trans::N, 1.0f, 1.0f);
@@ -237,8 +238,8 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const T
   return r;
 }
 
-CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits, const Tensor& targets,
-                                                int32_t ignore_index) {
+CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits,
+                                                const Tensor& targets, int32_t ignore_index) {
   constexpr std::string_view op = "cross_entropy_logits_forward";
   auto& ctx = context_for(op);
   const int64_t n = logits.size(0), vocab = logits.size(1);
@@ -246,7 +247,8 @@ CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor&
   // until finish has read it).
   constexpr int64_t kTotalsFloats = 8;
   static_assert(sizeof(LossTotals) <= kTotalsFloats * sizeof(float));
-  auto* scratch = static_cast<float*>(ctx.scratch(static_cast<size_t>(kTotalsFloats + 2 * n) * sizeof(float)));
+  auto* scratch =
+      static_cast<float*>(ctx.scratch(static_cast<size_t>(kTotalsFloats + 2 * n) * sizeof(float)));
   const RowState st{lse.data<float>(), scratch + kTotalsFloats, scratch + kTotalsFloats + n};
   init_rows(op, ctx, st, n);
   row_stats(op, ctx, st, logits.data<float>(), targets.data<int32_t>(), n, vocab, 0);
@@ -254,8 +256,8 @@ CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor&
                 ignore_index);
 }
 
-void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t count,
-                                   int32_t ignore_index) {
+void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,
+                                   int64_t count, int32_t ignore_index) {
   constexpr std::string_view op = "cross_entropy_logits_backward";
   auto& ctx = context_for(op);
   const int64_t n = logits.size(0), vocab = logits.size(1);

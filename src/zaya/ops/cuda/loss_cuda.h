@@ -17,11 +17,12 @@ CrossEntropyResult cross_entropy_tied_forward(const Tensor& lse, const Tensor& h
                                               const Tensor& targets, const Tensor& workspace,
                                               const CrossEntropyOptions& opt);
 CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const Tensor& dE, const Tensor& lse,
-                                                       const Tensor& h, const Tensor& E, const Tensor& targets,
-                                                       const Tensor& workspace, const CrossEntropyOptions& opt);
-CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits, const Tensor& targets,
-                                                int32_t ignore_index);
-void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, int64_t count,
-                                   int32_t ignore_index);
+                                                       const Tensor& h, const Tensor& E,
+                                                       const Tensor& targets, const Tensor& workspace,
+                                                       const CrossEntropyOptions& opt);
+CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits,
+                                                const Tensor& targets, int32_t ignore_index);
+void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,
+                                   int64_t count, int32_t ignore_index);
 
 }  // namespace zaya::ops::cuda

@@ -22,8 +22,8 @@
 namespace zaya::ops::cuda {
 namespace {
 
-#define GRID_STRIDE(i, n)                                                                          \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n);          \
+#define GRID_STRIDE(i, n)                                                                \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 // ---------------------------------------------------------------------------------------------
@@ -31,8 +31,8 @@ namespace {
 // and stores (K floats per row, K = E + 1 is odd for an even E: no bank conflicts), and each thread
 // runs the shared row function on its row there, in place.
 
-constexpr int kRouteRows = 64;                 // rows (and threads) per block
-constexpr int64_t kRouteStagedMaxK = 192;      // 64 rows × 192 floats = 48 KiB of shared memory
+constexpr int kRouteRows = 64;             // rows (and threads) per block
+constexpr int64_t kRouteStagedMaxK = 192;  // 64 rows × 192 floats = 48 KiB of shared memory
 
 __global__ void moe_route_kernel(float* probs, int32_t* choice, float* weight, const float* logits,
                                  const float* beta, int64_t N, int64_t K, bool staged) {
@@ -86,8 +86,8 @@ constexpr int64_t kPlanMaxExperts = 256;  // shared memory: (32 warps + 2) × 25
 
 // status[0] = M, status[1] = the first token whose choice is outside [0, E] (−1 if none),
 // status[2] = that choice.
-__global__ void moe_plan_kernel(int32_t* counts, int32_t* offsets, int32_t* pos, int32_t* src, int32_t* status,
-                                const int32_t* choice, int64_t N, int64_t E) {
+__global__ void moe_plan_kernel(int32_t* counts, int32_t* offsets, int32_t* pos, int32_t* src,
+                                int32_t* status, const int32_t* choice, int64_t N, int64_t E) {
   extern __shared__ int32_t smem[];
   int32_t* warp_rank = smem;                      // [kPlanWarps][E]: counts, then exclusive scans
   int32_t* running = warp_rank + kPlanWarps * E;  // [E]
@@ -100,8 +100,10 @@ __global__ void moe_plan_kernel(int32_t* counts, int32_t* offsets, int32_t* pos,
   __syncthreads();
   for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
     const int32_t c = choice[n];
-    if (c < 0 || c > E) atomicMin(&first_bad, static_cast<int>(n));  // a min: order-free
-    else if (c < E) atomicAdd(&running[c], 1);
+    if (c < 0 || c > E)
+      atomicMin(&first_bad, static_cast<int>(n));  // a min: order-free
+    else if (c < E)
+      atomicAdd(&running[c], 1);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -222,8 +224,9 @@ __device__ inline float dot4(float a, float b) { return a * b; }
 // One warp per token: dy[pos[n]] = w[n]·dout[n] and dweight[n] = ⟨dout[n], y[pos[n]]⟩, the lanes'
 // partial sums added in a fixed butterfly (deterministic). Skipped tokens: dweight 0, no dy row.
 template <class V>
-__global__ void moe_unpermute_backward_kernel(V* dy, float* dweight, const V* dout, const V* y, const float* weight,
-                                              const int32_t* pos, int64_t N, int64_t hv) {
+__global__ void moe_unpermute_backward_kernel(V* dy, float* dweight, const V* dout, const V* y,
+                                              const float* weight, const int32_t* pos, int64_t N,
+                                              int64_t hv) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; n < N; n += warps) {
@@ -264,14 +267,14 @@ void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, 
   const bool staged = K <= kRouteStagedMaxK;
   const size_t shared = staged ? static_cast<size_t>(kRouteRows * K) * sizeof(float) : 0;
   const auto blocks = static_cast<unsigned>((N + kRouteRows - 1) / kRouteRows);
-  moe_route_kernel<<<blocks, kRouteRows, shared, stream_of(ctx)>>>(probs.data<float>(), choice.data<int32_t>(),
-                                                                   weight.data<float>(), logits.data<float>(),
-                                                                   beta.data<float>(), N, K, staged);
+  moe_route_kernel<<<blocks, kRouteRows, shared, stream_of(ctx)>>>(
+      probs.data<float>(), choice.data<int32_t>(), weight.data<float>(), logits.data<float>(),
+      beta.data<float>(), N, K, staged);
   check_launch(op);
 }
 
-void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
-                        int64_t N, int64_t E) {
+void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs,
+                        const Tensor& choice, int64_t N, int64_t E) {
   constexpr std::string_view op = "moe_route_backward";
   auto& ctx = context_for(op);
   const int64_t K = E + 1;
@@ -289,14 +292,15 @@ int64_t moe_plan(const Tensor& counts, const Tensor& offsets, const Tensor& pos,
   auto& ctx = context_for(op);
   auto* status = static_cast<int32_t*>(ctx.scratch(4 * sizeof(int32_t)));
   const size_t shared = static_cast<size_t>((kPlanWarps + 2) * E) * sizeof(int32_t);
-  moe_plan_kernel<<<1, kPlanThreads, shared, stream_of(ctx)>>>(counts.data<int32_t>(), offsets.data<int32_t>(),
-                                                               pos.data<int32_t>(), src.data<int32_t>(), status,
-                                                               choice.data<int32_t>(), N, E);
+  moe_plan_kernel<<<1, kPlanThreads, shared, stream_of(ctx)>>>(
+      counts.data<int32_t>(), offsets.data<int32_t>(), pos.data<int32_t>(), src.data<int32_t>(), status,
+      choice.data<int32_t>(), N, E);
   check_launch(op);
   int32_t host[3] = {0, -1, 0};
   ctx.copy_async(host, Device::cpu, status, Device::cuda, sizeof(host));
   ctx.synchronize();
-  ZAYA_CHECK(host[1] < 0, "moe_plan: choice[", host[1], "] = ", host[2], ", expected an expert in [0, ", E, "]");
+  ZAYA_CHECK(host[1] < 0, "moe_plan: choice[", host[1], "] = ", host[2], ", expected an expert in [0, ", E,
+             "]");
   return host[0];
 }
 
@@ -349,8 +353,8 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& dweight, const Tenso
                             const Tensor& weight, const Tensor& pos, int64_t N, int64_t H) {
   constexpr std::string_view op = "moe_unpermute_backward";
   auto& ctx = context_for(op);
-  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((N + kThreads / 32 - 1) / (kThreads / 32), 1,
-                                                                int64_t{1} << 20));
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<int64_t>((N + kThreads / 32 - 1) / (kThreads / 32), 1, int64_t{1} << 20));
   if (vec4_ok(H, {dy.raw(), dout.raw(), y.raw()})) {
     moe_unpermute_backward_kernel<<<blocks, kThreads, 0, stream_of(ctx)>>>(
         reinterpret_cast<float4*>(dy.data<float>()), dweight.data<float>(),

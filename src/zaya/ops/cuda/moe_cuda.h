@@ -16,8 +16,8 @@ namespace zaya::ops::cuda {
 
 void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, const Tensor& logits,
                const Tensor& beta, int64_t N, int64_t E);
-void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs, const Tensor& choice,
-                        int64_t N, int64_t E);
+void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tensor& probs,
+                        const Tensor& choice, int64_t N, int64_t E);
 // Returns M to the host: the one synchronizing call of the MoE layer (the host sizes the expert
 // GEMMs by it). A choice outside [0, E] throws zaya::Error naming the first such token, as the CPU
 // front does, after the sync; its token then has pos −1 and no row.
