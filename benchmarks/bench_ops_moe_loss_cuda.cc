@@ -33,10 +33,10 @@ bool skip_without_gpu(benchmark::State& state) {
   return true;
 }
 
-Tensor randn_gpu(const Shape& s, uint64_t seed, float scale = 1.0f) {
-  Tensor t = Tensor::empty(s, DType::f32);
+Tensor randn_gpu(const Shape& s, uint64_t seed, float scale = 1.0f) {  // drawn on the device (Philox)
+  Tensor t = Tensor::empty(s, DType::f32, Device::cuda);
   fill_normal(t, seed, 0, 0.0f, scale);
-  return t.to(Device::cuda);
+  return t;
 }
 Tensor gpu(const Shape& s, DType d = DType::f32) { return Tensor::zeros(s, d, Device::cuda); }
 
