@@ -1,5 +1,4 @@
-// What the device-parameterized op tests share (test_gemm_cuda.cc, test_experts_cuda.cc,
-// test_optim_cuda.cc): the skip without a GPU, host→device copies, and the comparisons of a CUDA
+// What the device-parameterized op tests share (test_*_cuda.cc): the skip without a GPU, host→device copies, and the comparisons of a CUDA
 // result with the CPU's (norm-wise relative error, or bitwise).
 #pragma once
 
@@ -17,6 +16,7 @@ namespace zaya::test {
   if (::zaya::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << ::zaya::cuda::no_device_reason()
 
 inline Tensor on_gpu(const Tensor& host) { return host.to(Device::cuda); }
+inline Tensor gpu_empty(const Shape& s, DType d = DType::f32) { return Tensor::empty(s, d, Device::cuda); }
 
 // ||cuda − cpu|| / ||cpu||, the CUDA tensor copied back first.
 inline double rel_diff(const Tensor& on_cuda, const Tensor& on_cpu) {

@@ -1,11 +1,14 @@
 // The cross-entropy fronts: argument checks for any device, then the kernel for the tensors'
-// device (CPU: cpu/loss_cpu.cc).
+// device (CPU: cpu/loss_cpu.cc; CUDA: cuda/loss.cu).
 #include "zaya/ops/loss.h"
 
 #include <algorithm>
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/loss_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/loss_cuda.h"
+#endif
 
 namespace zaya::ops {
 namespace {
@@ -56,6 +59,9 @@ CrossEntropyResult cross_entropy_tied_forward(const Tensor& lse, const Tensor& h
   const OpDevice on(op, {{"h", h}, {"E", E}, {"targets", targets}, {"lse", lse}, {"workspace", workspace}});
   check_tied_args(op, h, E, targets, lse, workspace, opt);
   if (on.cpu()) return cpu::cross_entropy_tied_forward(lse, h, E, targets, workspace, opt);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cross_entropy_tied_forward(lse, h, E, targets, workspace, opt);
+#endif
   on.no_kernel();
 }
 
@@ -78,6 +84,9 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const T
   check::f32(op, "dE", dE);
   check::same_shape(op, "dE", dE, "E", E);
   if (on.cpu()) return cpu::cross_entropy_tied_forward_backward(dh, dE, lse, h, E, targets, workspace, opt);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cross_entropy_tied_forward_backward(dh, dE, lse, h, E, targets, workspace, opt);
+#endif
   on.no_kernel();
 }
 
@@ -87,6 +96,9 @@ CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor&
   const OpDevice on(op, {{"logits", logits}, {"targets", targets}, {"lse", lse}});
   check_logits_args(op, logits, lse, targets);
   if (on.cpu()) return cpu::cross_entropy_logits_forward(lse, logits, targets, ignore_index);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cross_entropy_logits_forward(lse, logits, targets, ignore_index);
+#endif
   on.no_kernel();
 }
 
@@ -97,6 +109,9 @@ void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, cons
   check_logits_args(op, logits, lse, targets);
   ZAYA_CHECK(count > 0, op, ": count must be positive, found ", count);
   if (on.cpu()) return cpu::cross_entropy_logits_backward(logits, lse, targets, count, ignore_index);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cross_entropy_logits_backward(logits, lse, targets, count, ignore_index);
+#endif
   on.no_kernel();
 }
 

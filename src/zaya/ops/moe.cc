@@ -1,4 +1,5 @@
-// Argument checks and dispatch for MoE routing and permutation (kernels in cpu/moe_cpu.cc).
+// Argument checks and dispatch for MoE routing and permutation (kernels in cpu/moe_cpu.cc and
+// cuda/moe.cu).
 #include "zaya/ops/moe.h"
 
 #include <initializer_list>
@@ -6,6 +7,9 @@
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/moe_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/moe_cuda.h"
+#endif
 
 namespace zaya::ops {
 
@@ -42,6 +46,9 @@ void moe_route(const Tensor& probs, const Tensor& choice, const Tensor& weight, 
   if (on.cpu())
     return cpu::moe_route(probs.data<float>(), choice.data<int32_t>(), weight.data<float>(),
                           logits.data<float>(), beta.data<float>(), N, E);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::moe_route(probs, choice, weight, logits, beta, N, E);
+#endif
   on.no_kernel();
 }
 
@@ -59,6 +66,9 @@ void moe_route_backward(const Tensor& dlogits, const Tensor& dweight, const Tens
   if (on.cpu())
     return cpu::moe_route_bwd(dlogits.data<float>(), dweight.data<float>(), probs.data<float>(),
                               choice.data<int32_t>(), N, E);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::moe_route_backward(dlogits, dweight, probs, choice, N, E);
+#endif
   on.no_kernel();
 }
 
@@ -77,6 +87,10 @@ int64_t moe_plan(const Tensor& counts, const Tensor& offsets, const Tensor& pos,
     check::i32(op, name, *t);
     check::shape(op, name, *t, Shape{n});
   }
+#if defined(ZAYA_HAVE_CUDA)
+  // The CUDA plan checks the choices on the device and reports the first bad one with M.
+  if (on.cuda()) return cuda::moe_plan(counts, offsets, pos, src, choice, N, E);
+#endif
   if (!on.cpu()) on.no_kernel();
   // The choices are read on the host: a range check for the CPU kernel, which indexes by them.
   const int32_t* c = choice.data<int32_t>();
@@ -99,6 +113,9 @@ void gather_checked(std::string_view op, const Tensor& xp, const Tensor& x, cons
   check::shape(op, "src", src, Shape{N});
   if (on.cpu())
     return cpu::moe_gather(xp.data<float>() + r0 * H, x.data<float>(), src.data<int32_t>() + r0, r1 - r0, H);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::moe_gather(xp, x, src, r0, r1, H, op);
+#endif
   on.no_kernel();
 }
 }  // namespace
@@ -123,6 +140,9 @@ void moe_gather_backward(const Tensor& dx, const Tensor& dxp, const Tensor& pos,
   check::i32(op, "pos", pos);
   check::shape(op, "pos", pos, Shape{N});
   if (on.cpu()) return cpu::moe_gather_bwd(dx.data<float>(), dxp.data<float>(), pos.data<int32_t>(), N, H);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::moe_gather_backward(dx, dxp, pos, N, H);
+#endif
   on.no_kernel();
 }
 
@@ -139,6 +159,9 @@ void moe_unpermute(const Tensor& out, const Tensor& y, const Tensor& weight, con
   if (on.cpu())
     return cpu::moe_unpermute(out.data<float>(), y.data<float>(), weight.data<float>(), pos.data<int32_t>(),
                               N, H);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::moe_unpermute(out, y, weight, pos, N, H);
+#endif
   on.no_kernel();
 }
 
@@ -158,6 +181,9 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& dweight, const Tenso
   if (on.cpu())
     return cpu::moe_unpermute_bwd(dy.data<float>(), dweight.data<float>(), dout.data<float>(),
                                   y.data<float>(), weight.data<float>(), pos.data<int32_t>(), N, H);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::moe_unpermute_backward(dy, dweight, dout, y, weight, pos, N, H);
+#endif
   on.no_kernel();
 }
 

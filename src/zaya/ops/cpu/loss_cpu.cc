@@ -11,6 +11,7 @@
 #include "zaya/ops/cpu/seq_vec.h"
 #include "zaya/ops/cpu/tied_head_cpu.h"
 #include "zaya/ops/gemm.h"
+#include "zaya/ops/loss_math.h"
 
 namespace zaya::ops::cpu {
 namespace {
@@ -62,6 +63,7 @@ Tensor chunk_logits(const Tensor& h, const Tensor& E, const Tensor& workspace, c
 // of the row's by < 2^-100: far below float resolution. It is a per-op, deterministic
 // flush-to-zero; no FP mode is changed.
 using cpu::kTinyProbability;
+static_assert(kTinyProbability == math::kTinyProbability, "the CUDA kernels flush at the CPU's threshold");
 constexpr cpu::FlushBelow flush_tiny{kTinyProbability};
 
 // When one chunk covers the vocabulary, the forward keeps what the backward needs instead of making

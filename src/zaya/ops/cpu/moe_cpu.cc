@@ -1,5 +1,6 @@
 // MoE routing and permutation kernels (math in zaya/ops/moe.h). All per-row, so bitwise
 // deterministic for any thread count; the plan is a serial O(N) counting sort (stable by design).
+// The router's row math is shared with the CUDA kernel (zaya/ops/router_math.h).
 #include "zaya/ops/cpu/moe_cpu.h"
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "zaya/ops/cpu/seq_vec.h"
+#include "zaya/ops/router_math.h"
 
 namespace zaya::ops::cpu {
 
@@ -15,24 +17,9 @@ void moe_route(float* probs, int32_t* choice, float* weight, const float* logits
   const int64_t K = E + 1;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const float* z = logits + n * K;
     float* p = probs + n * K;
-    float mx = z[0];
-    for (int64_t e = 1; e < K; ++e) mx = std::max(mx, z[e]);
-    float sum = 0.0f;
-    for (int64_t e = 0; e < K; ++e) {
-      p[e] = std::exp(z[e] - mx);
-      sum += p[e];
-    }
-    for (int64_t e = 0; e < K; ++e) p[e] /= sum;
-    // Biased choice on the (detached) probabilities; strict '>' keeps the lowest index on a tie.
-    int64_t best = 0;
-    float best_v = p[0] + beta[0];
-    for (int64_t e = 1; e < K; ++e) {
-      float v = p[e] + beta[e];
-      if (v > best_v) best_v = v, best = e;
-    }
-    choice[n] = static_cast<int32_t>(best);
+    const int32_t best = math::route_row(p, logits + n * K, beta, K);
+    choice[n] = best;
     weight[n] = best == E ? 0.0f : p[best];
   }
 }
@@ -51,8 +38,7 @@ void moe_route_bwd(float* dlogits, const float* dweight, const float* probs, con
     }
     // d p_c / d z_e = p_c (δ_ce − p_e)
     const float a = dweight[n] * p[c];
-    for (int64_t e = 0; e < K; ++e) g[e] = -a * p[e];
-    g[c] += a;
+    for (int64_t e = 0; e < K; ++e) g[e] = math::route_logit_grad(a, p[e], e == c);
   }
 }
 
