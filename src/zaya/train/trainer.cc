@@ -317,8 +317,8 @@ void Trainer::print_summary() const {
                 n.active / 1e6, n.embedding / 1e6, n.non_embedding / 1e6);
   log_info(line);
   log_info("world: ", comm_->size(), " rank", comm_->size() == 1 ? "" : "s", " (", dist::backend_name(comm_->backend()),
-           "), mesh dp ", mesh_->dp_size(), " x cp ", mesh_->cp_size(), "; ", num_threads(), " thread",
-           num_threads() == 1 ? "" : "s", " per rank");
+           "), mesh dp ", mesh_->dp_size(), " x cp ", mesh_->cp_size(), "; ",
+           rank_threads_summary(comm_->rank(), comm_->size(), num_threads()));
   if (sync_) {
     log_info(plan_.str());
     log_info(sync_->plan_str());

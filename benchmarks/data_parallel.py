@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Data-parallel step time on this machine: `zaya train` on the demo model at 1 and N ranks with
+the same global batch, per gradient-reduction mode, from each run's metrics.jsonl.
+
+Prints a markdown table: median step time and its parts (forward, backward, optimizer), the
+data-parallel communication (time in flight, the part hidden behind backward, the part exposed
+after it, the parameter all-gather), and the bytes each rank sends per step in theory
+(reduce-scatter + all-gather: 2·(N−1)/N of the buffer); and the bf16 and f32 modes' loss
+trajectories against the order-independent f64 mode's (their reduction error as it reaches the
+training loss).
+
+    python3 benchmarks/data_parallel.py [--zaya build/cuda/zaya] [--steps 20] [--ranks 2]
+
+Needs the demo's data (scripts/demo.sh prepares data/pydocs_*).
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_WAIT_POLICY="PASSIVE")
+
+
+def run(zaya, ranks, threads, reduce, steps, micro, global_micro, out):
+    sets = [
+        f"train.steps={steps}", f"train.micro_batch={micro}", f"train.grad_accum={global_micro // ranks}",
+        "train.eval_every=0", "train.progress=false", "ckpt.every=0", "ckpt.save_final=false",
+        f"train.out_dir={out}", f"parallel.grad_reduce=\"{reduce}\"", "optim.warmup_steps=5",
+    ]
+    cmd = ([] if ranks == 1 else ["mpirun", "--oversubscribe", "-np", str(ranks)]) + [
+        zaya, "--threads", str(threads), "train", "--config", "configs/demo.toml"]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+    log = p.stdout + p.stderr
+    sent = re.search(r"([0-9.]+) MiB sent per rank per step", log)
+    recs = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
+    return recs, float(sent.group(1)) if sent else 0.0
+
+
+def median(recs, get):
+    vals = [get(r) for r in recs[3:]]  # the first steps warm caches and the allocator
+    return statistics.median(vals) if vals else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--zaya", default="build/cuda/zaya")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    args = ap.parse_args()
+    global_micro = 2 * args.ranks
+    tmp = tempfile.mkdtemp(prefix="zaya_dp_bench_")
+    rows, losses = [], {}
+    try:
+        configs = [(1, args.threads, "f32")] + [(args.ranks, max(1, args.threads // args.ranks), m)
+                                               for m in ("f32", "bf16", "f64")]
+        for ranks, threads, mode in configs:
+            out = os.path.join(tmp, f"n{ranks}-{mode}")
+            recs, sent = run(args.zaya, ranks, threads, mode, args.steps, args.micro, global_micro, out)
+            t = lambda k: median(recs, lambda r: r["time"][k])
+            dp = lambda k: median(recs, lambda r: r.get("data_parallel", {}).get(k, 0.0))
+            rows.append((ranks, threads, mode, t("step"), t("forward"), t("backward"), t("optimizer"), dp("comm"),
+                         dp("hidden"), dp("exposed"), dp("param_gather"), sent))
+            losses[(ranks, mode)] = [r["loss"] for r in recs]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"demo model, global batch {global_micro} x {args.micro} sequences of 256 tokens, "
+          f"median of steps 4..{args.steps}\n")
+    print("| ranks | threads/rank | reduce | step s | forward s | backward s | optimizer s | comm s | "
+          "hidden s | exposed s | param all-gather s | MiB sent/rank/step |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print("| %d | %d | %s | %.3f | %.3f | %.3f | %.3f | %.4f | %.4f | %.4f | %.4f | %.2f |" % r)
+    ref = losses[(args.ranks, "f64")]
+    print(f"\nLoss against the f64 mode at {args.ranks} ranks (which equals 1 rank's f64 run bitwise):\n")
+    print("| reduce | max relative loss difference over the run | at the last step |")
+    print("|---|---|---|")
+    for mode in ("f32", "bf16"):
+        l = losses[(args.ranks, mode)]
+        d = [abs(a - b) / abs(b) for a, b in zip(l, ref)]
+        print(f"| {mode} | {max(d):.2e} | {d[-1]:.2e} |")
+
+
+if __name__ == "__main__":
+    main()
