@@ -60,16 +60,15 @@ const std::string& load_error() {
   return error;
 }
 
-// The calling thread's cuDNN handle, on its device context's stream, and its graphs by shape.
+// The calling thread's cuDNN handle, on its device context's stream, and its graphs by shape. The
+// handle lives as long as the process: destroying it from a thread-local destructor would race the
+// device context's own teardown (its stream) at exit, and a process holds one per compute thread.
 struct ThreadState {
   cudnnHandle_t handle = nullptr;
   // (backward?, B, T, nq, nkv, hd) → the built graph and its workspace bytes.
   std::map<std::tuple<bool, int64_t, int64_t, int64_t, int64_t, int64_t>,
            std::pair<std::shared_ptr<fe::graph::Graph>, int64_t>>
       graphs;
-  ~ThreadState() {
-    if (handle) fe::detail::destroy_handle(handle);
-  }
 };
 
 ThreadState& thread_state() {
@@ -166,7 +165,10 @@ bool available(std::string* why) {
     if (!load_error().empty()) return load_error();
     try {
       zaya::cuda::current();
-      graph_for(false, 1, 128, 2, 1, 128);  // a small graph must build: cuDNN has an engine for this GPU
+      // Small graphs of both directions must build: cuDNN has engines for this GPU, its deterministic
+      // backward among them. Otherwise the fronts keep the reference kernels.
+      graph_for(false, 1, 128, 2, 1, 128);
+      graph_for(true, 1, 128, 2, 1, 128);
       return std::string();
     } catch (const std::exception& e) {
       return e.what();
