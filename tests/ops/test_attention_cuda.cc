@@ -26,9 +26,8 @@
 #include "ops/cuda_compare.h"
 #include "ops/device_dispatch.h"
 #include "zaya/ops/attention.h"
-#if defined(ZAYA_HAVE_CUDA)
+#if defined(ZAYA_HAVE_CUDA)  // the implementation switch; a CPU-only build has no CUDA kernels to test
 #include "zaya/ops/cuda/sequence_cuda.h"
-#endif
 
 namespace zaya::ops {
 namespace {
@@ -75,7 +74,6 @@ void expect_close(const Results& gpu, const Results& cpu, double fwd, double lse
   EXPECT_LT(rel_diff(gpu.dv, cpu.dv), bwd) << what << ": dv";
 }
 
-#if defined(ZAYA_HAVE_CUDA)
 // Selects an implementation for the test's thread and restores the previous one after.
 class UseImpl {
  public:
@@ -138,7 +136,6 @@ TEST(AttentionCuda, ChoosingCudnnWithoutItSaysWhy) {
   const std::string msg = test::error_of([] { cuda::set_attention_impl(cuda::AttentionImpl::cudnn); });
   EXPECT_NE(msg.find("cuDNN attention was asked for, but "), std::string::npos) << msg;
 }
-#endif
-
 }  // namespace
 }  // namespace zaya::ops
+#endif
