@@ -162,7 +162,11 @@ TEST(CcaCuda, QkNormMatchesTheCpu) {
   qk_norm_backward(dq, dk, dtemp, dqo, dko, q, k, temp, N, kDims);
   qk_norm_backward(dqg, dkg, dtempg, on_gpu(dqo), on_gpu(dko), on_gpu(q), on_gpu(k), on_gpu(temp), N, kDims);
   EXPECT_LT(rel_diff(dqg, dq), kFewTerms);
-  EXPECT_LT(rel_diff(dkg, dk), kFewTerms);
+  // The zero row's gradient (√hd/ε)·τ·dy is ~1e7 times the others': compared on its own.
+  const Tensor dk_host = dkg.to(Device::cpu);
+  EXPECT_LT(rel_diff(dk_host.slice(0, 7), dk.slice(0, 7)), kFewTerms);
+  EXPECT_LT(rel_diff(dk_host.slice(8, N), dk.slice(8, N)), kFewTerms);
+  EXPECT_LT(rel_diff(dk_host.slice(7, 8), dk.slice(7, 8)), kFewTerms);
   EXPECT_LT(rel_diff(dtempg, dtemp), kColumnSums);
 }
 
