@@ -27,6 +27,7 @@
 #include "ops/device_dispatch.h"
 #include "zaya/ops/attention.h"
 #if defined(ZAYA_HAVE_CUDA)  // the implementation switch; a CPU-only build has no CUDA kernels to test
+#include "zaya/ops/cuda/attention_cudnn.h"
 #include "zaya/ops/cuda/sequence_cuda.h"
 
 namespace zaya::ops {
@@ -125,6 +126,20 @@ TEST(AttentionCuda, DecodeMatchesTheCpu) {
   attention_decode(out, q, kc, vc, B, S, nq, nkv, hd);
   attention_decode(outg, on_gpu(q), on_gpu(kc), on_gpu(vc), B, S, nq, nkv, hd);
   EXPECT_LT(rel_diff(outg, out), kFwd);
+}
+
+// The cuDNN graphs the fronts build (ZAYA1-base's shape and the test's) pass cudnn-frontend's
+// validation for a Hopper GPU: dims, strides, GQA, the causal mask, the statistics' layout and the
+// deterministic backward. Needs libcudnn but no GPU, so it runs where the CUDA tests skip.
+TEST(AttentionCuda, CudnnGraphsValidateForHopperWithoutAGpu) {
+  const std::string zaya1 = cuda::cudnn_sdpa::validate_graphs(90, 1, 4096, 8, 2, 128);
+  if (zaya1.find("could not be loaded") != std::string::npos || zaya1.find("without cudnn-frontend") != std::string::npos)
+    GTEST_SKIP() << "no cuDNN to validate with: " << zaya1;
+  EXPECT_EQ(zaya1, "");
+  EXPECT_EQ(cuda::cudnn_sdpa::validate_graphs(90, 1, 150, 8, 2, 128), "");
+  EXPECT_EQ(cuda::cudnn_sdpa::validate_graphs(90, 3, 77, 4, 2, 64), "");
+  // And the validation can fail: a head_dim beyond what cuDNN's flash attention takes.
+  EXPECT_NE(cuda::cudnn_sdpa::validate_graphs(90, 1, 128, 8, 2, 1024), "");
 }
 
 // Without a GPU neither implementation can be chosen, and the error says why.

@@ -15,6 +15,10 @@ namespace zaya::ops::cuda::cudnn_sdpa {
 
 // Whether cuDNN's SDPA can run on this thread's device; `why` says why not.
 bool available(std::string* why);
+// Describes the forward and backward graphs of a shape and runs cudnn-frontend's validation for a
+// GPU of compute capability sm_version (90: Hopper) without building them: no GPU needed, only
+// libcudnn (the frontend asks it for its version). "" when both validate, else the first error.
+std::string validate_graphs(int sm_version, int64_t B, int64_t T, int64_t nq, int64_t nkv, int64_t hd);
 // cuDNN's bf16 flash attention takes head dims that are multiples of 8, up to 256.
 inline bool supports_head_dim(int64_t hd) { return hd % 8 == 0 && hd <= 256; }
 

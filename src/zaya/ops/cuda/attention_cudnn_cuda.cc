@@ -101,14 +101,12 @@ void mark_rows_output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, in
 
 float scale_of(int64_t hd) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))); }
 
-// The graph for one direction and shape, built on first use (cuDNN's heuristics mode A, its first
-// working plan) and kept for the thread's life.
-std::pair<std::shared_ptr<fe::graph::Graph>, int64_t>& graph_for(bool backward, int64_t B, int64_t T, int64_t nq,
-                                                                  int64_t nkv, int64_t hd) {
-  ThreadState& st = thread_state();
-  auto key = std::make_tuple(backward, B, T, nq, nkv, hd);
-  if (auto it = st.graphs.find(key); it != st.graphs.end()) return it->second;
+// The graph of one direction and shape, described but not built; for a GPU of compute capability
+// sm_version, or (0) the current device's, which the frontend asks for as it adds the attention node.
+std::shared_ptr<fe::graph::Graph> describe_graph(bool backward, int64_t B, int64_t T, int64_t nq, int64_t nkv,
+                                                 int64_t hd, int sm_version = 0) {
   auto g = std::make_shared<fe::graph::Graph>();
+  if (sm_version > 0) g->set_sm_version(sm_version);
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
@@ -138,6 +136,17 @@ std::pair<std::shared_ptr<fe::graph::Graph>, int64_t>& graph_for(bool backward, 
     mark_rows_output(dK, kdK, B, T, nkv, hd);
     mark_rows_output(dV, kdV, B, T, nkv, hd);
   }
+  return g;
+}
+
+// The graph for one direction and shape, built on first use (cuDNN's heuristics mode A, its first
+// working plan) and kept for the thread's life.
+std::pair<std::shared_ptr<fe::graph::Graph>, int64_t>& graph_for(bool backward, int64_t B, int64_t T, int64_t nq,
+                                                                  int64_t nkv, int64_t hd) {
+  ThreadState& st = thread_state();
+  auto key = std::make_tuple(backward, B, T, nq, nkv, hd);
+  if (auto it = st.graphs.find(key); it != st.graphs.end()) return it->second;
+  auto g = describe_graph(backward, B, T, nq, nkv, hd);
   check(g->build(st.handle, {fe::HeurMode_t::A}), backward ? "building the backward graph" : "building the forward graph");
   int64_t workspace = 0;
   check(g->get_workspace_size(workspace), "get_workspace_size");
@@ -159,6 +168,16 @@ void execute(std::shared_ptr<fe::graph::Graph>& g, std::unordered_map<int64_t, v
 }
 
 }  // namespace
+
+std::string validate_graphs(int sm_version, int64_t B, int64_t T, int64_t nq, int64_t nkv, int64_t hd) {
+  if (!load_error().empty()) return load_error();
+  for (bool backward : {false, true}) {
+    auto g = describe_graph(backward, B, T, nq, nkv, hd, sm_version);
+    fe::error_object e = g->validate();
+    if (e.is_bad()) return str(backward ? "backward" : "forward", " graph: ", e.get_message());
+  }
+  return std::string();
+}
 
 bool available(std::string* why) {
   static const std::string probe_error = []() -> std::string {
@@ -241,6 +260,7 @@ bool available(std::string* why) {
   if (why) *why = kNotBuilt;
   return false;
 }
+std::string validate_graphs(int, int64_t, int64_t, int64_t, int64_t, int64_t) { return kNotBuilt; }
 void forward(float*, float*, const float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t,
              int64_t) {
   throw Error(str("attention (cuDNN): ", kNotBuilt));
