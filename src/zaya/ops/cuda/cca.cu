@@ -35,6 +35,7 @@ class ScratchPlan {
  public:
   // Reserves `floats` floats; at(base, i) finds the i-th reservation (in the order taken).
   void take(int64_t floats) {
+    ZAYA_ASSERT(n_ < kMax);
     offsets_[n_++] = used_;
     used_ += (floats + 63) / 64 * 64;
   }
@@ -42,7 +43,8 @@ class ScratchPlan {
   float* at(float* base, int i) const { return base + offsets_[i]; }
 
  private:
-  int64_t used_ = 0, offsets_[8] = {};
+  static constexpr int kMax = 8;
+  int64_t used_ = 0, offsets_[kMax] = {};
   int n_ = 0;
 };
 
