@@ -15,6 +15,7 @@
 #include "stream_ref.h"
 #include "zaya/ops/attention.h"
 #if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/attention_cudnn.h"
 #include "zaya/ops/cuda/sequence_cuda.h"
 #endif
 
@@ -58,6 +59,31 @@ void BM_AttentionCuda(benchmark::State& st) {
   st.SkipWithError("this build has no CUDA (configure with the 'cuda' preset)");
 #endif
 }
+// The fp32↔bf16 conversions the cuDNN path makes around its kernels, alone (args: backward 0/1):
+// forward q, k, v in and out back; backward q, k, v, O, dO in and dq, dk, dv back. cuDNN's own
+// kernel time is BM_AttentionCuda's minus this.
+void BM_AttentionCudnnConversions(benchmark::State& st) {
+#if defined(ZAYA_HAVE_CUDA)
+  if (cuda::device_count() == 0) return st.SkipWithError(("no CUDA device: " + cuda::no_device_reason()).c_str());
+  const int64_t nq = kB * kT * kNq * kHd, nkv = kB * kT * kNkv * kHd;
+  Tensor f32 = Tensor::zeros({2 * nq + 3 * nkv}, DType::f32).to(Device::cuda);
+  Tensor b16 = Tensor::empty({2 * nq + 3 * nkv}, DType::bf16, Device::cuda);
+  cuda::DeviceContext& ctx = cuda::current();
+  const bool backward = st.range(0) == 1;
+  // (elements in, elements out) of the conversions
+  const int64_t in = backward ? 3 * nq + 2 * nkv : nq + 2 * nkv, out = backward ? nq + 2 * nkv : nq;
+  for (auto _ : st) {
+    ops::cuda::cudnn_sdpa::to_bf16(b16.raw(), f32.data<float>(), in, ctx.stream());
+    ops::cuda::cudnn_sdpa::to_f32(f32.data<float>(), b16.raw(), out, ctx.stream());
+    ctx.synchronize();
+  }
+  st.counters["GB/s"] = benchmark::Counter(6.0 * (in + out) * st.iterations(), benchmark::Counter::kIsRate);
+#else
+  st.SkipWithError("this build has no CUDA (configure with the 'cuda' preset)");
+#endif
+}
+BENCHMARK(BM_AttentionCudnnConversions)->ArgNames({"backward"})->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 BENCHMARK(BM_AttentionCuda)
     ->ArgNames({"cudnn", "backward"})
     ->Args({0, 0})
