@@ -133,7 +133,8 @@ TEST(AttentionCuda, DecodeMatchesTheCpu) {
 // deterministic backward. Needs libcudnn but no GPU, so it runs where the CUDA tests skip.
 TEST(AttentionCuda, CudnnGraphsValidateForHopperWithoutAGpu) {
   const std::string zaya1 = cuda::cudnn_sdpa::validate_graphs(90, 1, 4096, 8, 2, 128);
-  if (zaya1.find("could not be loaded") != std::string::npos || zaya1.find("without cudnn-frontend") != std::string::npos)
+  if (zaya1.find("could not be loaded") != std::string::npos ||
+      zaya1.find("without cudnn-frontend") != std::string::npos)
     GTEST_SKIP() << "no cuDNN to validate with: " << zaya1;
   EXPECT_EQ(zaya1, "");
   EXPECT_EQ(cuda::cudnn_sdpa::validate_graphs(90, 1, 150, 8, 2, 128), "");

@@ -95,7 +95,8 @@ TEST(CcaCuda, ConvolutionForwardBackwardAndDecodeMatchTheCpu) {
     Tensor full_row = Tensor::empty({B, 1, C}, DType::f32);
     Tensor outg_host = outg.to(Device::cpu);
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t c = 0; c < C; ++c) full_row.data<float>()[b * C + c] = outg_host.data<float>()[(b * T + t) * C + c];
+      for (int64_t c = 0; c < C; ++c)
+        full_row.data<float>()[b * C + c] = outg_host.data<float>()[(b * T + t) * C + c];
     EXPECT_TRUE(bitwise_equal(stepg, full_row)) << "step " << t;
   }
   EXPECT_TRUE(bitwise_equal(stateg, state));

@@ -147,7 +147,8 @@ std::pair<std::shared_ptr<fe::graph::Graph>, int64_t>& graph_for(bool backward, 
   auto key = std::make_tuple(backward, B, T, nq, nkv, hd);
   if (auto it = st.graphs.find(key); it != st.graphs.end()) return it->second;
   auto g = describe_graph(backward, B, T, nq, nkv, hd);
-  check(g->build(st.handle, {fe::HeurMode_t::A}), backward ? "building the backward graph" : "building the forward graph");
+  check(g->build(st.handle, {fe::HeurMode_t::A}),
+        backward ? "building the backward graph" : "building the forward graph");
   int64_t workspace = 0;
   check(g->get_workspace_size(workspace), "get_workspace_size");
   return st.graphs.emplace(key, std::make_pair(g, workspace)).first->second;
