@@ -14,7 +14,7 @@
 #                                      `zaya bench collectives --backend nccl` (a world of one:
 #                                      MPI as a singleton), `zaya sysinfo`, `zaya bench gemm --backend cuda` over
 #                                      ZAYA1-base's training GEMMs (bf16 and f32) and the op
-#                                      benchmarks (attention: bench_ops_attention_cuda); logs and the
+#                                      benchmarks (attention, CCA, RoPE: bench_ops_attention_cuda); logs and the
 #                                      hardware profile go to OUTDIR
 #   scripts/gpu_check.sh tests [OUTDIR]
 #                                      the same without sysinfo and the GEMM tables, the NCCL
@@ -99,7 +99,7 @@ tests)
 run)
   "$pack_dir/zaya" sysinfo 2>&1 | tee "$out/sysinfo.txt" || status=1
   # Op benchmarks at ZAYA1-base's shapes, one file for all (the device tool brings back 8 files):
-  # attention forward and backward, the reference kernels and cuDNN's SDPA (docs/cuda.md).
+  # attention forward and backward (the reference kernels and cuDNN's SDPA), the CCA ops and RoPE.
   "$pack_dir/bench_ops_attention_cuda" --benchmark_min_time=0.2 2>&1 | tee -a "$out/ops_bench.txt" || status=1
   # The profile is named after the card it measured ("NVIDIA H200" -> h200-cublaslt-bf16).
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
