@@ -4,7 +4,8 @@
 # CI machines have no GPU, so the CUDA tests skip there. This script runs them where a GPU is:
 #
 #   scripts/gpu_check.sh pack          on the build machine: bundles build/cuda's test_core,
-#                                      test_ops, test_bench, test_dist, zaya and op benchmark binaries with the
+#                                      test_ops, test_bench, test_dist, zaya and op-benchmark
+#                                      binaries with the
 #                                      shared libraries a bare CUDA image lacks (Open MPI's plugins
 #                                      and help texts among them), into build/gpu_check/
 #   scripts/gpu_check.sh run [OUTDIR]  on the GPU machine: unpacks them and runs the CUDA
@@ -13,9 +14,10 @@
 #                                      (bench_ops_gemm_cuda: ZAYA1-base's dense and expert GEMMs
 #                                      in FLOP/s), the NCCL backend's tests and
 #                                      `zaya bench collectives --backend nccl` (a world of one:
-#                                      MPI as a singleton), `zaya sysinfo`, the op benchmarks (bench_ops_*_cuda),
-#                                      and `zaya bench gemm --backend cuda` over
-#                                      ZAYA1-base's training GEMMs (bf16 and f32); logs and the
+#                                      MPI as a singleton), `zaya sysinfo`, `zaya bench gemm --backend cuda` over
+#                                      ZAYA1-base's training GEMMs (bf16 and f32) and the op
+#                                      benchmarks (bench_ops_*_cuda: attention, CCA, RoPE, routing,
+#                                      permutation, the fused loss); logs and the
 #                                      hardware profile go to OUTDIR
 #   scripts/gpu_check.sh tests [OUTDIR]
 #                                      the same without sysinfo and the GEMM tables, the NCCL
@@ -43,7 +45,7 @@ case "${1:-}" in
 pack)
   bins=(build/cuda/zaya build/cuda/tests/test_core build/cuda/tests/test_ops build/cuda/tests/test_bench
         build/cuda/tests/test_dist build/cuda/benchmarks/bench_ops_gemm_cuda
-        build/cuda/benchmarks/bench_ops_moe_loss_cuda)
+        build/cuda/benchmarks/bench_ops_moe_loss_cuda build/cuda/benchmarks/bench_ops_attention_cuda)
   for f in "${bins[@]}"; do
     [[ -x "$f" ]] || { echo "gpu_check: $f is missing: build the CUDA preset first (cmake --preset cuda && cmake --build build/cuda)" >&2; exit 1; }
   done
@@ -79,7 +81,7 @@ run | tests)
   "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:CudaContext.*:Philox.*:Tensor.*' 2>&1 | tee "$out/tests.txt" || status=1
   # The CUDA op kernels against the CPU ops (tests/ops/test_*_cuda.cc), their shared per-element
   # math, and the fronts' device checks (which skip their no-GPU halves here).
-  "$pack_dir/test_ops" --gtest_filter='DenseCuda.*:ScaleBiasCuda.*:EdaCuda.*:MoeCuda.*:CrossEntropyCuda.*:LinearCuda.*:ElementwiseMath.*:LossMath.*:DenseDevice.*:RouterStateDevice.*:MoeDevice.*:CrossEntropyDevice.*' \
+  "$pack_dir/test_ops" --gtest_filter='DenseCuda.*:ScaleBiasCuda.*:EdaCuda.*:MoeCuda.*:CrossEntropyCuda.*:ElementwiseMath.*:LossMath.*:DenseDevice.*:RouterStateDevice.*:MoeDevice.*:CrossEntropyDevice.*:SequenceMath.*:RopeCuda.*:CcaCuda.*:AttentionCuda.*:RopeDevice.*:CcaDevice.*:AttentionDevice.*' \
     2>&1 | tee -a "$out/tests.txt" || status=1
   # The GEMM, linear, experts, optimizer, Newton–Schulz and copy kernels against the CPU ops
   # (tests/ops/test_{gemm,experts,optim}_cuda.cc) and their fronts' device checks.
@@ -106,9 +108,11 @@ tests)
   ;;
 run)
   "$pack_dir/zaya" sysinfo 2>&1 | tee "$out/sysinfo.txt" || status=1
-  # The op kernels' bandwidth (memory-bound) and TFLOP/s (the fused LM head) at ZAYA1-base's training
-  # shapes, into one file that other op benchmarks append to.
+  # Op benchmarks at ZAYA1-base's shapes, one file for all (the device tool brings back 8 files):
+  # the routing and permutation kernels' bandwidth and the fused LM head's TFLOP/s; attention
+  # forward and backward (the reference kernels and cuDNN's SDPA), the CCA ops and RoPE.
   "$pack_dir/bench_ops_moe_loss_cuda" --benchmark_min_time=0.2 2>&1 | tee -a "$out/ops_bench.txt" || status=1
+  "$pack_dir/bench_ops_attention_cuda" --benchmark_min_time=0.2 2>&1 | tee -a "$out/ops_bench.txt" || status=1
   # The profile is named after the card it measured ("NVIDIA H200" -> h200-cublaslt-bf16).
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
   for dtype in bf16 f32; do

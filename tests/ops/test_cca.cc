@@ -474,9 +474,10 @@ TEST(CcaQk, RejectsAShortRopeTableAndWrongShapes) {
   }
 }
 
-// The CCA fronts handed CUDA tensors (host memory labelled CUDA: device_dispatch.h) check them as on
-// the CPU and stop at the dispatch naming the op; mixed devices name the argument.
-TEST(CcaDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgument) {
+// With CUDA kernels (cuda/cca.cu), CUDA tensors where no GPU is present give a zaya::Error naming the
+// op before any kernel runs (host memory under a CUDA label: skipped with a GPU, where
+// test_cca_cuda.cc runs the ops on device memory); mixed devices name the argument.
+TEST(CcaDevice, CudaKernelsWithoutAGpuGiveAClearErrorAndMixedDevicesNameTheArgument) {
   test::CudaLabelled cu;
   const ops::CcaDims d{2, 1, 2};
   const int64_t B = 1, T = 2, N = B * T, C = d.channels(), half = 2;
@@ -494,25 +495,26 @@ TEST(CcaDevice, CudaTensorsGetTheNoKernelErrorAndMixedDevicesNameTheArgument) {
   Tensor cos_cpu = rope.cos, sin_cpu = rope.sin;
   rope.cos = test::as_cuda(cos_cpu);
   rope.sin = test::as_cuda(sin_cpu);
-  using test::expect_no_cuda_kernel;
-  expect_no_cuda_kernel("cca_conv_forward", [&] { ops::cca_conv_forward(out, z, w, B, T, d); });
-  expect_no_cuda_kernel("cca_conv_backward", [&] { ops::cca_conv_backward(dz, gw, dout, z, w, B, T, d); });
-  expect_no_cuda_kernel("cca_conv_decode", [&] { ops::cca_conv_decode(out1, state, z1, w, B, d); });
-  expect_no_cuda_kernel("mean_skip_forward", [&] { ops::mean_skip_forward(q, k, conv, q2, k2, N, d); });
-  expect_no_cuda_kernel("mean_skip_backward", [&] { ops::mean_skip_backward(dconv, dq, dk, dq2, dk2, N, d); });
-  expect_no_cuda_kernel("value_shift_forward", [&] { ops::value_shift_forward(v, vcd, B, T, half); });
-  expect_no_cuda_kernel("value_shift_backward", [&] { ops::value_shift_backward(vcd, v, B, T, half); });
-  expect_no_cuda_kernel("value_shift_decode", [&] { ops::value_shift_decode(v1, vstate, vc, vd, B, half); });
-  expect_no_cuda_kernel("qk_norm_forward", [&] { ops::qk_norm_forward(q2, k2, q, k, temp, N, d); });
-  expect_no_cuda_kernel("qk_norm_backward",
-                        [&] { ops::qk_norm_backward(dq, dk, dtemp, dq2, dk2, q, k, temp, N, d); });
-  expect_no_cuda_kernel("cca_qk_forward", [&] { ops::cca_qk_forward(q, k, q2, k2, conv, z, temp, rope, B, T, d); });
-  expect_no_cuda_kernel("cca_qk_backward",
-                        [&] { ops::cca_qk_backward(dconv, dz, dtemp, dq, dk, q2, k2, temp, rope, B, T, d); });
   ops::RopeTable cpu_rope = rope;
   cpu_rope.cos = cos_cpu;
   test::expect_mixed_devices("cca_qk_forward", "cos table",
                              [&] { ops::cca_qk_forward(q, k, q2, k2, conv, z, temp, cpu_rope, B, T, d); });
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is present: test_cca_cuda.cc runs these ops on it";
+  using test::expect_needs_gpu;
+  expect_needs_gpu("cca_conv_forward", [&] { ops::cca_conv_forward(out, z, w, B, T, d); });
+  expect_needs_gpu("cca_conv_backward", [&] { ops::cca_conv_backward(dz, gw, dout, z, w, B, T, d); });
+  expect_needs_gpu("cca_conv_decode", [&] { ops::cca_conv_decode(out1, state, z1, w, B, d); });
+  expect_needs_gpu("mean_skip_forward", [&] { ops::mean_skip_forward(q, k, conv, q2, k2, N, d); });
+  expect_needs_gpu("mean_skip_backward", [&] { ops::mean_skip_backward(dconv, dq, dk, dq2, dk2, N, d); });
+  expect_needs_gpu("value_shift_forward", [&] { ops::value_shift_forward(v, vcd, B, T, half); });
+  expect_needs_gpu("value_shift_backward", [&] { ops::value_shift_backward(vcd, v, B, T, half); });
+  expect_needs_gpu("value_shift_decode", [&] { ops::value_shift_decode(v1, vstate, vc, vd, B, half); });
+  expect_needs_gpu("qk_norm_forward", [&] { ops::qk_norm_forward(q2, k2, q, k, temp, N, d); });
+  expect_needs_gpu("qk_norm_backward",
+                   [&] { ops::qk_norm_backward(dq, dk, dtemp, dq2, dk2, q, k, temp, N, d); });
+  expect_needs_gpu("cca_qk_forward", [&] { ops::cca_qk_forward(q, k, q2, k2, conv, z, temp, rope, B, T, d); });
+  expect_needs_gpu("cca_qk_backward",
+                   [&] { ops::cca_qk_backward(dconv, dz, dtemp, dq, dk, q2, k2, temp, rope, B, T, d); });
 }
 
 }  // namespace

@@ -3,6 +3,9 @@
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/attention_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/sequence_cuda.h"
+#endif
 
 namespace zaya::ops {
 
@@ -30,6 +33,9 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   if (on.cpu())
     return cpu::attention_fwd(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
                               v.data<float>(), B, T, nq, nkv, hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::attention_forward(out, lse, q, k, v, B, T, nq, nkv, hd);
+#endif
   on.no_kernel();
 }
 
@@ -60,6 +66,9 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     return cpu::attention_bwd(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
                               q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                               lse.data<float>(), B, T, nq, nkv, hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nq, nkv, hd);
+#endif
   on.no_kernel();
 }
 
@@ -79,6 +88,9 @@ void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache,
   if (on.cpu())
     return cpu::attention_decode(out.data<float>(), q.data<float>(), k_cache.data<float>(),
                                  v_cache.data<float>(), B, cap, S, nq, nkv, hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::attention_decode(out, q, k_cache, v_cache, B, S, nq, nkv, hd);
+#endif
   on.no_kernel();
 }
 

@@ -7,7 +7,8 @@
 // D_i = ⟨dO_i, O_i⟩, dS = P ⊙ (dO·Vᵀ − D)) once per tile, in one task per (batch row, kv head)
 // that owns dk, dv of its key blocks and dq of its G q heads (key blocks in order, then the heads'
 // query blocks) — so every output element has one writer and a fixed summation order: bitwise
-// deterministic for any thread count.
+// deterministic for any thread count. On CUDA (cuda/attention.cu): cuDNN's fused SDPA in bf16 where
+// it is available, else fp32 reference kernels (docs/cuda.md, "Attention").
 #pragma once
 
 #include <cstdint>

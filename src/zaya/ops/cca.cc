@@ -7,6 +7,9 @@
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/cca_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/sequence_cuda.h"
+#endif
 
 namespace zaya::ops {
 
@@ -49,6 +52,9 @@ void cca_conv_forward(const Tensor& out, const Tensor& z, const CcaConvWeights& 
     return cpu::cca_conv_fwd(out.data<float>(), z.data<float>(), w.dw_weight.data<float>(),
                              w.dw_bias.data<float>(), w.gw_weight.data<float>(), w.gw_bias.data<float>(), B,
                              T, dims.heads(), dims.hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cca_conv_forward(out, z, w, B, T, dims);
+#endif
   on.no_kernel();
 }
 
@@ -80,6 +86,9 @@ void cca_conv_backward(const Tensor& dz, const CcaConvWeights& grads, const Tens
                              grads.gw_weight.data<float>(), grads.gw_bias.data<float>(), dout.data<float>(),
                              z.data<float>(), w.dw_weight.data<float>(), w.dw_bias.data<float>(),
                              w.gw_weight.data<float>(), B, T, dims.heads(), dims.hd, accumulate_dz);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cca_conv_backward(dz, grads, dout, z, w, B, T, dims, accumulate_dz);
+#endif
   on.no_kernel();
 }
 
@@ -104,6 +113,9 @@ void cca_conv_decode(const Tensor& out, const Tensor& state, const Tensor& z_new
     return cpu::cca_conv_decode(out.data<float>(), state.data<float>(), z_new.data<float>(),
                                 w.dw_weight.data<float>(), w.dw_bias.data<float>(), w.gw_weight.data<float>(),
                                 w.gw_bias.data<float>(), B, dims.heads(), dims.hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cca_conv_decode(out, state, z_new, w, B, dims);
+#endif
   on.no_kernel();
 }
 
@@ -121,6 +133,9 @@ void mean_skip_forward(const Tensor& q, const Tensor& k, const Tensor& conv, con
   if (on.cpu())
     return cpu::mean_skip_fwd(q.data<float>(), k.data<float>(), conv.data<float>(), q_tilde.data<float>(),
                               k_tilde.data<float>(), N, dims.nq, dims.nkv, dims.hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::mean_skip_forward(q, k, conv, q_tilde, k_tilde, N, dims);
+#endif
   on.no_kernel();
 }
 
@@ -139,6 +154,9 @@ void mean_skip_backward(const Tensor& dconv, const Tensor& dq_tilde, const Tenso
   if (on.cpu())
     return cpu::mean_skip_bwd(dconv.data<float>(), dq_tilde.data<float>(), dk_tilde.data<float>(),
                               dq.data<float>(), dk.data<float>(), N, dims.nq, dims.nkv, dims.hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::mean_skip_backward(dconv, dq_tilde, dk_tilde, dq, dk, N, dims);
+#endif
   on.no_kernel();
 }
 
@@ -151,6 +169,9 @@ void value_shift_forward(const Tensor& v, const Tensor& vcd, int64_t B, int64_t 
   check::rows(op, "vcd", vcd, B, T, 2 * half);
   check::rows(op, "v", v, B, T, 2 * half);
   if (on.cpu()) return cpu::value_shift_fwd(v.data<float>(), vcd.data<float>(), B, T, half);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::value_shift_forward(v, vcd, B, T, half);
+#endif
   on.no_kernel();
 }
 
@@ -163,6 +184,9 @@ void value_shift_backward(const Tensor& dvcd, const Tensor& dv, int64_t B, int64
   check::rows(op, "dvcd", dvcd, B, T, 2 * half);
   check::rows(op, "dv", dv, B, T, 2 * half);
   if (on.cpu()) return cpu::value_shift_bwd(dvcd.data<float>(), dv.data<float>(), B, T, half);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::value_shift_backward(dvcd, dv, B, T, half);
+#endif
   on.no_kernel();
 }
 
@@ -179,6 +203,9 @@ void value_shift_decode(const Tensor& v, const Tensor& state, const Tensor& vc, 
   if (on.cpu())
     return cpu::value_shift_decode(v.data<float>(), state.data<float>(), vc.data<float>(), vd.data<float>(),
                                    B, half);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::value_shift_decode(v, state, vc, vd, B, half);
+#endif
   on.no_kernel();
 }
 
@@ -196,6 +223,9 @@ void qk_norm_forward(const Tensor& q_out, const Tensor& k_out, const Tensor& q, 
   if (on.cpu())
     return cpu::qk_norm_fwd(q_out.data<float>(), k_out.data<float>(), q.data<float>(), k.data<float>(),
                             temp.data<float>(), N, dims.nq, dims.nkv, dims.hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::qk_norm_forward(q_out, k_out, q, k, temp, N, dims);
+#endif
   on.no_kernel();
 }
 
@@ -226,6 +256,9 @@ void qk_norm_backward(const Tensor& dq, const Tensor& dk, const Tensor& dtemp, c
     return cpu::qk_norm_bwd(dq.data<float>(), dk.data<float>(), dtemp.data<float>(), dq_out.data<float>(),
                             dk_out.data<float>(), q.data<float>(), k.data<float>(), temp.data<float>(), N,
                             dims.nq, dims.nkv, dims.hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::qk_norm_backward(dq, dk, dtemp, dq_out, dk_out, q, k, temp, N, dims);
+#endif
   on.no_kernel();
 }
 
@@ -272,6 +305,9 @@ void cca_qk_forward(const Tensor& q, const Tensor& k, const Tensor& q_pre, const
     return cpu::cca_qk_fwd(q.data<float>(), k.data<float>(), q_pre.data<float>(), k_pre.data<float>(),
                            conv.data<float>(), z.data<float>(), temp.data<float>(), rope.cos.data<float>(),
                            rope.sin.data<float>(), rope.rot, B, T, dims.nq, dims.nkv, dims.hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cca_qk_forward(q, k, q_pre, k_pre, conv, z, temp, rope, B, T, dims);
+#endif
   on.no_kernel();
 }
 
@@ -298,6 +334,9 @@ void cca_qk_backward(const Tensor& dconv, const Tensor& dz, const Tensor& dtemp,
                            dk.data<float>(), q_pre.data<float>(), k_pre.data<float>(), temp.data<float>(),
                            rope.cos.data<float>(), rope.sin.data<float>(), rope.rot, B, T, dims.nq, dims.nkv,
                            dims.hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cca_qk_backward(dconv, dz, dtemp, dq, dk, q_pre, k_pre, temp, rope, B, T, dims);
+#endif
   on.no_kernel();
 }
 

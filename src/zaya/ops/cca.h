@@ -5,8 +5,8 @@
 //
 // Conventions (all sequence ops): activations are contiguous row-major [B, T, F] (or [B·T, F], or
 // [B, T, heads, hd]); outputs are preallocated by the caller; parameter gradients ACCUMULATE (+=),
-// activation gradients are WRITTEN. CPU only for now: a CUDA tensor throws "<op>: no CUDA kernel yet".
-// Results are bitwise identical across runs and thread counts (fixed reduction orders, no atomics).
+// activation gradients are WRITTEN. Kernels: cpu/cca_cpu.cc and cuda/cca.cu. Results are bitwise
+// identical across runs and thread counts (fixed reduction orders, no atomics).
 #pragma once
 
 #include <cstdint>

@@ -6,6 +6,9 @@
 
 #include "zaya/ops/checks.h"
 #include "zaya/ops/cpu/rope_cpu.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "zaya/ops/cuda/sequence_cuda.h"
+#endif
 
 namespace zaya::ops {
 
@@ -64,6 +67,9 @@ void rope_run(std::string_view op, const Tensor& y, const Tensor& x, const RopeT
   if (on.cpu())
     return cpu::rope_apply(y.data<float>(), x.data<float>(), table.cos.data<float>(), table.sin.data<float>(),
                            table.rot, B, T, heads, hd, pos_offset, sign);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::rope_apply(y, x, table, B, T, heads, hd, pos_offset, sign);
+#endif
   on.no_kernel();
 }
 }  // namespace
