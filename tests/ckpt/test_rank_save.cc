@@ -2,6 +2,9 @@
 // rank's, the gather and its errors, the commit, and CheckpointWriter ranks driven from threads
 // (the same protocol as one process per rank: the ranks share nothing but the file system).
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -287,6 +290,75 @@ TEST(RankSave, LoadBoxChecksTheBox) {
   expect_error([&] { ck.load_box("model.w", {8, 0}, {4, 6}); }, {"model.w", "[8, 12) in dim 0", "global extent 10"});
   expect_error([&] { ck.load_box("model.w", {0}, {4}); }, {"model.w", "has 2 dims"});
   expect_error([&] { ck.load_box("nope", {0}, {1}); }, {"tensor not in checkpoint", "nope"});
+}
+
+}  // namespace
+}  // namespace zaya::ckpt
+
+namespace zaya::ckpt {
+namespace {
+
+// A rank's process killed with SIGKILL mid-save (its forked writer goes with it: PR_SET_PDEATHSIG)
+// before its chunk list: rank 0, in this process, fails the save naming it, `latest` and the
+// previous checkpoint stay, and rank 0's next writer removes the debris.
+TEST(RankSave, ARankKilledMidSaveIsNamedAndThePreviousCheckpointStays) {
+  TempDir dir;
+  const fs::path run = dir.path() / "run";
+  const int world = 2;
+  {  // step 1, committed by both ranks (on threads: nothing is killed here)
+    auto errors = run_ranks(world, [&](int r) {
+      test::FileBarrier barrier(dir.path() / "barrier1", r, world);
+      CheckpointWriter w(run, {.rank = r, .world_size = world, .barrier = std::ref(barrier), .snapshot = Snapshot::copy});
+      w.save(1, rank_items(global_tensors(1), world, r), {{"step", 1}});
+      w.wait_committed(30);
+    });
+    ASSERT_EQ(errors, std::vector<std::string>(2)) << errors[0] << errors[1];
+  }
+  const pid_t rank1 = fork();
+  ASSERT_GE(rank1, 0);
+  if (rank1 == 0) {  // rank 1: saves step 2 with a forked writer that holds its chunk list back
+    try {
+      test::FileBarrier barrier(dir.path() / "barrier2", 1, world);
+      CheckpointWriter w(run, {.rank = 1, .world_size = world, .barrier = std::ref(barrier),
+                               .test_pause_before_commit_ms = 60000, .snapshot = Snapshot::fork});
+      w.save(2, rank_items(global_tensors(2), world, 1), json::object());
+      pause();
+    } catch (...) {
+      _exit(3);
+    }
+    _exit(0);
+  }
+  test::FileBarrier barrier(dir.path() / "barrier2", 0, world);
+  std::string error;
+  bool rank_file_seen = false;
+  try {
+    CheckpointWriter w(run, {.rank = 0, .world_size = world, .barrier = std::ref(barrier), .gather_timeout_s = 1,
+                             .snapshot = Snapshot::copy});
+    w.save(2, rank_items(global_tensors(2), world, 0), {{"step", 2}});
+    const fs::path theirs = run / "step_0000002.tmp" / rank_file_name(1);
+    for (int i = 0; i < 2000 && !rank_file_seen; ++i) {
+      rank_file_seen = fs::exists(theirs);
+      if (!rank_file_seen) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    kill(rank1, SIGKILL);
+    w.wait();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  kill(rank1, SIGKILL);  // whatever happened above, before any assertion: never leave it behind
+  int status = 0;
+  waitpid(rank1, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_TRUE(rank_file_seen) << "rank 1 never wrote its data";
+  EXPECT_NE(error.find("step_0000002: rank 1 did not report its chunks within 1 s"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 1: its rank file is there"), std::string::npos) << error;
+  EXPECT_EQ(read_latest(run)->filename(), "step_0000001");
+  EXPECT_FALSE(fs::exists(run / "step_0000002"));
+  VerifyReport rep = Checkpoint(run).verify();
+  EXPECT_TRUE(rep.ok()) << rep.problems.front();
+  EXPECT_FALSE(fs::exists(run / "step_0000002.tmp" / chunk_list_name(1))) << "the killed writer never reported";
+  CheckpointWriter next(run, {.rank = 0, .world_size = world, .barrier = [] {}});
+  EXPECT_FALSE(fs::exists(run / "step_0000002.tmp")) << "the next attempt's writer removes the debris";
 }
 
 }  // namespace
