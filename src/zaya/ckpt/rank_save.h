@@ -6,6 +6,7 @@
 // collectives and MPI is not initialized for concurrent threads). They coordinate through the file
 // system instead (docs/checkpoint-format.md, "Multi-process save"):
 //
+//   every rank, main:      barrier                                -- every earlier write is finished
 //   rank 0, main thread:   prepare_step_dir(run_dir, N)           -- then a barrier on every rank
 //   rank r (background):   write_rank_file(step_N.tmp, r, items)  -- rank_r.safetensors, fsynced
 //   rank r > 0:            write_chunk_list(step_N.tmp, ...)      -- rank_r.chunks.json, last
