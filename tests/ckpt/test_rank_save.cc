@@ -363,3 +363,53 @@ TEST(RankSave, ARankKilledMidSaveIsNamedAndThePreviousCheckpointStays) {
 
 }  // namespace
 }  // namespace zaya::ckpt
+
+namespace zaya::ckpt {
+namespace {
+
+// A save of step 5 fails on rank 0 because rank 1 is slow (its write is still going); both save
+// step 5 again with other values. Rank 0 must not clear step_5.tmp for the second attempt while
+// rank 1's first write still goes into it (its late chunk list would describe other bytes than the
+// file that attempt 2 leaves): the barrier before rank 0's prepare orders them, and the committed
+// checkpoint holds attempt 2's values and verifies.
+TEST(RankSave, ARetriedSaveNeverMixesWithASlowRanksEarlierAttempt) {
+  TempDir dir;
+  const fs::path run = dir.path() / "run";
+  const int world = 2;
+  const auto first = global_tensors(50), second = global_tensors(60);
+  std::string rank0_first_error;
+  auto errors = run_ranks(world, [&](int r) {
+    test::FileBarrier barrier(dir.path() / "barrier", r, world);
+    if (r == 0) {
+      CheckpointWriter w(run, {.rank = 0, .world_size = world, .barrier = std::ref(barrier), .gather_timeout_s = 1,
+                               .snapshot = Snapshot::copy});
+      w.save(5, rank_items(first, world, 0), {{"step", 5}, {"attempt", 1}});
+      try {
+        w.wait();
+      } catch (const Error& e) {
+        rank0_first_error = e.what();
+      }
+      w.save(5, rank_items(second, world, 0), {{"step", 5}, {"attempt", 2}});
+      w.wait();
+      return;
+    }
+    {  // rank 1's first attempt: its chunk list comes 2.5 s after its data, long after rank 0 gave up
+      CheckpointWriter slow(run, {.rank = 1, .world_size = world, .barrier = std::ref(barrier),
+                                  .test_pause_before_commit_ms = 2500, .snapshot = Snapshot::copy});
+      slow.save(5, rank_items(first, world, 1), json::object());
+    }  // the destructor waits for that write
+    CheckpointWriter w(run, {.rank = 1, .world_size = world, .barrier = std::ref(barrier), .snapshot = Snapshot::copy});
+    w.save(5, rank_items(second, world, 1), json::object());
+    w.wait_committed(30);
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(2)) << errors[0] << "\n" << errors[1];
+  EXPECT_NE(rank0_first_error.find("rank 1 did not report its chunks within 1 s"), std::string::npos) << rank0_first_error;
+  Checkpoint ck(run);
+  EXPECT_EQ(ck.manifest().state["attempt"], 2);
+  VerifyReport rep = ck.verify();
+  EXPECT_TRUE(rep.ok()) << rep.problems.front();
+  for (const auto& g : second) EXPECT_TRUE(same_bytes(ck.load_full(g.name), g.whole)) << g.name;
+}
+
+}  // namespace
+}  // namespace zaya::ckpt

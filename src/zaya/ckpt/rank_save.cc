@@ -339,7 +339,8 @@ Manifest compose_manifest(int64_t step, int world_size, const nlohmann::json& st
   std::map<std::string, int> first_rank;  // which rank set a tensor's dtype and shape
   for (size_t r = 0; r < ranks.size(); ++r) {
     const RankChunks& rc = ranks[r];
-    ZAYA_ASSERT(rc.rank == static_cast<int>(r), "chunk lists are in rank order");
+    ZAYA_CHECK(rc.rank == static_cast<int>(r), "checkpoint save: the chunks of rank ", rc.rank, " are at position ", r,
+               "; every rank's chunks must be given in rank order");
     for (const auto& it : rc.items) {
       TensorEntry& te = m.tensors[it.name];
       if (te.chunks.empty()) {
@@ -388,8 +389,10 @@ fs::path commit_step_dir(const fs::path& run_dir, const Manifest& m, const Reten
   std::set<std::string> keep{"manifest.json"};
   for (const auto& f : m.files) keep.insert(f.name);
   std::vector<fs::path> extra;
-  for (const auto& e : fs::directory_iterator(tmp_dir))
-    if (!keep.count(e.path().filename().string())) extra.push_back(e.path());
+  std::error_code lec;
+  for (fs::directory_iterator it(tmp_dir, lec), end; !lec && it != end; it.increment(lec))
+    if (!keep.count(it->path().filename().string())) extra.push_back(it->path());
+  if (lec) throw Error(str("cannot list the directory: ", lec.message()), {.file = tmp_dir.string()});
   for (const auto& p : extra) {
     std::error_code ec;
     fs::remove_all(p, ec);

@@ -112,7 +112,9 @@ class CheckpointWriter {
   // has removed what a failed attempt left there, and rank 0 never removes a slower rank's files.
   // The background write of a rank other than 0 ends with its chunk list; rank 0's waits for all of
   // them (gather_timeout_s), then writes the manifest and commits. On rank 0 an existing step_N is
-  // raised by save() itself.
+  // raised by save() itself. An error of this rank's previous save is raised before the first
+  // barrier, so the other ranks wait there until the barrier's timeout: a trainer stops at the
+  // poll() that raised it first.
   double save(int64_t step, const std::vector<SaveItem>& items, const nlohmann::json& state);
   // Blocks until the save in flight is finished and re-raises its error. Rank 0 (and a world of
   // one): the checkpoint is committed. Another rank: its part is written; see wait_committed.
