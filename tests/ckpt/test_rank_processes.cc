@@ -49,14 +49,17 @@ const Snapshot kModes[3] = {Snapshot::copy, Snapshot::deferred, Snapshot::fork};
 int64_t step_of(Snapshot mode) { return mode == Snapshot::copy ? 1 : mode == Snapshot::deferred ? 2 : 3; }
 uint32_t seed_of(int64_t step) { return static_cast<uint32_t>(step * 10); }
 
-// `mpirun -np N` of this binary's test `name` as rank children on `dir`; expects every rank to pass.
+// `mpirun -np N` of this binary's test `name` as rank children on `dir`. Each launch keeps its
+// OpenMPI session directory under `dir`: two mpiruns starting at once (ctest -j) can otherwise race
+// creating the shared /tmp/ompi.<host>.<uid> and one fails with "File exists".
 zaya::test::CliRun run_ranks(int np, const std::string& name, const fs::path& dir, const std::string& env = "") {
   const std::string exe = fs::read_symlink("/proc/self/exe").string();
-  const zaya::test::CliRun r = zaya::test::run_shell(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=PASSIVE mpirun --oversubscribe -np " +
-      std::to_string(np) + " -x ZAYA_CKPT_RANK_CHILD=1 -x ZAYA_CKPT_DIR=" + dir.string() + env + " " + exe +
+  fs::create_directories(dir / "ompi");
+  return zaya::test::run_shell(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=PASSIVE mpirun --oversubscribe "
+      "--mca orte_tmpdir_base " + (dir / "ompi").string() + " -np " + std::to_string(np) +
+      " -x ZAYA_CKPT_RANK_CHILD=1 -x ZAYA_CKPT_DIR=" + dir.string() + env + " " + exe +
       " --gtest_color=no --gtest_filter=" + name);
-  return r;
 }
 
 size_t count(const std::string& s, const std::string& what) {
