@@ -11,10 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
-#include <map>
 
-#include "zaya/ckpt/checksum.h"
-#include "zaya/ckpt/safetensors.h"
 #include "zaya/core/error.h"
 #include "zaya/core/log.h"
 
