@@ -211,17 +211,24 @@ void Checkpoint::load(const std::string& name, const Tensor& dst, const std::vec
 
 Tensor Checkpoint::load_full(const std::string& name) const {
   const TensorEntry& t = tensor(name);
+  return load_box(name, std::vector<int64_t>(t.shape.size(), 0), t.shape);
+}
+
+Tensor Checkpoint::load_box(const std::string& name, const std::vector<int64_t>& offsets,
+                            const std::vector<int64_t>& shape) const {
+  const TensorEntry& t = tensor(name);
   auto dt = st_to_dtype(t.dtype);
   if (!dt)
     throw Error("dtype cannot be read as a zaya tensor", {.file = dir_.string(), .field = name,
                                                           .expected = "BF16, F32, I32, I64 or U8", .found = t.dtype});
   ZAYA_CHECK(t.shape.size() <= static_cast<size_t>(kMaxDims), "checkpoint load: tensor '", name, "' has ", t.shape.size(),
              " dims, zaya tensors hold at most ", kMaxDims);
-  // Open (and cross-check) every file holding a chunk before allocating: the shape comes from
-  // the manifest, and only once the files confirm the chunks' byte ranges is its size trusted.
-  for (const auto& c : t.chunks) file(c.file);
-  Tensor out = Tensor::empty(Shape::of(t.shape), *dt);
-  load(name, out);
+  // The box must lie inside the global shape, and every file holding a chunk of it is opened (and
+  // cross-checked) before allocating: the shape comes from the manifest, and only once the files
+  // confirm the chunks' byte ranges is its size trusted.
+  for (const CopyOp& op : plan_load(t, offsets, shape, name)) file(t.chunks[op.chunk].file);
+  Tensor out = Tensor::empty(Shape::of(shape), *dt);
+  load(name, out, offsets);
   return out;
 }
 

@@ -67,6 +67,10 @@ class Checkpoint {
   void load(const std::string& name, const Tensor& dst, const std::vector<int64_t>& offsets = {}) const;
   // Loads a whole tensor into a new CPU tensor.
   Tensor load_full(const std::string& name) const;
+  // Loads the box [offsets, offsets + shape) of tensor `name` (this rank's shard at any world
+  // size, e.g. its rows or its range of a flat buffer) into a new CPU tensor of that shape. A box
+  // outside the stored global shape is a zaya::Error naming the tensor and the dimension.
+  Tensor load_box(const std::string& name, const std::vector<int64_t>& offsets, const std::vector<int64_t>& shape) const;
 
   bool verify_on_load = true;
 

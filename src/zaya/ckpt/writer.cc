@@ -11,10 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <future>
-#include <map>
 
-#include "zaya/ckpt/checksum.h"
-#include "zaya/ckpt/safetensors.h"
 #include "zaya/core/error.h"
 #include "zaya/core/log.h"
 
@@ -25,132 +22,70 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-struct Resolved {
-  const SaveItem* item;
-  std::vector<int64_t> global_shape;
-  std::vector<int64_t> offsets;
-};
-
-// Fills in defaults (whole tensor) and checks the chunk lies inside its global tensor.
-Resolved resolve(const SaveItem& it) {
-  ZAYA_CHECK(it.tensor.defined(), "checkpoint save: tensor '", it.name, "' is undefined");
-  Resolved r{&it, it.global_shape, it.offsets};
-  const int nd = it.tensor.ndim();
-  if (r.global_shape.empty() && nd > 0) r.global_shape.assign(it.tensor.shape().begin(), it.tensor.shape().end());
-  if (r.offsets.empty()) r.offsets.assign(r.global_shape.size(), 0);
-  ZAYA_CHECK(static_cast<int>(r.global_shape.size()) == nd && static_cast<int>(r.offsets.size()) == nd,
-             "checkpoint save: tensor '", it.name, "' has ", nd, " dims but global shape has ", r.global_shape.size(),
-             " and offsets ", r.offsets.size());
-  for (int d = 0; d < nd; ++d)
-    ZAYA_CHECK(r.offsets[d] >= 0 && r.offsets[d] + it.tensor.size(d) <= r.global_shape[d], "checkpoint save: tensor '",
-               it.name, "' chunk ", it.tensor.shape().str(), " at offset ", r.offsets[d], " in dim ", d,
-               " lies outside its global extent ", r.global_shape[d]);
-  return r;
-}
-
-// Writes rank `rank`'s file into `dir` and records its chunks in `m`. `single_thread`: in a
-// forked child, where only the forking thread exists and no helper thread may be started.
-uint64_t write_rank(const fs::path& dir, int rank, const std::vector<SaveItem>& items, Manifest& m, bool single_thread) {
-  const std::string fname = rank_file_name(rank);
-  std::vector<StEntry> entries;
-  std::vector<Resolved> resolved;
-  std::vector<Tensor> host;  // device tensors are copied to the host first (keeps them alive)
-  for (const SaveItem& it : items) {
-    resolved.push_back(resolve(it));
-    Tensor t = it.tensor.device() == Device::cpu ? it.tensor : it.tensor.to(Device::cpu);
-    host.push_back(t);
-    entries.push_back(st_entry(it.name, t));
-  }
-  // Checksums run on another thread while the file is written: CRC32C (~7 GB/s) would otherwise
-  // add ~20% to a write at disk speed (~1.4 GB/s measured here). The forked child computes them
-  // inline (before the write: same bytes, same result).
-  auto all_crcs = [&entries] {
-    std::vector<uint32_t> out;
-    for (const auto& e : entries) out.push_back(crc32c(e.data, e.nbytes));
-    return out;
-  };
-  const std::map<std::string, std::string> meta{{"format", "zaya-checkpoint"}, {"rank", std::to_string(rank)}};
-  StWritten w;
-  std::vector<uint32_t> checksums;
-  if (single_thread) {
-    checksums = all_crcs();
-    w = write_safetensors(dir / fname, entries, meta);
-  } else {
-    auto crcs = std::async(std::launch::async, all_crcs);
-    try {
-      w = write_safetensors(dir / fname, entries, meta);
-    } catch (...) {
-      crcs.wait();  // it reads `entries`: let it finish before they go away
-      throw;
-    }
-    checksums = crcs.get();
-  }
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const Resolved& r = resolved[i];
-    TensorEntry& te = m.tensors[items[i].name];
-    const std::string dt = entries[i].dtype;
-    if (te.chunks.empty()) {
-      te.dtype = dt;
-      te.shape = r.global_shape;
-    } else {
-      ZAYA_CHECK(te.dtype == dt && te.shape == r.global_shape, "checkpoint save: tensor '", items[i].name,
-                 "' has different dtypes or global shapes on different ranks");
-    }
-    Chunk c;
-    c.file = fname;
-    c.offsets = r.offsets;
-    c.shape = entries[i].shape;
-    c.byte_begin = w.ranges[i].first;
-    c.byte_end = w.ranges[i].second;
-    c.checksum = checksums[i];
-    te.chunks.push_back(std::move(c));
-    bytes += entries[i].nbytes;
-  }
-  m.files.push_back({.name = fname, .rank = rank, .bytes = w.file_bytes});
-  return bytes;
-}
-
+// A checkpoint whose rank files are all written by this process (a world of one, or tools and
+// tests writing several ranks): the whole protocol in one place, step_N.tmp prepared here.
 fs::path save_impl(const fs::path& run_dir, int64_t step, const std::vector<std::vector<SaveItem>>& ranks,
                    const nlohmann::json& state, const RetentionPolicy& retention, int pause_ms, uint64_t* bytes_out,
                    bool in_child) {
   ZAYA_CHECK(state.is_object(), "checkpoint save: state must be a JSON object");
   ZAYA_CHECK(!ranks.empty(), "checkpoint save: no ranks");
-  const std::string name = step_dir_name(step);
-  const fs::path final_dir = run_dir / name;
-  const fs::path tmp_dir = run_dir / (name + ".tmp");
-  std::error_code ec;
-  // A trainer never gets here with a newer checkpoint in its locked run directory (train/resume.h
-  // refuses or rewinds at start); a save beside another writer, or a second save of one step, does.
-  ZAYA_CHECK(!fs::exists(final_dir, ec), "checkpoint save: ", final_dir.string(),
-             " already exists: another process is writing this run directory, or the run was resumed from an "
-             "older checkpoint without `zaya train --resume STEP_DIR --rewind`");
-  fs::create_directories(run_dir, ec);
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directory(tmp_dir, ec);
-  if (ec) throw Error(str("cannot create directory: ", ec.message()), {.file = tmp_dir.string()});
-
-  Manifest m;
-  m.step = step;
-  m.world_size = static_cast<int>(ranks.size());
-  m.state = state;
+  const fs::path tmp_dir = prepare_step_dir(run_dir, step);
+  std::vector<RankChunks> written;
   uint64_t bytes = 0;
-  for (size_t r = 0; r < ranks.size(); ++r) bytes += write_rank(tmp_dir, static_cast<int>(r), ranks[r], m, in_child);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    written.push_back(write_rank_file(tmp_dir, static_cast<int>(r), ranks[r], in_child));
+    bytes += written.back().tensor_bytes;
+  }
   if (bytes_out) *bytes_out = bytes;
   if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
-
-  // Self-check: the manifest must parse under the reader's rules (chunks tile every tensor), so
-  // a save from ranks that do not cover a tensor fails here instead of committing.
-  const std::string text = manifest_to_string(m);
-  parse_manifest(text, (tmp_dir / "manifest.json").string());
-  write_file_atomic(tmp_dir / "manifest.json", text);
-  fsync_path(tmp_dir);
-  atomic_rename(tmp_dir, final_dir);
-  write_file_atomic(run_dir / "latest", name + "\n");
+  const Manifest m =
+      compose_manifest(step, static_cast<int>(ranks.size()), state, written, (tmp_dir / "manifest.json").string());
   // No logging in a forked child: the log's mutex may have been held by another thread at fork.
-  for (int64_t s : apply_retention(run_dir, retention))
-    if (!in_child) log_debug("checkpoint retention: deleted ", step_dir_name(s));
-  return final_dir;
+  return commit_step_dir(run_dir, m, retention, /*quiet=*/in_child);
+}
+
+// One rank's part of a save of a world > 1, in the background (thread or forked child): no
+// communication, only files (rank_save.h). save() has had rank 0 prepare step_N.tmp and has
+// ordered every rank after that with the barrier. Returns this rank's tensor bytes.
+uint64_t save_rank_part(const fs::path& run_dir, int64_t step, const std::vector<SaveItem>& items,
+                        const nlohmann::json& state, const WriterOptions& o, bool in_child, double* gather_s) {
+  const fs::path tmp_dir = run_dir / (step_dir_name(step) + ".tmp");
+  std::error_code ec;
+  ZAYA_CHECK(fs::is_directory(tmp_dir, ec), "checkpoint save of ", step_dir_name(step), " (rank ", o.rank, " of ",
+             o.world_size, "): ", tmp_dir.string(), " does not exist: rank 0 did not prepare this save (its error says why)");
+  if (o.rank != 0) {
+    try {
+      const RankChunks rc = write_rank_file(tmp_dir, o.rank, items, in_child);
+      if (o.test_pause_before_commit_ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(o.test_pause_before_commit_ms));
+      write_chunk_list(tmp_dir, rc, step, o.world_size);  // last: the rank file is durable by now
+      return rc.tensor_bytes;
+    } catch (const std::exception& e) {
+      write_rank_error(tmp_dir, o.rank, e.what());  // rank 0 fails at once with the cause
+      throw;
+    }
+  }
+  RankChunks own = write_rank_file(tmp_dir, 0, items, in_child);
+  const uint64_t bytes = own.tensor_bytes;
+  if (o.test_pause_before_commit_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.test_pause_before_commit_ms));
+  const auto tg = std::chrono::steady_clock::now();
+  std::vector<RankChunks> all = gather_chunk_lists(tmp_dir, step, o.world_size, o.gather_timeout_s);
+  if (gather_s) *gather_s = seconds_since(tg);
+  all[0] = std::move(own);
+  const Manifest m = compose_manifest(step, o.world_size, state, all, (tmp_dir / "manifest.json").string());
+  commit_step_dir(run_dir, m, o.retention, /*quiet=*/in_child);
+  return bytes;
+}
+
+// The background part of CheckpointWriter::save, for any world size.
+uint64_t write_save(const fs::path& run_dir, int64_t step, const std::vector<SaveItem>& items, const nlohmann::json& state,
+                    const WriterOptions& o, bool in_child, double* gather_s) {
+  if (o.world_size == 1) {
+    uint64_t bytes = 0;
+    save_impl(run_dir, step, {items}, state, o.retention, o.test_pause_before_commit_ms, &bytes, in_child);
+    return bytes;
+  }
+  return save_rank_part(run_dir, step, items, state, o, in_child, gather_s);
 }
 
 struct CopyPiece {
@@ -180,12 +115,6 @@ void parallel_copy(const std::vector<CopyPiece>& pieces) {
 
 }  // namespace
 
-std::string rank_file_name(int rank) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "rank_%05d.safetensors", rank);
-  return buf;
-}
-
 fs::path save_checkpoint(const fs::path& run_dir, int64_t step, const std::vector<std::vector<SaveItem>>& ranks,
                          const nlohmann::json& state, const RetentionPolicy& retention) {
   return save_impl(run_dir, step, ranks, state, retention, 0, nullptr, false);
@@ -204,13 +133,21 @@ Snapshot parse_snapshot(const std::string& s, const std::string& what) {
 
 CheckpointWriter::CheckpointWriter(fs::path run_dir, WriterOptions options)
     : run_dir_(std::move(run_dir)), options_(options) {
-  ZAYA_CHECK(options_.world_size == 1 && options_.rank == 0,
-             "CheckpointWriter: multi-rank saves need the distributed layer (world of one for now)");
+  ZAYA_CHECK(options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
+             "CheckpointWriter: rank ", options_.rank, " is not a rank of a world of ", options_.world_size);
+  ZAYA_CHECK(options_.world_size == 1 || options_.barrier,
+             "CheckpointWriter: a world of ", options_.world_size,
+             " needs WriterOptions::barrier (a barrier over the ranks, e.g. the communicator's): save() orders the ranks "
+             "with it");
+  ZAYA_CHECK(options_.gather_timeout_s > 0, "CheckpointWriter: gather_timeout_s must be > 0, got ",
+             options_.gather_timeout_s);
   steps_to_delete({}, options_.retention, std::nullopt);  // validates the policy up front
   std::error_code ec;
   fs::create_directories(run_dir_, ec);
   if (ec) throw Error(str("cannot create run directory: ", ec.message()), {.file = run_dir_.string()});
-  for (const auto& p : remove_leftover_tmp(run_dir_)) log_info("checkpoint: removed leftover ", p.string());
+  // Only rank 0 clears debris: another rank doing it could remove files a faster rank is writing.
+  if (options_.rank == 0)
+    for (const auto& p : remove_leftover_tmp(run_dir_)) log_info("checkpoint: removed leftover ", p.string());
 }
 
 CheckpointWriter::~CheckpointWriter() {
@@ -228,10 +165,18 @@ void CheckpointWriter::join_background() {
   }
 }
 
-static void log_saved(const SaveStats& s) {
-  log_info("checkpoint: saved ", step_dir_name(s.step), ": ", s.bytes / 1e6, " MB, stall ", s.stall_s * 1e3, " ms (wait ",
-           s.wait_previous_s * 1e3, " ms + ", s.forked ? "fork " : "snapshot ", s.snapshot_s * 1e3, " ms), write ",
-           s.write_s, " s = ", s.write_gbps(), " GB/s");
+static void log_saved(const SaveStats& s, const WriterOptions& o) {
+  const std::string stall = str("stall ", s.stall_s * 1e3, " ms (wait ", s.wait_previous_s * 1e3, " ms + ",
+                                o.world_size > 1 ? str("barriers ", s.barrier_s * 1e3, " ms + ") : std::string(),
+                                s.forked ? "fork " : "snapshot ", s.snapshot_s * 1e3, " ms), write ", s.write_s, " s = ",
+                                s.write_gbps(), " GB/s");
+  if (o.world_size == 1)
+    log_info("checkpoint: saved ", step_dir_name(s.step), ": ", s.bytes / 1e6, " MB, ", stall);
+  else if (o.rank == 0)
+    log_info("checkpoint: saved ", step_dir_name(s.step), " (", o.world_size, " ranks; rank 0 wrote ", s.bytes / 1e6,
+             " MB and waited ", s.gather_s, " s for the others' chunk lists), ", stall);
+  else
+    log_info("checkpoint: rank ", o.rank, " wrote its part of ", step_dir_name(s.step), ": ", s.bytes / 1e6, " MB, ", stall);
 }
 
 void CheckpointWriter::reap_child(bool block) {
@@ -257,13 +202,15 @@ void CheckpointWriter::reap_child(bool block) {
       throw Error(str(what, ": killed by signal ", WTERMSIG(status), "; the previous checkpoint stays latest"));
     if (msg.rfind("err ", 0) == 0) throw Error(msg.substr(4));
     unsigned long long bytes = 0;
-    double write_s = 0;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || std::sscanf(msg.c_str(), "ok %llu %lf", &bytes, &write_s) != 2)
+    double write_s = 0, gather_s = 0;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+        std::sscanf(msg.c_str(), "ok %llu %lf %lf", &bytes, &write_s, &gather_s) != 3)
       throw Error(str(what, ": exited with status ", WIFEXITED(status) ? WEXITSTATUS(status) : -1, " and message '", msg, "'"));
     pending_.bytes = bytes;
     pending_.write_s = write_s;
+    pending_.gather_s = gather_s;
     last_ = pending_;
-    log_saved(last_);
+    log_saved(last_, options_);
   } catch (...) {
     error_ = std::current_exception();
   }
@@ -307,9 +254,9 @@ bool CheckpointWriter::fork_writer(int64_t step, const std::vector<SaveItem>& it
     int code = 0;
     try {
       const auto tw = std::chrono::steady_clock::now();
-      uint64_t bytes = 0;
-      save_impl(run_dir_, step, {snap}, state, options_.retention, options_.test_pause_before_commit_ms, &bytes, true);
-      msg = str("ok ", bytes, " ", seconds_since(tw));
+      double gather_s = 0;
+      const uint64_t bytes = write_save(run_dir_, step, snap, state, options_, /*in_child=*/true, &gather_s);
+      msg = str("ok ", bytes, " ", seconds_since(tw), " ", gather_s);
     } catch (const std::exception& e) {
       msg = std::string("err ") + e.what();
       code = 1;
@@ -352,16 +299,43 @@ void CheckpointWriter::poll() {
   }
 }
 
+double CheckpointWriter::order_ranks(int64_t step) {
+  if (options_.world_size == 1) return 0;  // save_impl prepares step_N.tmp in the background
+  const auto t0 = std::chrono::steady_clock::now();
+  // Every rank's previous save is finished (wait() above) once all have arrived: no write of an
+  // earlier attempt can still be going into the directory rank 0 is about to clear.
+  options_.barrier();
+  std::exception_ptr failed;
+  if (options_.rank == 0) {
+    try {
+      prepare_step_dir(run_dir_, step);
+    } catch (...) {
+      failed = std::current_exception();  // raised after the barrier, which the other ranks are already in
+    }
+  }
+  // step_N.tmp is fresh before any rank writes into it. When rank 0's prepare failed the others
+  // find no directory and their background write fails with a message that points at rank 0.
+  options_.barrier();
+  if (failed) std::rethrow_exception(failed);
+  return seconds_since(t0);
+}
+
+void CheckpointWriter::wait_committed(double timeout_s) {
+  wait();
+  if (options_.world_size > 1 && options_.rank != 0 && last_.step >= 0) wait_for_latest(run_dir_, last_.step, timeout_s);
+}
+
 double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, const nlohmann::json& state) {
   const auto t0 = std::chrono::steady_clock::now();
   wait();
   const double waited = seconds_since(t0);
   ZAYA_CHECK(state.is_object(), "checkpoint save: state must be a JSON object");
   for (const auto& it : items) ZAYA_CHECK(it.tensor.defined(), "checkpoint save: tensor '", it.name, "' is undefined");
+  const double barrier_s = order_ranks(step);
 
   if (options_.snapshot == Snapshot::fork) {
     const auto t1 = std::chrono::steady_clock::now();
-    pending_ = SaveStats{.step = step, .wait_previous_s = waited};
+    pending_ = SaveStats{.step = step, .wait_previous_s = waited, .barrier_s = barrier_s};
     if (fork_writer(step, items, state)) {
       pending_.snapshot_s = seconds_since(t1);
       pending_.forked = true;
@@ -404,7 +378,8 @@ double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, 
   }
   const double snap = seconds_since(t1);
 
-  pending_ = SaveStats{.step = step, .wait_previous_s = waited, .snapshot_s = snap, .stall_s = seconds_since(t0)};
+  pending_ = SaveStats{
+      .step = step, .wait_previous_s = waited, .snapshot_s = snap, .barrier_s = barrier_s, .stall_s = seconds_since(t0)};
   thread_done_.store(false);
   thread_ = std::thread([this, step, deferred, pieces = std::move(pieces), copied = std::move(copied)]() mutable {
     if (deferred) {
@@ -413,12 +388,9 @@ double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, 
     }
     try {
       const auto tw = std::chrono::steady_clock::now();
-      uint64_t bytes = 0;
-      save_impl(run_dir_, step, {staged_}, staged_state_, options_.retention, options_.test_pause_before_commit_ms, &bytes,
-                false);
+      pending_.bytes = write_save(run_dir_, step, staged_, staged_state_, options_, /*in_child=*/false, &pending_.gather_s);
       pending_.write_s = seconds_since(tw);
-      pending_.bytes = bytes;
-      log_saved(pending_);
+      log_saved(pending_, options_);
     } catch (...) {
       error_ = std::current_exception();
     }

@@ -1,17 +1,19 @@
 // Writing checkpoints: the synchronous core (rank files + manifest + atomic commit) and the
-// asynchronous CheckpointWriter the trainer uses.
+// asynchronous CheckpointWriter the trainer uses, for a world of one process or one process per rank.
 //
 // Commit protocol (docs/checkpoint-format.md): everything goes into run_dir/step_N.tmp/; each
 // file is fsynced; manifest.json is written last; the directory is fsynced and renamed to
 // step_N; run_dir is fsynced; then `latest` is replaced atomically (latest.tmp, fsync, rename).
 // A kill at any point leaves the previous checkpoint and `latest` intact; the leftover .tmp is
-// removed by the next writer.
+// removed by the next writer. With one process per rank, each writes its own rank file and a chunk
+// list, and rank 0 commits once every list is there (rank_save.h).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -23,21 +25,10 @@
 
 #include "zaya/ckpt/fs_util.h"
 #include "zaya/ckpt/manifest.h"
+#include "zaya/ckpt/rank_save.h"
 #include "zaya/core/tensor.h"
 
 namespace zaya::ckpt {
-
-// One rank's chunk of one tensor: `tensor` holds the elements of the hyper-rectangle that starts
-// at `offsets` in a global tensor of `global_shape` (empty global_shape/offsets: the tensor is
-// the whole global tensor).
-struct SaveItem {
-  std::string name;
-  Tensor tensor;
-  std::vector<int64_t> global_shape;
-  std::vector<int64_t> offsets;
-};
-
-std::string rank_file_name(int rank);  // "rank_00000.safetensors"
 
 // Synchronous save of a checkpoint whose rank files are all written by this process:
 // ranks[r] is what rank r holds. Used by CheckpointWriter (one rank) and by tests and tools that
@@ -64,10 +55,23 @@ Snapshot parse_snapshot(const std::string& s, const std::string& what);  // "cop
 
 struct WriterOptions {
   RetentionPolicy retention;
-  int rank = 0;        // this process's rank; a world of one for now
+  // This process's rank among the `world_size` processes that write each checkpoint together, one
+  // process per rank (docs/checkpoint-format.md, "Multi-process save"). Every rank creates its
+  // writer on the same run directory and calls save() for the same steps in the same order; each
+  // writes only rank_<rank>.safetensors, and rank 0 commits the checkpoint.
+  int rank = 0;
   int world_size = 1;
+  // Required when world_size > 1: blocks until every rank has called it (e.g.
+  // [&comm] { comm.barrier(); }), bounded by a timeout that throws. save() calls it twice on the
+  // caller's thread, never from the background write.
+  std::function<void()> barrier;
+  // Rank 0 of a world > 1: how long its background commit waits for the other ranks' chunk lists
+  // before it fails the save, naming the ranks that never reported. Counted from when rank 0's own
+  // rank file is written; allow for the slowest rank's write.
+  double gather_timeout_s = 600;
   // Test hook: sleep this long after the rank files are written and before the manifest and the
-  // commit, so a test can kill the process in the middle of a save.
+  // commit (a rank other than 0 of a world > 1: before its chunk list), so a test can kill the
+  // process in the middle of a save.
   int test_pause_before_commit_ms = 0;
   Snapshot snapshot = Snapshot::fork;
 };
@@ -77,15 +81,18 @@ struct SaveStats {
   double wait_previous_s = 0;  // blocked on the previous save's background write
   double snapshot_s = 0;       // copying tensors into host staging memory, or the fork()
   bool forked = false;         // the snapshot was a fork (else a copy)
-  double stall_s = 0;          // what training lost: wait_previous_s + snapshot_s
-  double write_s = 0;          // background: write + fsync + commit
+  double barrier_s = 0;        // world > 1: the two barriers of save() (rank 0 prepares step_N.tmp between them)
+  double stall_s = 0;          // what training lost: wait_previous_s + barrier_s + snapshot_s
+  double write_s = 0;          // background: write + fsync (+ on rank 0 the gather and the commit)
+  double gather_s = 0;         // rank 0 of a world > 1: waiting for the other ranks' chunk lists (part of write_s)
   uint64_t bytes = 0;          // tensor bytes written
   double write_gbps() const { return write_s > 0 ? bytes / write_s / 1e9 : 0; }
 };
 
 class CheckpointWriter {
  public:
-  // Creates run_dir if needed and removes leftover *.tmp entries from interrupted saves.
+  // Creates run_dir if needed; rank 0 removes leftover *.tmp entries from interrupted saves (every
+  // rank's writer must exist before any rank's first save, which the barrier in save() ensures).
   explicit CheckpointWriter(fs::path run_dir, WriterOptions options = {});
   ~CheckpointWriter();  // waits for the write (thread or child) in flight; errors are logged, not thrown
   CheckpointWriter(const CheckpointWriter&) = delete;
@@ -96,9 +103,26 @@ class CheckpointWriter {
   // writes and commits. An error from the previous background write is re-raised here (and by poll() as soon as it happens). Returns
   // the stall. With fork, call save() from a thread that outlives the write (the main thread):
   // the child is killed when the thread that forked it exits (PR_SET_PDEATHSIG).
+  //
+  // World > 1: every rank calls save() with its own chunks (SaveItem offsets/global_shape) and the
+  // same step; a tensor may be held by any subset of the ranks as long as their chunks tile it.
+  // Only rank 0's `state` is stored (other ranks may pass an empty object). Before the snapshot,
+  // save() waits for this rank's previous save, calls options.barrier, lets rank 0 clear and create
+  // step_N.tmp, and calls options.barrier again, so no rank writes into step_N.tmp before rank 0
+  // has removed what a failed attempt left there, and rank 0 never removes a slower rank's files.
+  // The background write of a rank other than 0 ends with its chunk list; rank 0's waits for all of
+  // them (gather_timeout_s), then writes the manifest and commits. On rank 0 an existing step_N is
+  // raised by save() itself. An error of this rank's previous save is raised before the first
+  // barrier, so the other ranks wait there until the barrier's timeout: a trainer stops at the
+  // poll() that raised it first.
   double save(int64_t step, const std::vector<SaveItem>& items, const nlohmann::json& state);
-  // Blocks until the save in flight is committed; re-raises its error.
+  // Blocks until the save in flight is finished and re-raises its error. Rank 0 (and a world of
+  // one): the checkpoint is committed. Another rank: its part is written; see wait_committed.
   void wait();
+  // wait(), then on a rank other than 0 of a world > 1 also until `latest` names the last step this
+  // writer saved (or a later one): rank 0 committed it. Throws after `timeout_s`. For the end of a
+  // run; during training no rank needs to know (rank 0's poll() raises a failed commit).
+  void wait_committed(double timeout_s);
   // Returns at once. When the save in flight has finished, collects it: a success is logged and
   // becomes last_stats(), an error is re-raised now (the trainer calls this at every step
   // boundary, so a failed background save stops training at once, not at the next save).
@@ -106,6 +130,8 @@ class CheckpointWriter {
 
   const SaveStats& last_stats() const { return last_; }  // of the last completed save
   const fs::path& run_dir() const { return run_dir_; }
+  int rank() const { return options_.rank; }
+  int world_size() const { return options_.world_size; }
 
   // Deferred snapshots: blocks until the tensors of the save in flight have been copied (returns
   // at once otherwise); returns the seconds it waited. The saved tensors may change afterwards.
@@ -113,6 +139,7 @@ class CheckpointWriter {
 
  private:
   void join_background();
+  double order_ranks(int64_t step);  // world > 1: barrier, rank 0 prepares step_N.tmp, barrier
   void reap_child(bool block = true);  // !block: return at once while the child runs
   bool fork_writer(int64_t step, const std::vector<SaveItem>& items, const nlohmann::json& state);
 
