@@ -118,7 +118,7 @@ TEST(CliLimits, ForwardLossNeedsAtLeastTwoIds) {
 TEST(CliLimits, ForwardBoundsTheSequenceByMaxPositionEmbeddings) {
   const std::string hf = tiny_hf_model();
   const std::string cfg = hf.substr(0, hf.size() - 2) + "tiny.toml";
-  for (const std::string src : {"--model " + hf, "--init-config " + cfg}) {
+  for (const std::string& src : {"--model " + hf, "--init-config " + cfg}) {
     CliRun r = zaya("--threads 1 forward " + src + " --ids " + ids_1_to(65) + " --loss");
     EXPECT_EQ(r.code, 2) << src << "\n" << r.output;
     EXPECT_TRUE(has(r, "forward: 65 positions exceed the model's max_position_embeddings (64)")) << r.output;

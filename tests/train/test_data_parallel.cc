@@ -101,7 +101,7 @@ TEST_F(DataParallel, TwoAndThreeRanksTrainTheOneRankModel) {
   ASSERT_EQ(one.losses.size(), static_cast<size_t>(steps));
   for (int np : {2, 3}) {
     SCOPED_TRACE(np);
-    const TrainRun n = train(np, "n" + std::to_string(np), steps, "f64");
+    const TrainRun n = train(np, std::to_string(np) + "ranks", steps, "f64");
     ASSERT_EQ(n.rc, 0) << n.out;
     ASSERT_EQ(n.losses.size(), one.losses.size());
     // Tolerance 1e-5 relative (the bound); the f64 mode makes the gradient sum independent

@@ -177,6 +177,11 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   w.retention.keep_every = cfg_.ckpt.keep_every;
   w.test_pause_before_commit_ms = opts_.test_pause_before_commit_ms;
   w.snapshot = ckpt::parse_snapshot(cfg_.ckpt.snapshot, "ckpt.snapshot");
+  // Every rank writes its own rank file; rank 0 commits (docs/checkpoint-format.md).
+  w.rank = comm_->rank();
+  w.world_size = comm_->size();
+  if (comm_->size() > 1) w.barrier = [this] { comm_->barrier(); };
+  w.gather_timeout_s = std::max(600.0, cfg_.parallel.timeout_s);
   writer_ = std::make_unique<ckpt::CheckpointWriter>(t.out_dir, w);
 
   if (!opts_.resume.empty()) {
@@ -396,8 +401,13 @@ std::vector<ckpt::SaveItem> Trainer::save_items() {
 }
 
 std::string Trainer::save(bool wait) {
-  double stall = writer_->save(step_, save_items(), state_json());
-  if (wait) writer_->wait();
+  double stall = writer_->save(step_, save_items(), rank0() ? state_json() : nlohmann::json::object());
+  if (wait) {
+    // Rank 0's wait is the commit; the others wait until `latest` names the step, so that a run
+    // that returns has its checkpoint committed on every rank.
+    if (rank0()) writer_->wait();
+    else writer_->wait_committed(std::max(600.0, cfg_.parallel.timeout_s));
+  }
   std::string dir = (fs::path(cfg_.train.out_dir) / ckpt::step_dir_name(step_)).string();
   log_info("checkpoint step ", step_, " -> ", dir, " (training stalled ", static_cast<int>(stall * 1000),
            " ms", wait ? ", written" : ", writing in the background", ")");
