@@ -180,7 +180,7 @@ class DataParallelFailure : public DataParallel {
                        << "[optim]\nwarmup_steps = 5\n[ckpt]\nevery = 3\nkeep_last = 2\n"
                        << "[parallel]\ntimeout_s = 5\n";
     const std::string script =
-        "(" + launcher(2) + ZAYA_BINARY + " --threads 1 train --config " + cfg.string() + " > " + log.string() +
+        std::string("(") + launcher(2) + ZAYA_BINARY + " --threads 1 train --config " + cfg.string() + " > " + log.string() +
         " 2>&1; echo rc=$? >> " + log.string() + ") &\n"
         "for i in $(seq 600); do [ -e " + (out / "latest").string() + " ] && break; sleep 0.1; done\n"
         "victim=''; for p in $(pgrep -f -- '--config " + cfg.string() + "'); do\n"
