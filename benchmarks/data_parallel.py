@@ -26,8 +26,8 @@ import tempfile
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_WAIT_POLICY="PASSIVE")
 
 
-def run(zaya, ranks, threads, reduce, steps, micro, global_micro, out):
-    sets = [
+def run(zaya, ranks, threads, reduce, steps, micro, global_micro, out, bucket_mb):
+    sets = [f"parallel.bucket_mb={bucket_mb}",
         f"train.steps={steps}", f"train.micro_batch={micro}", f"train.grad_accum={global_micro // ranks}",
         "train.eval_every=0", "train.progress=false", "ckpt.every=0", "ckpt.save_final=false",
         f"train.out_dir={out}", f"parallel.grad_reduce=\"{reduce}\"", "optim.warmup_steps=5",
@@ -57,6 +57,9 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    # This VM's MPI reduce-scatter saturates near 128 KiB (docs/data-parallel.md, "Bucket size"):
+    # by that rule each of the demo's layers is its own bucket.
+    ap.add_argument("--bucket-mb", type=float, default=0.125)
     args = ap.parse_args()
     global_micro = 2 * args.ranks
     tmp = tempfile.mkdtemp(prefix="zaya_dp_bench_")
@@ -66,7 +69,7 @@ def main():
                                                for m in ("f32", "bf16", "f64")]
         for ranks, threads, mode in configs:
             out = os.path.join(tmp, f"n{ranks}-{mode}")
-            recs, sent = run(args.zaya, ranks, threads, mode, args.steps, args.micro, global_micro, out)
+            recs, sent = run(args.zaya, ranks, threads, mode, args.steps, args.micro, global_micro, out, args.bucket_mb)
             t = lambda k: median(recs, lambda r: r["time"][k])
             dp = lambda k: median(recs, lambda r: r.get("data_parallel", {}).get(k, 0.0))
             rows.append((ranks, threads, mode, t("step"), t("forward"), t("backward"), t("optimizer"), dp("comm"),
@@ -75,7 +78,7 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"demo model, global batch {global_micro} x {args.micro} sequences of 256 tokens, "
-          f"median of steps 4..{args.steps}\n")
+          f"buckets of {args.bucket_mb} MiB, median of steps 4..{args.steps}\n")
     print("| ranks | threads/rank | reduce | step s | forward s | backward s | optimizer s | comm s | "
           "hidden s | exposed s | param all-gather s | MiB sent/rank/step |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

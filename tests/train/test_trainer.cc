@@ -252,14 +252,16 @@ TEST_F(TrainerTest, ParallelSectionAndWorldChecks) {
   const std::string cuda = start_err("cuda", {"parallel.device=cuda"});
   EXPECT_NE(cuda.find("parallel.device"), std::string::npos) << cuda;
   EXPECT_NE(cuda.find("not built yet"), std::string::npos) << cuda;
-  // As mpirun -np 2 would start this rank.
+  EXPECT_NE(parse_err({"parallel.grad_reduce=\"f16\""}).find("parallel.grad_reduce"), std::string::npos);
+  EXPECT_NE(parse_err({"parallel.timeout_s=0"}).find("parallel.timeout_s"), std::string::npos);
+  // As mpirun -np 2 would start this rank, with cp = 2: refused before any communication (so no
+  // MPI starts here), since context parallelism is not built yet.
   ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
   ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
-  const std::string world = start_err("world", {});
+  const std::string world = start_err("world", {"parallel.cp=2"});
   ::unsetenv("OMPI_COMM_WORLD_SIZE");
   ::unsetenv("OMPI_COMM_WORLD_RANK");
-  EXPECT_NE(world.find("data-parallel training is not built yet"), std::string::npos) << world;
-  EXPECT_NE(world.find("rank 1 of 2"), std::string::npos) << world;
+  EXPECT_NE(world.find("context parallelism is not built yet"), std::string::npos) << world;
   for (const char* run : {"dp", "cuda", "world"}) EXPECT_FALSE(fs::exists(root_ / run)) << run << " was created";
 }
 

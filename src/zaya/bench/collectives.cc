@@ -262,14 +262,34 @@ void print_row(const CollResult& r, DType t, bool checked, std::ostream& out) {
   out.flush();
 }
 
-void print_footer(Coll op, int failed_tests, double avg_busbw, std::ostream& out) {
+void print_footer(Coll op, int failed_tests, double avg_busbw, const std::vector<CollResult>& op_rows,
+                  std::ostream& out) {
   char b[512];
+  if (const uint64_t sat = saturation_bytes(op_rows); sat > 0) {
+    std::snprintf(b, sizeof b, "# Saturation (90%% of the best out-of-place busbw) from : %llu B\n",
+                  static_cast<unsigned long long>(sat));
+    out << b;
+  }
   std::snprintf(b, sizeof b, "# Out of bounds values : %d %s\n", failed_tests, failed_tests ? "FAILED" : "OK");
   out << b;
   std::snprintf(b, sizeof b, "# Avg bus bandwidth    : %g %s\n", avg_busbw, "");
   out << b << "#\n# Collective test concluded: " << coll_name(op) << "\n";
   out.flush();
 }
+
+}  // namespace
+
+uint64_t saturation_bytes(const std::vector<CollResult>& rows, double fraction) {
+  double best = 0;
+  for (const CollResult& r : rows) best = std::max(best, r.busbw[0]);
+  if (best <= 0) return 0;
+  uint64_t at = 0;
+  for (const CollResult& r : rows)
+    if (r.busbw[0] >= fraction * best && (at == 0 || r.sizes.bytes < at)) at = r.sizes.bytes;
+  return at;
+}
+
+namespace {
 
 void write_csv(const std::string& path, const std::vector<CollResult>& rows, int nranks, DType t) {
   std::ofstream f(path);
@@ -379,7 +399,9 @@ std::vector<CollResult> run_collectives(dist::Communicator& comm, const Collecti
       if (me == 0) print_row(r, o.dtype, o.check > 0, out);
       rows.push_back(r);
     }
-    if (me == 0) print_footer(op, failed, bw_count ? bw_sum / bw_count : 0, out);
+    if (me == 0)
+      print_footer(op, failed, bw_count ? bw_sum / bw_count : 0,
+                   std::vector<CollResult>(rows.end() - static_cast<std::ptrdiff_t>(sizes.size()), rows.end()), out);
   }
   if (me == 0 && !o.csv_path.empty()) write_csv(o.csv_path, rows, n, o.dtype);
   if (me == 0 && !o.json_path.empty()) write_json(o.json_path, rows, comm, o);

@@ -36,6 +36,12 @@ struct CollResult {
   int64_t wrong[2] = {0, 0};
 };
 
+// The saturation point of one op's sweep: the smallest size whose out-of-place bus bandwidth
+// reaches `fraction` of the sweep's best (0 for no rows). A gradient bucket this large moves at
+// nearly full speed, and a smaller one leaves more backward to hide behind: docs/data-parallel.md
+// derives parallel.bucket_mb from it.
+uint64_t saturation_bytes(const std::vector<CollResult>& rows, double fraction = 0.9);
+
 // Runs the sweep on `comm` (every rank calls it), prints the nccl-tests table on rank 0 to `out`,
 // and returns every row (on every rank). Throws dist::CollectiveTimeout if a rank stops arriving.
 std::vector<CollResult> run_collectives(dist::Communicator& comm, const CollectivesOptions& opt, std::ostream& out);

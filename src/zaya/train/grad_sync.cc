@@ -77,6 +77,7 @@ model::ZayaModel::GradReadyFn GradientSync::ready_fn(bool last) {
     next_bucket_ = 0;
     flights_.clear();
     times_ = {};
+    blocked_s_ = 0;
   }
   return [this, last](int64_t begin, int64_t end) { on_ready(begin, end, last); };
 }
@@ -111,16 +112,19 @@ void GradientSync::start_bucket(const dist::Bucket& b) {
   InFlight f;
   f.issued = Clock::now();
   f.work = dp_.start_reduce_scatter_v(send, send + before * es, counts, buf.dtype());
+  blocked_s_ += seconds(f.issued, Clock::now());  // an MPI start may do part of the work before returning
   flights_.push_back(std::move(f));
   ++times_.buckets;
 }
 
 void GradientSync::poll() {
+  const auto t0 = Clock::now();
   for (InFlight& f : flights_)
     if (!f.complete && f.work.test()) {
       f.complete = true;
       f.done = Clock::now();
     }
+  blocked_s_ += seconds(t0, Clock::now());
 }
 
 void GradientSync::end_backward(bool last) {
@@ -144,27 +148,26 @@ void GradientSync::finish(int64_t micro_batches_total) {
       f.done = Clock::now();
     }
   const auto all_done = Clock::now();
-  // The union of the bucket spans, split at the end of backward.
+  // In flight: the union of the bucket spans. Exposed: what the step waited for them after
+  // backward, plus the time backward spent inside the communicator's calls (a start or a test may
+  // do part of a collective's work before it returns). Hidden: the rest of the time in flight.
   std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;
   for (const InFlight& f : flights_) spans.emplace_back(f.issued, f.done);
   std::sort(spans.begin(), spans.end());
   Clock::time_point cur_b{}, cur_e{};
   bool have = false;
-  auto close = [&] {
-    if (!have) return;
-    times_.comm_s += seconds(cur_b, cur_e);
-    times_.hidden_s += std::max(0.0, seconds(cur_b, std::min(cur_e, backward_end_)));
-  };
   for (const auto& [b, e] : spans) {
     if (have && b <= cur_e) {
       cur_e = std::max(cur_e, e);
       continue;
     }
-    close();
+    if (have) times_.comm_s += seconds(cur_b, cur_e);
     cur_b = b, cur_e = e, have = true;
   }
-  close();
-  times_.exposed_s = std::max(0.0, seconds(backward_end_, all_done));
+  if (have) times_.comm_s += seconds(cur_b, cur_e);
+  times_.exposed_s = std::max(0.0, seconds(backward_end_, all_done)) + blocked_s_;
+  times_.comm_s = std::max(times_.comm_s, times_.exposed_s);
+  times_.hidden_s = times_.comm_s - times_.exposed_s;
 
   const optim::RankShare& mine = plan_.ranks[static_cast<size_t>(dp_.rank())];
   const int64_t n = mine.elements();

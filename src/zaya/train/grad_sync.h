@@ -42,8 +42,9 @@ const char* grad_reduce_name(GradReduce r);
 
 struct SyncTimes {
   double comm_s = 0;     // time some bucket reduction was in flight (the union of their spans)
-  double hidden_s = 0;   // ... of which while backward was still running
-  double exposed_s = 0;  // waiting for the reductions after backward ended
+  double exposed_s = 0;  // ... of which the step waited: after backward, and inside the
+                         // communicator's calls during backward
+  double hidden_s = 0;   // the rest: communication that ran while backward computed
   double gather_s = 0;   // the parameter all-gather
   int buckets = 0;
   double hidden_fraction() const { return comm_s > 0 ? hidden_s / comm_s : 0.0; }
@@ -101,6 +102,7 @@ class GradientSync {
   };
   std::vector<InFlight> flights_;
   std::chrono::steady_clock::time_point backward_end_;
+  double blocked_s_ = 0;  // spent inside start and test calls during the last backward
   SyncTimes times_;
 };
 
