@@ -166,12 +166,12 @@ int run_data_parallel(const SimulateFlags& fl, const model::ModelConfig& m, cons
             << " GB/s), compute on " << hw.name << "\n";
   std::snprintf(line, sizeof line,
                 "# global batch %lld x %lld tokens fixed; micro-batch %lld; buckets of %.0f MiB f32 (%d buckets); gradients "
-                "reduced in %s; parameters gathered in %s%s; hidden-fraction cap %.3f (%s)\n",
+                "reduced in %s; parameters gathered in %s%s; hidden-fraction cap %.3f (",
                 static_cast<long long>(o.global_batch), static_cast<long long>(o.seq), static_cast<long long>(o.micro_batch),
                 o.bucket_mb, rows.empty() ? 0 : rows.front().buckets, sizing::wire_dtype_name(o.grad_wire),
                 sizing::wire_dtype_name(o.gather_wire), o.prefetch_gather ? ", prefetched under the next forward" : ", after the optimizer step (exposed)",
-                o.hidden_cap, cap_source.c_str());
-  std::cout << line;
+                o.hidden_cap);
+  std::cout << line << cap_source << ")\n";  // a path of any length
   std::cout << "# seconds per step; RS = the buckets' reduce-scatters, RS exp = their part after backward; eff = per-GPU "
                "throughput / the first row's; comp/st = compute / step; accum * = batch grows to mbs x GPUs, ~ = rounded up\n";
   std::cout << sizing::format_dp_scaling(rows);
