@@ -13,6 +13,7 @@
 #include "zaya/dist/collective_math.h"
 #include "zaya/model/config.h"
 #include "zaya/sizing/cluster_sim.h"
+#include "zaya/sizing/dp_scaling.h"
 
 namespace zaya::app {
 namespace {
@@ -28,6 +29,15 @@ struct SimulateFlags {
   int64_t mbs = 1, seq = 4096;
   int max_gpus = 4096;
   std::string calibrate, compare, fit_min = "0";
+  // The trainer's data-parallel step (dp_scaling.h).
+  std::string preset;
+  int64_t global_batch = 0;  // sequences; 0: the weak-scaling table instead
+  double bucket_mb = 32;
+  std::string grad_reduce = "f32", gather = "f32";
+  bool prefetch_gather = false;
+  std::string overlap_from;
+  double hidden_fraction = 1;
+  bool hidden_fraction_given = false;
 };
 
 model::ModelConfig load_model(const std::string& path, const std::vector<std::string>& overrides) {
@@ -37,6 +47,7 @@ model::ModelConfig load_model(const std::string& path, const std::vector<std::st
 }
 
 std::vector<sizing::SimColl> ops_of(const std::string& op) {
+  if (op == "none") return {};
   if (op == "all") return {std::begin(sizing::kSimColls), std::end(sizing::kSimColls)};
   return {sizing::parse_sim_coll(op, "--op")};
 }
@@ -120,12 +131,77 @@ int run_calibrated(const SimulateFlags& fl, bool ranks_given) {
   return 0;
 }
 
+// The trainer-faithful table (--global-batch): fixed global batch, the bucket timeline, the
+// optimizer step and the parameter all-gather at 8, 16, ... GPUs.
+int run_data_parallel(const SimulateFlags& fl, const model::ModelConfig& m, const sizing::HardwareProfile& hw) {
+  if (!fl.overlap_from.empty() && fl.hidden_fraction_given)
+    throw Error("conflicting flags", {.field = "--overlap-from/--hidden-fraction", .expected = "at most one of them",
+                                      .found = "both"});
+  sizing::DpOptions o;
+  o.global_batch = fl.global_batch;
+  o.micro_batch = fl.mbs;
+  o.seq = fl.seq;
+  o.bucket_mb = fl.bucket_mb;
+  o.grad_wire = sizing::parse_wire_dtype(fl.grad_reduce, "--grad-reduce", true);
+  o.gather_wire = sizing::parse_wire_dtype(fl.gather, "--gather", false);
+  o.prefetch_gather = fl.prefetch_gather;
+  std::string cap_source = "none: NCCL progresses on its own";
+  if (!fl.overlap_from.empty()) {
+    o.hidden_cap = sizing::median_hidden_fraction(fl.overlap_from);
+    cap_source = "median data_parallel.hidden_fraction of " + fl.overlap_from;
+  } else if (fl.hidden_fraction_given) {
+    o.hidden_cap = fl.hidden_fraction;
+    cap_source = "--hidden-fraction";
+  }
+  o.validate();
+  std::vector<int> counts;
+  for (int g = fl.cluster.gpus_per_node; g <= fl.max_gpus; g *= 2) counts.push_back(g);
+  if (counts.empty()) counts.push_back(fl.max_gpus);
+  const auto rows = sizing::dp_scaling(fl.cluster, m, o, hw, counts);
+  char line[512];
+  std::cout << "\n# data parallel as the trainer runs it: " << fl.model << " on "
+            << (fl.preset.empty() ? std::string("the flags' cluster") : fl.preset) << " ("
+            << (fl.cluster.topology == sizing::Topology::rails_only ? "rails-only" : "fat-tree") << ", "
+            << fl.cluster.nics_per_node << " x " << fl.cluster.nic_gbps << " Gb/s NICs, intra " << fl.cluster.intra_gbs
+            << " GB/s), compute on " << hw.name << "\n";
+  std::snprintf(line, sizeof line,
+                "# global batch %lld x %lld tokens fixed; micro-batch %lld; buckets of %.0f MiB f32 (%d buckets); gradients "
+                "reduced in %s; parameters gathered in %s%s; hidden-fraction cap %.3f (",
+                static_cast<long long>(o.global_batch), static_cast<long long>(o.seq), static_cast<long long>(o.micro_batch),
+                o.bucket_mb, rows.empty() ? 0 : rows.front().buckets, sizing::wire_dtype_name(o.grad_wire),
+                sizing::wire_dtype_name(o.gather_wire), o.prefetch_gather ? ", prefetched under the next forward" : ", after the optimizer step (exposed)",
+                o.hidden_cap);
+  std::cout << line << cap_source << ")\n";  // a path of any length
+  std::cout << "# seconds per step; RS = the buckets' reduce-scatters, RS exp = their part after backward; eff = per-GPU "
+               "throughput / the first row's; comp/st = compute / step; accum * = batch grows to mbs x GPUs, ~ = rounded up\n";
+  std::cout << sizing::format_dp_scaling(rows);
+  if (!rows.empty()) {
+    const auto& last = rows.back();
+    const double eff = last.tokens_per_s_per_gpu() / rows.front().tokens_per_s_per_gpu();
+    const std::pair<const char*, double> terms[] = {{"exposed reduce-scatter", last.rs.exposed_s},
+                                                    {"parameter all-gather", last.gather_exposed_s},
+                                                    {"optimizer step", last.optimizer.total_s()}};
+    const auto* top = &terms[0];
+    for (const auto& t : terms)
+      if (t.second > top->second) top = &t;
+    std::snprintf(line, sizeof line,
+                  "# at %d GPUs: efficiency %.1f%% of %d GPUs' per-GPU throughput (goal >= 90%%: %s); largest overhead: %s "
+                  "%.4f s of %.4f s per step; Newton-Schulz imbalance %.2f\n",
+                  last.gpus, 100 * eff, rows.front().gpus, eff >= 0.9 ? "holds" : "does not hold", top->first, top->second,
+                  last.step_s, last.optimizer.ns_imbalance);
+    std::cout << line;
+  }
+  return 0;
+}
+
 int run_simulate(SimulateFlags fl, bool ranks_given) {
   fl.cluster.topology = sizing::parse_topology(fl.topology, "--topology");
   fl.cluster.validate();
   const auto ops = ops_of(fl.op);
   if (!fl.calibrate.empty()) return run_calibrated(fl, ranks_given);
-  const auto sizes = sizes_of(fl);
+  const auto sizes = ops.empty() ? std::vector<double>{} : sizes_of(fl);
+  if (fl.model.empty() && fl.global_batch != 0)
+    throw Error("missing flag", {.field = "--global-batch", .expected = "--model CONFIG with it"});
   for (size_t i = 0; i < ops.size(); ++i) {
     if (i) std::cout << "\n";
     std::cout << sizing::format_sweep(fl.cluster, ops[i], sizing::simulate_sweep(fl.cluster, ops[i], sizes));
@@ -135,6 +211,7 @@ int run_simulate(SimulateFlags fl, bool ranks_given) {
   const model::ModelConfig m = load_model(fl.model, fl.overrides);
   const sizing::HardwareProfile hw = sizing::resolve_profile(fl.hw);
   if (fl.max_gpus < 1) throw Error("invalid value", {.field = "--max-gpus", .expected = "at least 1", .found = std::to_string(fl.max_gpus)});
+  if (fl.global_batch != 0) return run_data_parallel(fl, m, hw);
   const int64_t tokens = fl.mbs * fl.seq;
   char line[256];
   std::cout << "\n# ZeRO-1 data parallel: " << fl.model << ", micro-batch " << fl.mbs << " x " << fl.seq
@@ -158,6 +235,25 @@ int run_simulate(SimulateFlags fl, bool ranks_given) {
   return 0;
 }
 
+// A --cluster preset fills the cluster flags, the topology and --hw that were not given.
+void apply_preset(SimulateFlags& fl, const CLI::App& cmd) {
+  if (fl.preset.empty()) return;
+  const sizing::ClusterPreset p = sizing::cluster_preset(fl.preset, "--cluster");
+  auto given = [&](const char* flag) { return cmd.get_option(flag)->count() > 0; };
+  auto& c = fl.cluster;
+  if (!given("--nodes")) c.nodes = p.cluster.nodes;
+  if (!given("--gpus-per-node")) c.gpus_per_node = p.cluster.gpus_per_node;
+  if (!given("--topology")) fl.topology = p.cluster.topology == sizing::Topology::rails_only ? "rails-only" : "fat-tree";
+  if (!given("--nics-per-node")) c.nics_per_node = p.cluster.nics_per_node;
+  if (!given("--nic-gbps")) c.nic_gbps = p.cluster.nic_gbps;
+  if (!given("--intra-gbps")) c.intra_gbs = p.cluster.intra_gbs;
+  if (!given("--latency-us")) c.nic_latency_us = p.cluster.nic_latency_us;
+  if (!given("--intra-latency-us")) c.intra_latency_us = p.cluster.intra_latency_us;
+  if (!given("--switch-latency-us")) c.switch_latency_us = p.cluster.switch_latency_us;
+  if (!given("--hw")) fl.hw = p.hw;
+  if (!given("--max-gpus")) fl.max_gpus = p.cluster.ranks();
+}
+
 void add_simulate(CLI::App& app, Commands& commands) {
   auto fl = std::make_shared<SimulateFlags>();
   auto* cmd = app.add_subcommand("simulate", "Simulate collectives and data-parallel scaling on a cluster");
@@ -172,7 +268,10 @@ void add_simulate(CLI::App& app, Commands& commands) {
   cmd->add_option("--latency-us", c.nic_latency_us, "Inter-node hop latency (NIC to NIC, one switch)")->capture_default_str();
   cmd->add_option("--intra-latency-us", c.intra_latency_us, "Intra-node hop latency")->capture_default_str();
   cmd->add_option("--switch-latency-us", c.switch_latency_us, "Each extra switch hop (fat-tree spine)")->capture_default_str();
-  cmd->add_option("--op", fl->op, "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all or all")->capture_default_str();
+  cmd->add_option("--cluster", fl->preset,
+                  "preset cluster: mi300x-pollara or h100-ib (128 nodes of 8; sets the cluster flags and --hw not given)");
+  cmd->add_option("--op", fl->op, "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, all or none")
+      ->capture_default_str();
   cmd->add_option("-b,--minbytes", fl->b, "Smallest size (K/M/G suffixes)")->capture_default_str();
   cmd->add_option("-e,--maxbytes", fl->e, "Largest size")->capture_default_str();
   cmd->add_option("-f,--stepfactor", fl->f, "Size multiplier between rows")->capture_default_str();
@@ -182,10 +281,35 @@ void add_simulate(CLI::App& app, Commands& commands) {
   cmd->add_option("--mbs", fl->mbs, "micro-batch per GPU (sequences)")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--seq", fl->seq, "sequence length")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--max-gpus", fl->max_gpus, "largest GPU count of the scaling table")->capture_default_str();
+  cmd->add_option("--global-batch", fl->global_batch,
+                  "with --model: the trainer's step at this fixed global batch (sequences), split over the GPUs by "
+                  "gradient accumulation");
+  cmd->add_option("--bucket-mb", fl->bucket_mb, "with --global-batch: gradient bucket size, MiB of f32 (parallel.bucket_mb)")
+      ->capture_default_str();
+  cmd->add_option("--grad-reduce", fl->grad_reduce, "with --global-batch: gradient wire type f32, bf16 or f64")
+      ->capture_default_str();
+  cmd->add_option("--gather", fl->gather, "with --global-batch: parameter all-gather type f32 (the trainer) or bf16")
+      ->capture_default_str();
+  cmd->add_flag("--prefetch-gather", fl->prefetch_gather,
+                "with --global-batch: the all-gather overlaps the next step's first forward (the trainer does not)");
+  cmd->add_option("--overlap-from", fl->overlap_from,
+                  "with --global-batch: cap hidden communication at the median data_parallel.hidden_fraction of a "
+                  "zaya train metrics.jsonl");
+  cmd->add_option("--hidden-fraction", fl->hidden_fraction,
+                  "with --global-batch: cap the fraction of each bucket's communication that can hide behind backward");
   cmd->add_option("--calibrate", fl->calibrate, "fit latency and bandwidth from a `zaya bench collectives --csv` file");
   cmd->add_option("--compare", fl->compare, "with --calibrate: a CSV to predict (e.g. another rank count)");
   cmd->add_option("--fit-min-bytes", fl->fit_min, "with --calibrate: fit only sizes at least this large")->capture_default_str();
-  commands.push_back({cmd, [fl, gpn] { return run_simulate(*fl, gpn->count() > 0); }});
+  commands.push_back({cmd, [fl, gpn, cmd] {
+                        fl->hidden_fraction_given = cmd->get_option("--hidden-fraction")->count() > 0;
+                        // The trainer-model flags mean nothing to the other tables: refuse them there.
+                        for (const char* flag : {"--bucket-mb", "--grad-reduce", "--gather", "--prefetch-gather",
+                                                 "--overlap-from", "--hidden-fraction"})
+                          if (cmd->get_option(flag)->count() > 0 && fl->global_batch == 0)
+                            throw Error("flag needs --global-batch", {.field = flag, .expected = "--model CONFIG --global-batch N"});
+                        apply_preset(*fl, *cmd);
+                        return run_simulate(*fl, gpn->count() > 0);
+                      }});
 }
 
 }  // namespace
