@@ -181,7 +181,9 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   w.rank = comm_->rank();
   w.world_size = comm_->size();
   if (comm_->size() > 1) w.barrier = [this] { comm_->barrier(); };
-  w.gather_timeout_s = std::max(600.0, cfg_.parallel.timeout_s);
+  // A rank that has not reported its part of a checkpoint by the collective timeout is as dead as
+  // one that misses a collective: rank 0's commit fails naming it, and its next save stops the run.
+  w.gather_timeout_s = cfg_.parallel.timeout_s;
   writer_ = std::make_unique<ckpt::CheckpointWriter>(t.out_dir, w);
 
   if (!opts_.resume.empty()) {
