@@ -56,8 +56,36 @@ TEST(Checkpoint, AsyncSaveLoadRoundTrip) {
   SafetensorsFile f(ck.dir() / "rank_00000.safetensors");
   EXPECT_TRUE(same_bytes(f.read("optim.exp_avg"), items[1].tensor));
   // Loading into the wrong dtype or a missing name is a clear error.
-  expect_error([&] { ck.load("optim.exp_avg", Tensor::empty({5, 3, 2}, DType::bf16)); }, {"stored as F32", "BF16"});
+  expect_error([&] { ck.load("optim.exp_avg", Tensor::empty({5, 3, 2}, DType::i32)); }, {"stored as F32", "I32"});
   expect_error([&] { ck.load_full("nope"); }, {"tensor not in checkpoint", "nope"});
+}
+
+// A float tensor loads into the other float dtype (a GPU run's bf16 weights into f32 and back):
+// f32 -> bf16 rounds to nearest even exactly as to_bf16 does, bf16 -> f32 is exact; a box of it too.
+TEST(Checkpoint, FloatTensorsLoadAcrossPrecisions) {
+  TempDir dir;
+  // Values with low mantissa bits set (so the rounding to bf16 matters), no NaNs.
+  Tensor f = Tensor::empty({4, 6}, DType::f32), h = Tensor::empty({4, 6}, DType::bf16);
+  for (int64_t i = 0; i < 24; ++i) {
+    f.data<float>()[i] = (static_cast<float>(i) - 11.3f) * 0.1234567f;
+    h.data<bf16>()[i] = to_bf16(static_cast<float>(i) * -0.777f);
+  }
+  {
+    CheckpointWriter w(dir.path());
+    w.save(1, {{"f", f, {}, {}}, {"h", h, {}, {}}}, json::object());
+    w.wait();
+  }
+  Checkpoint ck(dir.path());
+  Tensor as_bf16 = Tensor::empty({4, 6}, DType::bf16), as_f32 = Tensor::empty({4, 6}, DType::f32);
+  ck.load("f", as_bf16);
+  ck.load("h", as_f32);
+  for (int64_t i = 0; i < 24; ++i) {
+    EXPECT_EQ(as_bf16.data<bf16>()[i].bits, to_bf16(f.data<float>()[i]).bits) << i;
+    EXPECT_EQ(as_f32.data<float>()[i], to_float(h.data<bf16>()[i])) << i;
+  }
+  Tensor row = Tensor::empty({1, 6}, DType::bf16);
+  ck.load("f", row, {2, 0});
+  for (int64_t j = 0; j < 6; ++j) EXPECT_EQ(row.data<bf16>()[j].bits, to_bf16(f.data<float>()[12 + j]).bits) << j;
 }
 
 TEST(Checkpoint, StagingIsASnapshot) {

@@ -1,5 +1,7 @@
 #include "zaya/ckpt/reader.h"
 
+#include <optional>
+
 #include <cstring>
 
 #include "zaya/ckpt/checksum.h"
@@ -183,8 +185,34 @@ VerifyReport Checkpoint::verify() const {
 
 void Checkpoint::load(const std::string& name, const Tensor& dst, const std::vector<int64_t>& offsets) const {
   const TensorEntry& t = tensor(name);
-  ZAYA_CHECK(dst.defined() && dst.device() == Device::cpu, "checkpoint load: destination for '", name, "' must be a CPU tensor");
+  ZAYA_CHECK(dst.defined(), "checkpoint load: no destination for '", name, "'");
   const std::string want = dtype_to_st(dst.dtype());
+  // Across devices and precisions (a GPU run's bf16 weights into a CPU run's f32 ones, and back):
+  // read the stored bytes into a host tensor of the stored dtype, then convert and copy.
+  const bool floats = (want == "F32" || want == "BF16") && (t.dtype == "F32" || t.dtype == "BF16");
+  if (dst.device() != Device::cpu || (want != t.dtype && floats)) {
+    const std::optional<DType> stored = st_to_dtype(t.dtype);
+    ZAYA_CHECK(stored.has_value() && (want == t.dtype || floats), "checkpoint load: tensor '", name, "' is stored as ",
+               t.dtype, ", the destination is ", want);
+    Tensor host = Tensor::empty(dst.shape(), *stored);
+    load(name, host, offsets);
+    if (*stored != dst.dtype()) {
+      Tensor converted = Tensor::empty(dst.shape(), dst.dtype());
+      const int64_t n = host.numel();
+      if (dst.dtype() == DType::bf16) {
+        const float* src = host.data<float>();
+        bf16* out = converted.data<bf16>();
+        for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(src[i]);  // round to nearest even, as training casts
+      } else {
+        const bf16* src = host.data<bf16>();
+        float* out = converted.data<float>();
+        for (int64_t i = 0; i < n; ++i) out[i] = to_float(src[i]);  // exact
+      }
+      host = converted;
+    }
+    Tensor(dst).copy_from(host);  // a handle to the same storage
+    return;
+  }
   ZAYA_CHECK(want == t.dtype, "checkpoint load: tensor '", name, "' is stored as ", t.dtype, ", the destination is ", want);
   std::vector<int64_t> shape(dst.shape().begin(), dst.shape().end());
   std::vector<int64_t> off = offsets.empty() ? std::vector<int64_t>(shape.size(), 0) : offsets;

@@ -61,9 +61,11 @@ class Checkpoint {
   // any) with the tensors (ckpt/consistency.h).
   VerifyReport verify() const;
 
-  // Fills `dst` (a CPU tensor: this process's shard, dtype equal to the stored one) with the
-  // elements of tensor `name` starting at `offsets` in the global tensor (empty: all zeros).
-  // Chunks are checksummed the first time they are read (when verify_on_load is set).
+  // Fills `dst` (this process's shard, on any device) with the elements of tensor `name` starting
+  // at `offsets` in the global tensor (empty: all zeros). A float tensor loads into either float
+  // dtype (F32 <-> BF16: bf16 rounded to nearest even, f32 exact), so a GPU run's checkpoint
+  // resumes on a CPU and back; other dtypes must match. Chunks are checksummed the first time they
+  // are read (when verify_on_load is set).
   void load(const std::string& name, const Tensor& dst, const std::vector<int64_t>& offsets = {}) const;
   // Loads a whole tensor into a new CPU tensor.
   Tensor load_full(const std::string& name) const;
