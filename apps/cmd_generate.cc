@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "model_source.h"
 #include "zaya/core/error.h"
 #include "zaya/data/tokenizer.h"
 #include "zaya/model/generate.h"
@@ -56,14 +57,15 @@ int run_generate(const GenerateArgs& a) {
              a.temperature);
   const std::string& source = a.model.empty() ? a.ckpt : a.model;
   // Text prompts need the tokenizer the model was trained with: --tokenizer, else the one the
-  // checkpoint recorded.
+  // checkpoint recorded (found from here, its run directory or where it trained), else a
+  // transformers directory's tokenizer.model.
   std::optional<data::Tokenizer> tok;
   std::string tok_path = a.tokenizer;
-  if (!a.prompt.empty() && tok_path.empty()) {  // a transformers directory records none
-    tok_path = train::source_state(source).value("tokenizer", std::string());
-  }
+  if (!a.prompt.empty() && tok_path.empty()) tok_path = source_tokenizer(source);
   if (!a.prompt.empty()) {
-    ZAYA_CHECK(!tok_path.empty(), "generate: --prompt needs a tokenizer (--tokenizer MODEL)");
+    ZAYA_CHECK(!tok_path.empty(), "generate: --prompt needs a tokenizer, and ", source,
+               " has none (no tokenizer recorded in a checkpoint, no tokenizer.model in a transformers "
+               "directory); pass --tokenizer MODEL");
     tok = data::Tokenizer::load(tok_path);
   }
   const std::vector<int32_t> prompt = tok ? tok->encode(a.prompt) : parse_prompt_ids(a.prompt_ids);

@@ -155,3 +155,18 @@ def test_a_llama_style_tokenizer_keeps_its_dummy_prefix(trained, tmp_path):
     tok = AutoTokenizer.from_pretrained(str(out))
     for t in ("The Python interpreter", "x", "reads code"):
         assert tok(t)["input_ids"] == sp.encode(t), t
+
+
+def test_generate_finds_the_tokenizer_from_any_directory(trained, export, tmp_path):
+    # A transformers folder: its tokenizer.model. A checkpoint: the tokenizer it records, found
+    # from its run directory. Same weights (fp32 export), greedy: the same text from both.
+    prompt = "The Python interpreter"
+    args = ["--prompt", prompt, "--max-new", 5, "--greedy"]
+    from_export = zaya("generate", "--model", export, *args, cwd=tmp_path).stdout
+    from_ckpt = zaya("generate", "--model", trained / "runs" / "tiny", *args, cwd=tmp_path).stdout
+    assert from_export.startswith(prompt) and len(from_export.rstrip("\n")) > len(prompt)
+    assert from_export == from_ckpt
+    bare = tmp_path / "bare"
+    zaya("ckpt", "export-hf", trained / "runs" / "tiny", "--out", bare, "--no-tokenizer", cwd=tmp_path)
+    res = zaya("generate", "--model", bare, *args, cwd=tmp_path, check=False)
+    assert res.returncode == 2 and "no tokenizer.model" in res.stderr and "--tokenizer" in res.stderr
