@@ -6,6 +6,7 @@
 #include <iostream>
 #include <string>
 
+#include "cli_vocabulary.h"
 #include "commands.h"
 #include "model_source.h"
 #include "zaya/ckpt/hf_io.h"
@@ -182,7 +183,7 @@ void add_ckpt(CLI::App& app, Commands& commands) {
   wtc->add_option("RUN_DIR", *target, "Run directory")->required();
   wtc->group("");
   auto out = std::make_shared<std::string>();
-  auto dtype = std::make_shared<std::string>("fp32");
+  auto dtype = std::make_shared<std::string>("f32");
   auto exp_args = std::make_shared<ExportArgs>();
   auto* exp = cmd->add_subcommand(
       "export-hf",
@@ -190,7 +191,7 @@ void add_ckpt(CLI::App& app, Commands& commands) {
       "safetensors (sharded above --shard-size) and the tokenizer");
   exp->add_option("DIR", *target, "Step directory or run directory (uses `latest`)")->required();
   exp->add_option("--out", *out, "Output directory (transformers' from_pretrained loads it)")->required();
-  exp->add_option("--dtype", *dtype, "Weight dtype: fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  exp->add_option("--dtype", *dtype, "Weight dtype: f32 or bf16")->transform(dtype_vocabulary())->capture_default_str();
   exp->add_option("--shard-size", exp_args->shard_bytes,
                   "Split the weights into model-0000i-of-0000n.safetensors + model.safetensors.index.json above "
                   "this size (bytes, or with a unit: 5GB = 5e9, 500MiB = 500 x 2^20; default 5GB as transformers)")

@@ -50,7 +50,7 @@ int run_eval(const EvalArgs& a) {
 void add_eval(CLI::App& app, Commands& commands) {
   auto a = std::make_shared<EvalArgs>();
   auto* cmd = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint on a dataset");
-  cmd->add_option("--ckpt", a->ckpt, "checkpoint (step dir or run dir) or transformers directory")->required();
+  cmd->add_option("--model,--ckpt", a->ckpt, "checkpoint (step dir or run dir) or transformers directory")->required();
   cmd->add_option("--data", a->data, "dataset prefix (PREFIX.bin/.idx), e.g. data/pydocs_val")->required();
   cmd->add_option("--samples", a->samples, "sequences to evaluate")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--batch", a->batch, "sequences per forward")->capture_default_str()->check(CLI::PositiveNumber);

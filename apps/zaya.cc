@@ -8,6 +8,7 @@
 #include <iostream>
 #include <string>
 
+#include "cli_vocabulary.h"
 #include "commands.h"
 #include "zaya/core/cpu_isa.h"
 #include "zaya/core/error.h"
@@ -66,6 +67,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {  // --help
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // A mistyped command gets the nearest real one instead of CLI11's "A subcommand is required".
+    if (const std::string msg = zaya::app::unknown_subcommand_message(app, argc, argv); !msg.empty()) {
+      std::cerr << "zaya: error: " << msg << "\n";
+      return 2;
+    }
     app.exit(e);
     return 2;
   }
