@@ -61,10 +61,12 @@ std::string unknown_subcommand_message(const CLI::App& app, int argc, const char
     const std::string tok = argv[i];
     if (tok.size() > 1 && tok[0] == '-') {
       if (tok.find('=') != std::string::npos) continue;
-      const CLI::Option* opt = nullptr;
-      try {
-        opt = node->get_option(tok);
-      } catch (const CLI::Error&) {  // an option of a parent or none at all: assume no value
+      const CLI::Option* opt = nullptr;  // the command's own, else a parent's (global options)
+      for (const CLI::App* a = node; a != nullptr && opt == nullptr; a = a->get_parent()) {
+        try {
+          opt = a->get_option(tok);
+        } catch (const CLI::Error&) {  // not this command's
+        }
       }
       if (opt && opt->get_type_size_min() > 0 && !opt->get_positional()) ++i;  // skip its value
       continue;

@@ -55,6 +55,10 @@ int main(int argc, char** argv) {
       "Threads for OpenMP, oneDNN and BLAS, at most 4 x the hardware threads (default: $ZAYA_THREADS, "
       "else the hardware threads / the launcher's ranks on this host)");
   app.add_option("--log-level", log_level, "debug, info, warn or error");
+  // Global options anywhere: a subcommand hands an option it does not know to its parent, so
+  // `zaya eval --threads 1 ...` works as `zaya --threads 1 eval ...`. Set before the subcommands
+  // are added, which inherit it (nested ones too: `zaya bench step --threads 1`).
+  app.fallthrough();
 
   zaya::app::Commands commands;
   auto registry = zaya::app::command_registry();

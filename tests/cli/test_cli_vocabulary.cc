@@ -97,10 +97,26 @@ TEST(CliVocabulary, AMistypedCommandGetsTheNearestOne) {
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r, "'frobnicate' is not a zaya command\nzaya commands: bench ckpt")) << r.output;
   EXPECT_FALSE(has(r, "did you mean")) << r.output;  // nothing close: no guess
+  r = zaya("bench --threads 1 ckp");  // a global option's value is not taken for the command
+  EXPECT_TRUE(has(r, "'ckp' is not a zaya bench command")) << r.output;
   // Other usage errors keep CLI11's own message.
   r = zaya("sysinfo --bogus");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r, "--bogus")) << r.output;
+}
+
+TEST(CliVocabulary, GlobalOptionsWorkAfterTheSubcommand) {
+  CliRun r = zaya("sysinfo --threads 1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "(zaya threads: 1)")) << r.output;
+  r = zaya("sysinfo --log-level loud");  // parsed as the global option: its own check answers
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "unknown log level")) << r.output;
+  const Fixture& f = fixture();
+  r = zaya("generate --model " + f.hf + " --prompt-ids 5 --max-new 1 --threads 1 --log-level warn");
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = zaya("bench membw --help");  // a command's own option of the same name stays its own
+  EXPECT_TRUE(has(r, "Comma-separated thread counts")) << r.output;
 }
 
 TEST(CliVocabulary, GenerateTopKAndTemperatureZero) {
