@@ -40,6 +40,8 @@ int run_eval(const EvalArgs& a) {
              "; evaluating each of them once");
     samples = available;
   }
+  // Said before the forwards start, so a long evaluation is not silent until it ends.
+  log_info("eval: ", samples, " sequences of ", seq, " tokens from ", a.data, " in batches of ", a.batch);
   train::EvalResult r = train::evaluate(*m.model, loader, samples);
   std::printf("checkpoint  %s\ndata        %s\ntokens      %lld (%lld sequences of %lld)\nloss        %.4f nats/token\nperplexity  %.2f\n",
               m.source.string().c_str(), a.data.c_str(), static_cast<long long>(r.tokens),

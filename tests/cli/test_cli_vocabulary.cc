@@ -51,6 +51,7 @@ TEST(CliVocabulary, ModelAndCkptAreOneOptionEverywhere) {
     CliRun e = zaya("--threads 1 eval " + flag + " " + f.run + " --data " + f.dir + "data/c_val --seq 16 --samples 2");
     EXPECT_EQ(e.code, 0) << e.output;
     EXPECT_TRUE(has(e, "perplexity")) << e.output;
+    EXPECT_TRUE(has(e, "eval: 2 sequences of 16 tokens from")) << e.output;  // said before it starts
     CliRun fw = zaya("--threads 1 forward " + flag + " " + f.run + " --ids 1,2,3 --loss");
     EXPECT_EQ(fw.code, 0) << fw.output;
     CliRun g = zaya("--threads 1 generate " + flag + " " + f.hf + " --prompt-ids 5,6 --max-new 2");

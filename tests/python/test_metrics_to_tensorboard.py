@@ -123,3 +123,8 @@ def test_follow_converts_records_as_they_are_written(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_without_tensorboard_it_names_the_venv(tmp_path):
+    res = subprocess.run([sys.executable, "-S", str(TOOL), str(tmp_path)], capture_output=True, text=True)
+    assert res.returncode == 1 and ".venv/bin/python tools/metrics_to_tensorboard.py" in res.stderr, res.stderr
