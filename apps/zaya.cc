@@ -10,6 +10,7 @@
 
 #include "cli_vocabulary.h"
 #include "commands.h"
+#include "zaya_build_info.h"  // generated: ZAYA_GIT_COMMIT
 #include "zaya/core/cpu_isa.h"
 #include "zaya/core/error.h"
 #include "zaya/core/log.h"
@@ -46,8 +47,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   char build_isa[1024];
   zaya::format_build_isa(build_isa, sizeof build_isa);
-  app.set_version_flag("--version", std::string("zaya, built for ") + build_isa,
-                       "Print the instruction sets this binary was built for (CMake ZAYA_ARCH) and exit");
+  app.set_version_flag("--version",
+                       std::string("zaya, built for ") + build_isa + "\ncommit      " + ZAYA_GIT_COMMIT +
+                           "\nbuild type  " + ZAYA_BUILD_TYPE + "\ncuda        " + ZAYA_CUDA_DESCRIPTION,
+                       "Print the commit, build type, CUDA and the instruction sets this binary was built for, and exit");
   int64_t threads = 0;
   std::string log_level = "info";
   auto* threads_opt = app.add_option(

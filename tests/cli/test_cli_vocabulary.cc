@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <regex>
 #include <string>
 
 #include "test_util.h"
@@ -104,6 +105,16 @@ TEST(CliVocabulary, AMistypedCommandGetsTheNearestOne) {
   r = zaya("sysinfo --bogus");
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(has(r, "--bogus")) << r.output;
+}
+
+TEST(CliVocabulary, VersionNamesCommitBuildTypeAndCuda) {
+  CliRun r = zaya("--version");
+  EXPECT_EQ(r.code, 0) << r.output;
+  // The commit is git's (12 hex digits, "-dirty" for local changes), or "unknown" outside a checkout.
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("\ncommit      ([0-9a-f]{12}(-dirty)?|unknown)\n")))
+      << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("\nbuild type  [A-Za-z]+\n"))) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("\ncuda        (CUDA [0-9.]+|no CUDA)"))) << r.output;
 }
 
 TEST(CliVocabulary, GlobalOptionsWorkAfterTheSubcommand) {
