@@ -3,6 +3,7 @@
 
     .venv/bin/python tools/metrics_to_tensorboard.py RUN_DIR [--follow] [--interval S] [--idle-exit S]
     .venv/bin/tensorboard --logdir RUN_DIR/tensorboard
+    ... --wandb PROJECT   also log to Weights & Biases (the wandb package; WANDB_MODE=offline works)
 
 A companion rather than part of the trainer: the trainer stays free of a TensorBoard dependency,
 and runs that have already finished convert the same way as live ones.
@@ -19,6 +20,10 @@ whose step is not past the last one (a resume replaying steps, in files from bef
 replayed records) is preceded by a SessionLog START event at that step: TensorBoard then discards
 what it holds from that step on, as tools/plot_metrics.py keeps the later records. With --follow a
 torn last line (a record being written) waits for its newline.
+
+With --wandb the same scalars go to a Weights & Biases run (named after RUN_DIR, files under
+RUN_DIR/wandb). W&B cannot rewrite a step it has logged, so replayed steps keep the first records
+there (counted in the closing line).
 """
 import argparse
 import glob
@@ -62,7 +67,10 @@ def scalars(record, prefix=""):
 
 
 class Converter:
-    def __init__(self, run_dir):
+    def __init__(self, run_dir, wandb_run=None):
+        self.wandb_run = wandb_run
+        self.wandb_step = -1
+        self.wandb_skipped = 0
         self.metrics = os.path.join(run_dir, "metrics.jsonl")
         self.logdir = os.path.join(run_dir, "tensorboard")
         os.makedirs(self.logdir, exist_ok=True)
@@ -83,10 +91,17 @@ class Converter:
             if self.last_train_step is not None and step <= self.last_train_step:
                 self.writer.add_event(Event(wall_time=wall, step=step, session_log=SessionLog(status=SessionLog.START)))
             self.last_train_step = step
-        values = [Summary.Value(tag=tag, simple_value=v) for tag, v in scalars(record)]
-        if values:
+        pairs = list(scalars(record))
+        if pairs:
+            values = [Summary.Value(tag=tag, simple_value=v) for tag, v in pairs]
             self.writer.add_event(Event(wall_time=wall, step=step, summary=Summary(value=values)))
             self.records += 1
+            if self.wandb_run is not None:
+                if step >= self.wandb_step:  # W&B takes steps in order only
+                    self.wandb_run.log(dict(pairs), step=step)
+                    self.wandb_step = step
+                else:
+                    self.wandb_skipped += 1
 
     def poll(self):
         """Converts the complete lines added since the last call; returns how many."""
@@ -129,13 +144,21 @@ def main(argv=None):
     ap.add_argument("--interval", type=float, default=2.0, help="seconds between checks with --follow")
     ap.add_argument("--idle-exit", type=float, default=0.0,
                     help="with --follow, stop after this many seconds without a new record (0: never)")
+    ap.add_argument("--wandb", metavar="PROJECT", help="also log to this Weights & Biases project")
     a = ap.parse_args(argv)
     metrics = os.path.join(a.run_dir, "metrics.jsonl")
     if not os.path.isdir(a.run_dir):
         sys.exit(f"metrics_to_tensorboard: {a.run_dir} is not a directory")
     if not a.follow and not os.path.exists(metrics):
         sys.exit(f"metrics_to_tensorboard: {metrics} does not exist (is {a.run_dir} a zaya run directory?)")
-    conv = Converter(a.run_dir)
+    wandb_run = None
+    if a.wandb:
+        try:
+            import wandb
+        except ImportError:
+            sys.exit("metrics_to_tensorboard: --wandb needs the wandb package (pip install wandb in the venv)")
+        wandb_run = wandb.init(project=a.wandb, dir=a.run_dir, name=os.path.basename(os.path.abspath(a.run_dir)))
+    conv = Converter(a.run_dir, wandb_run)
     conv.poll()
     if not a.follow and os.path.getsize(metrics) > conv.offset:
         print(f"metrics_to_tensorboard: {metrics}: skipping a torn last line (no newline)", file=sys.stderr)
@@ -151,6 +174,10 @@ def main(argv=None):
             pass
     conv.writer.close()
     print(f"metrics_to_tensorboard: {conv.records} records -> {conv.logdir}")
+    if wandb_run is not None:
+        wandb_run.finish()
+        print(f"metrics_to_tensorboard: W&B project {a.wandb}" +
+              (f" ({conv.wandb_skipped} replayed records kept at their first values)" if conv.wandb_skipped else ""))
 
 
 if __name__ == "__main__":

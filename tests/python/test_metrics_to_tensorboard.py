@@ -128,3 +128,44 @@ def test_follow_converts_records_as_they_are_written(tmp_path):
 def test_without_tensorboard_it_names_the_venv(tmp_path):
     res = subprocess.run([sys.executable, "-S", str(TOOL), str(tmp_path)], capture_output=True, text=True)
     assert res.returncode == 1 and ".venv/bin/python tools/metrics_to_tensorboard.py" in res.stderr, res.stderr
+
+
+def wandb_history(run_dir):
+    """The history rows of the offline W&B run under run_dir, read from its .wandb file: a 7-byte
+    header (":W&B", magic, version), then LevelDB-log records (crc32c, length, type; 32 KiB
+    blocks; FULL = 1, FIRST/MIDDLE/LAST = 2/3/4), each a wandb Record protobuf."""
+    import struct
+    from wandb.proto import wandb_internal_pb2 as pb
+    (path,) = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    data, pos, payload, rows = path.read_bytes(), 7, b"", []
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:  # block trailer padding
+            pos += left
+            continue
+        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pos += 7
+        payload += data[pos:pos + n]
+        pos += n
+        if kind in (1, 4):
+            r = pb.Record()
+            r.ParseFromString(payload)
+            payload = b""
+            if r.WhichOneof("record_type") == "history":
+                rows.append({("/".join(i.nested_key) or i.key): json.loads(i.value_json) for i in r.history.item})
+    return rows
+
+
+def test_wandb_offline_gets_the_same_scalars(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    text = "".join(rec(s, 10.0 - s, expert_entropy=[0.5, 0.25]) for s in range(1, 5))
+    text += json.dumps({"step": 4, "tokens": 400, "val_loss": 4.5}) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(text)
+    m2tb.main([str(tmp_path), "--wandb", "zaya-test"])
+    rows = wandb_history(tmp_path)
+    assert [r["_step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["loss"] for r in rows] == [9.0, 8.0, 7.0, 6.0]
+    assert rows[-1]["val_loss"] == 4.5 and rows[0]["expert_entropy/layer_1"] == 0.25
