@@ -155,6 +155,9 @@ int export_hf(const std::string& source, const std::string& out, const std::stri
   ZAYA_CHECK(!(a.no_tokenizer && !a.tokenizer.empty()), "ckpt export-hf: give --tokenizer or --no-tokenizer, not both");
   // Found before anything is written: a tokenizer that cannot be found fails the export up front.
   const std::string tokenizer = a.no_tokenizer ? "" : a.tokenizer.empty() ? source_tokenizer(source) : a.tokenizer;
+  // A new or empty directory: shards or a tokenizer of an earlier export left beside this one would
+  // make a folder transformers reads as a mix of both.
+  ckpt::require_new_directory(out, "ckpt export-hf --out");
   train::LoadedModel m = train::load_model_source(source, 1, 1);
   ckpt::export_hf(*m.model, out, dtype == "bf16" ? DType::bf16 : DType::f32, a.shard_bytes);
   std::cout << "exported " << m.source.string() << " -> " << out << " (" << dtype << ")\n";

@@ -138,6 +138,8 @@ def test_a_tokenizer_that_is_not_found_is_named(trained, tmp_path):
     ok = zaya("ckpt", "export-hf", moved, "--out", tmp_path / "hf", "--tokenizer", trained / "data" / "tiny.model",
               cwd=tmp_path)
     assert (tmp_path / "hf" / "tokenizer.model").exists(), ok.stdout
+    again = zaya("ckpt", "export-hf", moved, "--out", tmp_path / "hf", "--no-tokenizer", cwd=tmp_path, check=False)
+    assert again.returncode == 2 and "ckpt export-hf --out" in again.stderr  # never mixed with an earlier export
 
 
 def test_a_llama_style_tokenizer_keeps_its_dummy_prefix(trained, tmp_path):
