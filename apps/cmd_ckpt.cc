@@ -214,7 +214,12 @@ void add_ckpt(CLI::App& app, Commands& commands) {
                         if (exp->parsed()) return export_hf(*target, *out, *dtype, *exp_args);
                         ckpt::require_new_directory(*out, "ckpt import-hf --out");
                         auto m = ckpt::load_hf_model(*target, 1, 1);
-                        auto dir = train::save_weights_checkpoint(*m, *out, {{"imported_from", *target}});
+                        nlohmann::json state{{"imported_from", *target}};
+                        // The folder's tokenizer, by absolute path, so generate --prompt and a later
+                        // export-hf find it from the imported checkpoint too.
+                        if (const std::string tok = source_tokenizer(*target); !tok.empty())
+                          state["tokenizer"] = fs::absolute(tok).lexically_normal().string();
+                        auto dir = train::save_weights_checkpoint(*m, *out, state);
                         std::cout << "imported " << *target << " -> " << dir.string()
                                   << " (start a run from it with train.init_from)\n";
                         return 0;

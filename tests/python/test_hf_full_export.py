@@ -170,5 +170,8 @@ def test_generate_finds_the_tokenizer_from_any_directory(trained, export, tmp_pa
     assert from_export == from_ckpt
     bare = tmp_path / "bare"
     zaya("ckpt", "export-hf", trained / "runs" / "tiny", "--out", bare, "--no-tokenizer", cwd=tmp_path)
+    # Imported back as a zaya checkpoint, the folder's tokenizer comes along (by absolute path).
+    zaya("ckpt", "import-hf", export, "--out", tmp_path / "imported", cwd=tmp_path)
+    assert zaya("generate", "--model", tmp_path / "imported", *args, cwd=trained).stdout == from_export
     res = zaya("generate", "--model", bare, *args, cwd=tmp_path, check=False)
     assert res.returncode == 2 and "no tokenizer.model" in res.stderr and "--tokenizer" in res.stderr
