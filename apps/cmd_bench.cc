@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "cli_vocabulary.h"
 #include "commands.h"
 #include "zaya/ckpt/benchmark.h"
 #include "zaya/bench/collectives.h"
@@ -21,7 +22,7 @@ namespace zaya::app {
 namespace {
 
 struct CollectivesFlags {
-  std::string b = "32M", e = "32M", i = "1M", op = "all_reduce", dtype = "float", backend = "auto";
+  std::string b = "32M", e = "32M", i = "1M", op = "all_reduce", dtype = "f32", backend = "auto";
   uint64_t f = 1;
   int n = 20, w = 5, c = 1;
   double timeout_s = 300;
@@ -53,9 +54,7 @@ struct GemmFlags {
 
 int run_gemm(const GemmFlags& fl) {
   bench::GemmBenchOptions o;
-  if (fl.dtype == "f32") o.dtype = DType::f32;
-  else if (fl.dtype == "bf16") o.dtype = DType::bf16;
-  else throw Error("unknown data type", {.field = "--dtype", .expected = "f32 or bf16", .found = fl.dtype});
+  o.dtype = fl.dtype == "bf16" ? DType::bf16 : DType::f32;  // dtype_vocabulary() admits only these two
   o.backend = fl.backend;
   o.warmup = fl.warmup;
   o.repeats = fl.repeats;
@@ -112,9 +111,7 @@ int run_collectives(const CollectivesFlags& fl, const std::string& command) {
   o.warmup = fl.w;
   o.check = fl.c;
   o.ops = dist::parse_colls(fl.op);
-  if (fl.dtype == "float") o.dtype = DType::f32;
-  else if (fl.dtype == "bfloat16") o.dtype = DType::bf16;
-  else throw Error("unknown data type", {.field = "--dtype", .expected = "float or bfloat16", .found = fl.dtype});
+  o.dtype = fl.dtype == "bf16" ? DType::bf16 : DType::f32;  // dtype_vocabulary() admits only these two
   o.csv_path = fl.csv;
   o.json_path = fl.json;
   o.command_line = command;
@@ -148,7 +145,9 @@ void add_bench(CLI::App& app, Commands& commands) {
                    "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, reduce_scatter_v, all_gather_v "
                    "(the variable-count forms, run with equal counts) or all")
       ->capture_default_str();
-  coll->add_option("--dtype,-d", fl->dtype, "float or bfloat16")->capture_default_str();
+  coll->add_option("--dtype,-d", fl->dtype, "f32 or bf16 (nccl-tests' float and bfloat16 too)")
+      ->transform(dtype_vocabulary())
+      ->capture_default_str();
   coll->add_option("--backend", fl->backend, "auto, local, mpi or nccl")->capture_default_str();
   coll->add_option("--timeout-s,-T", fl->timeout_s, "Per-collective timeout; a rank that never arrives is named")
       ->capture_default_str();
@@ -165,7 +164,9 @@ void add_bench(CLI::App& app, Commands& commands) {
   gemm->add_option("--min-dim", gf->min_dim, "smallest dimension of --sweep")->capture_default_str();
   gemm->add_option("--max-dim", gf->max_dim, "largest dimension of --sweep")->capture_default_str();
   gemm->add_option("--ref-dim", gf->ref_dim, "square reference GEMM added to --shapes (0: none)")->capture_default_str();
-  gemm->add_option("--dtype", gf->dtype, "f32 or bf16 inputs (f32 accumulation and output)")->capture_default_str();
+  gemm->add_option("--dtype", gf->dtype, "f32 or bf16 inputs (f32 accumulation and output)")
+      ->transform(dtype_vocabulary())
+      ->capture_default_str();
   gemm->add_option("--backend", gf->backend, "cpu (oneDNN) or cuda (cuBLASLt)")->capture_default_str();
   gemm->add_option("-w,--warmup", gf->warmup, "untimed runs per shape")->capture_default_str();
   gemm->add_option("-n,--repeats", gf->repeats, "timed runs per shape; the median is reported")->capture_default_str();
@@ -198,12 +199,14 @@ void add_bench(CLI::App& app, Commands& commands) {
                       }});
 
   auto ck_size = std::make_shared<std::string>("2GiB");
-  auto ck_dir = std::make_shared<std::string>("runs/bench-ckpt");
+  auto ck_dir = std::make_shared<std::string>();
   auto ck_snap = std::make_shared<std::string>("all");
   auto* ck = bench->add_subcommand("ckpt", "Checkpoint save: synchronous time, async stall, write GB/s vs raw disk bandwidth");
   ck->add_option("--size", *ck_size, "checkpoint size (K/M/G suffixes, powers of 1024; e.g. 2GiB)")->capture_default_str();
-  ck->add_option("--dir", *ck_dir, "directory on the file system to measure (a scratch subdirectory is removed afterwards)")
-      ->capture_default_str();
+  ck->add_option("--dir", *ck_dir,
+                 "directory on the file system to measure, e.g. the one runs are written to (a scratch "
+                 "subdirectory is removed afterwards; default: the system temporary directory, $TMPDIR or /tmp, "
+                 "which may be memory rather than disk)");
   ck->add_option("--snapshot", *ck_snap, "async writer snapshot mode(s) to measure: copy, fork, deferred or all")->capture_default_str();
   commands.push_back({ck, [ck_size, ck_dir, ck_snap] {
                         std::string size = *ck_size;
@@ -215,10 +218,12 @@ void add_bench(CLI::App& app, Commands& commands) {
                           modes = {ckpt::Snapshot::copy, ckpt::Snapshot::fork, ckpt::Snapshot::deferred};
                         else
                           modes = {ckpt::parse_snapshot(*ck_snap, "--snapshot (or 'all')")};
-                        std::filesystem::create_directories(*ck_dir);
-                        ckpt::CheckpointBenchResult r = ckpt::benchmark_checkpoint(bytes, *ck_dir, modes);
+                        const std::string dir =
+                            ck_dir->empty() ? std::filesystem::temp_directory_path().string() : *ck_dir;
+                        std::filesystem::create_directories(dir);
+                        ckpt::CheckpointBenchResult r = ckpt::benchmark_checkpoint(bytes, dir, modes);
                         std::printf("# zaya bench ckpt: %.2f GiB in 8 f32 tensors, directory %s\n",
-                                    static_cast<double>(r.bytes) / (1u << 30), ck_dir->c_str());
+                                    static_cast<double>(r.bytes) / (1u << 30), dir.c_str());
                         std::printf("%-40s %10s %10s\n", "#", "seconds", "GB/s");
                         std::printf("%-40s %10.3f %10.3f\n", "raw sequential write + fsync", r.raw_write_s, r.raw_gbps());
                         std::printf("%-40s %10.3f %10.3f\n", "synchronous save (commit incl.)", r.sync_save_s, r.sync_gbps());

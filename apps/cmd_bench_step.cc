@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_vocabulary.h"
 #include "commands.h"
 #include "model_source.h"
 #include "zaya/core/error.h"
@@ -140,12 +141,13 @@ void add_bench_step(CLI::App& bench, Commands& commands) {
       "step",
       "Time training steps (forward + backward) of a ZAYA1 model on random tokens: tokens/s, GEMMs, memory");
   cmd->add_option(
-      "--model", f->source.model,
+      "--model,--ckpt", f->source.model,
       "zaya checkpoint (step dir, or run dir using `latest`) or transformers save_pretrained directory");
   cmd->add_option("--init-config", f->source.init_config,
                   "instead of --model: a TOML run config ([model]) to init from");
   cmd->add_option("--seed", f->source.seed, "init seed with --init-config")->capture_default_str();
   cmd->add_option("--gemm-dtype", f->source.gemm_dtype, "f32 or bf16 inputs for the expert and LM-head GEMMs")
+      ->transform(dtype_vocabulary())
       ->capture_default_str();
   cmd->add_option("--steps", f->steps, "timed steps after one untimed warm-up step (with --paced: the most)")
       ->required()

@@ -6,13 +6,16 @@
 #include <iostream>
 #include <string>
 
+#include "cli_vocabulary.h"
 #include "commands.h"
+#include "model_source.h"
 #include "zaya/ckpt/hf_io.h"
 #include "zaya/train/model_io.h"
 #include "zaya/ckpt/reader.h"
 #include "zaya/ckpt/safetensors.h"
 #include "zaya/ckpt/writer.h"
 #include "zaya/core/error.h"
+#include "zaya/data/hf_tokenizer.h"
 
 namespace zaya::app {
 namespace {
@@ -142,6 +145,32 @@ int write_test_checkpoint(const std::string& run_dir) {
   return 0;
 }
 
+struct ExportArgs {
+  uint64_t shard_bytes = 5'000'000'000ull;  // transformers' save_pretrained default, "5GB"
+  std::string tokenizer;
+  bool no_tokenizer = false;
+};
+
+int export_hf(const std::string& source, const std::string& out, const std::string& dtype, const ExportArgs& a) {
+  ZAYA_CHECK(!(a.no_tokenizer && !a.tokenizer.empty()), "ckpt export-hf: give --tokenizer or --no-tokenizer, not both");
+  // Found before anything is written: a tokenizer that cannot be found fails the export up front.
+  const std::string tokenizer = a.no_tokenizer ? "" : a.tokenizer.empty() ? source_tokenizer(source) : a.tokenizer;
+  // A new or empty directory: shards or a tokenizer of an earlier export left beside this one would
+  // make a folder transformers reads as a mix of both.
+  ckpt::require_new_directory(out, "ckpt export-hf --out");
+  train::LoadedModel m = train::load_model_source(source, 1, 1);
+  ckpt::export_hf(*m.model, out, dtype == "bf16" ? DType::bf16 : DType::f32, a.shard_bytes);
+  std::cout << "exported " << m.source.string() << " -> " << out << " (" << dtype << ")\n";
+  if (!tokenizer.empty()) {
+    const model::ModelConfig& c = m.model->config();
+    data::write_hf_tokenizer(tokenizer, {c.bos_token_id, c.eos_token_id, c.pad_token_id}, out);
+    std::cout << "tokenizer " << tokenizer << " -> " << (fs::path(out) / "tokenizer.model").string() << "\n";
+  } else if (!a.no_tokenizer) {
+    std::cout << "tokenizer none: the checkpoint records none (give --tokenizer MODEL to include one)\n";
+  }
+  return 0;
+}
+
 void add_ckpt(CLI::App& app, Commands& commands) {
   auto* cmd = app.add_subcommand("ckpt", "Inspect, verify, export and import checkpoints");
   cmd->require_subcommand(1);
@@ -157,11 +186,23 @@ void add_ckpt(CLI::App& app, Commands& commands) {
   wtc->add_option("RUN_DIR", *target, "Run directory")->required();
   wtc->group("");
   auto out = std::make_shared<std::string>();
-  auto dtype = std::make_shared<std::string>("fp32");
-  auto* exp = cmd->add_subcommand("export-hf", "Export a checkpoint's model as a Hugging Face directory (config.json + safetensors)");
+  auto dtype = std::make_shared<std::string>("f32");
+  auto exp_args = std::make_shared<ExportArgs>();
+  auto* exp = cmd->add_subcommand(
+      "export-hf",
+      "Export a checkpoint's model as a Hugging Face directory: config.json, generation_config.json, "
+      "safetensors (sharded above --shard-size) and the tokenizer");
   exp->add_option("DIR", *target, "Step directory or run directory (uses `latest`)")->required();
   exp->add_option("--out", *out, "Output directory (transformers' from_pretrained loads it)")->required();
-  exp->add_option("--dtype", *dtype, "Weight dtype: fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  exp->add_option("--dtype", *dtype, "Weight dtype: f32 or bf16")->transform(dtype_vocabulary())->capture_default_str();
+  exp->add_option("--shard-size", exp_args->shard_bytes,
+                  "Split the weights into model-0000i-of-0000n.safetensors + model.safetensors.index.json above "
+                  "this size (bytes, or with a unit: 5GB = 5e9, 500MiB = 500 x 2^20; default 5GB as transformers)")
+      ->transform(CLI::AsSizeValue(true))
+      ->check(CLI::PositiveNumber);
+  exp->add_option("--tokenizer", exp_args->tokenizer,
+                  "SentencePiece .model to export (default: the one the checkpoint records)");
+  exp->add_flag("--no-tokenizer", exp_args->no_tokenizer, "Export the model only");
   auto* imp = cmd->add_subcommand("import-hf", "Import a Hugging Face directory as a zaya checkpoint (a training start point)");
   imp->add_option("HFDIR", *target, "transformers save_pretrained directory")->required();
   imp->add_option("--out", *out, "New (or empty) run directory to write step_0000000/ into")->required();
@@ -170,15 +211,15 @@ void add_ckpt(CLI::App& app, Commands& commands) {
                         if (ver->parsed()) return verify(*target);
                         if (wtf->parsed()) return write_test_file(*target);
                         if (wtc->parsed()) return write_test_checkpoint(*target);
-                        if (exp->parsed()) {
-                          train::LoadedModel m = train::load_model_source(*target, 1, 1);
-                          ckpt::export_hf(*m.model, *out, *dtype == "bf16" ? DType::bf16 : DType::f32);
-                          std::cout << "exported " << m.source.string() << " -> " << *out << " (" << *dtype << ")\n";
-                          return 0;
-                        }
+                        if (exp->parsed()) return export_hf(*target, *out, *dtype, *exp_args);
                         ckpt::require_new_directory(*out, "ckpt import-hf --out");
                         auto m = ckpt::load_hf_model(*target, 1, 1);
-                        auto dir = train::save_weights_checkpoint(*m, *out, {{"imported_from", *target}});
+                        nlohmann::json state{{"imported_from", *target}};
+                        // The folder's tokenizer, by absolute path, so generate --prompt and a later
+                        // export-hf find it from the imported checkpoint too.
+                        if (const std::string tok = source_tokenizer(*target); !tok.empty())
+                          state["tokenizer"] = fs::absolute(tok).lexically_normal().string();
+                        auto dir = train::save_weights_checkpoint(*m, *out, state);
                         std::cout << "imported " << *target << " -> " << dir.string()
                                   << " (start a run from it with train.init_from)\n";
                         return 0;

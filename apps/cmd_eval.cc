@@ -40,6 +40,8 @@ int run_eval(const EvalArgs& a) {
              "; evaluating each of them once");
     samples = available;
   }
+  // Said before the forwards start, so a long evaluation is not silent until it ends.
+  log_info("eval: ", samples, " sequences of ", seq, " tokens from ", a.data, " in batches of ", a.batch);
   train::EvalResult r = train::evaluate(*m.model, loader, samples);
   std::printf("checkpoint  %s\ndata        %s\ntokens      %lld (%lld sequences of %lld)\nloss        %.4f nats/token\nperplexity  %.2f\n",
               m.source.string().c_str(), a.data.c_str(), static_cast<long long>(r.tokens),
@@ -50,7 +52,7 @@ int run_eval(const EvalArgs& a) {
 void add_eval(CLI::App& app, Commands& commands) {
   auto a = std::make_shared<EvalArgs>();
   auto* cmd = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint on a dataset");
-  cmd->add_option("--ckpt", a->ckpt, "checkpoint (step dir or run dir) or transformers directory")->required();
+  cmd->add_option("--model,--ckpt", a->ckpt, "checkpoint (step dir or run dir) or transformers directory")->required();
   cmd->add_option("--data", a->data, "dataset prefix (PREFIX.bin/.idx), e.g. data/pydocs_val")->required();
   cmd->add_option("--samples", a->samples, "sequences to evaluate")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--batch", a->batch, "sequences per forward")->capture_default_str()->check(CLI::PositiveNumber);

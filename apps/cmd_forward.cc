@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_vocabulary.h"
 #include "commands.h"
 #include "model_source.h"
 #include "zaya/ckpt/hf_io.h"
@@ -150,23 +151,25 @@ void add_forward(CLI::App& app, Commands& commands) {
   auto* cmd = app.add_subcommand(
       "forward", "Run a ZAYA1 model (zaya checkpoint or transformers directory) on token ids");
   cmd->add_option(
-      "--model", args->source.model,
+      "--model,--ckpt", args->source.model,
       "zaya checkpoint (step dir, or run dir using `latest`) or transformers save_pretrained directory");
   cmd->add_option("--init-config", args->source.init_config, "instead of --model: a TOML run config ([model]) to init from");
   cmd->add_option("--seed", args->source.seed, "init seed with --init-config")->capture_default_str();
   cmd->add_option("--ids", args->ids, "comma-separated token ids");
   cmd->add_option("--ids-file", args->ids_file, "file of token ids (comma or whitespace separated)");
-  cmd->add_option("--out", args->out, "write fp32 logits [tokens, vocab] as .npy");
+  cmd->add_option("--out", args->out, "write f32 logits [tokens, vocab] as .npy (nothing is written without it)");
   cmd->add_option("--grads-out", args->grads_out,
                   "run backward of the next-token loss and write every parameter gradient (safetensors)");
   cmd->add_flag("--loss", args->loss, "print the next-token cross-entropy");
   cmd->add_option("--save-hf", args->save_hf, "export the model as a transformers directory");
   cmd->add_option("--save-hf-dtype", args->save_hf_dtype, "f32 or bf16 (balancing biases stay f32)")
+      ->transform(dtype_vocabulary())
       ->capture_default_str();
   cmd->add_option("--save-hf-shard-bytes", args->save_hf_shard_bytes,
                   "shard the export (model-0000i-of-0000n + index.json) above this many bytes")
       ->capture_default_str();
   cmd->add_option("--gemm-dtype", args->source.gemm_dtype, "f32 or bf16 inputs for the expert and LM-head GEMMs")
+      ->transform(dtype_vocabulary())
       ->capture_default_str();
   // The benchmark flags forward used to take: accepted (hidden) only to say where they went.
   for (const auto& [old_name, new_name] : kMovedFlags) {

@@ -1,5 +1,5 @@
 // zaya generate: cached autoregressive generation from a ZAYA1 model (--model: a zaya checkpoint or
-// a transformers directory; --ckpt is the same option under the trainer's name). With --prompt-ids
+// a transformers directory; --ckpt is another name for it). With --prompt-ids
 // it prints the new token ids, comma-separated on one line; with --prompt TEXT it encodes with the
 // SentencePiece tokenizer and prints the decoded prompt + continuation.
 // Sampling lives in the library (zaya/model/generate.h); this file only parses and prints.
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "model_source.h"
 #include "zaya/core/error.h"
 #include "zaya/data/tokenizer.h"
 #include "zaya/model/generate.h"
@@ -19,11 +20,12 @@ namespace zaya::app {
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt_ids, ckpt, prompt, tokenizer;
+  std::string model, prompt_ids, prompt, tokenizer;
   int64_t max_new = 32;
   std::optional<int64_t> eos;  // none: the model config's eos_token_id
   bool greedy = false, ignore_eos = false;
   double temperature = 0, top_p = 1.0;
+  int64_t top_k = 0;
   uint64_t seed = 0;
 };
 
@@ -49,21 +51,22 @@ std::vector<int32_t> parse_prompt_ids(const std::string& text) {
 }
 
 int run_generate(const GenerateArgs& a) {
-  ZAYA_CHECK(a.model.empty() != a.ckpt.empty(), "generate: give exactly one of --model or --ckpt");
+  ZAYA_CHECK(!a.model.empty(), "generate: --model is required (a checkpoint or transformers directory)");
   ZAYA_CHECK(a.prompt_ids.empty() != a.prompt.empty(), "generate: give exactly one of --prompt-ids or --prompt");
   ZAYA_CHECK(a.max_new >= 0, "--max-new must be 0 or more, found ", a.max_new);
-  ZAYA_CHECK(a.temperature >= 0, "--temperature must be positive (or left out for greedy), found ",
-             a.temperature);
-  const std::string& source = a.model.empty() ? a.ckpt : a.model;
+  ZAYA_CHECK(a.temperature >= 0, "--temperature must be 0 (greedy) or more, found ", a.temperature);
+  ZAYA_CHECK(a.top_k >= 0, "--top-k must be 0 (all ids) or more, found ", a.top_k);
+  const std::string& source = a.model;
   // Text prompts need the tokenizer the model was trained with: --tokenizer, else the one the
-  // checkpoint recorded.
+  // checkpoint recorded (found from here, its run directory or where it trained), else a
+  // transformers directory's tokenizer.model.
   std::optional<data::Tokenizer> tok;
   std::string tok_path = a.tokenizer;
-  if (!a.prompt.empty() && tok_path.empty()) {  // a transformers directory records none
-    tok_path = train::source_state(source).value("tokenizer", std::string());
-  }
+  if (!a.prompt.empty() && tok_path.empty()) tok_path = source_tokenizer(source);
   if (!a.prompt.empty()) {
-    ZAYA_CHECK(!tok_path.empty(), "generate: --prompt needs a tokenizer (--tokenizer MODEL)");
+    ZAYA_CHECK(!tok_path.empty(), "generate: --prompt needs a tokenizer, and ", source,
+               " has none (no tokenizer recorded in a checkpoint, no tokenizer.model in a transformers "
+               "directory); pass --tokenizer MODEL");
     tok = data::Tokenizer::load(tok_path);
   }
   const std::vector<int32_t> prompt = tok ? tok->encode(a.prompt) : parse_prompt_ids(a.prompt_ids);
@@ -88,6 +91,7 @@ int run_generate(const GenerateArgs& a) {
   opt.sampling.greedy = !(a.temperature > 0);  // greedy unless a temperature is given
   opt.sampling.temperature = a.temperature > 0 ? a.temperature : 1.0;
   opt.sampling.top_p = a.top_p;
+  opt.sampling.top_k = a.top_k;
   opt.sampling.seed = a.seed;
   ZAYA_CHECK(opt.sampling.top_p > 0 && opt.sampling.top_p <= 1, "--top-p must be in (0, 1], found ", a.top_p);
   Tensor tp = Tensor::borrow(const_cast<int32_t*>(prompt.data()), Shape{1, T0}, DType::i32);
@@ -108,9 +112,9 @@ void add_generate(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<GenerateArgs>();
   auto* cmd = app.add_subcommand("generate", "Generate token ids from a ZAYA1 model (cached decode)");
   cmd->add_option(
-      "--model", args->model,
-      "zaya checkpoint (step dir, or run dir using `latest`) or transformers save_pretrained directory");
-  cmd->add_option("--ckpt", args->ckpt, "the same as --model (the trainer's name for a checkpoint)");
+      "--model,--ckpt", args->model,
+      "zaya checkpoint (step dir, or run dir using `latest`) or transformers save_pretrained directory")
+      ->required();
   cmd->add_option("--prompt-ids", args->prompt_ids, "comma-separated prompt token ids (prints new ids)");
   cmd->add_option("--prompt", args->prompt, "prompt text (prints decoded text; needs the tokenizer)");
   cmd->add_option("--tokenizer", args->tokenizer, "SentencePiece .model (default: the checkpoint's)");
@@ -118,7 +122,8 @@ void add_generate(CLI::App& app, Commands& commands) {
                   "maximum number of new tokens (prompt + new at most the model's max_position_embeddings)")
       ->capture_default_str();
   cmd->add_flag("--greedy", args->greedy, "argmax decoding (the default when no --temperature is given)");
-  cmd->add_option("--temperature", args->temperature, "sample from softmax(logits / T), T > 0");
+  cmd->add_option("--temperature", args->temperature, "sample from softmax(logits / T); 0 (the default) is greedy");
+  cmd->add_option("--top-k", args->top_k, "sample from the K most probable ids only (0: all)")->capture_default_str();
   cmd->add_option("--top-p", args->top_p, "nucleus sampling: keep the smallest set of ids with mass >= P")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Philox seed of the sampler")->capture_default_str();

@@ -1,6 +1,12 @@
 #include "model_source.h"
 
+#include <filesystem>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
 #include "zaya/core/config.h"
+#include "zaya/ckpt/reader.h"
 #include "zaya/core/error.h"
 #include "zaya/train/model_io.h"
 
@@ -24,6 +30,62 @@ train::LoadedModel load_model_checked(const std::string& path, int64_t batch, in
   check_positions(m.model->config(), seq, what);
   m.model->set_batch_shape(batch, seq);
   return m;
+}
+
+namespace {
+
+// The directory training ran in: `run_dir` less the trailing components of a relative out_dir
+// (`runs/demo` from /home/u/zaya/runs/demo gives /home/u/zaya). Empty when they do not match.
+std::filesystem::path training_directory(const std::filesystem::path& run_dir, const nlohmann::json& state) {
+  const std::string toml = state.value("config_toml", std::string());
+  if (toml.empty()) return {};
+  std::vector<std::string> overrides;
+  for (const auto& o : state.value("config_overrides", nlohmann::json::array()))
+    if (o.is_string()) overrides.push_back(o.get<std::string>());
+  std::string out_dir;
+  try {
+    ConfigReader::from_string(toml, "the checkpoint's config", overrides).get("train.out_dir", out_dir);
+  } catch (const Error&) {
+    return {};  // a config this build no longer reads: the other places are still tried
+  }
+  std::filesystem::path out = std::filesystem::path(out_dir).lexically_normal(), dir = run_dir.lexically_normal();
+  if (out.empty() || out.is_absolute()) return {};
+  std::vector<std::filesystem::path> parts(out.begin(), out.end());
+  if (!parts.empty() && parts.back().empty()) parts.pop_back();  // a trailing '/'
+  if (!dir.empty() && dir.filename().empty()) dir = dir.parent_path();
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+    if (dir.filename() != *it) return {};
+    dir = dir.parent_path();
+  }
+  return dir.empty() ? std::filesystem::path(".") : dir;
+}
+
+}  // namespace
+
+std::string source_tokenizer(const std::string& source) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(source) / "config.json", ec)) {  // a transformers directory
+    const fs::path model = fs::path(source) / "tokenizer.model";
+    return fs::is_regular_file(model, ec) ? model.string() : std::string();
+  }
+  const nlohmann::json state = train::source_state(source);
+  const std::string recorded = state.value("tokenizer", std::string());
+  if (recorded.empty()) return {};
+  const fs::path p(recorded);
+  std::vector<fs::path> tried{p};
+  if (p.is_relative()) {
+    const fs::path run_dir = fs::absolute(ckpt::Checkpoint::resolve(source)).parent_path();
+    tried.push_back(run_dir / p);
+    if (fs::path root = training_directory(run_dir, state); !root.empty()) tried.push_back(root / p);
+  }
+  std::string places;
+  for (const fs::path& t : tried) {
+    if (fs::is_regular_file(t, ec)) return t.string();
+    places += "\n  " + t.string();
+  }
+  throw Error(str(source, ": the checkpoint's tokenizer '", recorded, "' was not found; tried:", places,
+                  "\npass the SentencePiece .model it was trained with as --tokenizer"));
 }
 
 void check_positions(const model::ModelConfig& c, int64_t positions, const std::string& what) {

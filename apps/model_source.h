@@ -29,6 +29,14 @@ train::LoadedModel load_model_checked(const std::string& path, int64_t batch, in
 // Throws unless `positions` tokens fit the model's max_position_embeddings: RoPE positions past it
 // are ones the model never trained on, so its output there is not to be trusted.
 void check_positions(const model::ModelConfig& c, int64_t positions, const std::string& what);
+// The SentencePiece model that goes with a model source, or "" when it names none. A transformers
+// directory: its tokenizer.model. A zaya checkpoint: the `tokenizer` its state records, which is
+// as training was given it, often relative to the directory training ran in; a relative path is
+// tried from the current directory, then the checkpoint's run directory, then the directory
+// training ran in (the run directory less the config's relative train.out_dir), so the checkpoint
+// works from anywhere. Recorded but found nowhere: a zaya::Error listing the places tried, which
+// tells the user to pass --tokenizer.
+std::string source_tokenizer(const std::string& source);
 // Applies source.gemm_dtype (an error names anything but f32 and bf16).
 void apply_gemm_dtype(const ModelSource& source, model::ZayaModel& m);
 

@@ -8,7 +8,9 @@
 #include <iostream>
 #include <string>
 
+#include "cli_vocabulary.h"
 #include "commands.h"
+#include "zaya_build_info.h"  // generated: ZAYA_GIT_COMMIT
 #include "zaya/core/cpu_isa.h"
 #include "zaya/core/error.h"
 #include "zaya/core/log.h"
@@ -45,8 +47,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   char build_isa[1024];
   zaya::format_build_isa(build_isa, sizeof build_isa);
-  app.set_version_flag("--version", std::string("zaya, built for ") + build_isa,
-                       "Print the instruction sets this binary was built for (CMake ZAYA_ARCH) and exit");
+  app.set_version_flag("--version",
+                       std::string("zaya, built for ") + build_isa + "\ncommit      " + ZAYA_GIT_COMMIT +
+                           "\nbuild type  " + ZAYA_BUILD_TYPE + "\ncuda        " + ZAYA_CUDA_DESCRIPTION,
+                       "Print the commit, build type, CUDA and the instruction sets this binary was built for, and exit");
   int64_t threads = 0;
   std::string log_level = "info";
   auto* threads_opt = app.add_option(
@@ -54,6 +58,10 @@ int main(int argc, char** argv) {
       "Threads for OpenMP, oneDNN and BLAS, at most 4 x the hardware threads (default: $ZAYA_THREADS, "
       "else the hardware threads / the launcher's ranks on this host)");
   app.add_option("--log-level", log_level, "debug, info, warn or error");
+  // Global options anywhere: a subcommand hands an option it does not know to its parent, so
+  // `zaya eval --threads 1 ...` works as `zaya --threads 1 eval ...`. Set before the subcommands
+  // are added, which inherit it (nested ones too: `zaya bench step --threads 1`).
+  app.fallthrough();
 
   zaya::app::Commands commands;
   auto registry = zaya::app::command_registry();
@@ -66,6 +74,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {  // --help
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // A mistyped command gets the nearest real one instead of CLI11's "A subcommand is required".
+    if (const std::string msg = zaya::app::unknown_subcommand_message(app, argc, argv); !msg.empty()) {
+      std::cerr << "zaya: error: " << msg << "\n";
+      return 2;
+    }
     app.exit(e);
     return 2;
   }

@@ -26,10 +26,11 @@ echo "demo: training (configs/demo.toml; metrics in runs/demo/metrics.jsonl)"
 "$zaya" train --config configs/demo.toml "$@"
 
 echo "demo: evaluating runs/demo"
-"$zaya" eval --ckpt runs/demo --data data/pydocs_val --samples 256
+"$zaya" eval --model runs/demo --data data/pydocs_val --samples 256
 
 echo "demo: sampling"
-"$zaya" generate --ckpt runs/demo --prompt "The Python interpreter" --max-new 60 --temperature 0.7 --top-p 0.9 --seed 1
+"$zaya" generate --model runs/demo --prompt "The Python interpreter" --max-new 60 --temperature 0.7 --top-p 0.9 --seed 1
 
 baseline=$(python3 -c "import json; print(json.load(open('data/pydocs.json'))['unigram_baseline_nats_per_token'])" 2>/dev/null || true)
 "$ZAYA_ROOT/.venv/bin/python" tools/plot_metrics.py runs/demo ${baseline:+--baseline "$baseline"}
+"$ZAYA_ROOT/.venv/bin/python" tools/metrics_to_tensorboard.py runs/demo  # view: .venv/bin/tensorboard --logdir runs/demo/tensorboard

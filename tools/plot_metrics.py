@@ -12,7 +12,11 @@ import json
 import os
 import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:  # the system Python: name the interpreter that has it
+    sys.exit("plot_metrics: matplotlib is missing; run it with the project's venv "
+             "(.venv/bin/python tools/plot_metrics.py RUN_DIR), which scripts/setup.sh makes")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

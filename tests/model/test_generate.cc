@@ -225,6 +225,23 @@ TEST(Sampling, FrequenciesFollowSoftmaxAndNucleus) {
     EXPECT_NEAR(cnt[0] / double(n), 0.25 / 0.365, 0.012);
     EXPECT_NEAR(cnt[1] / double(n), 0.09 / 0.365, 0.012);
   }
+  {
+    // top_k = 2 keeps ids 0 and 1 (0.5 : 0.3, renormalized to 0.625 / 0.375); with top_p = 0.6 the
+    // nucleus of those two is id 0 alone (0.625 >= 0.6).
+    SamplingOptions opt{false, 1.0, 1.0, 80, 2};
+    std::vector<int> cnt(4);
+    for (int i = 0; i < n; ++i) ++cnt[sample_token(lg, 4, opt, i, scratch, order)];
+    EXPECT_EQ(cnt[2] + cnt[3], 0);
+    EXPECT_NEAR(cnt[0] / double(n), 0.625, 0.012);
+    opt.top_p = 0.6;
+    for (int i = 0; i < 1000; ++i) EXPECT_EQ(sample_token(lg, 4, opt, i, scratch, order), 0);
+    opt.top_p = 1.0;
+    opt.top_k = 4;  // all of them: the plain softmax again, draw for draw
+    SamplingOptions all{false, 1.0, 1.0, 80};
+    for (int i = 0; i < 1000; ++i)
+      EXPECT_EQ(sample_token(lg, 4, opt, i, scratch, order), sample_token(lg, 4, all, i, scratch, order));
+  }
+  EXPECT_THROW(sample_token(lg, 4, SamplingOptions{false, 1.0, 1.0, 5, -1}, 0, scratch, order), Error);
   // Greedy, and the lowest id on a tie.
   const float tie[3] = {1.0f, 3.0f, 3.0f};
   EXPECT_EQ(sample_token(tie, 3, SamplingOptions{}, 0, scratch, order), 1);

@@ -74,7 +74,7 @@ def test_roundtrip_of_a_transformers_model(tmp_path):
     model.save_pretrained(tmp_path / "m", safe_serialization=True)
     ids = [int(t) for t in torch.randint(1, 96, (19,), generator=torch.Generator().manual_seed(3))]
     out, logits = zaya_logits_and_export(tmp_path, ["--model", str(tmp_path / "m")], ids, "export")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
     # Every tensor (parameters and the fp32 balancing-bias buffers) round-trips bit for bit.
     src = load_file(str(tmp_path / "m" / "model.safetensors"))
     dst = load_file(str(out / "model.safetensors"))

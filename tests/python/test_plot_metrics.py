@@ -38,3 +38,12 @@ def test_a_broken_line_inside_the_file_is_still_an_error(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(rec(1, 3.0) + "\n{not json\n" + rec(2, 2.0) + "\n")
     with pytest.raises(SystemExit, match="metrics.jsonl:2: not JSON"):
         plot_metrics.load(str(tmp_path))
+
+
+def test_without_matplotlib_it_names_the_venv(tmp_path):
+    # -S: no site-packages, as the system Python without matplotlib
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-S", str(ROOT / "tools" / "plot_metrics.py"), str(tmp_path)],
+                         capture_output=True, text=True)
+    assert res.returncode == 1 and ".venv/bin/python tools/plot_metrics.py" in res.stderr, res.stderr

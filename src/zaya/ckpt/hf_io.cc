@@ -133,6 +133,17 @@ void export_hf(const model::ZayaModel& m, const fs::path& dir, DType dtype, uint
     out << m.config().to_hf_json() << "\n";
     ZAYA_CHECK(out.good(), "cannot write ", (dir / "config.json").string());
   }
+  {
+    // generate() and pipeline() take their stop and pad ids from here, not from config.json.
+    const model::ModelConfig& c = m.config();
+    nlohmann::ordered_json g;
+    g["bos_token_id"] = c.bos_token_id;
+    g["eos_token_id"] = c.eos_token_id;
+    g["pad_token_id"] = c.pad_token_id;
+    std::ofstream out(dir / "generation_config.json");
+    out << g.dump(2) << "\n";
+    ZAYA_CHECK(out.good(), "cannot write ", (dir / "generation_config.json").string());
+  }
   // (name, f32 source); balancing biases are always stored in f32 (they are fp32 buffers in HF).
   struct Item {
     std::string name;

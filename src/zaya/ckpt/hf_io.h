@@ -24,7 +24,8 @@ void load_hf_weights(const std::filesystem::path& dir, model::ZayaModel& m);
 // read_hf_config + a ZayaModel for [batch, seq_len] + load_hf_weights.
 std::unique_ptr<model::ZayaModel> load_hf_model(const std::filesystem::path& dir, int64_t batch, int64_t seq_len);
 
-// Writes config.json and model.safetensors (f32 or bf16); when the tensors exceed `shard_bytes`,
+// Writes config.json, generation_config.json (bos/eos/pad ids) and model.safetensors (f32 or bf16);
+// when the tensors exceed `shard_bytes`,
 // model-0000i-of-0000n.safetensors shards plus model.safetensors.index.json instead.
 void export_hf(const model::ZayaModel& m, const std::filesystem::path& dir, DType dtype = DType::f32,
                uint64_t shard_bytes = 5'000'000'000ull);

@@ -139,6 +139,13 @@ std::string Tokenizer::piece(int id) const {
   return sp_->IdToPiece(id);
 }
 
+bool Tokenizer::adds_dummy_prefix() const {
+  std::vector<std::string> pieces;
+  auto status = sp_->Encode("a", &pieces);
+  ZAYA_CHECK(status.ok(), name_, ": encode failed: ", status.message());
+  return !pieces.empty() && pieces[0].rfind("\xe2\x96\x81", 0) == 0;  // U+2581, SentencePiece's space
+}
+
 void Tokenizer::write_vocab(const std::string& path) const {
   std::ofstream out(path, std::ios::trunc);
   for (int i = 0; i < vocab_size(); ++i) out << sp_->IdToPiece(i) << '\t' << sp_->GetScore(i) << '\n';

@@ -49,6 +49,9 @@ class Tokenizer {
   std::vector<int32_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids) const;
   std::string piece(int id) const;
+  // Whether encoding prepends "▁" to the text (SentencePiece's add_dummy_prefix, as Llama's
+  // tokenizer does; the ones zaya trains do not). Read from behaviour, so it holds for any .model.
+  bool adds_dummy_prefix() const;
   // Writes the ".vocab" text file SentencePiece's trainer writes: "piece\tscore" per line.
   void write_vocab(const std::string& path) const;
 

@@ -170,6 +170,7 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingOptions& opt,
   ZAYA_CHECK(opt.temperature > 0 && std::isfinite(opt.temperature), "sampling: temperature must be > 0, found ",
              opt.temperature);
   ZAYA_CHECK(opt.top_p > 0 && opt.top_p <= 1, "sampling: top_p must be in (0, 1], found ", opt.top_p);
+  ZAYA_CHECK(opt.top_k >= 0, "sampling: top_k must be 0 (all ids) or more, found ", opt.top_k);
   // Unnormalized probabilities exp((l − max)/T) in double, so the nucleus sum is exact enough that
   // top_p = 1 keeps every id with nonzero mass.
   scratch.resize(static_cast<size_t>(V));
@@ -182,17 +183,26 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingOptions& opt,
   order.resize(static_cast<size_t>(V));
   for (int64_t i = 0; i < V; ++i) order[i] = static_cast<int32_t>(i);
   int64_t keep = V;
-  if (opt.top_p < 1) {
-    // Descending probability, ties by id: a total order, so the nucleus is deterministic.
+  const bool cut_top_k = opt.top_k > 0 && opt.top_k < V;
+  if (opt.top_p < 1 || cut_top_k) {
+    // Descending probability, ties by id: a total order, so the kept set is deterministic.
     std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
       return scratch[a] != scratch[b] ? scratch[a] > scratch[b] : a < b;
     });
-    double acc = 0;
-    for (keep = 0; keep < V;) {
-      acc += scratch[order[keep++]];
-      if (acc >= opt.top_p * total) break;
+    if (cut_top_k) {
+      keep = opt.top_k;
+      total = 0;
+      for (int64_t k = 0; k < keep; ++k) total += scratch[order[k]];
     }
-    total = acc;
+    if (opt.top_p < 1) {  // the nucleus of what top_k kept
+      const int64_t limit = keep;
+      double acc = 0;
+      for (keep = 0; keep < limit;) {
+        acc += scratch[order[keep++]];
+        if (acc >= opt.top_p * total) break;
+      }
+      total = acc;
+    }
   }
   const double target = static_cast<double>(philox_uniform(opt.seed, draw)) * total;  // in [0, total)
   double acc = 0;

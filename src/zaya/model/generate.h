@@ -60,6 +60,7 @@ struct SamplingOptions {
   double temperature = 1.0;  // > 0: logits / T before the softmax
   double top_p = 1.0;        // (0, 1]: sample from the smallest set of ids whose probability ≥ top_p
   uint64_t seed = 0;         // Philox key
+  int64_t top_k = 0;         // > 0: sample from the k most probable ids only (before top_p); 0: all
 };
 
 // Picks the next id of one row from logits [V]. `draw` indexes the Philox stream: generate() uses
