@@ -47,7 +47,7 @@ const Fixture& fixture() {
 
 TEST(CliVocabulary, ModelAndCkptAreOneOptionEverywhere) {
   const Fixture& f = fixture();
-  for (const std::string& flag : {"--model", "--ckpt"}) {
+  for (const std::string& flag : std::initializer_list<std::string>{"--model", "--ckpt"}) {
     SCOPED_TRACE(flag);
     CliRun e = zaya("--threads 1 eval " + flag + " " + f.run + " --data " + f.dir + "data/c_val --seq 16 --samples 2");
     EXPECT_EQ(e.code, 0) << e.output;
@@ -64,12 +64,12 @@ TEST(CliVocabulary, ModelAndCkptAreOneOptionEverywhere) {
 
 TEST(CliVocabulary, EveryDtypeSpellingIsAcceptedAndPrintedOneWay) {
   const Fixture& f = fixture();
-  for (const std::string& spelling : {"bf16", "bfloat16", "BF16"}) {
+  for (const std::string& spelling : std::initializer_list<std::string>{"bf16", "bfloat16", "BF16"}) {
     CliRun r = zaya("ckpt export-hf " + f.run + " --out " + f.dir + "x_" + spelling + " --dtype " + spelling);
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_TRUE(has(r, "(bf16)")) << r.output;
   }
-  for (const std::string& spelling : {"f32", "fp32", "float32", "float"}) {
+  for (const std::string& spelling : std::initializer_list<std::string>{"f32", "fp32", "float32", "float"}) {
     CliRun r = zaya("ckpt export-hf " + f.run + " --out " + f.dir + "x_" + spelling + " --dtype " + spelling);
     EXPECT_EQ(r.code, 0) << r.output;
     EXPECT_TRUE(has(r, "(f32)")) << r.output;
