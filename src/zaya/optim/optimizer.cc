@@ -74,7 +74,7 @@ Optimizer::Optimizer(const OptimizerConfig& config, const ParamTable& table, Sha
   if (beta.defined())
     balancer_ = BalanceController(beta.size(0), beta.size(1) - 1, cfg_.balance_lr, cfg_.balance_beta1,
                                   cfg_.balance_beta2, cfg_.balance_eps);
-  log_info(summary_.str());
+  log_debug(summary_.str());  // the trainer's summary prints it once, as "optimizer: ..."
   log_info("optimizer state: ", state_bytes(), " bytes (", cfg_.muon ? "muon + adamw" : "adamw only",
            ", muon scratch ", scratch * 4, " bytes",
            range_.begin == 0 && range_.end == P ? std::string()
