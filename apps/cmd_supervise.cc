@@ -20,6 +20,8 @@ void add_supervise(CLI::App& app, Commands& commands) {
       "Run a training job under the Aegis supervisor: classify each failure, restart from the newest "
       "checkpoint that verifies, keep an incident log (docs/aegis.md). Usage: zaya supervise [options] -- "
       "<launch command>, e.g. -- mpirun -np 2 zaya train --config run.toml");
+  // A later occurrence of an option wins, so wrappers can append overrides.
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->add_option("--run-dir", *run_dir,
                   "the job's train.out_dir (default: read from the command's --config and --set train.out_dir=)");
   cmd->add_option("--hosts", *hosts,

@@ -4,6 +4,8 @@
 # PLAN is a comma-separated list of modes, one per attempt (ZAYA_INJECT_ATTEMPT, 1-based; the last
 # repeats): ok | crash@K | exit2@K | hang@K | nan@K | spike@K | oom@K | xid@K | timeout@K | kill9@K |
 # silent-crash (no heartbeats, exit 1) | silent-ok (no heartbeats, exit 0) | slow (rank 1 of 2 is 4x slower).
+# Heartbeats are polled (every 0.2 s), so the modes whose evidence is one heartbeat hold it longer.
+# FAKE_STEP_S sets the step time (default 0.02 s).
 # The ARGS (what the supervisor appended) are printed first, so tests can check them.
 out=$1; steps=$2; plan=$3; shift 3
 attempt=${ZAYA_INJECT_ATTEMPT:-1}
@@ -27,14 +29,14 @@ esac
 world=1; [ "$kind" = slow ] && world=2
 for ((r = 0; r < world; r++)); do hb $r $world 0 start null false null; done
 for ((s = 1; s <= steps; s++)); do
-  sleep 0.02
+  sleep "${FAKE_STEP_S:-0.02}"
   if [ "$s" = "$at" ]; then
     case $kind in
       crash) echo "something broke at step $s"; exit 1 ;;
       exit2) echo "zaya: error: bad config key"; exit 2 ;;
       hang) sleep 1000 ;;
       nan) hb 0 1 $s train null true 0.02; echo "non-finite loss at step $s"; exit 4 ;;
-      spike) hb 0 1 $s train 100.0 false 0.02; continue ;;
+      spike) hb 0 1 $s train 100.0 false 0.02; sleep 0.6; continue ;;  # long enough to be polled
       oom) echo "terminate called after throwing an instance of 'std::bad_alloc'"; exit 134 ;;
       xid) echo "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."; exit 1 ;;
       timeout) echo "zaya: error: collective #12 (all_reduce) on rank 0 of 2 timed out after 5 s: rank 1 never arrived (no answer)"; exit 3 ;;
@@ -43,7 +45,8 @@ for ((s = 1; s <= steps; s++)); do
   fi
   loss=$(printf '2.%03d' $((999 - s % 1000)))
   hb 0 $world $s train "$loss" false 0.02
-  [ "$kind" = slow ] && hb 1 $world $s train "$loss" false 0.08
+  # Each slow step lasts beyond the supervisor's poll interval, so every one is seen.
+  [ "$kind" = slow ] && hb 1 $world $s train "$loss" false 0.08 && sleep 0.3
 done
 for ((r = 0; r < world; r++)); do hb $r $world $steps done null false null; done
 exit 0

@@ -47,12 +47,13 @@ std::string class_name(FailureClass c) {
 void LogHints::scan(const std::string& line) {
   static const std::regex oom(R"(std::bad_alloc|out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|oom-kill)",
                               std::regex::icase);
-  static const std::regex hardware(R"(\bXid\b|NVRM:|\bECC\b.*error|uncorrectable ECC|fallen off the bus)",
-                                   std::regex::icase);
+  // NVIDIA's kernel driver spells "NVRM: Xid (PCI:...): 79, ..." exactly; ECC wording varies.
+  static const std::regex xid(R"(NVRM:|\bXid \()");
+  static const std::regex ecc(R"(\bECC\b.*error|uncorrectable ECC|fallen off the bus)", std::regex::icase);
   static const std::regex timeout(R"(timed out after [^:]*: ranks? (\d+))");
   std::smatch m;
   if (oom_line.empty() && std::regex_search(line, oom)) oom_line = line;
-  if (hardware_line.empty() && std::regex_search(line, hardware)) hardware_line = line;
+  if (hardware_line.empty() && (std::regex_search(line, xid) || std::regex_search(line, ecc))) hardware_line = line;
   if (collective_timeout_line.empty() && line.find("timed out after") != std::string::npos &&
       (line.find("never arrived") != std::string::npos || line.find("has not issued it") != std::string::npos)) {
     collective_timeout_line = line;
