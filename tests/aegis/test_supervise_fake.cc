@@ -104,6 +104,7 @@ TEST_F(SuperviseFake, AConfigurationErrorIsNeverRetried) {
   ASSERT_EQ(inc.size(), 1u);
   EXPECT_EQ(inc[0].cls, "config-error");
   EXPECT_NE(inc[0].action.find("not retried"), std::string::npos);
+  EXPECT_NE(inc[0].evidence.find("zaya: error: bad config key"), std::string::npos) << inc[0].evidence;
   EXPECT_NE(r.output.find("GIVING UP"), std::string::npos) << r.output;
 }
 

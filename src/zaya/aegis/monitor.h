@@ -55,6 +55,7 @@ struct MonitorOptions {
 // Patterns of the job's output that classify a failure.
 struct LogHints {
   std::string oom_line, hardware_line, collective_timeout_line;
+  std::string error_line;  // the first "error:" line (zaya's own error report), quoted as evidence
   int missing_rank = -1;  // from "... rank R never arrived"
   void scan(const std::string& line);
 };

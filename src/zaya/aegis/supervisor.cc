@@ -298,7 +298,8 @@ class Supervisor {
         mon.observe(read_heartbeats(out_, launched), unix_now());
         const int status = job.status();
         if (status == 0 && mon.final_phase() != "stopping") {
-          if (st_.pending) flush_pending(unix_now());
+          // Without heartbeats the first new step is not seen: the relaunch is when recovery ended.
+          if (st_.pending) flush_pending(mon.saw_heartbeats() ? unix_now() : last_launch_);
           end_attempt(mon, resume_step, true);
           out.kind = Outcome::finished;
           return out;
