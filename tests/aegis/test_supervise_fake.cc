@@ -229,5 +229,36 @@ TEST_F(SuperviseFake, AKilledSupervisorsOrphanJobIsEndedByTheNextOne) {
   EXPECT_EQ(test::run_shell("pgrep -f '[f]ake_job.sh " + run().string() + "'").output, "");
 }
 
+// --exclude-stragglers with hosts: the slow rank's host is dropped and the job restarted without it.
+TEST_F(SuperviseFake, AStragglersHostIsExcludedWhenAsked) {
+  std::ofstream(root_ / "hosts") << "alpha slots=1\nbeta slots=1\n";
+  const test::CliRun r = supervise("slow,ok", "--straggler-steps 3 --exclude-stragglers --hosts " +
+                                   (root_ / "hosts").string(), 8, "--host {hosts}");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto inc = incidents();
+  ASSERT_EQ(inc.size(), 1u) << r.output;
+  EXPECT_EQ(inc[0].cls, "straggler");
+  EXPECT_EQ(inc[0].host, "beta");  // rank 1 by slot order
+  EXPECT_NE(inc[0].action.find("excluded host beta"), std::string::npos) << inc[0].action;
+  EXPECT_NE(attempt_log(2).find("args: --host alpha:1"), std::string::npos) << attempt_log(2);
+}
+
+// SIGTERM to the supervisor goes to the job; the supervisor records the stop and exits 128 + 15.
+TEST_F(SuperviseFake, SigtermToTheSupervisorStopsTheJobAndIsRecorded) {
+  const std::string script =
+      std::string(ZAYA_BINARY) + " supervise --run-dir " + run().string() +
+      " --progress-every 0 --hang-timeout 1000 --stop-grace 5 -- bash " + ZAYA_SOURCE_DIR +
+      "/tests/aegis/fake_job.sh " + run().string() + " 20 hang@3 > /dev/null 2>&1 &\n"
+      "sup=$!\n"
+      "for i in $(seq 200); do grep -q '\"step\":2' " + (run() / "heartbeat/rank_00000.json").string() +
+      " 2>/dev/null && break; sleep 0.05; done\n"
+      "kill -TERM $sup; wait $sup; echo rc=$?\n";
+  const test::CliRun r = test::run_shell(script);
+  EXPECT_NE(r.output.find("rc=143"), std::string::npos) << r.output;
+  EXPECT_EQ(state().status, "stopped");
+  EXPECT_EQ(state().attempts, 1);
+  EXPECT_EQ(test::run_shell("pgrep -f '[f]ake_job.sh " + run().string() + "'").output, "");
+}
+
 }  // namespace
 }  // namespace zaya::aegis

@@ -225,5 +225,43 @@ TEST_F(SuperviseTrain, SigstopOfTheOnlyRankIsAHangRecoveredBitExactly) {
   EXPECT_TRUE(final_weights(root_ / "stop1") == ref) << "final weights differ in some bit from the undisturbed run's";
 }
 
+// A NaN (the fake contract job's exit 4) in a run with real checkpoints: the restart goes one
+// verifying checkpoint further back than the newest, with --rewind and the offending window as
+// --skip-samples; the window is in state.json and on every later launch, through a crash.
+TEST_F(SuperviseTrain, ANanRewindsOneCheckpointFurtherAndKeepsSkippingItsWindow) {
+  const fs::path cfg = config("nan", 1, 15, 5);
+  ASSERT_EQ(test::run_shell(kEnv + train_command(cfg, 1)).code, 0);
+  const fs::path run = root_ / "nan";
+  const int64_t n10 =
+      ckpt::Checkpoint(run / ckpt::step_dir_name(10)).manifest().state["data_loader_next_sample"].get<int64_t>();
+  const test::CliRun r = test::run_shell(std::string(ZAYA_BINARY) + " supervise --run-dir " + run.string() +
+                                         " --backoff 0.05 --progress-every 0 -- bash " + ZAYA_SOURCE_DIR +
+                                         "/tests/aegis/fake_job.sh " + run.string() + " 20 ok,nan@17,crash@3,ok");
+  ASSERT_EQ(r.code, 0) << r.output;  // attempt 1 is `ok`: the run's first launch continues from step 15
+  const std::string window = std::to_string(n10) + ":" + std::to_string(n10 + (18 - 10) * 2);
+  const test::CliRun r2 = test::run_shell("cat " + (aegis_dir(run) / "attempt_1.log").string());
+  EXPECT_NE(r2.output.find("args: --resume " + (run / "step_0000015").string() + "\n"), std::string::npos) << r2.output;
+  // A second supervisor run (attempts 2..4): NaN at 17, then a crash, then done.
+  const test::CliRun s = test::run_shell(std::string(ZAYA_BINARY) + " supervise --run-dir " + run.string() +
+                                         " --backoff 0.05 --progress-every 0 -- bash " + ZAYA_SOURCE_DIR +
+                                         "/tests/aegis/fake_job.sh " + run.string() + " 20 ok,nan@17,crash@3,ok");
+  ASSERT_EQ(s.code, 0) << s.output;
+  const auto log = [&](int n) {
+    return test::run_shell("cat " + (aegis_dir(run) / ("attempt_" + std::to_string(n) + ".log")).string()).output;
+  };
+  EXPECT_NE(log(3).find("args: --resume " + (run / "step_0000010").string() + " --rewind --skip-samples " + window),
+            std::string::npos)
+      << log(3);
+  EXPECT_NE(log(4).find("--skip-samples " + window), std::string::npos) << log(4);
+  const SupervisorState st = load_state(run);
+  ASSERT_EQ(st.skip_windows.size(), 1u);
+  EXPECT_EQ(st.skip_windows[0].arg(), window);
+  const auto inc = read_incidents(run);
+  ASSERT_EQ(inc.size(), 2u);
+  EXPECT_EQ(inc[0].cls, "nonfinite");
+  EXPECT_EQ(inc[0].resume_step, 10);
+  EXPECT_NE(inc[0].action.find("skipping samples " + window), std::string::npos) << inc[0].action;
+}
+
 }  // namespace
 }  // namespace zaya::aegis
