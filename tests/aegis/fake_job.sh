@@ -15,12 +15,13 @@ kind=${mode%@*}; at=${mode#*@}
 echo "fake_job attempt=$attempt mode=$mode args: $*"
 mkdir -p "$out/heartbeat"
 declare -A seq
+host=$(hostname)
 hb() {  # rank world step phase loss nonfinite step_time
   local r=$1 f
   seq[$r]=$((${seq[$r]:-0} + 1))
   f=$(printf '%s/heartbeat/rank_%05d.json' "$out" "$r")
-  printf '{"rank":%d,"world":%d,"pid":%d,"host":"fakehost","seq":%d,"step":%d,"phase":"%s","time":%s,"loss":%s,"grad_norm":1.0,"step_time":%s,"nonfinite":%s,"error":null}\n' \
-    "$r" "$2" $$ "${seq[$r]}" "$3" "$4" "$(date +%s.%N)" "$5" "$7" "$6" > "$f.tmp" && mv "$f.tmp" "$f"
+  printf '{"rank":%d,"world":%d,"pid":%d,"host":"%s","seq":%d,"step":%d,"phase":"%s","time":%s,"loss":%s,"grad_norm":1.0,"step_time":%s,"nonfinite":%s,"error":null}\n' \
+    "$r" "$2" $$ "$host" "${seq[$r]}" "$3" "$4" "$(date +%s.%N)" "$5" "$7" "$6" > "$f.tmp" && mv "$f.tmp" "$f"
 }
 case $kind in
   silent-crash) sleep 0.2; echo "failing without heartbeats"; exit 1 ;;

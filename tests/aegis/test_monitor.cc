@@ -76,6 +76,16 @@ TEST(AegisMonitor, HangIsNoSeqProgressPastTheTimeoutWithAFloorForCheckpointPhase
   EXPECT_EQ(d->cls, FailureClass::hang);
   EXPECT_EQ(d->rank, 1);
   EXPECT_NE(d->evidence.find("rank 1"), std::string::npos) << d->evidence;
+  // Both ranks silent (rank 0 waits in a collective for rank 1): the stopped process is blamed,
+  // though rank 0 went quiet first.
+  AttemptMonitor both(o, 0);
+  both.set_process_state([](const std::string&, int64_t pid) { return pid == 101 ? 'T' : 'S'; });
+  both.observe({{0, beat(0, 2, 1, 1, "train", 1)}, {1, beat(1, 2, 1, 1, "train", 1)}}, 1);
+  both.observe({{0, beat(0, 2, 1, 1, "train", 1)}, {1, beat(1, 2, 2, 1, "train", 1.5)}}, 1.5);
+  d = both.observe({{0, beat(0, 2, 1, 1, "train", 1)}, {1, beat(1, 2, 2, 1, "train", 1.5)}}, 7);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->rank, 1);
+  EXPECT_NE(d->evidence.find("stopped (SIGSTOP)"), std::string::npos) << d->evidence;
   // A rank writing a checkpoint gets the floor.
   AttemptMonitor c(o, 0);
   EXPECT_FALSE(c.observe({{0, beat(0, 1, 1, 5, "ckpt-write", 1)}}, 1));

@@ -4,6 +4,7 @@
 // summary and exit code, the incident log and the supervisor picking up from its state.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -16,6 +17,12 @@
 namespace zaya::aegis {
 namespace {
 namespace fs = std::filesystem;
+
+std::string hostname() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
 
 class SuperviseFake : public ::testing::Test {
  protected:
@@ -57,7 +64,7 @@ TEST_F(SuperviseFake, ACrashIsRestartedAndTheRunFinishes) {
   EXPECT_EQ(inc[0].evidence, "exit code 1");
   EXPECT_EQ(inc[0].attempt, 1);
   EXPECT_EQ(inc[0].rank, 0);
-  EXPECT_EQ(inc[0].host, "fakehost");
+  EXPECT_EQ(inc[0].host, hostname());
   EXPECT_GE(inc[0].failed_step, 5);  // heartbeats are sampled: the newest seen before step 7's crash
   EXPECT_LE(inc[0].failed_step, 6);
   EXPECT_EQ(inc[0].steps_lost, inc[0].failed_step);  // no checkpoint: everything again
@@ -258,6 +265,30 @@ TEST_F(SuperviseFake, SigtermToTheSupervisorStopsTheJobAndIsRecorded) {
   EXPECT_EQ(state().status, "stopped");
   EXPECT_EQ(state().attempts, 1);
   EXPECT_EQ(test::run_shell("pgrep -f '[f]ake_job.sh " + run().string() + "'").output, "");
+}
+
+// A SIGSTOPped job writes no more heartbeats: a hang, blamed on the stopped process, which SIGKILL
+// ends although it is stopped.
+TEST_F(SuperviseFake, ASigstoppedJobIsAHangAndIsKilled) {
+  env_ = "FAKE_STEP_S=0.1 ";
+  const std::string script =
+      env_ + ZAYA_BINARY + " supervise --run-dir " + run().string() + " --backoff 0.05 --progress-every 0 " +
+      "--hang-timeout 1 -- bash " + ZAYA_SOURCE_DIR + "/tests/aegis/fake_job.sh " + run().string() +
+      " 15 ok > " + (root_ / "sup.log").string() + " 2>&1 &\n"
+      "sup=$!\n"
+      "for i in $(seq 200); do grep -q '\"step\":3' " + (run() / "heartbeat/rank_00000.json").string() +
+      " 2>/dev/null && break; sleep 0.05; done\n"
+      "pid=$(sed 's/.*\"pid\":\\([0-9]*\\).*/\\1/' " + (run() / "heartbeat/rank_00000.json").string() + ")\n"
+      "echo victim=$pid; kill -STOP $pid\n"
+      "wait $sup; echo rc=$?\n";
+  const test::CliRun r = test::run_shell(script);
+  EXPECT_EQ(r.output.find("victim=\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rc=0"), std::string::npos) << r.output;
+  const auto inc = incidents();
+  ASSERT_EQ(inc.size(), 1u) << r.output;
+  EXPECT_EQ(inc[0].cls, "hang");
+  EXPECT_NE(inc[0].evidence.find("stopped (SIGSTOP)"), std::string::npos) << inc[0].evidence;
+  EXPECT_EQ(state().attempts, 2);
 }
 
 }  // namespace

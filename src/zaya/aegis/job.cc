@@ -37,6 +37,16 @@ std::vector<pid_t> session_members(pid_t sid) {
   return pids;
 }
 
+char local_process_state(const std::string& host, int64_t pid) {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || host != name || pid <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : 0;
+}
+
 Job::Job(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
   ZAYA_CHECK(!argv.empty(), "zaya supervise: no launch command after --");
   int fds[2];

@@ -50,4 +50,8 @@ class Job {
 // supervisor that was killed.
 std::vector<pid_t> session_members(pid_t sid);
 
+// The state letter of process `pid` from /proc (R, S, D, T for stopped, ...) when `host` is this
+// machine's hostname; 0 otherwise or when the process is gone.
+char local_process_state(const std::string& host, int64_t pid);
+
 }  // namespace zaya::aegis

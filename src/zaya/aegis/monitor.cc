@@ -121,16 +121,30 @@ std::optional<Detection> AttemptMonitor::observe(const std::map<int, Heartbeat>&
   }
   check_straggler(beats, now);
 
+  // Ranks past their timeout. In a synchronous job one hung rank soon stalls the others inside a
+  // collective, so the rank to blame is a stopped process when one can be seen, else the one that
+  // went quiet first.
+  int blamed = -1;
+  bool blamed_stopped = false;
   for (const auto& [r, p] : ranks_) {
     const auto it = beats.find(r);
     if (it == beats.end() || final_phase_name(it->second.phase)) continue;
-    const double limit = hang_timeout(it->second.phase);
-    if (now - p.progressed_at > limit)
-      return make(FailureClass::hang,
-                  str("rank ", r, " (host ", it->second.host, ", pid ", it->second.pid, ") made no progress for ",
-                      static_cast<int64_t>(now - p.progressed_at), " s in phase '", it->second.phase, "' at step ",
-                      it->second.step, " (timeout ", limit, " s)"),
-                  r, it->second.step, now);
+    if (now - p.progressed_at <= hang_timeout(it->second.phase)) continue;
+    const bool stopped = process_state_ && process_state_(it->second.host, it->second.pid) == 'T';
+    if (blamed < 0 || (stopped && !blamed_stopped) ||
+        (stopped == blamed_stopped && p.progressed_at < ranks_[blamed].progressed_at)) {
+      blamed = r;
+      blamed_stopped = stopped;
+    }
+  }
+  if (blamed >= 0) {
+    const Heartbeat& h = beats.at(blamed);
+    const double quiet = now - ranks_[blamed].progressed_at;
+    return make(FailureClass::hang,
+                str("rank ", blamed, " (host ", h.host, ", pid ", h.pid, blamed_stopped ? ", stopped (SIGSTOP)" : "",
+                    ") made no progress for ", static_cast<int64_t>(quiet), " s in phase '", h.phase, "' at step ",
+                    h.step, " (timeout ", hang_timeout(h.phase), " s)"),
+                blamed, h.step, now);
   }
   // A rank that never wrote a heartbeat while the others did: hung or dead before its first.
   for (int r = 0; r < world; ++r)

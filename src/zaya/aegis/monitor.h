@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -77,6 +78,11 @@ class AttemptMonitor {
   // The hang timeout now in force for a rank in `phase`.
   double hang_timeout(const std::string& phase) const;
 
+  // How the monitor asks for the state letter of a process ('T': stopped) on `host`; 0 when it cannot
+  // be seen (another host, gone). Unset: never asked.
+  using ProcessState = std::function<char(const std::string& host, int64_t pid)>;
+  void set_process_state(ProcessState f) { process_state_ = std::move(f); }
+
   bool saw_heartbeats() const { return !ranks_.empty(); }
   int64_t max_step() const { return max_step_; }
   int64_t first_step() const { return first_step_; }
@@ -110,6 +116,7 @@ class AttemptMonitor {
   int64_t max_step_ = -1, first_step_ = -1;
   double first_train_time_ = 0;
   std::optional<Detection> straggler_;
+  ProcessState process_state_;
   std::map<int, int64_t> slow_step_;  // the last step each rank's step time was judged at
   bool nonfinite_seen_ = false;
   std::optional<Detection> nonfinite_;  // the first non-finite heartbeat: the trainer decides whether to stop

@@ -250,6 +250,7 @@ class Supervisor {
     last_launch_ = launched;
     say(str("attempt ", st_.attempts, ": ", shell_join(cmd), " (output: ", log_path.string(), ")"));
     AttemptMonitor mon(o_.monitor, launched);
+    mon.set_process_state(local_process_state);
     Job job(cmd, {"ZAYA_INJECT_ATTEMPT=" + std::to_string(st_.attempts)});
     st_.job_session = job.pid();
     save();
