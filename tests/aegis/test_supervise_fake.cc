@@ -291,5 +291,16 @@ TEST_F(SuperviseFake, ASigstoppedJobIsAHangAndIsKilled) {
   EXPECT_EQ(state().attempts, 2);
 }
 
+// Once the job is known to write heartbeats, an attempt that writes none is hung in start-up after
+// the phase floor.
+TEST_F(SuperviseFake, AnAttemptThatNeverWritesItsFirstHeartbeatIsAStartupHang) {
+  const test::CliRun r = supervise("crash@3,silent-hang,ok", "--hang-phase-floor 1.5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto inc = incidents();
+  ASSERT_EQ(inc.size(), 2u) << r.output;
+  EXPECT_EQ(inc[1].cls, "hang");
+  EXPECT_NE(inc[1].evidence.find("no heartbeat within 1.5 s"), std::string::npos) << inc[1].evidence;
+}
+
 }  // namespace
 }  // namespace zaya::aegis

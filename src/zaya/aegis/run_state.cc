@@ -54,6 +54,7 @@ nlohmann::json SupervisorState::to_json() const {
           {"excluded_hosts", excluded_hosts},
           {"host_failures", host_failures},
           {"pending_incident", pending ? pending->to_json() : nlohmann::json(nullptr)},
+          {"heartbeats_seen", heartbeats_seen},
           {"job_session", job_session},
           {"productive_s", productive_s},
           {"wall_s", wall_s},
@@ -71,6 +72,7 @@ SupervisorState SupervisorState::from_json(const nlohmann::json& j) {
   s.excluded_hosts = j.at("excluded_hosts").get<std::vector<std::string>>();
   s.host_failures = j.at("host_failures").get<std::map<std::string, int>>();
   if (!j.at("pending_incident").is_null()) s.pending = Incident::from_json(j.at("pending_incident"));
+  s.heartbeats_seen = j.at("heartbeats_seen").get<bool>();
   s.job_session = j.at("job_session").get<int64_t>();
   s.productive_s = j.at("productive_s").get<double>();
   s.wall_s = j.at("wall_s").get<double>();

@@ -46,6 +46,7 @@ struct SupervisorState {
   std::vector<std::string> excluded_hosts;
   std::map<std::string, int> host_failures;
   std::optional<Incident> pending;  // detected, waiting for the next attempt's first step to measure recovery
+  bool heartbeats_seen = false;  // some attempt wrote heartbeats: a later one that writes none by the start floor hangs
   int64_t job_session = 0;       // the running job's session id (setsid), to end an orphan after a supervisor kill
   double productive_s = 0;       // training time on steps never computed before
   double wall_s = 0;             // supervised wall time of every supervisor run so far

@@ -249,7 +249,10 @@ class Supervisor {
     const double launched = unix_now();
     last_launch_ = launched;
     say(str("attempt ", st_.attempts, ": ", shell_join(cmd), " (output: ", log_path.string(), ")"));
-    AttemptMonitor mon(o_.monitor, launched);
+    MonitorOptions mo = o_.monitor;
+    // A job known to write heartbeats that writes none by the start-up floor is hung in start-up.
+    if (mo.startup_timeout_s <= 0 && st_.heartbeats_seen) mo.startup_timeout_s = mo.hang_phase_floor_s;
+    AttemptMonitor mon(mo, launched);
     mon.set_process_state(local_process_state);
     Job job(cmd, {"ZAYA_INJECT_ATTEMPT=" + std::to_string(st_.attempts)});
     st_.job_session = job.pid();
@@ -343,6 +346,7 @@ class Supervisor {
   // time counts (nothing finer is known).
   void end_attempt(const AttemptMonitor& mon, int64_t resume_step, bool finished) {
     st_.job_session = 0;
+    st_.heartbeats_seen |= mon.saw_heartbeats();
     if (mon.saw_heartbeats()) {
       st_.productive_s += mon.productive_time_after(std::max(st_.high_water_step, resume_step));
       if (mon.max_step() > resume_step)
