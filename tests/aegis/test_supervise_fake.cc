@@ -302,5 +302,17 @@ TEST_F(SuperviseFake, AnAttemptThatNeverWritesItsFirstHeartbeatIsAStartupHang) {
   EXPECT_NE(inc[1].evidence.find("no heartbeat within 1.5 s"), std::string::npos) << inc[1].evidence;
 }
 
+// A failure after progress beyond every earlier attempt starts the back-off over.
+TEST_F(SuperviseFake, ProgressResetsTheBackOff) {
+  env_ = "FAKE_STEP_S=0.05 ";
+  const test::CliRun r = supervise("crash@8,crash@8,crash@16,ok", "--backoff 0.2", 20);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto inc = incidents();
+  ASSERT_EQ(inc.size(), 3u);
+  EXPECT_NE(inc[0].action.find("back-off of 0.2 s"), std::string::npos) << inc[0].action;
+  EXPECT_NE(inc[1].action.find("back-off of 0.4 s"), std::string::npos) << inc[1].action;  // no further than before
+  EXPECT_NE(inc[2].action.find("back-off of 0.2 s"), std::string::npos) << inc[2].action;  // step 15 > 7
+}
+
 }  // namespace
 }  // namespace zaya::aegis

@@ -74,6 +74,7 @@ class Supervisor {
       report_rejected(plan);
       const std::vector<std::string> cmd = build_command(o_.command, plan, st_.skip_windows, active_hosts());
       const int64_t resume_step = plan.resume ? plan.resume_step : -1;
+      const int64_t high_water_before = st_.high_water_step;
       const Outcome r = run_attempt(cmd, resume_step);
       if (r.kind == Outcome::finished) {
         st_.consecutive_failures = 0;
@@ -117,11 +118,11 @@ class Supervisor {
       plan = plan_restart(out_, step_back, inc.failed_step);
       if (plan.skip && std::find(st_.skip_windows.begin(), st_.skip_windows.end(), *plan.skip) == st_.skip_windows.end())
         st_.skip_windows.push_back(*plan.skip);
-      if (r.max_step > st_.high_water_step || st_.consecutive_failures == 0)
+      // An attempt that got beyond every earlier one made progress: the back-off starts over.
+      if (r.max_step > high_water_before || st_.consecutive_failures == 0)
         st_.consecutive_failures = 1;
       else
         ++st_.consecutive_failures;
-      st_.high_water_step = std::max(st_.high_water_step, r.max_step);
       const double delay =
           std::min(o_.backoff_max_s, o_.backoff_s * std::pow(2.0, std::max(0, st_.consecutive_failures - 1)));
       action += plan.resume ? str("restart from ", plan.resume->filename().string(), plan.rewind ? " (--rewind)" : "")
