@@ -314,5 +314,13 @@ TEST_F(SuperviseFake, ProgressResetsTheBackOff) {
   EXPECT_NE(inc[2].action.find("back-off of 0.2 s"), std::string::npos) << inc[2].action;  // step 15 > 7
 }
 
+TEST_F(SuperviseFake, ALaunchCommandThatCannotBeExecutedIsNotRetried) {
+  const test::CliRun r = test::run_shell(std::string(ZAYA_BINARY) + " supervise --run-dir " + run().string() +
+                                         " -- /nonexistent/zaya-train --config x.toml");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("cannot execute /nonexistent/zaya-train"), std::string::npos) << r.output;
+  EXPECT_EQ(state().attempts, 1);
+}
+
 }  // namespace
 }  // namespace zaya::aegis

@@ -52,6 +52,7 @@ void LogHints::scan(const std::string& line) {
   static const std::regex ecc(R"(\bECC\b.*error|uncorrectable ECC|fallen off the bus)", std::regex::icase);
   static const std::regex timeout(R"(timed out after [^:]*: ranks? (\d+))");
   std::smatch m;
+  if (exec_failed_line.empty() && line.rfind("zaya supervise: cannot execute ", 0) == 0) exec_failed_line = line;
   if (error_line.empty() && line.find("error:") != std::string::npos) error_line = line.substr(0, 400);
   if (oom_line.empty() && std::regex_search(line, oom)) oom_line = line;
   if (hardware_line.empty() && (std::regex_search(line, xid) || std::regex_search(line, ecc))) hardware_line = line;
@@ -217,6 +218,8 @@ Detection AttemptMonitor::classify_exit(int status, double now) const {
   }
   const std::string code = status >= 128 ? signal_text(status) : str("exit code ", status);
   if (failed_error.empty() && !hints_.error_line.empty()) failed_error = "; " + hints_.error_line;
+  if (!hints_.exec_failed_line.empty() && status == 127)  // a wrong launch command: no retry helps
+    return make(FailureClass::config_error, code + ": " + hints_.exec_failed_line, -1, max_step_, now);
   if (!hints_.collective_timeout_line.empty())
     return make(FailureClass::collective_timeout, code + ": " + hints_.collective_timeout_line, blamed, max_step_, now);
   if (!hints_.hardware_line.empty())

@@ -56,6 +56,7 @@ struct MonitorOptions {
 // Patterns of the job's output that classify a failure.
 struct LogHints {
   std::string oom_line, hardware_line, collective_timeout_line;
+  std::string exec_failed_line;  // the launch command itself could not be executed (Job's message)
   std::string error_line;  // the first "error:" line (zaya's own error report), quoted as evidence
   int missing_rank = -1;  // from "... rank R never arrived"
   void scan(const std::string& line);
