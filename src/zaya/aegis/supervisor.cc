@@ -278,7 +278,10 @@ class Supervisor {
         straggler_reported = true;
         detection = straggler_incident(*mon.straggler(), beats);
       }
-      if (o_.progress_every_s > 0 && now >= next_progress && !beats.empty()) {
+      if (o_.progress_every_s > 0 && now >= next_progress && beats.empty()) {
+        next_progress = now + o_.progress_every_s;
+        say(str("attempt ", st_.attempts, ": running for ", seconds(now - launched), ", no heartbeat yet"));
+      } else if (o_.progress_every_s > 0 && now >= next_progress) {
         next_progress = now + o_.progress_every_s;
         const Heartbeat& h = beats.begin()->second;
         say(str("attempt ", st_.attempts, ": step ", h.step, " (", h.phase, ")",
