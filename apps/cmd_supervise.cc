@@ -62,6 +62,10 @@ void add_supervise(CLI::App& app, Commands& commands) {
       ->capture_default_str();
   cmd->add_option("--straggler-steps", o->monitor.straggler_steps, "... for this many steps in a row is a straggler")
       ->capture_default_str();
+  cmd->add_option("--exit-grace", o->exit_grace_s,
+                  "seconds a job that reported a fatal error (collective timeout, OOM, 'zaya: error:') may take to "
+                  "exit before it is killed")
+      ->capture_default_str();
   cmd->add_option("--progress-every", o->progress_every_s, "seconds between progress lines (0: none)")
       ->capture_default_str();
   cmd->add_flag("--quiet-job", [o](int64_t) { o->echo_output = false; },

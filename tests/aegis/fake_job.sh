@@ -3,7 +3,8 @@
 # the supervisor's tests. Usage: fake_job.sh OUT_DIR STEPS PLAN [ARGS...]
 # PLAN is a comma-separated list of modes, one per attempt (ZAYA_INJECT_ATTEMPT, 1-based; the last
 # repeats): ok | crash@K | exit2@K | hang@K | nan@K | spike@K | oom@K | xid@K | timeout@K | kill9@K |
-# silent-crash (no heartbeats, exit 1) | silent-ok (no heartbeats, exit 0) | silent-hang (no heartbeats, sleeps) | slow (rank 1 of 2 is 4x slower).
+# silent-crash (no heartbeats, exit 1) | silent-ok (no heartbeats, exit 0) | silent-hang (no heartbeats, sleeps) |
+# stuck-after-timeout | slow (rank 1 of 2 is 4x slower).
 # Heartbeats are polled (every 0.2 s), so the modes whose evidence is one heartbeat hold it longer.
 # FAKE_STEP_S sets the step time (default 0.02 s).
 # The ARGS (what the supervisor appended) are printed first, so tests can check them.
@@ -27,6 +28,9 @@ case $kind in
   silent-crash) sleep 0.2; echo "failing without heartbeats"; exit 1 ;;
   silent-ok) sleep 0.2; exit 0 ;;
   silent-hang) sleep 1000 ;;
+  stuck-after-timeout)  # reports a collective timeout, then never exits (a stopped rank holds the launcher)
+    echo "zaya: error: collective #4 (all_reduce) on rank 0 of 2 timed out after 5 s: rank 1 never arrived (no answer)"
+    sleep 1000 ;;
 esac
 world=1; [ "$kind" = slow ] && world=2
 for ((r = 0; r < world; r++)); do hb $r $world 0 start null false null; done

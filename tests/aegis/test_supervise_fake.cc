@@ -322,5 +322,20 @@ TEST_F(SuperviseFake, ALaunchCommandThatCannotBeExecutedIsNotRetried) {
   EXPECT_EQ(state().attempts, 1);
 }
 
+// A job that reported a collective timeout but does not exit (under mpirun, a SIGSTOPped rank can
+// keep the launcher waiting) is killed after --exit-grace, heartbeats or not.
+TEST_F(SuperviseFake, AJobStuckAfterReportingAFatalErrorIsKilledAfterTheGrace) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const test::CliRun r = supervise("stuck-after-timeout,ok", "--exit-grace 1");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_LT(took, 20);
+  const auto inc = incidents();
+  ASSERT_EQ(inc.size(), 1u) << r.output;
+  EXPECT_EQ(inc[0].cls, "collective-timeout");
+  EXPECT_EQ(inc[0].rank, 1);
+  EXPECT_NE(r.output.find("has not exited"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace zaya::aegis

@@ -194,7 +194,7 @@ TEST_F(SuperviseTrain, KillNineOfOneOfTwoRanksIsRecoveredBitExactly) {
 TEST_F(SuperviseTrain, SigstopOfOneOfTwoRanksIsRecoveredBitExactly) {
   const int steps = 300, every = 10;
   const std::vector<float> ref = reference(2, steps, every);
-  const test::CliRun r = supervise_and_hurt("stop2", 2, steps, every, "STOP", "--hang-timeout 3");
+  const test::CliRun r = supervise_and_hurt("stop2", 2, steps, every, "STOP", "--hang-timeout 3 --exit-grace 3");
   ASSERT_EQ(r.output.find("victim=\n"), std::string::npos) << r.output;
   ASSERT_NE(r.output.find("rc=0"), std::string::npos) << r.output;
   const auto inc = read_incidents(root_ / "stop2");

@@ -52,13 +52,19 @@ void LogHints::scan(const std::string& line) {
   static const std::regex ecc(R"(\bECC\b.*error|uncorrectable ECC|fallen off the bus)", std::regex::icase);
   static const std::regex timeout(R"(timed out after [^:]*: ranks? (\d+))");
   std::smatch m;
+  if (line.find("zaya: error:") != std::string::npos || line.find("zaya: internal error:") != std::string::npos)
+    fatal = true;
   if (exec_failed_line.empty() && line.rfind("zaya supervise: cannot execute ", 0) == 0) exec_failed_line = line;
   if (error_line.empty() && line.find("error:") != std::string::npos) error_line = line.substr(0, 400);
-  if (oom_line.empty() && std::regex_search(line, oom)) oom_line = line;
+  if (oom_line.empty() && std::regex_search(line, oom)) {
+    oom_line = line;
+    fatal = true;
+  }
   if (hardware_line.empty() && (std::regex_search(line, xid) || std::regex_search(line, ecc))) hardware_line = line;
   if (collective_timeout_line.empty() && line.find("timed out after") != std::string::npos &&
       (line.find("never arrived") != std::string::npos || line.find("has not issued it") != std::string::npos)) {
     collective_timeout_line = line;
+    fatal = true;
     if (std::regex_search(line, m, timeout)) missing_rank = std::stoi(m[1].str());
   }
 }

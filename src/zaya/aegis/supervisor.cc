@@ -268,6 +268,7 @@ class Supervisor {
     double next_progress = launched + o_.progress_every_s;
     bool straggler_reported = false;
     std::optional<Detection> detection;
+    double fatal_seen_at = 0;
     for (;;) {
       const bool exited = job.poll(o_.poll_s, on_line, on_chunk);
       const double now = unix_now();
@@ -295,6 +296,14 @@ class Supervisor {
         out.kind = Outcome::stopped;
         out.signal = o_.stop_signal->load();
         return out;
+      }
+      if (mon.hints().fatal && fatal_seen_at == 0) fatal_seen_at = now;
+      if (!detection && !exited && fatal_seen_at > 0 && now - fatal_seen_at > o_.exit_grace_s) {
+        say(str("the job reported a fatal error ", seconds(now - fatal_seen_at),
+                " ago and has not exited (a stopped or hung process holds it): killing it"));
+        job.kill_all(on_line, on_chunk);
+        detection = mon.classify_exit(job.status(), unix_now());
+        break;
       }
       if (detection && !exited) {
         job.kill_all(on_line, on_chunk);  // a hung or diverged job has nothing worth saving

@@ -22,6 +22,7 @@ struct SupervisorOptions {
   double stop_grace_s = 60;                   // on our own SIGTERM: how long the job may take to save and stop
   int exclude_after = 2;                      // failures blamed on one host before it is excluded
   bool exclude_stragglers = false;            // a straggler's host is excluded (with --hosts) and the job restarted
+  double exit_grace_s = 30;                   // a job that reported a fatal error and has not exited by then is killed
   double progress_every_s = 30;               // a progress line this often (0: none)
   double poll_s = 0.2;
   bool echo_output = true;                    // copy the job's output to our stdout (it always goes to the log)
