@@ -15,7 +15,6 @@ struct Pending {
 
 // Commands that registered for real (apps/cmd_<name>.cc) are skipped; remove their entry here.
 const std::vector<Pending> kPending = {
-    {"supervise", "Run a job under the Aegis fault-tolerance supervisor", "Aegis"},
 };
 
 }  // namespace
