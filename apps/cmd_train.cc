@@ -1,4 +1,6 @@
 #include <atomic>
+#include <filesystem>
+#include <functional>
 #include <iostream>
 
 #include "commands.h"
@@ -14,7 +16,34 @@ struct TrainArgs {
   bool rewind = false;
   int test_pause_commit_ms = 0;
   bool allow_config_change = false;
+  std::vector<std::string> inject;
+  std::vector<std::string> skip_samples;
 };
+
+// Exit codes a supervisor acts on (docs/aegis.md, "Trainer side"): 3 a collective timed out, 4 the
+// run stopped on non-finite gradients, 5 a checkpoint save failed, 1 any other failure that is not
+// bad input; a zaya::Error of bad input or configuration goes on to main (2).
+int train_exit_code(const std::function<int()>& train) {
+  try {
+    return train();
+  } catch (const dist::CollectiveTimeout& e) {
+    std::cerr << "zaya: error: " << e.what() << "\n";
+    return 3;
+  } catch (const train::NonFiniteStop& e) {
+    std::cerr << "zaya: error: " << e.what() << "\n";
+    return 4;
+  } catch (const train::CheckpointSaveFailed& e) {
+    std::cerr << "zaya: error: " << e.what() << "\n";
+    return 5;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::filesystem::filesystem_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::cerr << "zaya: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}
 
 void add_train(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<TrainArgs>();
@@ -30,9 +59,15 @@ void add_train(CLI::App& app, Commands& commands) {
   cmd->add_flag("--rewind", args->rewind,
                 "with --resume STEP_DIR: move the run's newer checkpoints aside into out_dir/rewound-<time>/ "
                 "and continue from STEP_DIR");
+  cmd->add_option("--inject", args->inject,
+                  "fault injection (repeatable): kill@step=S[,rank=R], hang@step=S, nan@step=S, "
+                  "slow@rank=R,factor=F, corrupt-ckpt@step=S, kill-during-save@step=S, exit@step=S,code=C "
+                  "(docs/aegis.md)");
+  cmd->add_option("--skip-samples", args->skip_samples,
+                  "never train on global samples [A, B) (A:B, repeatable); kept in the checkpoints");
   // Test hook (hidden): hold each checkpoint commit this long, so a test can kill mid-save.
   cmd->add_option("--test-pause-commit-ms", args->test_pause_commit_ms)->group("");
-  commands.push_back({cmd, [args, cmd] {
+  commands.push_back({cmd, [args, cmd] { return train_exit_code([args, cmd] {
                         train::RunConfig cfg = train::load_run_config(args->config, args->overrides);
                         static std::atomic<bool> stop{false};
                         train::install_stop_handlers(&stop);
@@ -45,6 +80,8 @@ void add_train(CLI::App& app, Commands& commands) {
                         opts.stop = &stop;
                         opts.test_pause_before_commit_ms = args->test_pause_commit_ms;
                         opts.allow_config_change = args->allow_config_change;
+                        opts.inject = args->inject;
+                        opts.skip_samples = args->skip_samples;
                         train::Trainer trainer(std::move(cfg), opts);
                         train::TrainResult r = trainer.run();
                         if (r.nothing_to_do)
@@ -52,7 +89,7 @@ void add_train(CLI::App& app, Commands& commands) {
                         if (r.interrupted) std::cerr << "zaya train: stopped at step " << r.last_step
                                                      << "; resume with --resume\n";
                         return 0;
-                      }});
+                      }); }});
 }
 
 }  // namespace
