@@ -123,6 +123,20 @@ TEST_F(Heartbeats, NonFiniteStopExitsFour) {
   EXPECT_NE(b["error"].get<std::string>().find("max_skipped_steps"), std::string::npos) << b.dump();
 }
 
+// The same at two ranks with the NaN on rank 1 only: the clipping norm is global, so both ranks
+// skip the update, stop, and say so.
+TEST_F(Heartbeats, NonFiniteStopOnOneRankStopsBoth) {
+  const fs::path run = root_ / "run";
+  const test::CliRun r = test::run_shell(zaya_cmd(
+      "--config " + config_file("run", 20) + " --set train.max_skipped_steps=1 --inject nan@step=3,rank=1", 2));
+  EXPECT_EQ(r.code, 4) << r.output;
+  for (int rank : {0, 1}) {
+    const nlohmann::json b = *heartbeat(run, rank);
+    EXPECT_EQ(b["phase"], "failed") << rank;
+    EXPECT_TRUE(b["nonfinite"].get<bool>()) << rank;
+  }
+}
+
 // Exit 3: a rank that stops arriving (rank 1 hangs after step 3) makes rank 0's next collective
 // time out (parallel.timeout_s = 3), which names the missing rank.
 TEST_F(Heartbeats, CollectiveTimeoutExitsThree) {
