@@ -136,6 +136,7 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   } catch (const std::exception& e) {
     const std::string message = e.what();
     beat("failed", &message);
+    flush_beats();
     throw;
   }
   faults_ = FaultInjector(opts_.inject, comm_->rank(), step_, attempt);
@@ -445,6 +446,7 @@ std::string Trainer::save(bool wait) {
       std::error_code ec;
       while (!fs::exists(part, ec) && Clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      flush_beats();
       kill_self();
     }
     if (wait || corrupt) {
@@ -688,10 +690,12 @@ TrainResult Trainer::run() {
   try {
     TrainResult r = run_steps();
     beat(r.interrupted ? "stopping" : "done");
+    flush_beats();
     return r;
   } catch (const std::exception& e) {
     const std::string message = e.what();
     beat("failed", &message);
+    flush_beats();
     throw;
   }
 }
@@ -708,9 +712,16 @@ void Trainer::skip_windows(int64_t micro_batches) {
 
 void Trainer::inject_step_end() {
   if (faults_.empty()) return;
-  if (faults_.take(FaultKind::kill, step_)) kill_self();
-  if (faults_.take(FaultKind::hang, step_)) hang_forever();
+  if (faults_.take(FaultKind::kill, step_)) {
+    flush_beats();
+    kill_self();
+  }
+  if (faults_.take(FaultKind::hang, step_)) {
+    flush_beats();
+    hang_forever();
+  }
   if (const FaultSpec* f = faults_.take(FaultKind::exit, step_)) {
+    flush_beats();
     std::fflush(nullptr);
     std::_Exit(f->code);
   }

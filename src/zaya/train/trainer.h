@@ -94,6 +94,10 @@ class Trainer {
   void beat(const char* phase, const std::string* error = nullptr) {
     if (heartbeat_) heartbeat_->beat(phase, step_, error);
   }
+  // The last beats on disk: before the process ends (a result, an error, an injected fault).
+  void flush_beats() {
+    if (heartbeat_) heartbeat_->flush();
+  }
   // Before a step: moves the loader past the skip windows the step's samples would meet.
   void skip_windows(int64_t micro_batches);
   // Injected faults at the end of step step_ (kill, hang, exit).
