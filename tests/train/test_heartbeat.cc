@@ -162,6 +162,19 @@ TEST_F(Heartbeats, FailedSaveExitsFive) {
   EXPECT_EQ(heartbeat(run, 0)->at("phase"), "failed");
 }
 
+// A start-up that fails after the run lock (here a resume whose config changes the learning rate)
+// is still exit 2, and the heartbeat says "failed" with the reason.
+TEST_F(Heartbeats, StartUpFailureBeatsFailed) {
+  const fs::path run = root_ / "run";
+  ASSERT_EQ(test::run_shell(zaya_cmd("--config " + config_file("run", 10))).code, 0);
+  const test::CliRun r = test::run_shell(zaya_cmd("--config " + config_file("run", 10) + " --resume --set optim.lr=1e-2"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  const nlohmann::json b = *heartbeat(run, 0);
+  EXPECT_EQ(b["phase"], "failed");
+  EXPECT_EQ(b["step"], 0) << "nothing was loaded";
+  EXPECT_NE(b["error"].get<std::string>().find("optim.lr"), std::string::npos) << b.dump();
+}
+
 // Exit 2 stays bad input: an unknown injection or a malformed window, named, before anything runs.
 TEST_F(Heartbeats, BadInputStillExitsTwo) {
   const std::string cfg = config_file("run", 20);
