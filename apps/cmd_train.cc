@@ -45,6 +45,28 @@ int train_exit_code(const std::function<int()>& train) {
   }
 }
 
+int run_train(const TrainArgs& args, const CLI::App& cmd) {
+  train::RunConfig cfg = train::load_run_config(args.config, args.overrides);
+  static std::atomic<bool> stop{false};
+  train::install_stop_handlers(&stop);
+  train::TrainOptions opts;
+  if (cmd.count("--resume")) opts.resume = args.resume.empty() ? "latest" : args.resume;
+  if (args.rewind && opts.resume.empty())
+    throw Error("--rewind goes with --resume STEP_DIR: it moves the checkpoints newer than "
+                "STEP_DIR aside and continues from STEP_DIR");
+  opts.rewind = args.rewind;
+  opts.stop = &stop;
+  opts.test_pause_before_commit_ms = args.test_pause_commit_ms;
+  opts.allow_config_change = args.allow_config_change;
+  opts.inject = args.inject;
+  opts.skip_samples = args.skip_samples;
+  train::Trainer trainer(std::move(cfg), opts);
+  train::TrainResult r = trainer.run();
+  if (r.nothing_to_do) std::cerr << "zaya train: nothing to do: the run finished at step " << r.last_step << "\n";
+  if (r.interrupted) std::cerr << "zaya train: stopped at step " << r.last_step << "; resume with --resume\n";
+  return 0;
+}
+
 void add_train(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<TrainArgs>();
   auto* cmd = app.add_subcommand("train", "Train a ZAYA1 model from a TOML run config");
@@ -67,29 +89,7 @@ void add_train(CLI::App& app, Commands& commands) {
                   "never train on global samples [A, B) (A:B, repeatable); kept in the checkpoints");
   // Test hook (hidden): hold each checkpoint commit this long, so a test can kill mid-save.
   cmd->add_option("--test-pause-commit-ms", args->test_pause_commit_ms)->group("");
-  commands.push_back({cmd, [args, cmd] { return train_exit_code([args, cmd] {
-                        train::RunConfig cfg = train::load_run_config(args->config, args->overrides);
-                        static std::atomic<bool> stop{false};
-                        train::install_stop_handlers(&stop);
-                        train::TrainOptions opts;
-                        if (cmd->count("--resume")) opts.resume = args->resume.empty() ? "latest" : args->resume;
-                        if (args->rewind && opts.resume.empty())
-                          throw Error("--rewind goes with --resume STEP_DIR: it moves the checkpoints newer than "
-                                      "STEP_DIR aside and continues from STEP_DIR");
-                        opts.rewind = args->rewind;
-                        opts.stop = &stop;
-                        opts.test_pause_before_commit_ms = args->test_pause_commit_ms;
-                        opts.allow_config_change = args->allow_config_change;
-                        opts.inject = args->inject;
-                        opts.skip_samples = args->skip_samples;
-                        train::Trainer trainer(std::move(cfg), opts);
-                        train::TrainResult r = trainer.run();
-                        if (r.nothing_to_do)
-                          std::cerr << "zaya train: nothing to do: the run finished at step " << r.last_step << "\n";
-                        if (r.interrupted) std::cerr << "zaya train: stopped at step " << r.last_step
-                                                     << "; resume with --resume\n";
-                        return 0;
-                      }); }});
+  commands.push_back({cmd, [args, cmd] { return train_exit_code([&] { return run_train(*args, *cmd); }); }});
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "zaya/core/error.h"
@@ -145,6 +147,20 @@ void kill_self() {
 void hang_forever() {
   std::fflush(nullptr);
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+void kill_self_once_written(const std::string& file) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::error_code ec;
+  while (!std::filesystem::exists(file, ec) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  kill_self();
+}
+
+void poison_gradient(const Tensor& grads, int64_t i) {
+  ZAYA_CHECK(grads.dtype() == DType::f32 && i >= 0 && i < grads.numel(), "fault injection: gradient element ", i,
+             " is not in the f32 buffer of ", grads.numel());
+  grads.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
 }
 
 void corrupt_file(const std::string& file) {

@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "zaya/core/tensor.h"
+
 namespace zaya::train {
 
 enum class FaultKind { kill, hang, nan, slow, corrupt_ckpt, kill_during_save, exit };
@@ -66,6 +68,10 @@ class FaultInjector {
 // The fault actions that need no trainer state.
 [[noreturn]] void kill_self();  // SIGKILL, as a crashed node looks to the rest
 [[noreturn]] void hang_forever();
+// kill-during-save: SIGKILL once `file` (this rank's file of the save in flight) exists, or after 30 s.
+[[noreturn]] void kill_self_once_written(const std::string& file);
+// nan: element `i` of the flat f32 gradient buffer `grads` becomes a quiet NaN.
+void poison_gradient(const Tensor& grads, int64_t i);
 // Flips bytes near the end of `file` (tensor data, not the header) so its checksum no longer matches.
 void corrupt_file(const std::string& file);
 

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <limits>
 #include <thread>
 
 #include "zaya/ckpt/fs_util.h"
@@ -438,16 +437,12 @@ std::string Trainer::save(bool wait) {
     stall = writer_->save(step_, save_items(), rank0() ? state_json() : nlohmann::json::object());
     beat("ckpt-write");
     if (kill_in_save) {
-      // Once this rank's file is in step_N.tmp (or after 30 s), the save is cut short as a node
-      // failure would cut it: the previous checkpoint must stay the newest valid one.
-      const fs::path part = fs::path(cfg_.train.out_dir) / (ckpt::step_dir_name(step_) + ".tmp") /
-                            ckpt::rank_file_name(comm_->rank());
-      const auto deadline = Clock::now() + std::chrono::seconds(30);
-      std::error_code ec;
-      while (!fs::exists(part, ec) && Clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      // The save is cut short as a node failure would cut it: the previous checkpoint must stay
+      // the newest valid one.
       flush_beats();
-      kill_self();
+      kill_self_once_written((fs::path(cfg_.train.out_dir) / (ckpt::step_dir_name(step_) + ".tmp") /
+                              ckpt::rank_file_name(comm_->rank()))
+                                 .string());
     }
     if (wait || corrupt) {
       // Rank 0's wait is the commit; the others wait until `latest` names the step, so that a run
@@ -730,11 +725,10 @@ void Trainer::inject_step_end() {
 double Trainer::before_update(TimePoint step_start) {
   const double waited = writer_->fence();
   if (faults_.take(FaultKind::nan, step_ + 1)) {
-    // One element of this rank's gradient range: the clipping norm over every rank becomes NaN,
-    // and the optimizer's own non-finite path skips the update.
-    Tensor g = model_->grads_flat();
+    // In this rank's gradient range: the clipping norm over every rank becomes NaN, and the
+    // optimizer's own non-finite path skips the update.
     const optim::ShardRange mine = plan_.range(dp().rank());
-    g.data<float>()[mine.begin < mine.end ? mine.begin : 0] = std::numeric_limits<float>::quiet_NaN();
+    poison_gradient(model_->grads_flat(), mine.begin < mine.end ? mine.begin : 0);
   }
   if (faults_.slow_factor() > 1) {
     const double compute = seconds_since(step_start);
