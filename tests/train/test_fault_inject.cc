@@ -25,6 +25,8 @@ TEST(FaultSpecs, ParseEveryKind) {
   EXPECT_FALSE(k.every_attempt);
   EXPECT_EQ(parse_fault_spec("hang@step=2").rank, -1);
   EXPECT_EQ(parse_fault_spec("nan@step=5").kind, FaultKind::nan);
+  EXPECT_EQ(parse_fault_spec("nan@step=5").steps, 1);
+  EXPECT_EQ(parse_fault_spec("nan@step=5,steps=3").steps, 3);
   const FaultSpec s = parse_fault_spec("slow@rank=1,factor=2.5");
   EXPECT_EQ(s.kind, FaultKind::slow);
   EXPECT_EQ(s.factor, 2.5);
@@ -45,6 +47,7 @@ TEST(FaultSpecs, ErrorsNameTheSpecAndTheProblem) {
       {"slow@factor=2", "needs rank=R"},        {"slow@rank=0", "needs factor=F"},
       {"slow@rank=0,factor=0.5", ">= 1"},       {"slow@rank=0,factor=2,step=3", "takes no step"},
       {"kill@step=3,every-attempt=yes", "0 or 1"}, {"kill@step=3,", "not KEY=VALUE"},
+      {"nan@step=3,steps=0", "steps must be >= 1"}, {"kill@step=3,steps=2", "does not apply"},
   };
   for (const auto& [spec, what] : cases) {
     const std::string e = parse_error(spec);
@@ -72,6 +75,11 @@ TEST(FaultSpecs, ArmingAndFiringOnce) {
   FaultInjector resumed(specs, 0, /*start_step=*/8, 1);
   EXPECT_EQ(resumed.take(FaultKind::exit, 8), nullptr) << "a run resumed at step 8 is past it";
   EXPECT_NE(resumed.take(FaultKind::nan, 9), nullptr);
+  FaultInjector streak({"nan@step=4,steps=3"}, 0, 0, 1);
+  EXPECT_EQ(streak.take(FaultKind::nan, 3), nullptr);
+  for (int64_t s : {4, 5, 6}) EXPECT_NE(streak.take(FaultKind::nan, s), nullptr) << s;
+  EXPECT_EQ(streak.take(FaultKind::nan, 7), nullptr);
+  EXPECT_EQ(streak.take(FaultKind::nan, 6), nullptr) << "disarmed after its last step";
   FaultInjector second(specs, 0, 0, /*attempt=*/2);
   EXPECT_EQ(second.take(FaultKind::exit, 8), nullptr);
   EXPECT_EQ(second.slow_factor(), 1.0);

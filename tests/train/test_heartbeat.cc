@@ -123,6 +123,13 @@ TEST_F(Heartbeats, NonFiniteStopExitsFour) {
   EXPECT_NE(b["error"].get<std::string>().find("max_skipped_steps"), std::string::npos) << b.dump();
 }
 
+// With the default train.max_skipped_steps (10), a streak of 10 NaN steps is what stops the run.
+TEST_F(Heartbeats, NanStreakReachesTheDefaultLimit) {
+  const test::CliRun r = test::run_shell(zaya_cmd("--config " + config_file("run", 20) + " --inject nan@step=3,steps=10"));
+  EXPECT_EQ(r.code, 4) << r.output;
+  EXPECT_EQ(heartbeat(root_ / "run", 0)->at("step"), 12);
+}
+
 // The same at two ranks with the NaN on rank 1 only: the clipping norm is global, so both ranks
 // skip the update, stop, and say so.
 TEST_F(Heartbeats, NonFiniteStopOnOneRankStopsBoth) {

@@ -18,7 +18,7 @@ namespace zaya::train {
 namespace {
 
 const char* kFormats =
-    "kill@step=S[,rank=R], hang@step=S[,rank=R], nan@step=S[,rank=R], slow@rank=R,factor=F, "
+    "kill@step=S[,rank=R], hang@step=S[,rank=R], nan@step=S[,rank=R][,steps=K], slow@rank=R,factor=F, "
     "corrupt-ckpt@step=S[,rank=R], kill-during-save@step=S[,rank=R] or exit@step=S,code=C[,rank=R], "
     "each with an optional ,every-attempt=1";
 
@@ -77,6 +77,9 @@ FaultSpec parse_fault_spec(const std::string& spec) {
       if (c < 0 || c > 255) bad(spec, "code must be 0..255");
       f.code = static_cast<int>(c);
       has_code = true;
+    } else if (key == "steps" && f.kind == FaultKind::nan) {
+      f.steps = parse_int(spec, key, value);
+      if (f.steps < 1) bad(spec, "steps must be >= 1");
     } else if (key == "factor" && f.kind == FaultKind::slow) {
       char* end = nullptr;
       f.factor = std::strtod(value.c_str(), &end);
@@ -130,9 +133,9 @@ FaultInjector::FaultInjector(const std::vector<std::string>& specs, int rank, in
 
 const FaultSpec* FaultInjector::take(FaultKind kind, int64_t step) {
   for (size_t i = 0; i < armed_.size(); ++i)
-    if (!fired_[i] && armed_[i].kind == kind && armed_[i].step == step) {
-      fired_[i] = true;
-      log_warn("fault injection fires: ", armed_[i].text);
+    if (!fired_[i] && armed_[i].kind == kind && armed_[i].step <= step && step < armed_[i].step + armed_[i].steps) {
+      fired_[i] = step == armed_[i].step + armed_[i].steps - 1;
+      log_warn("fault injection fires at step ", step, ": ", armed_[i].text);
       return &armed_[i];
     }
   return nullptr;

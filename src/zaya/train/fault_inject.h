@@ -5,7 +5,8 @@
 // SPEC is KIND@KEY=VALUE[,KEY=VALUE...]:
 //   kill@step=S[,rank=R]              SIGKILL itself at the end of step S
 //   hang@step=S[,rank=R]              at the end of step S, sleep forever without heartbeats
-//   nan@step=S[,rank=R]               poison one gradient element of step S before the update
+//   nan@step=S[,rank=R][,steps=K]     poison one gradient element of steps S..S+K-1 (K default 1)
+//                                     before their updates
 //   slow@rank=R,factor=F              every step, sleep (F-1) x the step's compute time (F >= 1)
 //   corrupt-ckpt@step=S[,rank=R]      after the checkpoint of step S commits, flip bytes of its
 //                                     rank file R (default 0); done by rank 0, which commits
@@ -36,6 +37,7 @@ struct FaultSpec {
   int rank = -1;        // -1: every rank
   double factor = 1;    // slow
   int code = 0;         // exit
+  int64_t steps = 1;    // nan: consecutive steps poisoned from `step`
   bool every_attempt = false;
   std::string text;     // the spec as given, for messages
 };
@@ -54,7 +56,8 @@ class FaultInjector {
   FaultInjector(const std::vector<std::string>& specs, int rank, int64_t start_step, int attempt);
 
   bool empty() const { return armed_.empty(); }
-  // The armed fault of `kind` for step `step`, disarmed as it is returned (fires once); null if none.
+  // The armed fault of `kind` for step `step`, disarmed as it is returned (fires once; nan with
+  // steps=K: at each of its K steps, disarmed after the last); null if none.
   const FaultSpec* take(FaultKind kind, int64_t step);
   // slow: the factor this rank's steps are stretched by (1: none).
   double slow_factor() const { return slow_factor_; }
