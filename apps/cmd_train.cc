@@ -1,7 +1,10 @@
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <memory>
 
 #include "commands.h"
 #include "zaya/train/trainer.h"
@@ -60,8 +63,19 @@ int run_train(const TrainArgs& args, const CLI::App& cmd) {
   opts.allow_config_change = args.allow_config_change;
   opts.inject = args.inject;
   opts.skip_samples = args.skip_samples;
-  train::Trainer trainer(std::move(cfg), opts);
-  train::TrainResult r = trainer.run();
+  std::unique_ptr<train::Trainer> trainer;
+  train::TrainResult r;
+  try {
+    trainer = std::make_unique<train::Trainer>(std::move(cfg), opts);
+    r = trainer->run();
+  } catch (const dist::CollectiveTimeout& e) {
+    // A rank is dead or hung. Unwinding would wait for it twice over: a checkpoint commit in flight
+    // waits up to its gather timeout (600 s) for that rank's part, and MPI's finalize may wait
+    // forever. The heartbeat already says "failed"; the run lock goes with the process.
+    std::cerr << "zaya: error: " << e.what() << "\n";
+    std::fflush(nullptr);
+    std::_Exit(3);
+  }
   if (r.nothing_to_do) std::cerr << "zaya train: nothing to do: the run finished at step " << r.last_step << "\n";
   if (r.interrupted) std::cerr << "zaya train: stopped at step " << r.last_step << "; resume with --resume\n";
   return 0;

@@ -55,7 +55,8 @@ class Spawned {
     pid_ = fork();
     if (pid_ == 0) {
       setpgid(0, 0);
-      if (std::freopen(log.c_str(), "w", stderr) == nullptr || std::freopen(log.c_str(), "a", stdout) == nullptr)
+      if (std::freopen(log.c_str(), "w", stderr) == nullptr ||
+          std::freopen(log.c_str(), "a", stdout) == nullptr)
         _exit(126);
       execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       _exit(127);

@@ -39,15 +39,24 @@ TEST(FaultSpecs, ParseEveryKind) {
 
 TEST(FaultSpecs, ErrorsNameTheSpecAndTheProblem) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"crash@step=3", "unknown kind"},         {"kill", "no '@'"},
-      {"kill@", "no KEY=VALUE"},                {"kill@rank=1", "needs step=S"},
-      {"kill@step=x", "not an integer"},        {"kill@step=0", "step must be >= 1"},
-      {"kill@step=3,rank=-1", "rank must be"},  {"kill@step=3,code=1", "does not apply"},
-      {"exit@step=3", "needs code=C"},          {"exit@step=3,code=300", "code must be 0..255"},
-      {"slow@factor=2", "needs rank=R"},        {"slow@rank=0", "needs factor=F"},
-      {"slow@rank=0,factor=0.5", ">= 1"},       {"slow@rank=0,factor=2,step=3", "takes no step"},
-      {"kill@step=3,every-attempt=yes", "0 or 1"}, {"kill@step=3,", "not KEY=VALUE"},
-      {"nan@step=3,steps=0", "steps must be >= 1"}, {"kill@step=3,steps=2", "does not apply"},
+      {"crash@step=3", "unknown kind"},
+      {"kill", "no '@'"},
+      {"kill@", "no KEY=VALUE"},
+      {"kill@rank=1", "needs step=S"},
+      {"kill@step=x", "not an integer"},
+      {"kill@step=0", "step must be >= 1"},
+      {"kill@step=3,rank=-1", "rank must be"},
+      {"kill@step=3,code=1", "does not apply"},
+      {"exit@step=3", "needs code=C"},
+      {"exit@step=3,code=300", "code must be 0..255"},
+      {"slow@factor=2", "needs rank=R"},
+      {"slow@rank=0", "needs factor=F"},
+      {"slow@rank=0,factor=0.5", ">= 1"},
+      {"slow@rank=0,factor=2,step=3", "takes no step"},
+      {"kill@step=3,every-attempt=yes", "0 or 1"},
+      {"kill@step=3,", "not KEY=VALUE"},
+      {"nan@step=3,steps=0", "steps must be >= 1"},
+      {"kill@step=3,steps=2", "does not apply"},
   };
   for (const auto& [spec, what] : cases) {
     const std::string e = parse_error(spec);
@@ -59,8 +68,9 @@ TEST(FaultSpecs, ErrorsNameTheSpecAndTheProblem) {
 // Which faults a process arms: its rank's, only for steps after the one it started at, and only
 // on the first attempt unless every-attempt=1. Each fires once.
 TEST(FaultSpecs, ArmingAndFiringOnce) {
-  const std::vector<std::string> specs = {"kill@step=5,rank=1", "exit@step=8,code=3", "nan@step=9,every-attempt=1",
-                                          "corrupt-ckpt@step=10,rank=1", "slow@rank=0,factor=3"};
+  const std::vector<std::string> specs = {"kill@step=5,rank=1", "exit@step=8,code=3",
+                                          "nan@step=9,every-attempt=1", "corrupt-ckpt@step=10,rank=1",
+                                          "slow@rank=0,factor=3"};
   FaultInjector r0(specs, /*rank=*/0, /*start_step=*/0, /*attempt=*/1);
   EXPECT_EQ(r0.take(FaultKind::kill, 5), nullptr) << "rank 1's";
   ASSERT_NE(r0.take(FaultKind::exit, 8), nullptr);
@@ -88,7 +98,8 @@ TEST(FaultSpecs, ArmingAndFiringOnce) {
 
 class FaultInjection : public recovery::RecoveryTest {
  protected:
-  test::CliRun train(const std::string& run, int steps, const std::string& args, const std::string& env = "") {
+  test::CliRun train(const std::string& run, int steps, const std::string& args,
+                     const std::string& env = "") {
     return test::run_shell(kMpiEnv + env + " " + ZAYA_BINARY + " --threads 1 train --config " +
                            config_file(run, steps) + " " + args);
   }
@@ -118,7 +129,8 @@ TEST_F(FaultInjection, FiresOnlyOnTheFirstAttemptAndBeforeItsStep) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("ZAYA_INJECT_ATTEMPT"), std::string::npos) << bad.output;
   ASSERT_EQ(train("e", 10, "--set optim.total_steps=20").code, 0);
-  const test::CliRun resumed = train("e", 20, "--resume --set optim.total_steps=20 --inject exit@step=5,code=7");
+  const test::CliRun resumed =
+      train("e", 20, "--resume --set optim.total_steps=20 --inject exit@step=5,code=7");
   EXPECT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_EQ(heartbeat(root_ / "e", 0)->at("step"), 20);
 }
@@ -150,7 +162,8 @@ TEST_F(FaultInjection, KillDuringSaveLeavesThePreviousCheckpoint) {
 // A hang: the process lives on, its heartbeat's seq stops at the hung step.
 TEST_F(FaultInjection, HangStopsTheHeartbeatWhileTheProcessLives) {
   const fs::path run = root_ / "run";
-  Spawned job(kMpiEnv + ZAYA_BINARY + " --threads 1 train --config " + config_file("run", 20) + " --inject hang@step=3",
+  Spawned job(kMpiEnv + ZAYA_BINARY + " --threads 1 train --config " + config_file("run", 20) +
+                  " --inject hang@step=3",
               root_ / "run.log");
   ASSERT_TRUE(wait_until([&] {
     const auto b = heartbeat(run, 0);
@@ -170,7 +183,9 @@ TEST_F(FaultInjection, HangStopsTheHeartbeatWhileTheProcessLives) {
 // a factor of 5) leaves room for a loaded machine.
 TEST_F(FaultInjection, SlowStretchesTheStepTime) {
   ASSERT_EQ(train("base", 12, "--set ckpt.every=0 --set ckpt.save_final=false").code, 0);
-  ASSERT_EQ(train("slow", 12, "--set ckpt.every=0 --set ckpt.save_final=false --inject slow@rank=0,factor=5").code, 0);
+  ASSERT_EQ(
+      train("slow", 12, "--set ckpt.every=0 --set ckpt.save_final=false --inject slow@rank=0,factor=5").code,
+      0);
   std::vector<double> base, slow;
   for (const auto& r : step_records(root_ / "base")) base.push_back(r["time"]["step"].get<double>());
   for (const auto& r : step_records(root_ / "slow")) slow.push_back(r["time"]["step"].get<double>());

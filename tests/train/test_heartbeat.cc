@@ -24,7 +24,8 @@ void expect_complete_beat(const nlohmann::json& b, int rank, int world) {
   EXPECT_EQ(b["world"], world);
   EXPECT_GT(b["pid"].get<int64_t>(), 0);
   EXPECT_FALSE(b["host"].get<std::string>().empty());
-  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   EXPECT_NEAR(b["time"].get<double>(), now, 600.0) << "unix seconds";
 }
 
@@ -112,8 +113,8 @@ TEST_F(Heartbeats, SignalledStopEndsInStopping) {
 // NaN at step 3). The last beat is "failed" with the error, nonfinite set, and the norm null.
 TEST_F(Heartbeats, NonFiniteStopExitsFour) {
   const fs::path run = root_ / "run";
-  const test::CliRun r = test::run_shell(
-      zaya_cmd("--config " + config_file("run", 20) + " --set train.max_skipped_steps=1 --inject nan@step=3"));
+  const test::CliRun r = test::run_shell(zaya_cmd("--config " + config_file("run", 20) +
+                                                  " --set train.max_skipped_steps=1 --inject nan@step=3"));
   EXPECT_EQ(r.code, 4) << r.output;
   const nlohmann::json b = *heartbeat(run, 0);
   EXPECT_EQ(b["phase"], "failed");
@@ -125,7 +126,8 @@ TEST_F(Heartbeats, NonFiniteStopExitsFour) {
 
 // With the default train.max_skipped_steps (10), a streak of 10 NaN steps is what stops the run.
 TEST_F(Heartbeats, NanStreakReachesTheDefaultLimit) {
-  const test::CliRun r = test::run_shell(zaya_cmd("--config " + config_file("run", 20) + " --inject nan@step=3,steps=10"));
+  const test::CliRun r =
+      test::run_shell(zaya_cmd("--config " + config_file("run", 20) + " --inject nan@step=3,steps=10"));
   EXPECT_EQ(r.code, 4) << r.output;
   EXPECT_EQ(heartbeat(root_ / "run", 0)->at("step"), 12);
 }
@@ -135,7 +137,8 @@ TEST_F(Heartbeats, NanStreakReachesTheDefaultLimit) {
 TEST_F(Heartbeats, NonFiniteStopOnOneRankStopsBoth) {
   const fs::path run = root_ / "run";
   const test::CliRun r = test::run_shell(zaya_cmd(
-      "--config " + config_file("run", 20) + " --set train.max_skipped_steps=1 --inject nan@step=3,rank=1", 2));
+      "--config " + config_file("run", 20) + " --set train.max_skipped_steps=1 --inject nan@step=3,rank=1",
+      2));
   EXPECT_EQ(r.code, 4) << r.output;
   for (int rank : {0, 1}) {
     const nlohmann::json b = *heartbeat(run, rank);
@@ -148,9 +151,8 @@ TEST_F(Heartbeats, NonFiniteStopOnOneRankStopsBoth) {
 // time out (parallel.timeout_s = 3), which names the missing rank.
 TEST_F(Heartbeats, CollectiveTimeoutExitsThree) {
   const fs::path run = root_ / "run";
-  const test::CliRun r = test::run_shell(zaya_cmd("--config " + config_file("run", 20) +
-                                                      " --set parallel.timeout_s=3 --inject hang@step=3,rank=1",
-                                                  2));
+  const test::CliRun r = test::run_shell(zaya_cmd(
+      "--config " + config_file("run", 20) + " --set parallel.timeout_s=3 --inject hang@step=3,rank=1", 2));
   EXPECT_EQ(r.code, 3) << r.output;
   const nlohmann::json b0 = *heartbeat(run, 0), b1 = *heartbeat(run, 1);
   EXPECT_EQ(b0["phase"], "failed");
@@ -158,12 +160,28 @@ TEST_F(Heartbeats, CollectiveTimeoutExitsThree) {
   EXPECT_EQ(b1["step"], 3);
 }
 
+// The timeout ends the process at once even with a checkpoint commit in flight that waits for the
+// lost rank (the commit test hook holds every save 120 s before its commit): unwinding would wait
+// for that commit first.
+TEST_F(Heartbeats, CollectiveTimeoutDuringABackgroundCommitExitsAtOnce) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const test::CliRun r = test::run_shell(zaya_cmd("--config " + config_file("run", 20) +
+                                                      " --set ckpt.every=2 --set parallel.timeout_s=3 "
+                                                      "--test-pause-commit-ms 120000 --inject hang@step=3,rank=1",
+                                                  2));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_LT(seconds, 60.0) << "waited for the commit held 120 s";
+  EXPECT_EQ(heartbeat(root_ / "run", 0)->at("phase"), "failed");
+}
+
 // Exit 5: a checkpoint save that fails (a file-size limit smaller than the rank file, as a full
 // disk) stops the run with the save named; the last beat is "failed".
 TEST_F(Heartbeats, FailedSaveExitsFive) {
   const fs::path run = root_ / "run";
-  const test::CliRun r = test::run_shell("trap '' XFSZ; ulimit -f 64; " +
-                                         zaya_cmd("--config " + config_file("run", 40) + " --set ckpt.save_final=false"));
+  const test::CliRun r =
+      test::run_shell("trap '' XFSZ; ulimit -f 64; " +
+                      zaya_cmd("--config " + config_file("run", 40) + " --set ckpt.save_final=false"));
   EXPECT_EQ(r.code, 5) << r.output;
   EXPECT_NE(r.output.find("File too large"), std::string::npos) << r.output;
   EXPECT_EQ(heartbeat(run, 0)->at("phase"), "failed");
@@ -174,7 +192,8 @@ TEST_F(Heartbeats, FailedSaveExitsFive) {
 TEST_F(Heartbeats, StartUpFailureBeatsFailed) {
   const fs::path run = root_ / "run";
   ASSERT_EQ(test::run_shell(zaya_cmd("--config " + config_file("run", 10))).code, 0);
-  const test::CliRun r = test::run_shell(zaya_cmd("--config " + config_file("run", 10) + " --resume --set optim.lr=1e-2"));
+  const test::CliRun r =
+      test::run_shell(zaya_cmd("--config " + config_file("run", 10) + " --resume --set optim.lr=1e-2"));
   EXPECT_EQ(r.code, 2) << r.output;
   const nlohmann::json b = *heartbeat(run, 0);
   EXPECT_EQ(b["phase"], "failed");

@@ -36,7 +36,8 @@ TEST(SkipWindows, ParseMergeAndSkip) {
 
 class SkipSamples : public recovery::RecoveryTest {
  protected:
-  std::vector<float> run(const std::string& name, int steps, TrainOptions opts, TrainResult* result = nullptr) {
+  std::vector<float> run(const std::string& name, int steps, TrainOptions opts,
+                         TrainResult* result = nullptr) {
     opts.quiet = true;
     Trainer t(config(name, steps), opts);
     TrainResult r = t.run();
@@ -58,14 +59,16 @@ TEST_F(SkipSamples, ResumedWithAWindowEqualsAWindowFromTheStart) {
   // The window given on resume, not reached before this run's stop at step 6.
   run("resumed", 12, {.resume = "latest", .stop_after_steps = 2, .skip_samples = {"30:37"}});
   TrainResult last;
-  const std::vector<float> resumed = run("resumed", 12, {.resume = "latest"}, &last);  // kept from the checkpoint
+  const std::vector<float> resumed =
+      run("resumed", 12, {.resume = "latest"}, &last);  // kept from the checkpoint
   ASSERT_EQ(last.first_step, 6);
   ASSERT_EQ(resumed.size(), reference.size());
   EXPECT_EQ(std::memcmp(resumed.data(), reference.data(), reference.size() * sizeof(float)), 0)
       << "bitwise: the same samples in the same order";
   const nlohmann::json state = ckpt::Checkpoint(root_ / "resumed").manifest().state;
   EXPECT_EQ(state["skip_samples"], nlohmann::json::parse("[[30, 37]]"));
-  EXPECT_EQ(state["data_loader_next_sample"], 12 * 4 + (37 - 28)) << "step 8 skipped [28, 37), not only the window";
+  EXPECT_EQ(state["data_loader_next_sample"], 12 * 4 + (37 - 28))
+      << "step 8 skipped [28, 37), not only the window";
 }
 
 }  // namespace

@@ -46,14 +46,22 @@ FaultSpec parse_fault_spec(const std::string& spec) {
   const size_t at = spec.find('@');
   if (at == std::string::npos) bad(spec, "no '@' after the kind");
   const std::string kind = spec.substr(0, at);
-  if (kind == "kill") f.kind = FaultKind::kill;
-  else if (kind == "hang") f.kind = FaultKind::hang;
-  else if (kind == "nan") f.kind = FaultKind::nan;
-  else if (kind == "slow") f.kind = FaultKind::slow;
-  else if (kind == "corrupt-ckpt") f.kind = FaultKind::corrupt_ckpt;
-  else if (kind == "kill-during-save") f.kind = FaultKind::kill_during_save;
-  else if (kind == "exit") f.kind = FaultKind::exit;
-  else bad(spec, str("unknown kind \"", kind, "\""));
+  if (kind == "kill")
+    f.kind = FaultKind::kill;
+  else if (kind == "hang")
+    f.kind = FaultKind::hang;
+  else if (kind == "nan")
+    f.kind = FaultKind::nan;
+  else if (kind == "slow")
+    f.kind = FaultKind::slow;
+  else if (kind == "corrupt-ckpt")
+    f.kind = FaultKind::corrupt_ckpt;
+  else if (kind == "kill-during-save")
+    f.kind = FaultKind::kill_during_save;
+  else if (kind == "exit")
+    f.kind = FaultKind::exit;
+  else
+    bad(spec, str("unknown kind \"", kind, "\""));
   bool has_code = false, has_factor = false;
   std::string rest = spec.substr(at + 1);
   if (rest.empty()) bad(spec, "no KEY=VALUE after '@'");
@@ -83,7 +91,8 @@ FaultSpec parse_fault_spec(const std::string& spec) {
     } else if (key == "factor" && f.kind == FaultKind::slow) {
       char* end = nullptr;
       f.factor = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !(f.factor >= 1) || f.factor > 1e6) bad(spec, "factor must be a number >= 1");
+      if (value.empty() || *end != '\0' || !(f.factor >= 1) || f.factor > 1e6)
+        bad(spec, "factor must be a number >= 1");
       has_factor = true;
     } else if (key == "every-attempt") {
       if (value != "0" && value != "1") bad(spec, "every-attempt must be 0 or 1");
@@ -108,11 +117,13 @@ int inject_attempt_from_env() {
   if (v == nullptr || *v == '\0') return 1;
   char* end = nullptr;
   const long a = std::strtol(v, &end, 10);
-  if (*end != '\0' || a < 1) throw Error(str("ZAYA_INJECT_ATTEMPT = \"", v, "\": expected the attempt number, 1 or more"));
+  if (*end != '\0' || a < 1)
+    throw Error(str("ZAYA_INJECT_ATTEMPT = \"", v, "\": expected the attempt number, 1 or more"));
   return static_cast<int>(a);
 }
 
-FaultInjector::FaultInjector(const std::vector<std::string>& specs, int rank, int64_t start_step, int attempt) {
+FaultInjector::FaultInjector(const std::vector<std::string>& specs, int rank, int64_t start_step,
+                             int attempt) {
   for (const std::string& s : specs) {
     FaultSpec f = parse_fault_spec(s);
     if (!f.every_attempt && attempt != 1) continue;
@@ -133,7 +144,8 @@ FaultInjector::FaultInjector(const std::vector<std::string>& specs, int rank, in
 
 const FaultSpec* FaultInjector::take(FaultKind kind, int64_t step) {
   for (size_t i = 0; i < armed_.size(); ++i)
-    if (!fired_[i] && armed_[i].kind == kind && armed_[i].step <= step && step < armed_[i].step + armed_[i].steps) {
+    if (!fired_[i] && armed_[i].kind == kind && armed_[i].step <= step &&
+        step < armed_[i].step + armed_[i].steps) {
       fired_[i] = step == armed_[i].step + armed_[i].steps - 1;
       log_warn("fault injection fires at step ", step, ": ", armed_[i].text);
       return &armed_[i];
@@ -161,8 +173,8 @@ void kill_self_once_written(const std::string& file) {
 }
 
 void poison_gradient(const Tensor& grads, int64_t i) {
-  ZAYA_CHECK(grads.dtype() == DType::f32 && i >= 0 && i < grads.numel(), "fault injection: gradient element ", i,
-             " is not in the f32 buffer of ", grads.numel());
+  ZAYA_CHECK(grads.dtype() == DType::f32 && i >= 0 && i < grads.numel(), "fault injection: gradient element ",
+             i, " is not in the f32 buffer of ", grads.numel());
   grads.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
 }
 

@@ -33,13 +33,13 @@ enum class FaultKind { kill, hang, nan, slow, corrupt_ckpt, kill_during_save, ex
 
 struct FaultSpec {
   FaultKind kind = FaultKind::kill;
-  int64_t step = -1;    // -1: none (slow)
-  int rank = -1;        // -1: every rank
-  double factor = 1;    // slow
-  int code = 0;         // exit
-  int64_t steps = 1;    // nan: consecutive steps poisoned from `step`
+  int64_t step = -1;  // -1: none (slow)
+  int rank = -1;      // -1: every rank
+  double factor = 1;  // slow
+  int code = 0;       // exit
+  int64_t steps = 1;  // nan: consecutive steps poisoned from `step`
   bool every_attempt = false;
-  std::string text;     // the spec as given, for messages
+  std::string text;  // the spec as given, for messages
 };
 
 // Throws zaya::Error naming the spec and what is wrong with it.

@@ -70,8 +70,10 @@ void Heartbeat::beat(const char* phase, int64_t step, const std::string* error) 
   if (error) e.error = *error;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queue_.size() >= kMaxQueued) queue_.back() = std::move(e);
-    else queue_.push_back(std::move(e));
+    if (queue_.size() >= kMaxQueued)
+      queue_.back() = std::move(e);
+    else
+      queue_.push_back(std::move(e));
   }
   cv_.notify_all();
 }

@@ -44,7 +44,7 @@ class Heartbeat {
   struct Event {
     std::string phase;
     int64_t step = 0;
-    double time = 0;  // unix seconds when beat() was called
+    double time = 0;                                   // unix seconds when beat() was called
     std::optional<double> loss, grad_norm, step_time;  // the last step's; nullopt before one
     bool nonfinite = false;
     std::optional<std::string> error;

@@ -14,8 +14,10 @@ SampleWindow parse_sample_window(const std::string& text, const std::string& wha
     return true;
   };
   int64_t a = 0, b = 0;
-  if (colon == std::string::npos || !number(text.substr(0, colon), a) || !number(text.substr(colon + 1), b) || a >= b)
-    throw Error(str(what, " \"", text, "\": expected A:B, global sample indices with 0 <= A < B (the window [A, B))"));
+  if (colon == std::string::npos || !number(text.substr(0, colon), a) || !number(text.substr(colon + 1), b) ||
+      a >= b)
+    throw Error(str(what, " \"", text,
+                    "\": expected A:B, global sample indices with 0 <= A < B (the window [A, B))"));
   return {a, b};
 }
 
@@ -24,8 +26,10 @@ std::vector<SampleWindow> merge_windows(std::vector<SampleWindow> a, const std::
   std::sort(a.begin(), a.end());
   std::vector<SampleWindow> out;
   for (const SampleWindow& w : a) {
-    if (!out.empty() && w.first <= out.back().second) out.back().second = std::max(out.back().second, w.second);
-    else out.push_back(w);
+    if (!out.empty() && w.first <= out.back().second)
+      out.back().second = std::max(out.back().second, w.second);
+    else
+      out.push_back(w);
   }
   return out;
 }

@@ -640,11 +640,11 @@ void Trainer::track_skipped_updates(const StepResult& r) {
   writer_->wait();  // a save from before the streak commits; none was started during it
   const auto latest = ckpt::read_latest(cfg_.train.out_dir);
   throw NonFiniteStop(str("step ", step_, ": ", skipped_in_a_row_, " updates in a row were skipped (gradient norm ", norm,
-                  " at step ", step_, ": non-finite gradients, so the weights have not changed since step ",
-                  last_real_update_, "); stopping, as train.max_skipped_steps = ", cfg_.train.max_skipped_steps,
-                  " says. Nothing was saved after step ", last_real_update_, "; the last checkpoint is ",
-                  latest ? latest->string() : std::string("none")),
-              {.file = cfg_.source, .field = "train.max_skipped_steps"});
+                          " at step ", step_, ": non-finite gradients, so the weights have not changed since step ",
+                          last_real_update_, "); stopping, as train.max_skipped_steps = ", cfg_.train.max_skipped_steps,
+                          " says. Nothing was saved after step ", last_real_update_, "; the last checkpoint is ",
+                          latest ? latest->string() : std::string("none")),
+                      {.file = cfg_.source, .field = "train.max_skipped_steps"});
 }
 
 bool Trainer::may_save(const char* what) const {
@@ -662,8 +662,8 @@ void Trainer::check_background_save() {
   } catch (const Error& e) {
     const auto latest = ckpt::read_latest(cfg_.train.out_dir);
     throw CheckpointSaveFailed(str("a checkpoint save failed in the background: ", e.what(), "; training stopped at step ", step_,
-                    ". The last checkpoint is ", latest ? latest->string() : std::string("none"),
-                    "; fix the cause (disk space, permissions) and resume with --resume"));
+                                   ". The last checkpoint is ", latest ? latest->string() : std::string("none"),
+                                   "; fix the cause (disk space, permissions) and resume with --resume"));
   }
   // Rank 0's background commit has landed (poll collected it).
   if (rank0() && writer_->last_stats().step > committed_seen_) {
