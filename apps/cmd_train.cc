@@ -1,5 +1,10 @@
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
 #include <iostream>
+#include <memory>
 
 #include "commands.h"
 #include "zaya/train/trainer.h"
@@ -14,7 +19,67 @@ struct TrainArgs {
   bool rewind = false;
   int test_pause_commit_ms = 0;
   bool allow_config_change = false;
+  std::vector<std::string> inject;
+  std::vector<std::string> skip_samples;
 };
+
+// Exit codes a supervisor acts on (docs/aegis.md, "Trainer side"): 3 a collective timed out, 4 the
+// run stopped on non-finite gradients, 5 a checkpoint save failed, 1 any other failure that is not
+// bad input; a zaya::Error of bad input or configuration goes on to main (2).
+int train_exit_code(const std::function<int()>& train) {
+  try {
+    return train();
+  } catch (const dist::CollectiveTimeout& e) {
+    std::cerr << "zaya: error: " << e.what() << "\n";
+    return 3;
+  } catch (const train::NonFiniteStop& e) {
+    std::cerr << "zaya: error: " << e.what() << "\n";
+    return 4;
+  } catch (const train::CheckpointSaveFailed& e) {
+    std::cerr << "zaya: error: " << e.what() << "\n";
+    return 5;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::filesystem::filesystem_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::cerr << "zaya: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+int run_train(const TrainArgs& args, const CLI::App& cmd) {
+  train::RunConfig cfg = train::load_run_config(args.config, args.overrides);
+  static std::atomic<bool> stop{false};
+  train::install_stop_handlers(&stop);
+  train::TrainOptions opts;
+  if (cmd.count("--resume")) opts.resume = args.resume.empty() ? "latest" : args.resume;
+  if (args.rewind && opts.resume.empty())
+    throw Error("--rewind goes with --resume STEP_DIR: it moves the checkpoints newer than "
+                "STEP_DIR aside and continues from STEP_DIR");
+  opts.rewind = args.rewind;
+  opts.stop = &stop;
+  opts.test_pause_before_commit_ms = args.test_pause_commit_ms;
+  opts.allow_config_change = args.allow_config_change;
+  opts.inject = args.inject;
+  opts.skip_samples = args.skip_samples;
+  std::unique_ptr<train::Trainer> trainer;
+  train::TrainResult r;
+  try {
+    trainer = std::make_unique<train::Trainer>(std::move(cfg), opts);
+    r = trainer->run();
+  } catch (const dist::CollectiveTimeout& e) {
+    // A rank is dead or hung. Unwinding would wait for it twice over: a checkpoint commit in flight
+    // waits up to its gather timeout (600 s) for that rank's part, and MPI's finalize may wait
+    // forever. The heartbeat already says "failed"; the run lock goes with the process.
+    std::cerr << "zaya: error: " << e.what() << "\n";
+    std::fflush(nullptr);
+    std::_Exit(3);
+  }
+  if (r.nothing_to_do) std::cerr << "zaya train: nothing to do: the run finished at step " << r.last_step << "\n";
+  if (r.interrupted) std::cerr << "zaya train: stopped at step " << r.last_step << "; resume with --resume\n";
+  return 0;
+}
 
 void add_train(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<TrainArgs>();
@@ -30,29 +95,15 @@ void add_train(CLI::App& app, Commands& commands) {
   cmd->add_flag("--rewind", args->rewind,
                 "with --resume STEP_DIR: move the run's newer checkpoints aside into out_dir/rewound-<time>/ "
                 "and continue from STEP_DIR");
+  cmd->add_option("--inject", args->inject,
+                  "fault injection (repeatable): kill@step=S[,rank=R], hang@step=S, nan@step=S, "
+                  "slow@rank=R,factor=F, corrupt-ckpt@step=S, kill-during-save@step=S, exit@step=S,code=C "
+                  "(docs/aegis.md)");
+  cmd->add_option("--skip-samples", args->skip_samples,
+                  "never train on global samples [A, B) (A:B, repeatable); kept in the checkpoints");
   // Test hook (hidden): hold each checkpoint commit this long, so a test can kill mid-save.
   cmd->add_option("--test-pause-commit-ms", args->test_pause_commit_ms)->group("");
-  commands.push_back({cmd, [args, cmd] {
-                        train::RunConfig cfg = train::load_run_config(args->config, args->overrides);
-                        static std::atomic<bool> stop{false};
-                        train::install_stop_handlers(&stop);
-                        train::TrainOptions opts;
-                        if (cmd->count("--resume")) opts.resume = args->resume.empty() ? "latest" : args->resume;
-                        if (args->rewind && opts.resume.empty())
-                          throw Error("--rewind goes with --resume STEP_DIR: it moves the checkpoints newer than "
-                                      "STEP_DIR aside and continues from STEP_DIR");
-                        opts.rewind = args->rewind;
-                        opts.stop = &stop;
-                        opts.test_pause_before_commit_ms = args->test_pause_commit_ms;
-                        opts.allow_config_change = args->allow_config_change;
-                        train::Trainer trainer(std::move(cfg), opts);
-                        train::TrainResult r = trainer.run();
-                        if (r.nothing_to_do)
-                          std::cerr << "zaya train: nothing to do: the run finished at step " << r.last_step << "\n";
-                        if (r.interrupted) std::cerr << "zaya train: stopped at step " << r.last_step
-                                                     << "; resume with --resume\n";
-                        return 0;
-                      }});
+  commands.push_back({cmd, [args, cmd] { return train_exit_code([&] { return run_train(*args, *cmd); }); }});
 }
 
 }  // namespace

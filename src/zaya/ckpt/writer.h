@@ -130,6 +130,9 @@ class CheckpointWriter {
 
   const SaveStats& last_stats() const { return last_; }  // of the last completed save
   const fs::path& run_dir() const { return run_dir_; }
+  // Test and fault-injection hook: WriterOptions::test_pause_before_commit_ms for the saves from
+  // now on (a save already in flight keeps its own).
+  void set_test_pause_before_commit_ms(int ms) { options_.test_pause_before_commit_ms = ms; }
   int rank() const { return options_.rank; }
   int world_size() const { return options_.world_size; }
 

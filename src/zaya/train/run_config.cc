@@ -7,6 +7,7 @@
 
 #include "zaya/core/config.h"
 #include "zaya/core/error.h"
+#include "zaya/train/fault_inject.h"
 
 namespace zaya::train {
 namespace {
@@ -58,6 +59,14 @@ TrainConfig read_train(ConfigReader& r) {
   r.get("train.init_from", t.init_from);
   r.get("train.gemm_dtype", t.gemm_dtype);
   r.get("train.max_skipped_steps", t.max_skipped_steps);
+  r.get("train.inject", t.inject);
+  for (const std::string& spec : t.inject) {
+    try {
+      parse_fault_spec(spec);
+    } catch (const Error& e) {
+      throw Error(str(r.file(), ": train.inject: ", e.what()));
+    }
+  }
   need(t.steps > 0, r.file(), "train.steps", "> 0", std::to_string(t.steps));
   need(t.micro_batch > 0, r.file(), "train.micro_batch", "> 0", std::to_string(t.micro_batch));
   need(t.seq_len > 0, r.file(), "train.seq_len", "> 0", std::to_string(t.seq_len));

@@ -10,8 +10,10 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <thread>
 
 #include "zaya/ckpt/fs_util.h"
+#include "zaya/ckpt/rank_save.h"
 #include "zaya/ckpt/reader.h"
 #include "zaya/core/log.h"
 #include "zaya/core/threads.h"
@@ -116,7 +118,30 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   // One rank speaks for the run; the others report only warnings and errors.
   if (!rank0() && log_level() < LogLevel::warn) set_log_level(LogLevel::warn);
   mesh_ = std::make_unique<dist::Mesh>(*comm_, static_cast<int>(cfg_.parallel.dp), static_cast<int>(cfg_.parallel.cp));
+  // Bad fault specs and skip windows are input errors, raised before the run directory is touched.
+  std::vector<std::string> inject = cfg_.train.inject;
+  inject.insert(inject.end(), opts_.inject.begin(), opts_.inject.end());
+  opts_.inject = inject;
+  for (const std::string& spec : opts_.inject) parse_fault_spec(spec);
+  const int attempt = inject_attempt_from_env();
+  for (const std::string& w : opts_.skip_samples)
+    skip_windows_ = merge_windows(skip_windows_, {parse_sample_window(w, "--skip-samples")});
   lock_run_dir();
+  // From here on this rank reports its progress; a start-up that fails says so in its heartbeat.
+  heartbeat_ = std::make_unique<Heartbeat>(cfg_.train.out_dir, comm_->rank(), comm_->size());
+  beat("start");
+  try {
+    set_up();
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    beat("failed", &message);
+    flush_beats();
+    throw;
+  }
+  faults_ = FaultInjector(opts_.inject, comm_->rank(), step_, attempt);
+}
+
+void Trainer::set_up() {
   const auto& t = cfg_.train;
   train_data_ = std::make_unique<data::DataLoader>(cfg_.data.train, t.seq_len, cfg_.data.seed);
   for (int d = 0; d < train_data_->num_datasets(); ++d)
@@ -390,6 +415,7 @@ nlohmann::json Trainer::state_json() const {
   }
   s["world"] = {{"size", comm_->size()}, {"data_parallel", cfg_.parallel.dp}, {"context_parallel", cfg_.parallel.cp}};
   s["rng"] = {{"init_seed", cfg_.train.seed}, {"data_seed", cfg_.data.seed}};
+  s["skip_samples"] = windows_json(skip_windows_);
   return s;
 }
 
@@ -403,12 +429,43 @@ std::vector<ckpt::SaveItem> Trainer::save_items() {
 }
 
 std::string Trainer::save(bool wait) {
-  double stall = writer_->save(step_, save_items(), rank0() ? state_json() : nlohmann::json::object());
-  if (wait) {
-    // Rank 0's wait is the commit; the others wait until `latest` names the step, so that a run
-    // that returns has its checkpoint committed on every rank.
-    if (rank0()) writer_->wait();
-    else writer_->wait_committed(std::max(600.0, cfg_.parallel.timeout_s));
+  const FaultSpec* kill_in_save = faults_.take(FaultKind::kill_during_save, step_);
+  const FaultSpec* corrupt = faults_.take(FaultKind::corrupt_ckpt, step_);
+  // Held between the rank file and the commit, so the kill below lands inside the save.
+  if (kill_in_save) writer_->set_test_pause_before_commit_ms(3600 * 1000);
+  double stall = 0;
+  beat("ckpt-snapshot");
+  try {
+    stall = writer_->save(step_, save_items(), rank0() ? state_json() : nlohmann::json::object());
+    beat("ckpt-write");
+    if (kill_in_save) {
+      // The save is cut short as a node failure would cut it: the previous checkpoint must stay
+      // the newest valid one.
+      flush_beats();
+      kill_self_once_written((fs::path(cfg_.train.out_dir) / (ckpt::step_dir_name(step_) + ".tmp") /
+                              ckpt::rank_file_name(comm_->rank()))
+                                 .string());
+    }
+    if (wait || corrupt) {
+      // Rank 0's wait is the commit; the others wait until `latest` names the step, so that a run
+      // that returns has its checkpoint committed on every rank.
+      if (rank0()) writer_->wait();
+      else writer_->wait_committed(std::max(600.0, cfg_.parallel.timeout_s));
+      if (rank0()) {
+        committed_seen_ = step_;
+        beat("ckpt-commit");
+      }
+    }
+  } catch (const dist::CollectiveTimeout&) {
+    throw;
+  } catch (const Error& e) {
+    throw CheckpointSaveFailed(str("the checkpoint of step ", step_, " failed: ", e.what()));
+  }
+  if (corrupt) {
+    const fs::path file = fs::path(cfg_.train.out_dir) / ckpt::step_dir_name(step_) /
+                          ckpt::rank_file_name(std::max(corrupt->rank, 0));
+    corrupt_file(file.string());
+    log_warn("fault injection: corrupted ", file.string());
   }
   std::string dir = (fs::path(cfg_.train.out_dir) / ckpt::step_dir_name(step_)).string();
   log_info("checkpoint step ", step_, " -> ", dir, " (training stalled ", static_cast<int>(stall * 1000),
@@ -502,6 +559,7 @@ void Trainer::restore(const std::string& where, bool verified) {
   step_ = s.at("step").get<int64_t>();
   tokens_ = s.at("tokens").get<int64_t>();
   train_data_->set_state(s.at("data_loader_next_sample").get<int64_t>());
+  skip_windows_ = merge_windows(windows_from_json(s, dir.string()), skip_windows_);
   log_info("resumed from ", dir.string(), ": step ", step_, ", ", tokens_, " tokens",
            cfg_.has_recipe() ? str(", recipe phase ", phase_, " '",
                                    cfg_.recipe.phases[static_cast<size_t>(phase_)].name, "'")
@@ -511,7 +569,9 @@ void Trainer::restore(const std::string& where, bool verified) {
 std::optional<double> Trainer::evaluate_now(const char* when, Progress& progress, MetricsSink& metrics) {
   if (!val_data_) return std::nullopt;
   auto t0 = Clock::now();
+  beat("eval");
   EvalResult r = evaluate(*model_, *val_data_, cfg_.train.eval_samples, &dp());
+  beat("eval");
   if (progress.is_bar()) std::fprintf(stderr, "\n");
   char line[160];
   std::snprintf(line, sizeof line, "validation (%s, step %lld): loss %.4f, perplexity %.2f over %lld tokens (%.1f s)",
@@ -581,12 +641,12 @@ void Trainer::track_skipped_updates(const StepResult& r) {
   if (skipped_in_a_row_ < cfg_.train.max_skipped_steps) return;
   writer_->wait();  // a save from before the streak commits; none was started during it
   const auto latest = ckpt::read_latest(cfg_.train.out_dir);
-  throw Error(str("step ", step_, ": ", skipped_in_a_row_, " updates in a row were skipped (gradient norm ", norm,
-                  " at step ", step_, ": non-finite gradients, so the weights have not changed since step ",
-                  last_real_update_, "); stopping, as train.max_skipped_steps = ", cfg_.train.max_skipped_steps,
-                  " says. Nothing was saved after step ", last_real_update_, "; the last checkpoint is ",
-                  latest ? latest->string() : std::string("none")),
-              {.file = cfg_.source, .field = "train.max_skipped_steps"});
+  throw NonFiniteStop(str("step ", step_, ": ", skipped_in_a_row_, " updates in a row were skipped (gradient norm ", norm,
+                          " at step ", step_, ": non-finite gradients, so the weights have not changed since step ",
+                          last_real_update_, "); stopping, as train.max_skipped_steps = ", cfg_.train.max_skipped_steps,
+                          " says. Nothing was saved after step ", last_real_update_, "; the last checkpoint is ",
+                          latest ? latest->string() : std::string("none")),
+                      {.file = cfg_.source, .field = "train.max_skipped_steps"});
 }
 
 bool Trainer::may_save(const char* what) const {
@@ -596,14 +656,21 @@ bool Trainer::may_save(const char* what) const {
   return false;
 }
 
-void Trainer::check_background_save() const {
+void Trainer::check_background_save() {
   try {
     writer_->poll();
+  } catch (const dist::CollectiveTimeout&) {
+    throw;
   } catch (const Error& e) {
     const auto latest = ckpt::read_latest(cfg_.train.out_dir);
-    throw Error(str("a checkpoint save failed in the background: ", e.what(), "; training stopped at step ", step_,
-                    ". The last checkpoint is ", latest ? latest->string() : std::string("none"),
-                    "; fix the cause (disk space, permissions) and resume with --resume"));
+    throw CheckpointSaveFailed(str("a checkpoint save failed in the background: ", e.what(), "; training stopped at step ", step_,
+                                   ". The last checkpoint is ", latest ? latest->string() : std::string("none"),
+                                   "; fix the cause (disk space, permissions) and resume with --resume"));
+  }
+  // Rank 0's background commit has landed (poll collected it).
+  if (rank0() && writer_->last_stats().step > committed_seen_) {
+    committed_seen_ = writer_->last_stats().step;
+    beat("ckpt-commit");
   }
 }
 
@@ -617,8 +684,65 @@ TrainResult Trainer::finished_run() const {
 }
 
 TrainResult Trainer::run() {
+  try {
+    TrainResult r = run_steps();
+    beat(r.interrupted ? "stopping" : "done");
+    flush_beats();
+    return r;
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    beat("failed", &message);
+    flush_beats();
+    throw;
+  }
+}
+
+void Trainer::skip_windows(int64_t micro_batches) {
+  if (skip_windows_.empty()) return;
+  const int64_t next = train_data_->state();
+  const int64_t batch = micro_batches * cfg_.train.micro_batch * dp().size();
+  const int64_t to = skip_past_windows(next, batch, skip_windows_);
+  if (to == next) return;
+  log_info("step ", step_ + 1, ": skipping samples [", next, ", ", to, ") (skip window)");
+  train_data_->set_state(to);
+}
+
+void Trainer::inject_step_end() {
+  if (faults_.empty()) return;
+  if (faults_.take(FaultKind::kill, step_)) {
+    flush_beats();
+    kill_self();
+  }
+  if (faults_.take(FaultKind::hang, step_)) {
+    flush_beats();
+    hang_forever();
+  }
+  if (const FaultSpec* f = faults_.take(FaultKind::exit, step_)) {
+    flush_beats();
+    std::fflush(nullptr);
+    std::_Exit(f->code);
+  }
+}
+
+double Trainer::before_update(TimePoint step_start) {
+  const double waited = writer_->fence();
+  if (faults_.take(FaultKind::nan, step_ + 1)) {
+    // In this rank's gradient range: the clipping norm over every rank becomes NaN, and the
+    // optimizer's own non-finite path skips the update.
+    const optim::ShardRange mine = plan_.range(dp().rank());
+    poison_gradient(model_->grads_flat(), mine.begin < mine.end ? mine.begin : 0);
+  }
+  if (faults_.slow_factor() > 1) {
+    const double compute = seconds_since(step_start);
+    std::this_thread::sleep_for(std::chrono::duration<double>((faults_.slow_factor() - 1) * compute));
+  }
+  return waited;
+}
+
+TrainResult Trainer::run_steps() {
   const auto& t = cfg_.train;
   if (!opts_.resume.empty() && step_ >= t.steps) return finished_run();
+  beat("start");
   if (!opts_.quiet) print_summary();
   const double peak = measure_gemm_peak();
   log_info("MFU denominator: measured f32 GEMM peak ", static_cast<int>(peak / 1e9), " GFLOP/s (1024^3, ",
@@ -640,8 +764,10 @@ TrainResult Trainer::run() {
 
   while (step_ < t.steps) {
     const int64_t micro_batches = prepare_step(progress, metrics);
+    skip_windows(micro_batches);
     const double lr = optim::lr_at(cfg_.optim, step_ + 1);
-    const StepResult r = train_step.run(*train_data_, micro_batches, lr, [&] { return writer_->fence(); });
+    const TimePoint step_start = Clock::now();
+    const StepResult r = train_step.run(*train_data_, micro_batches, lr, [&] { return before_update(step_start); });
     ++step_;
     tokens_ += r.tokens;
     result.losses.push_back(r.loss);
@@ -666,6 +792,8 @@ TrainResult Trainer::run() {
       std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f", lr, r.update.grad_norm, loads.min_entropy);
     progress.update(step_ - 1, r.loss, static_cast<double>(r.tokens) / r.time.step, t.log_every, extra);
     if (!std::isfinite(r.loss)) log_warn("step ", step_, ": non-finite loss");
+    if (heartbeat_) heartbeat_->step_end(step_, r.loss, r.update.grad_norm, r.time.step);
+    inject_step_end();
     track_skipped_updates(r);
     check_background_save();
 

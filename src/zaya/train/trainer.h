@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,13 +21,18 @@
 #include "zaya/dist/mesh.h"
 #include "zaya/model/zaya_model.h"
 #include "zaya/optim/shard_plan.h"
+#include "zaya/train/fault_inject.h"
 #include "zaya/train/grad_sync.h"
+#include "zaya/train/heartbeat.h"
 #include "zaya/optim/optimizer.h"
 #include "zaya/train/progress.h"
 #include "zaya/train/run_config.h"
+#include "zaya/train/skip_windows.h"
 #include "zaya/train/train_step.h"
 
 namespace zaya::train {
+
+using TimePoint = std::chrono::steady_clock::time_point;
 
 struct TrainOptions {
   std::string resume;  // "" (fresh), "latest" (newest under out_dir), a run dir or a checkpoint dir
@@ -41,6 +47,23 @@ struct TrainOptions {
   // Resume even when the run config changes settings that alter what the run computes (the data,
   // batch, schedule, ...): the run then leaves the checkpoint's trajectory (docs/train.md).
   bool allow_config_change = false;
+  // Fault injection specs (train/fault_inject.h), added to the run config's train.inject.
+  std::vector<std::string> inject;
+  // Global sample windows "A:B" to skip (train/skip_windows.h), added to the checkpoint's.
+  std::vector<std::string> skip_samples;
+};
+
+// The failures `zaya train` reports with their own exit codes (docs/aegis.md, "Trainer side"), so
+// a supervisor can tell them apart from bad input (2) without parsing messages.
+// train.max_skipped_steps updates in a row skipped for a non-finite loss or gradient norm: exit 4.
+class NonFiniteStop : public Error {
+ public:
+  using Error::Error;
+};
+// A checkpoint save failed (in the background or at the end of the run): exit 5.
+class CheckpointSaveFailed : public Error {
+ public:
+  using Error::Error;
 };
 
 struct TrainResult {
@@ -59,12 +82,28 @@ class Trainer {
  public:
   explicit Trainer(RunConfig config, TrainOptions options = {});
   ~Trainer();
+  // Writes the final heartbeat ("done", "stopping", or "failed" with the error, rethrown).
   TrainResult run();
 
   model::ZayaModel& model() { return *model_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
 
  private:
+  void set_up();  // the constructor after the run lock (a failure writes the "failed" heartbeat)
+  TrainResult run_steps();
+  void beat(const char* phase, const std::string* error = nullptr) {
+    if (heartbeat_) heartbeat_->beat(phase, step_, error);
+  }
+  // The last beats on disk: before the process ends (a result, an error, an injected fault).
+  void flush_beats() {
+    if (heartbeat_) heartbeat_->flush();
+  }
+  // Before a step: moves the loader past the skip windows the step's samples would meet.
+  void skip_windows(int64_t micro_batches);
+  // Injected faults at the end of step step_ (kill, hang, exit).
+  void inject_step_end();
+  // The fence before the update: the deferred snapshot's copy, then the injected nan and slow faults.
+  double before_update(TimePoint step_start);
   void print_summary() const;
   void lock_run_dir();
   bool rank0() const { return comm_->rank() == 0; }
@@ -95,7 +134,7 @@ class Trainer {
   bool may_save(const char* what) const;
   // At a step boundary: a background checkpoint save that failed stops training now (a zaya::Error
   // naming the save and the step), rather than at the next save.
-  void check_background_save() const;
+  void check_background_save();
   // At resume: logs how the run config differs from the one the checkpoint in `dir` was written
   // with, and refuses changes that are not config_change_is_safe unless allow_config_change.
   void check_config_change(const nlohmann::json& state, const std::string& dir) const;
@@ -119,6 +158,10 @@ class Trainer {
   int64_t batch_ = 0;   // sequences in the last step's batch (recipe runs)
   int64_t skipped_in_a_row_ = 0;     // updates skipped (non-finite gradient norm) since the last real one
   int64_t last_real_update_ = 0;     // step of the last update that was not skipped
+  std::unique_ptr<Heartbeat> heartbeat_;  // every rank's, from the run lock on
+  FaultInjector faults_;
+  std::vector<SampleWindow> skip_windows_;  // merged: the checkpoint's and the options'
+  int64_t committed_seen_ = -1;             // rank 0: the last save whose commit was beaten
 };
 
 // Installs SIGINT/SIGTERM handlers that set `flag`: the first two signals ask for a clean stop
