@@ -212,11 +212,9 @@ void Trainer::set_up() {
   writer_ = std::make_unique<ckpt::CheckpointWriter>(t.out_dir, w);
 
   if (!opts_.resume.empty()) {
-    // prepare_resume verified every checksum of the checkpoint it picked, and the run lock keeps it
-    // unchanged since: its load need not hash it again.
-    // Rank 0 picks (and verifies) the checkpoint; every rank loads that one.
-    // Rank 0 picks (and verifies) the checkpoint; every rank loads that one. Rank 0's error, if
-    // any, reaches every rank instead of leaving them waiting.
+    // Rank 0 picks the checkpoint; prepare_resume verified every checksum of it, and the run lock
+    // keeps it unchanged since, so no rank's load hashes it again. Rank 0's error, if any, reaches
+    // every rank instead of leaving them waiting.
     std::string dir, error;
     std::exception_ptr failed;
     if (rank0()) {
