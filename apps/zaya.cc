@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
       std::cerr << "zaya: error: " << msg << "\n";
       return 2;
     }
-    app.exit(e);
+    // Every bad flag reads like zaya's other errors (CLI11's own validators included).
+    std::cerr << "zaya: error: " << e.what() << "\nRun with --help for more information.\n";
     return 2;
   }
   try {

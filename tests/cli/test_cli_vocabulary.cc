@@ -5,6 +5,9 @@
 // current directory.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <unistd.h>
+
 #include <cstdio>
 #include <regex>
 #include <string>
@@ -20,7 +23,8 @@ bool has(const CliRun& r, const std::string& s) { return r.output.find(s) != std
 
 // A tiny model as a transformers directory and as a zaya run, plus a dataset its vocabulary covers.
 struct Fixture {
-  std::string dir = testing::TempDir() + "zaya_cli_vocabulary/";
+  // One directory per test process: ctest runs this file's tests as parallel processes.
+  std::string dir = testing::TempDir() + "zaya_cli_vocabulary_" + std::to_string(::getpid()) + "/";
   std::string hf = dir + "hf", run = dir + "run";
   Fixture() {
     EXPECT_EQ(sh("rm -rf " + dir + " && mkdir -p " + dir + "data").code, 0);
@@ -38,6 +42,7 @@ struct Fixture {
     CliRun d = zaya("data prepare --input " + dir + "corpus.txt --vocab 300 --out " + dir + "data/c");
     EXPECT_EQ(d.code, 0) << d.output;
   }
+  ~Fixture() { std::filesystem::remove_all(dir); }
 };
 
 const Fixture& fixture() {
