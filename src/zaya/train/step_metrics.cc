@@ -1,7 +1,13 @@
 #include "zaya/train/step_metrics.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 
 namespace zaya::train {
 
@@ -30,10 +36,31 @@ ExpertLoads expert_loads(const std::vector<int64_t>& counts, const std::vector<i
   return out;
 }
 
+namespace {
+// This process's resident memory now, from /proc (0 where there is none).
+int64_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  long long pages = 0, resident = 0;
+  const int n = std::fscanf(f, "%lld %lld", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<int64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+// ... and its peak since the start (getrusage's maximum resident set, in KiB on Linux).
+int64_t peak_resident_bytes() {
+  struct rusage u;
+  std::memset(&u, 0, sizeof u);
+  return ::getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_maxrss) * 1024 : 0;
+}
+}  // namespace
+
 nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, double flops_per_token, double peak,
                            const ExpertLoads& loads) {
   const double tok_s = static_cast<double>(r.tokens) / r.time.step;
+  const double wall = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const int64_t rss = resident_bytes();
   nlohmann::json rec = {{"step", step},
+                        {"wall_time", wall},  // Unix seconds: when the step ended
                         {"tokens", tokens},
                         {"loss", r.loss},
                         {"lr", r.update.lr},
@@ -41,7 +68,11 @@ nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, do
                         {"clipped", r.update.clipped},
                         {"skipped_update", r.update.skipped},
                         {"tokens_per_s", tok_s},
+                        {"tflops", flops_per_token * tok_s / 1e12},  // achieved model TFLOP/s
                         {"mfu", flops_per_token * tok_s / peak},
+                        {"rss_bytes", rss},
+                        // The kernel updates its high-water mark lazily: never below the current.
+                        {"peak_rss_bytes", std::max(rss, peak_resident_bytes())},
                         {"time",
                          {{"data", r.time.data},
                           {"forward", r.time.forward},
