@@ -38,3 +38,22 @@ TEST(RunConfigLimits, ConfigPathThatIsADirectoryIsNamedAsOne) {
 
 }  // namespace
 }  // namespace zaya::train
+
+namespace zaya::train {
+namespace {
+
+// A short try-out of a long run's config: a warm-up (plus the WSD decay) longer than the run is
+// shortened to fit instead of refused; an explicit optim.total_steps is still checked as written.
+TEST(RunConfigLimits, WarmupLongerThanAShortRunIsShortenedToFit) {
+  const std::string text = toy::toy_config("unused_prefix", "unused_out", 20);
+  const RunConfig c = parse_run_config(text, "toy.toml", {"optim.warmup_steps=100", "optim.decay_fraction=0.3"});
+  EXPECT_EQ(c.optim.total_steps, 20);
+  EXPECT_EQ(c.optim.warmup_steps, 14);  // 20 steps - a 6-step decay
+  EXPECT_EQ(c.values.at("optim.warmup_steps"), "14");
+  const RunConfig fits = parse_run_config(text, "toy.toml", {"optim.warmup_steps=3"});
+  EXPECT_EQ(fits.optim.warmup_steps, 3);
+  EXPECT_THROW(parse_run_config(text, "toy.toml", {"optim.warmup_steps=100", "optim.total_steps=50"}), Error);
+}
+
+}  // namespace
+}  // namespace zaya::train

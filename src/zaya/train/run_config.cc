@@ -1,12 +1,14 @@
 #include "zaya/train/run_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 #include <string>
 
 #include "zaya/core/config.h"
 #include "zaya/core/error.h"
+#include "zaya/core/log.h"
 #include "zaya/train/fault_inject.h"
 
 namespace zaya::train {
@@ -226,8 +228,26 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   need(c.train.seq_len <= c.model.max_position_embeddings, source, "train.seq_len",
        "at most model.max_position_embeddings (" + std::to_string(c.model.max_position_embeddings) + ")",
        std::to_string(c.train.seq_len));
+  // A short try-out of a config written for a long run (configs/demo.toml --set train.steps=20):
+  // when the schedule follows train.steps, a warm-up that (with a WSD decay) does not fit the run
+  // is shortened to fit, with a warning, instead of refused. An explicit optim.total_steps is the
+  // user's schedule and is checked as written.
+  if (!explicit_total && !c.has_recipe()) {
+    optim::OptimizerConfig& o = c.optim;
+    const int64_t decay = o.schedule == optim::ScheduleKind::wsd
+                              ? static_cast<int64_t>(std::llround(o.decay_fraction * static_cast<double>(o.total_steps)))
+                              : 0;
+    if (o.warmup_steps + decay > o.total_steps) {
+      const int64_t fit = std::max<int64_t>(0, o.total_steps - decay);
+      log_warn(source, ": optim.warmup_steps = ", o.warmup_steps, " does not fit a run of train.steps = ", o.total_steps,
+               decay > 0 ? str(" with its ", decay, "-step decay") : std::string(), "; warming up over ", fit,
+               " steps instead");
+      o.warmup_steps = fit;
+    }
+  }
   c.optim.validate(source);
   c.values = r.values();
+  c.values["optim.warmup_steps"] = std::to_string(c.optim.warmup_steps);
   c.values["train.steps"] = std::to_string(c.train.steps);
   c.values["train.seq_len"] = std::to_string(c.train.seq_len);
   c.values["train.grad_accum"] = std::to_string(c.train.grad_accum);
