@@ -11,6 +11,7 @@
 #include "cli_vocabulary.h"
 #include "commands.h"
 #include "zaya_build_info.h"  // generated: ZAYA_GIT_COMMIT
+#include "zaya/core/build_info.h"
 #include "zaya/core/cpu_isa.h"
 #include "zaya/core/error.h"
 #include "zaya/core/log.h"
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
   // are added, which inherit it (nested ones too: `zaya bench step --threads 1`).
   app.fallthrough();
 
+  zaya::set_build_commit(ZAYA_GIT_COMMIT);  // into every checkpoint's manifest
   zaya::app::Commands commands;
   auto registry = zaya::app::command_registry();
   std::sort(registry.begin(), registry.end(), [](const auto& a, const auto& b) { return a.name < b.name; });

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
+#include <fstream>
 #include <unistd.h>
 
 #include <cstdio>
@@ -120,6 +122,23 @@ TEST(CliVocabulary, VersionNamesCommitBuildTypeAndCuda) {
       << r.output;
   EXPECT_TRUE(std::regex_search(r.output, std::regex("\nbuild type  [A-Za-z]+\n"))) << r.output;
   EXPECT_TRUE(std::regex_search(r.output, std::regex("\ncuda        (CUDA [0-9.]+|no CUDA)"))) << r.output;
+}
+
+// Every checkpoint names the zaya that wrote it: the commit `zaya --version` prints.
+TEST(CliVocabulary, CheckpointsNameTheCommitThatWroteThem) {
+  const Fixture& f = fixture();
+  CliRun v = zaya("--version");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(v.output, m, std::regex("\ncommit      (\\S+)\n"))) << v.output;
+  CliRun inspect = zaya("ckpt inspect " + f.run);
+  EXPECT_EQ(inspect.code, 0) << inspect.output;
+  std::ifstream latest(f.run + "/latest");
+  std::string step;
+  std::getline(latest, step);
+  std::ifstream manifest(f.run + "/" + step + "/manifest.json");
+  std::stringstream text;
+  text << manifest.rdbuf();
+  EXPECT_NE(text.str().find("\"commit\": \"" + m[1].str() + "\""), std::string::npos) << text.str().substr(0, 2000);
 }
 
 TEST(CliVocabulary, GlobalOptionsWorkAfterTheSubcommand) {

@@ -15,6 +15,7 @@
 #include "zaya/ckpt/fs_util.h"
 #include "zaya/ckpt/rank_save.h"
 #include "zaya/ckpt/reader.h"
+#include "zaya/core/build_info.h"
 #include "zaya/core/log.h"
 #include "zaya/core/threads.h"
 #include "zaya/data/token_range.h"
@@ -391,6 +392,7 @@ void Trainer::print_summary() const {
 nlohmann::json Trainer::state_json() const {
   nlohmann::json s;
   s["format"] = "zaya-train-1";
+  s["written_by"] = {{"program", "zaya"}, {"commit", build_commit()}};
   s["step"] = step_;
   s["tokens"] = tokens_;
   s["data_loader_next_sample"] = train_data_->state();
