@@ -14,6 +14,7 @@
 #include "zaya/model/config.h"
 #include "zaya/sizing/cluster_sim.h"
 #include "zaya/sizing/dp_scaling.h"
+#include "zaya/sizing/goodput.h"
 
 namespace zaya::app {
 namespace {
@@ -38,6 +39,9 @@ struct SimulateFlags {
   std::string overlap_from;
   double hidden_fraction = 1;
   bool hidden_fraction_given = false;
+  // Goodput under failures (goodput.h).
+  bool goodput = false;
+  sizing::GoodputModel failures;
 };
 
 model::ModelConfig load_model(const std::string& path, const std::vector<std::string>& overrides) {
@@ -195,6 +199,14 @@ int run_data_parallel(const SimulateFlags& fl, const model::ModelConfig& m, cons
 }
 
 int run_simulate(SimulateFlags fl, bool ranks_given) {
+  if (fl.goodput) {
+    fl.failures.validate();
+    std::vector<double> intervals;
+    for (double minutes : {5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 240.0, 360.0, 720.0})
+      intervals.push_back(60 * minutes);
+    std::cout << sizing::format_goodput(fl.failures, intervals);
+    return 0;
+  }
   fl.cluster.topology = sizing::parse_topology(fl.topology, "--topology");
   fl.cluster.validate();
   const auto ops = ops_of(fl.op);
@@ -297,6 +309,18 @@ void add_simulate(CLI::App& app, Commands& commands) {
                   "zaya train metrics.jsonl");
   cmd->add_option("--hidden-fraction", fl->hidden_fraction,
                   "with --global-batch: cap the fraction of each bucket's communication that can hide behind backward");
+  cmd->add_flag("--goodput", fl->goodput,
+               "goodput under failures against the checkpoint interval (docs/aegis.md, \"Goodput at scale\")");
+  cmd->add_option("--gpus", fl->failures.gpus, "with --goodput: GPUs in the run")->capture_default_str();
+  cmd->add_option("--failures-per-gpu-hour", fl->failures.failures_per_gpu_hour,
+                  "with --goodput: failure rate (default: Llama 3's 419 in 54 days on 16,384 GPUs)")
+      ->capture_default_str();
+  cmd->add_option("--ckpt-stall-s", fl->failures.ckpt_stall_s, "with --goodput: training stalled per checkpoint save")
+      ->capture_default_str();
+  cmd->add_option("--detect-s", fl->failures.detect_s, "with --goodput: time to detect a failure")->capture_default_str();
+  cmd->add_option("--recover-s", fl->failures.recover_s,
+                  "with --goodput: time to recover (kill, restart, load, first step)")
+      ->capture_default_str();
   cmd->add_option("--calibrate", fl->calibrate, "fit latency and bandwidth from a `zaya bench collectives --csv` file");
   cmd->add_option("--compare", fl->compare, "with --calibrate: a CSV to predict (e.g. another rank count)");
   cmd->add_option("--fit-min-bytes", fl->fit_min, "with --calibrate: fit only sizes at least this large")->capture_default_str();
