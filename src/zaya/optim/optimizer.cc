@@ -231,32 +231,13 @@ void Optimizer::balance_step(std::span<const int64_t> counts, double lr) {
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::state_tensors() {
-  std::vector<std::pair<std::string, Tensor>> out;
   for (size_t i = 0; i < table_.specs.size(); ++i)
     ZAYA_CHECK(owned(i).whole || !owned(i).any(), "Optimizer::state_tensors: the shard range [", range_.begin, ", ",
                range_.end, ") cuts parameter ", table_.specs[i].name,
-               "; checkpoints of cut parameters come with ZeRO-1's sharded state");
-  step_t_.data<int64_t>()[0] = step_;
-  balance_step_t_.data<int64_t>()[0] = balancer_.steps();
-  out.emplace_back("optim.step", step_t_);
-  out.emplace_back("optim.balance_step", balance_step_t_);
-  for (size_t i = 0; i < table_.specs.size(); ++i) {
-    const Owned o = owned(i);
-    if (!o.any()) continue;
-    const model::ParamSpec& spec = table_.specs[i];
-    const Tensor m = moment1(i, o);
-    if (groups_[i].group == Group::adamw) {
-      out.emplace_back(spec.name + ".adam_m", m);
-      out.emplace_back(spec.name + ".adam_v", adam_v_.window(v_offset_[i], spec.shape));
-    } else {
-      out.emplace_back(spec.name + ".muon_momentum", m);
-    }
-  }
-  for (int64_t l = 0; l < balancer_.m().size(0); ++l) {
-    const std::string b = model::balancing_bias_name(static_cast<int>(l));
-    out.emplace_back(b + ".adam_m", balancer_.m().select(l));
-    out.emplace_back(b + ".adam_v", balancer_.v().select(l));
-  }
+               "; checkpoints of cut parameters come with ZeRO-1's sharded state (state_parts)");
+  // With every owned parameter whole, each part is its whole tensor.
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (StatePart& p : state_parts()) out.emplace_back(std::move(p.name), std::move(p.tensor));
   return out;
 }
 
@@ -274,22 +255,15 @@ std::vector<Optimizer::StatePart> Optimizer::state_parts() {
     const Owned o = owned(i);
     if (!o.any()) continue;
     const model::ParamSpec& spec = table_.specs[i];
-    // The owned elements as rows [first/unit, last/unit) of the leading dimension.
-    std::vector<int64_t> global(spec.shape.begin(), spec.shape.end()), offsets(global.size(), 0), shape = global;
-    if (!o.whole) {
-      const int64_t unit = spec.shape.numel() / spec.shape[0];
-      ZAYA_CHECK(o.first % unit == 0 && o.last % unit == 0, "Optimizer::state_parts: the shard range [", range_.begin,
-                 ", ", range_.end, ") cuts a row of ", spec.name, "; a sharded checkpoint needs whole rows");
-      offsets[0] = o.first / unit;
-      shape[0] = (o.last - o.first) / unit;
-    }
-    const Shape part = Shape::of(shape);
+    // The owned elements as whole rows of the leading dimension: a checkpoint chunk.
+    RowBox box = row_box(spec.shape, o.first, o.last, spec.name);
+    const Shape part = Shape::of(box.shape);
     const int64_t at = table_.offsets[i] + o.first - range_.begin;
     if (groups_[i].group == Group::adamw) {
-      out.push_back({spec.name + ".adam_m", moment1_.window(at, part), global, offsets, false});
-      out.push_back({spec.name + ".adam_v", adam_v_.window(v_offset_[i], part), global, offsets, false});
+      out.push_back({spec.name + ".adam_m", moment1_.window(at, part), box.global, box.offsets, false});
+      out.push_back({spec.name + ".adam_v", adam_v_.window(v_offset_[i], part), box.global, box.offsets, false});
     } else {
-      out.push_back({spec.name + ".muon_momentum", moment1_.window(at, part), global, offsets, false});
+      out.push_back({spec.name + ".muon_momentum", moment1_.window(at, part), box.global, box.offsets, false});
     }
   }
   for (int64_t l = 0; l < balancer_.m().size(0); ++l) {
@@ -322,10 +296,7 @@ void Optimizer::load_state(const std::map<std::string, Tensor>& state) {
     const Tensor& src = state.at(name);
     dst.copy_from(src.device() == Device::cpu ? src : src.to(Device::cpu));
   }
-  step_ = step_t_.data<int64_t>()[0];
-  balancer_.set_steps(balance_step_t_.data<int64_t>()[0]);
-  ZAYA_CHECK(step_ >= 0 && balancer_.steps() >= 0, "optimizer state: negative step counter (optim.step ",
-             step_, ", optim.balance_step ", balancer_.steps(), ")");
+  state_parts_loaded();  // the counters
 }
 
 }  // namespace zaya::optim

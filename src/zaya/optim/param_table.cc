@@ -29,4 +29,19 @@ void ParamTable::validate(const char* who) const {
   }
 }
 
+RowBox row_box(const Shape& shape, int64_t first, int64_t last, const std::string& name) {
+  RowBox b;
+  b.global.assign(shape.begin(), shape.end());
+  b.offsets.assign(b.global.size(), 0);
+  b.shape = b.global;
+  const int64_t n = shape.numel();
+  if (first == 0 && last == n) return b;
+  const int64_t unit = n / shape[0];
+  ZAYA_CHECK(first % unit == 0 && last % unit == 0, "elements [", first, ", ", last, ") of ", name,
+             " cut a row of its leading dimension (", unit, " elements); a checkpoint chunk needs whole rows");
+  b.offsets[0] = first / unit;
+  b.shape[0] = (last - first) / unit;
+  return b;
+}
+
 }  // namespace zaya::optim

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "zaya/core/tensor.h"
@@ -39,5 +40,14 @@ struct ShardRange {
   int64_t begin = 0;
   int64_t end = -1;
 };
+
+// A shard's part of one parameter (or of a state tensor shaped like it) as a checkpoint chunk:
+// elements [first, last) of a tensor of `shape` are whole rows of its leading dimension, the box
+// starting at `offsets` with extent `shape` in the `global` tensor. Throws naming `name` when the
+// elements cut a row (the shard plan never cuts one).
+struct RowBox {
+  std::vector<int64_t> global, offsets, shape;
+};
+RowBox row_box(const Shape& shape, int64_t first, int64_t last, const std::string& name);
 
 }  // namespace zaya::optim

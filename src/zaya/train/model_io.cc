@@ -26,15 +26,9 @@ std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m, optim::Shard
     const int64_t off = m.param_offset(static_cast<int>(i)), n = spec.shape.numel();
     const int64_t lo = std::max(off, range.begin) - off, hi = std::min(off + n, range.end) - off;
     if (hi <= lo) continue;
-    std::vector<int64_t> global(spec.shape.begin(), spec.shape.end()), offsets(global.size(), 0), shape = global;
-    if (hi - lo != n) {
-      const int64_t unit = n / spec.shape[0];
-      ZAYA_CHECK(lo % unit == 0 && hi % unit == 0, "weight_items: the range [", range.begin, ", ", range.end,
-                 ") cuts a row of ", spec.name);
-      offsets[0] = lo / unit;
-      shape[0] = (hi - lo) / unit;
-    }
-    items.push_back({spec.name, m.params_flat().window(off + lo, Shape::of(shape)), global, offsets});
+    optim::RowBox box = optim::row_box(spec.shape, lo, hi, spec.name);
+    items.push_back({spec.name, m.params_flat().window(off + lo, Shape::of(box.shape)), std::move(box.global),
+                     std::move(box.offsets)});
   }
   if (with_replicated)
     for (size_t i = m.specs().size(); i < weights.size(); ++i) items.push_back({weights[i].first, weights[i].second, {}, {}});
