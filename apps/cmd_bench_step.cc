@@ -11,6 +11,7 @@
 #include "cli_vocabulary.h"
 #include "commands.h"
 #include "model_source.h"
+#include "zaya/core/cuda_runtime.h"
 #include "zaya/core/error.h"
 #include "zaya/core/philox.h"
 #include "zaya/model/params.h"
@@ -43,8 +44,9 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
                      static_cast<int32_t>(V - 1);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) tg[b * T + t] = t + 1 < T ? ids[b * T + t + 1] : -100;
-  Tensor tid = Tensor::borrow(ids.data(), Shape{B, T}, DType::i32);
-  Tensor ttg = Tensor::borrow(tg.data(), Shape{B, T}, DType::i32);
+  const bool gpu = m.device() != Device::cpu;
+  Tensor tid = Tensor::borrow(ids.data(), Shape{B, T}, DType::i32).to(m.device());
+  Tensor ttg = Tensor::borrow(tg.data(), Shape{B, T}, DType::i32).to(m.device());
   double fwd = 0, bwd = 0, loss = 0;
   ops::cpu::gemm_profile_shapes(gemm_shapes);
   m.time_sections(sections);
@@ -68,6 +70,7 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
     loss = m.forward(tid, ttg, true);
     auto t1 = clock::now();
     m.backward();
+    if (gpu) cuda::synchronize();  // kernels run asynchronously: the step ends when the device is done
     auto t2 = clock::now();
     if (s >= 0) {
       const double f = std::chrono::duration<double>(t1 - t0).count(),
@@ -91,6 +94,7 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
   std::printf("bench: forward %.2f ms, backward %.2f ms, step %.2f ms\n", 1e3 * fwd / n, 1e3 * bwd / n,
               1e3 * step);
   std::printf("bench: tokens/s %.1f\n", static_cast<double>(B * T) / step);
+  if (gpu) return;  // the GEMM clock, the sections and the arena formula below are the CPU's
   // The GEMM floor: what the step would take if everything but the library GEMMs took no time.
   const ops::cpu::GemmTimeStats g = ops::cpu::gemm_time_stats();
   std::printf(
@@ -149,6 +153,7 @@ void add_bench_step(CLI::App& bench, Commands& commands) {
   cmd->add_option("--gemm-dtype", f->source.gemm_dtype, "f32 or bf16 inputs for the expert and LM-head GEMMs")
       ->transform(dtype_vocabulary())
       ->capture_default_str();
+  cmd->add_option("--device", f->source.device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--steps", f->steps, "timed steps after one untimed warm-up step (with --paced: the most)")
       ->required()
       ->check(CLI::PositiveNumber);

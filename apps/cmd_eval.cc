@@ -14,7 +14,7 @@ namespace zaya::app {
 namespace {
 
 struct EvalArgs {
-  std::string ckpt, data;
+  std::string ckpt, data, device = "cpu";
   int64_t samples = 64, batch = 8, seq = 0;
   uint64_t seed = 1235;
 };
@@ -27,7 +27,8 @@ int run_eval(const EvalArgs& a) {
     ZAYA_CHECK(seq > 0, a.ckpt, ": the checkpoint does not record its sequence length; pass --seq");
   }
   train::LoadedModel m =
-      load_model_checked(a.ckpt, a.batch, seq, a.seq > 0 ? "--seq" : "eval: the checkpoint's seq_len");
+      load_model_checked(a.ckpt, a.batch, seq, a.seq > 0 ? "--seq" : "eval: the checkpoint's seq_len",
+                         parse_device_flag(a.device));
   // Every token id is checked against the model's vocabulary before the first forward, so bad data
   // is named by file and sequence instead of failing inside a batch.
   data::check_token_range(a.data, m.model->config().vocab_size);
@@ -58,6 +59,7 @@ void add_eval(CLI::App& app, Commands& commands) {
   cmd->add_option("--batch", a->batch, "sequences per forward")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--seq", a->seq, "sequence length (default: the checkpoint's training length)");
   cmd->add_option("--seed", a->seed, "sample-order seed")->capture_default_str();
+  cmd->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
   commands.push_back({cmd, [a] { return run_eval(*a); }});
 }
 

@@ -118,17 +118,19 @@ int run_forward(const ForwardArgs& a) {
   }
   if (!run) return 0;
   apply_gemm_dtype(a.source, *m);
-  Tensor tid = Tensor::borrow(ids.data(), Shape{1, T}, DType::i32);
+  const Device dev = m->device();
+  Tensor tid = Tensor::borrow(ids.data(), Shape{1, T}, DType::i32).to(dev);
   if (!a.out.empty()) {
-    Tensor logits = Tensor::empty(Shape{T, m->config().vocab_size}, DType::f32);
+    Tensor logits = Tensor::empty(Shape{T, m->config().vocab_size}, DType::f32, dev);
     m->forward_logits(tid, logits);
-    write_npy_f32(a.out, logits.data<float>(), T, m->config().vocab_size);
+    const Tensor host = logits.to(Device::cpu);
+    write_npy_f32(a.out, host.data<float>(), T, m->config().vocab_size);
   }
   if (a.loss || !a.grads_out.empty()) {
     // Next-token targets: position t predicts ids[t+1]; the last position has no target.
     std::vector<int32_t> tg(ids.begin() + 1, ids.end());
     tg.push_back(-100);
-    Tensor ttg = Tensor::borrow(tg.data(), Shape{1, T}, DType::i32);
+    Tensor ttg = Tensor::borrow(tg.data(), Shape{1, T}, DType::i32).to(dev);
     bool grads = !a.grads_out.empty();
     double loss = m->forward(tid, ttg, grads);
     if (a.loss) std::printf("loss %.9g\n", loss);
@@ -136,8 +138,11 @@ int run_forward(const ForwardArgs& a) {
     if (grads) {
       m->backward();
       std::vector<ckpt::StEntry> entries;
-      for (size_t i = 0; i < m->specs().size(); ++i)
-        entries.push_back(ckpt::st_entry(m->specs()[i].name, m->grad(static_cast<int>(i))));
+      std::vector<Tensor> host(m->specs().size());  // the gradients on the host, alive until written
+      for (size_t i = 0; i < m->specs().size(); ++i) {
+        host[i] = m->grad(static_cast<int>(i)).to(Device::cpu);
+        entries.push_back(ckpt::st_entry(m->specs()[i].name, host[i]));
+      }
       ckpt::write_safetensors(a.grads_out, entries, {{"format", "pt"}}, false);
     }
   }
@@ -168,6 +173,7 @@ void add_forward(CLI::App& app, Commands& commands) {
   cmd->add_option("--save-hf-shard-bytes", args->save_hf_shard_bytes,
                   "shard the export (model-0000i-of-0000n + index.json) above this many bytes")
       ->capture_default_str();
+  cmd->add_option("--device", args->source.device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--gemm-dtype", args->source.gemm_dtype, "f32 or bf16 inputs for the expert and LM-head GEMMs")
       ->transform(dtype_vocabulary())
       ->capture_default_str();

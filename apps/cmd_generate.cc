@@ -20,7 +20,7 @@ namespace zaya::app {
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt_ids, prompt, tokenizer;
+  std::string model, prompt_ids, prompt, tokenizer, device = "cpu";
   int64_t max_new = 32;
   std::optional<int64_t> eos;  // none: the model config's eos_token_id
   bool greedy = false, ignore_eos = false;
@@ -73,7 +73,7 @@ int run_generate(const GenerateArgs& a) {
   ZAYA_CHECK(!prompt.empty(), "generate: the prompt encodes to no tokens");
   const int64_t T0 = static_cast<int64_t>(prompt.size());
   // Loaded for one position: prefill() plans the activations for the prompt once it is checked.
-  std::unique_ptr<model::ZayaModel> m = train::load_model_source(source, 1, 1).model;
+  std::unique_ptr<model::ZayaModel> m = train::load_model_source(source, 1, 1, parse_device_flag(a.device)).model;
   const int64_t V = m->config().vocab_size, P = m->config().max_position_embeddings;
   for (int32_t id : prompt)
     ZAYA_CHECK(id < V, "--prompt-ids: token id ", id, " is outside the model's vocabulary [0, ", V, ")");
@@ -127,6 +127,7 @@ void add_generate(CLI::App& app, Commands& commands) {
   cmd->add_option("--top-p", args->top_p, "nucleus sampling: keep the smallest set of ids with mass >= P")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Philox seed of the sampler")->capture_default_str();
+  cmd->add_option("--device", args->device, "cpu or cuda (the KV cache and CCA state live there)")->capture_default_str();
   cmd->add_option("--eos", args->eos, "stop after this id (default: the config's eos_token_id)");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "never stop before --max-new tokens");
   commands.push_back({cmd, [args] { return run_generate(*args); }});

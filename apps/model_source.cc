@@ -1,5 +1,7 @@
 #include "model_source.h"
 
+#include "zaya/core/cuda_runtime.h"
+
 #include <filesystem>
 #include <vector>
 
@@ -16,17 +18,26 @@ std::unique_ptr<model::ZayaModel> make_model(const ModelSource& s, int64_t batch
                                              const std::string& command) {
   ZAYA_CHECK(s.model.empty() != s.init_config.empty(), command,
              ": give exactly one of --model and --init-config");
-  if (!s.model.empty()) return load_model_checked(s.model, batch, seq, command).model;
+  const Device device = parse_device_flag(s.device);
+  if (!s.model.empty()) return load_model_checked(s.model, batch, seq, command, device).model;
   ConfigReader reader = ConfigReader::from_file(s.init_config);
   const model::ModelConfig config = model::ModelConfig::from_toml(reader);
   check_positions(config, seq, command);
-  auto m = std::make_unique<model::ZayaModel>(config, batch, seq);
+  auto m = std::make_unique<model::ZayaModel>(config, batch, seq, device);
   m->init(s.seed);
   return m;
 }
 
-train::LoadedModel load_model_checked(const std::string& path, int64_t batch, int64_t seq, const std::string& what) {
-  train::LoadedModel m = train::load_model_source(path, 1, 1);  // the weights, and the smallest activations
+Device parse_device_flag(const std::string& device) {
+  ZAYA_CHECK(device == "cpu" || device == "cuda", "--device: expected cpu or cuda, found '", device, "'");
+  if (device == "cpu") return Device::cpu;
+  ZAYA_CHECK(cuda::device_count() > 0, "--device cuda: this process sees no GPU (", cuda::no_device_reason(), ")");
+  return Device::cuda;
+}
+
+train::LoadedModel load_model_checked(const std::string& path, int64_t batch, int64_t seq, const std::string& what,
+                                      Device device) {
+  train::LoadedModel m = train::load_model_source(path, 1, 1, device);  // the weights, the smallest activations
   check_positions(m.model->config(), seq, what);
   m.model->set_batch_shape(batch, seq);
   return m;

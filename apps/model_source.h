@@ -16,7 +16,12 @@ struct ModelSource {
   std::string model, init_config;
   uint64_t seed = 0;
   std::string gemm_dtype = "f32";  // f32 or bf16 inputs for the expert and LM-head GEMMs
+  std::string device = "cpu";      // cpu or cuda
 };
+
+// --device: where a command runs its model ("cpu" or "cuda"). A GPU that is not there is an error
+// naming the flag.
+Device parse_device_flag(const std::string& device);
 
 // A model for batches of [batch, seq] tokens; `command` names the caller in errors. seq must fit
 // the model's max_position_embeddings (checked before the activations are allocated).
@@ -25,7 +30,8 @@ std::unique_ptr<model::ZayaModel> make_model(const ModelSource& source, int64_t 
 // A model from `path` (zaya checkpoint or transformers directory) for [batch, seq] tokens, with
 // seq checked against its max_position_embeddings before the activations for [batch, seq] are
 // allocated; `what` names the source of seq in the error ("--ids", "--seq").
-train::LoadedModel load_model_checked(const std::string& path, int64_t batch, int64_t seq, const std::string& what);
+train::LoadedModel load_model_checked(const std::string& path, int64_t batch, int64_t seq, const std::string& what,
+                                      Device device = Device::cpu);
 // Throws unless `positions` tokens fit the model's max_position_embeddings: RoPE positions past it
 // are ones the model never trained on, so its output there is not to be trusted.
 void check_positions(const model::ModelConfig& c, int64_t positions, const std::string& what);

@@ -44,7 +44,8 @@ cpu_flags() { grep -o -w -e avx512f -e avx512_bf16 -e amx_tile /proc/cpuinfo | s
 case "${1:-}" in
 pack)
   bins=(build/cuda/zaya build/cuda/tests/test_core build/cuda/tests/test_ops build/cuda/tests/test_bench
-        build/cuda/tests/test_dist build/cuda/benchmarks/bench_ops_gemm_cuda
+        build/cuda/tests/test_dist build/cuda/tests/test_model build/cuda/tests/test_train
+        build/cuda/benchmarks/bench_ops_gemm_cuda
         build/cuda/benchmarks/bench_ops_moe_loss_cuda build/cuda/benchmarks/bench_ops_attention_cuda)
   for f in "${bins[@]}"; do
     [[ -x "$f" ]] || { echo "gpu_check: $f is missing: build the CUDA preset first (cmake --preset cuda && cmake --build build/cuda)" >&2; exit 1; }
@@ -88,6 +89,9 @@ run | tests)
   "$pack_dir/test_ops" --gtest_filter='GemmCuda.*:LinearCuda.*:ExpertsCuda.*:OptimCuda.*:NewtonSchulzCuda.*:CopyCuda.*:OptimMath.*:CublasLtMapping.*:GemmDevice.*:ExpertsDevice.*:NewtonSchulzDevice.*:OptimOpsDevice.*:CopyBlock.*' \
     2>&1 | tee -a "$out/tests.txt" || status=1
   # The GEMM ops at ZAYA1-base's shapes in FLOP/s (dense, one expert, 16 experts grouped, the experts op).
+  # The whole model, then the trainer, on the GPU against the CPU (fp32, TF32 off).
+  "$pack_dir/test_model" --gtest_filter='ModelDevice.*' 2>&1 | tee -a "$out/tests.txt" || status=1
+  "$pack_dir/test_train" --gtest_filter='TrainDevice.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   "$pack_dir/bench_ops_gemm_cuda" --benchmark_min_time=0.2 2>&1 | tee -a "$out/ops_bench.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon; the tests start it
@@ -108,6 +112,11 @@ tests)
   ;;
 run)
   "$pack_dir/zaya" sysinfo 2>&1 | tee "$out/sysinfo.txt" || status=1
+  # Training steps of the demo model on the GPU (forward + backward), f32 and bf16 GEMM inputs.
+  for dtype in f32 bf16; do
+    "$pack_dir/zaya" bench step --init-config configs/demo.toml --seed 1 --device cuda --gemm-dtype "$dtype" \
+      --steps 20 --batch 8 --seq 512 2>&1 | tee -a "$out/sysinfo.txt" || status=1
+  done
   # Op benchmarks at ZAYA1-base's shapes, one file for all (the device tool brings back 8 files):
   # the routing and permutation kernels' bandwidth and the fused LM head's TFLOP/s; attention
   # forward and backward (the reference kernels and cuDNN's SDPA), the CCA ops and RoPE.

@@ -6,9 +6,9 @@
 
 namespace zaya::ckpt {
 
-NonFiniteCount count_non_finite(const Tensor& t) {
+NonFiniteCount count_non_finite(const Tensor& any) {
   NonFiniteCount out;
-  ZAYA_CHECK(t.device() == Device::cpu, "count_non_finite: expected a CPU tensor");
+  const Tensor t = any.device() == Device::cpu ? any : any.to(Device::cpu);  // scanned on the host
   auto scan = [&](auto get) {
     const int64_t n = t.numel();
     for (int64_t i = 0; i < n; ++i) {

@@ -160,6 +160,10 @@ void export_hf(const model::ZayaModel& m, const fs::path& dir, DType dtype, uint
   uint64_t in_shard = 0, total = 0;
   for (const Item& it : items) {
     Tensor src = it.t;
+    if (src.device() != Device::cpu) {  // written from the host: a model on a GPU is copied over
+      src = src.to(Device::cpu);
+      converted.push_back(src);
+    }
     if (dtype == DType::bf16 && !it.keep_f32) {
       Tensor b = Tensor::empty(src.shape(), DType::bf16);
       const float* s = src.data<float>();

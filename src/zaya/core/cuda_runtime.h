@@ -20,6 +20,27 @@ struct DeviceInfo {
 };
 
 bool built_with_cuda();
+
+// The emulated device: a test harness for the device path on machines without a GPU. When on
+// (set_emulated(true), or ZAYA_EMULATE_CUDA=1 in the environment), Device::cuda tensors live in
+// host memory, copies and memsets are memcpy/memset, streams and events do nothing, and every op
+// front runs its CPU kernel on them (ops/checks.h, OpDevice). What it checks is the placement
+// around the kernels: a tensor left on the host where the device is expected fails the op's device
+// check, and host code that reads or writes a device tensor's memory outside an op (Tensor::data
+// outside a kernel) throws. What it cannot check is the CUDA kernels themselves, their streams and
+// their speed: those need a GPU (scripts/gpu_check.sh). Never on when a real GPU is present.
+void set_emulated(bool on);
+bool emulated();
+// Counts op calls running a CPU kernel on emulated device memory, during which Tensor::data may
+// reach that memory. Held by OpDevice for the duration of the kernel.
+class EmulatedKernelScope {
+ public:
+  EmulatedKernelScope();
+  ~EmulatedKernelScope();
+  EmulatedKernelScope(const EmulatedKernelScope&) = delete;
+  EmulatedKernelScope& operator=(const EmulatedKernelScope&) = delete;
+};
+bool in_emulated_kernel();
 // Number of usable devices; 0 when built without CUDA or when the driver finds none.
 int device_count();
 // Why device_count() is 0, for messages ("built without CUDA", the driver's error string).

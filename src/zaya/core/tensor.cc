@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -59,8 +60,27 @@ std::string Shape::str() const {
   return s + "]";
 }
 
+namespace {
+std::atomic<int64_t> g_in_use[2], g_peak[2];
+int device_slot(Device d) { return d == Device::cpu ? 0 : 1; }
+void count_allocation(Device d, int64_t bytes) {
+  const int k = device_slot(d);
+  const int64_t now = g_in_use[k].fetch_add(bytes) + bytes;
+  int64_t peak = g_peak[k].load();
+  while (now > peak && !g_peak[k].compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
+size_t storage_bytes_in_use(Device device) { return static_cast<size_t>(g_in_use[device_slot(device)].load()); }
+size_t storage_bytes_peak(Device device) { return static_cast<size_t>(g_peak[device_slot(device)].load()); }
+void reset_storage_bytes_peak(Device device) {
+  g_peak[device_slot(device)].store(g_in_use[device_slot(device)].load());
+}
+
 Storage::~Storage() {
   if (!owned || !ptr) return;
+  count_allocation(device, -static_cast<int64_t>(bytes));
   if (device == Device::cpu) std::free(ptr);
   else cuda::free_device(ptr);
 }
@@ -87,12 +107,21 @@ std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device) {
   } else {
     s->ptr = cuda::malloc_device(bytes);
   }
+  count_allocation(device, static_cast<int64_t>(bytes));
   return s;
+}
+
+void Tensor::check_host_access() const {
+  // Only the emulated device can tell: its memory is host memory that host code could touch
+  // without crashing, where a real GPU's would fault (or read garbage through a stale mapping).
+  if (cuda::emulated() && !cuda::in_emulated_kernel())
+    throw Error(zaya::str("host code read or wrote the memory of ", str(),
+                          " outside an op: device tensors are reached through ops and copies only"));
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   // The message is built only when no GPU can take the tensor.
-  if (device == Device::cuda && (!cuda::built_with_cuda() || cuda::device_count() == 0))
+  if (device == Device::cuda && cuda::device_count() == 0)
     cuda::require_device(zaya::str("a CUDA tensor ", dtype_name(dtype), shape.str()));
   size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   return over(allocate_storage(bytes, device), 0, shape, dtype);

@@ -56,6 +56,13 @@ struct Storage {
 // Allocates `bytes` on `device`, 64-byte aligned on the CPU. Throws zaya::Error on failure.
 std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device);
 
+// Bytes of tensor storage zaya holds on `device` now, and the most it held since the last reset
+// (what a run's summary reports as its measured peak; libraries' own workspaces, cuBLASLt's and
+// cuDNN's, are not tensors and not counted).
+size_t storage_bytes_in_use(Device device);
+size_t storage_bytes_peak(Device device);
+void reset_storage_bytes_peak(Device device);
+
 class Tensor {
  public:
   Tensor() = default;
@@ -82,6 +89,7 @@ class Tensor {
   T* data() const {
     ZAYA_CHECK(dtype_ == dtype_of<T>::value, "tensor of dtype ", dtype_name(dtype_),
                " accessed as ", dtype_name(dtype_of<T>::value));
+    if (storage_ && storage_->device != Device::cpu) check_host_access();
     return static_cast<T*>(raw());
   }
 
@@ -103,6 +111,10 @@ class Tensor {
   std::string str() const;  // "f32[2, 3] cpu"
 
  private:
+  // On the emulated device (cuda_runtime.h), throws when host code outside an op reaches device
+  // memory through data<T>(); nothing otherwise (CUDA kernels take their device pointers here).
+  void check_host_access() const;
+
   std::shared_ptr<Storage> storage_;
   size_t offset_ = 0;  // bytes
   Shape shape_;

@@ -32,7 +32,7 @@ ZayaDecoder::ZayaDecoder(ZayaModel& model, int64_t batch, int64_t max_len) : m_(
   const int64_t B = B_, H = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), C = c.conv_channels(),
                 R = c.router_hidden_size, E = c.num_experts, I = c.moe_intermediate_size,
                 nkv = c.num_key_value_heads, hd = c.head_dim;
-  rope_ = ops::make_rope_table(hd, c.partial_rotary_factor, c.rope_theta, S_);
+  rope_ = ops::make_rope_table(hd, c.partial_rotary_factor, c.rope_theta, S_, m_.device());
   for (int l = 0; l < c.num_hidden_layers; ++l)
     caches_.push_back({Tensor::zeros(Shape{B, S_, nkv, hd}, DType::f32, m_.device()),
                        Tensor::zeros(Shape{B, S_, nkv, hd}, DType::f32, m_.device()),
@@ -240,11 +240,12 @@ std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& promp
   const Tensor host_view = Tensor::borrow(host_logits.data(), Shape{B, V}, DType::f32);
   const Tensor logits = on_host ? host_view : Tensor::empty(Shape{B, V}, DType::f32, model.device());
   std::vector<int32_t> next_ids(static_cast<size_t>(B), 0);
-  const Tensor next = Tensor::borrow(next_ids.data(), Shape{B}, DType::i32);
+  const Tensor next_host = Tensor::borrow(next_ids.data(), Shape{B}, DType::i32);
+  const Tensor next = on_host ? next_host : Tensor::empty(Shape{B}, DType::i32, model.device());
   std::vector<char> done(static_cast<size_t>(B), 0);
   std::vector<float> scratch;
   std::vector<int32_t> order;
-  dec.prefill(prompt, logits);
+  dec.prefill(prompt.device() == model.device() ? prompt : prompt.to(model.device()), logits);
   for (int64_t step = 0; step < opt.max_new; ++step) {
     if (!on_host) Tensor(host_view).copy_from(logits);
     int64_t active = 0;
@@ -258,6 +259,7 @@ std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& promp
       else ++active;
     }
     if (active == 0 || step + 1 == opt.max_new) break;
+    if (!on_host) Tensor(next).copy_from(next_host);
     dec.step(next, logits);
   }
   return out;

@@ -178,7 +178,7 @@ void ZayaModel::set_batch_shape(int64_t batch, int64_t seq_len) {
              ", ", seq_len, "]");
   B_ = batch;
   T_ = seq_len;
-  rope_ = ops::make_rope_table(cfg_.head_dim, cfg_.partial_rotary_factor, cfg_.rope_theta, T_);
+  rope_ = ops::make_rope_table(cfg_.head_dim, cfg_.partial_rotary_factor, cfg_.rope_theta, T_, device_);
   plan();
   have_backward_ = false;
 }
@@ -186,7 +186,7 @@ void ZayaModel::set_batch_shape(int64_t batch, int64_t seq_len) {
 void ZayaModel::set_rope_theta(double theta) {
   ZAYA_CHECK(theta > 0 && std::isfinite(theta), "ZayaModel: rope_theta must be positive, found ", theta);
   cfg_.rope_theta = theta;
-  rope_ = ops::make_rope_table(cfg_.head_dim, cfg_.partial_rotary_factor, cfg_.rope_theta, T_);
+  rope_ = ops::make_rope_table(cfg_.head_dim, cfg_.partial_rotary_factor, cfg_.rope_theta, T_, device_);
 }
 
 void ZayaModel::set_gemm_dtype(DType dtype) {

@@ -22,6 +22,9 @@ void OpDevice::add(std::string_view name, const Tensor& t) {
     device_ = t.device();
     return;
   }
+  // On the emulated device, a CPU kernel that calls other ops mixes its host scratch with the
+  // (host-backed) device tensors it was given: those inner calls are the kernel's business.
+  if (t.device() != device_ && cuda::emulated() && cuda::in_emulated_kernel()) return;
   ZAYA_CHECK(t.device() == device_, op_, ": ", name, " is ", t.str(), ", but ", first_name_, " is ", first_str(),
              ": every tensor of one call must be on the same device");
 }
@@ -29,6 +32,13 @@ void OpDevice::add(std::string_view name, const Tensor& t) {
 void OpDevice::add(std::string_view list, size_t index, std::string_view field, const Tensor& t) {
   if (!t.defined() || (any_ && t.device() == device_)) return;
   add(str(list, "[", index, "]", field), t);
+}
+
+bool OpDevice::cpu() const {
+  if (device_ == Device::cpu) return true;
+  if (device_ != Device::cuda || !cuda::emulated()) return false;
+  if (!emulated_kernel_) emulated_kernel_.emplace();
+  return true;
 }
 
 std::string OpDevice::first_str() const {

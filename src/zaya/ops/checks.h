@@ -10,10 +10,12 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 
+#include "zaya/core/cuda_runtime.h"
 #include "zaya/core/tensor.h"
 
 namespace zaya::ops {
@@ -46,8 +48,10 @@ class OpDevice {
   void add(std::string_view list, size_t index, std::string_view field, const Tensor& t);
 
   Device device() const { return device_; }
-  bool cpu() const { return device_ == Device::cpu; }
-  bool cuda() const { return device_ == Device::cuda; }
+  // On the emulated device (cuda_runtime.h) a CUDA call runs the CPU kernel: cpu() is true,
+  // cuda() false, and device memory is open to the kernel until this object ends.
+  bool cpu() const;
+  bool cuda() const { return device_ == Device::cuda && !cuda::emulated(); }
 
   // Throws "no CUDA kernel for ops::<op> yet (<first arg> is <tensor>)": the call reached a device
   // whose backend does not have this op yet.
@@ -59,6 +63,7 @@ class OpDevice {
 
   std::string_view op_;
   Device device_ = Device::cpu;
+  mutable std::optional<cuda::EmulatedKernelScope> emulated_kernel_;
   // The first defined argument, kept by value (the tensor may be a temporary of the caller's).
   bool any_ = false;
   std::string first_name_;

@@ -59,4 +59,16 @@ ZAYA_HD inline void adamw_step(float& p, float g, float& m, float& v, const Adam
   p = fmaf(-k.lr, fmaf(k.wd, p, upd), p);  // p − lr·(upd + wd·p)
 }
 
+// Muon's momentum with the Nesterov look-ahead, one element: m ← β·m + g (flushed as AdamW's
+// moments: an expert no token reaches has g = 0 and its momentum decays), g ← g + β·m.
+ZAYA_HD inline void muon_momentum_step(float& g, float& m, float beta) {
+  const float mi = flush_subnormal(beta * m + g);
+  m = mi;
+  g = g + beta * mi;
+}
+
+// Muon's update, one element: p ← p − lr·(wd·p + s·o), decoupled weight decay and the scaled
+// orthogonalized update both reading the pre-step p.
+ZAYA_HD inline void muon_apply_step(float& p, float o, float lr, float wd, float s) { p -= lr * (wd * p + s * o); }
+
 }  // namespace zaya::ops::math

@@ -62,4 +62,30 @@ void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const T
   on.no_kernel();
 }
 
+void muon_momentum(const Tensor& grad, const Tensor& m, float beta) {
+  constexpr std::string_view op = "muon_momentum";
+  const OpDevice on(op, {{"grad", grad}, {"m", m}});
+  check::f32(op, "grad", grad);
+  check::f32(op, "m", m);
+  check::same_shape(op, "m", m, "grad", grad);
+  if (on.cpu()) return cpu::muon_momentum(grad, m, beta);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::muon_momentum(grad, m, beta);
+#endif
+  on.no_kernel();
+}
+
+void muon_apply(const Tensor& param, const Tensor& update, float lr, float weight_decay, float scale) {
+  constexpr std::string_view op = "muon_apply";
+  const OpDevice on(op, {{"param", param}, {"update", update}});
+  check::f32(op, "param", param);
+  check::f32(op, "update", update);
+  check::same_shape(op, "update", update, "param", param);
+  if (on.cpu()) return cpu::muon_apply(param, update, lr, weight_decay, scale);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::muon_apply(param, update, lr, weight_decay, scale);
+#endif
+  on.no_kernel();
+}
+
 }  // namespace zaya::ops

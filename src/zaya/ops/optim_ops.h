@@ -46,4 +46,10 @@ ZAYA_HD inline float flush_subnormal(float x) { return fabsf(x) < FLT_MIN ? 0.0f
 void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad, const AdamWHyper& hp,
                   int64_t step);
 
+// Muon's element passes around Newton–Schulz (optim_math.h): the momentum with its Nesterov
+// look-ahead, grad ← grad + β·m after m ← β·m + grad (grad becomes what is orthogonalized), and
+// the update param ← param − lr·(wd·param + scale·update). Same-shape f32 tensors.
+void muon_momentum(const Tensor& grad, const Tensor& m, float beta);
+void muon_apply(const Tensor& param, const Tensor& update, float lr, float weight_decay, float scale);
+
 }  // namespace zaya::ops

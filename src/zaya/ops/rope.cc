@@ -13,7 +13,7 @@
 namespace zaya::ops {
 
 RopeTable make_rope_table(int64_t head_dim, double partial_rotary_factor, double theta,
-                          int64_t max_positions) {
+                          int64_t max_positions, Device device) {
   constexpr std::string_view op = "make_rope_table";
   check::positive(op, "head_dim", head_dim);
   check::positive(op, "max_positions", max_positions);
@@ -43,6 +43,10 @@ RopeTable make_rope_table(int64_t head_dim, double partial_rotary_factor, double
       c[p * half + j] = static_cast<float>(std::cos(static_cast<double>(angle)));
       s[p * half + j] = static_cast<float>(std::sin(static_cast<double>(angle)));
     }
+  if (device != Device::cpu) {
+    t.cos = t.cos.to(device);
+    t.sin = t.sin.to(device);
+  }
   return t;
 }
 

@@ -20,7 +20,9 @@ struct RopeTable {
   int64_t rot = 0;
   int64_t max_positions() const { return cos.defined() ? cos.size(0) : 0; }
 };
-RopeTable make_rope_table(int64_t head_dim, double partial_rotary_factor, double theta, int64_t max_positions);
+// Built on the host, then placed on `device` (where the rope ops that read it run).
+RopeTable make_rope_table(int64_t head_dim, double partial_rotary_factor, double theta, int64_t max_positions,
+                          Device device = Device::cpu);
 
 // x, y [B, T, heads, hd] (or [B, T, heads·hd]); y may be x (in place).
 void rope_forward(const Tensor& y, const Tensor& x, const RopeTable& table, int64_t B, int64_t T, int64_t heads,

@@ -20,8 +20,9 @@ namespace zaya::optim {
 class BalanceController {
  public:
   BalanceController() = default;
-  // For balancing biases of shape [L, E+1].
-  BalanceController(int64_t layers, int64_t experts, double lr, double beta1, double beta2, double eps);
+  // For balancing biases of shape [L, E+1] on `device` (the moments live with the biases).
+  BalanceController(int64_t layers, int64_t experts, double lr, double beta1, double beta2, double eps,
+                    Device device = Device::cpu);
 
   // One controller step on `biases` [L, E+1] from counts [L·E] (layer-major, real experts only;
   // summed over micro-batches and all-reduced over data-parallel ranks by the caller). A layer
@@ -40,7 +41,8 @@ class BalanceController {
   int64_t L_ = 0, E_ = 0;
   double lr_ = 0, beta1_ = 0.9, beta2_ = 0.95, eps_ = 1e-8;
   int64_t step_ = 0;
-  Tensor m_, v_, g_;  // [L, E] f32; g_ is the gradient scratch
+  Tensor m_, v_, g_;  // [L, E] f32 on the biases' device; g_ is the gradient scratch
+  Tensor g_host_;     // [L, E] f32: the gradient as computed on the host from the counts
 };
 
 }  // namespace zaya::optim

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "zaya/ops/cpu/newton_schulz_cpu.h"
+#include "zaya/ops/cpu/optim_ops_cpu.h"
 #include "zaya/ops/newton_schulz.h"
 #include "zaya/ops/optim_ops.h"
 
@@ -37,40 +38,26 @@ int64_t check_muon_args(const Tensor& param, const Tensor& grad, const Tensor& m
   return need;
 }
 
-// m ← β·m + g, then g ← g + β·m (Nesterov: look one momentum step ahead), over n elements; on all
-// threads, or on the calling one alone.
-void momentum_step(float* g, float* mp, int64_t n, float beta, bool all_threads) {
-#pragma omp parallel for schedule(static) if (all_threads)
-  for (int64_t i = 0; i < n; ++i) {
-    // Flushed as AdamW's moments: an expert no token reaches has g = 0 and its momentum decays.
-    float mi = ops::flush_subnormal(beta * mp[i] + g[i]);
-    mp[i] = mi;
-    g[i] = g[i] + beta * mi;
-  }
-}
-
-// p ← p − lr·(wd·p + s·o): decoupled weight decay and the scaled update in one pass; both read the
-// pre-step p.
-void apply_update(float* p, const float* o, int64_t n, const MuonHyper& hp, float s, bool all_threads) {
-  const float lr = hp.lr, wd = hp.weight_decay;
-#pragma omp parallel for schedule(static) if (all_threads)
-  for (int64_t i = 0; i < n; ++i) p[i] -= lr * (wd * p[i] + s * o[i]);
-}
-
 // Momentum, Newton–Schulz on every matrix of the parameter, update: on all threads, or with all
 // of its work on the calling thread (`alone`).
 void update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& scratch,
             const MuonHyper& hp, bool alone) {
   const int64_t need = check_muon_args(param, grad, m, scratch, hp);
   const int64_t rows = param.size(-2), cols = param.size(-1), n = param.numel();
-  momentum_step(grad.data<float>(), m.data<float>(), n, hp.momentum, !alone);
+  if (alone)
+    ops::cpu::muon_momentum(grad, m, hp.momentum, /*on_this_thread=*/true);
+  else
+    ops::muon_momentum(grad, m, hp.momentum);
   // Every matrix of a stack is orthogonalized on its own (one batched Newton–Schulz).
   Tensor O = scratch.window(0, param.shape()), ws = scratch.window(n, Shape{need - n});
   if (alone)
     ops::cpu::newton_schulz_orthogonalize_on_this_thread(O, grad, ws, hp.ns_steps, hp.ns_dtype);
   else
     ops::newton_schulz_orthogonalize(O, grad, ws, hp.ns_steps, hp.ns_dtype);
-  apply_update(param.data<float>(), O.data<float>(), n, hp, muon_scale(rows, cols), !alone);
+  if (alone)
+    ops::cpu::muon_apply(param, O, hp.lr, hp.weight_decay, muon_scale(rows, cols), /*on_this_thread=*/true);
+  else
+    ops::muon_apply(param, O, hp.lr, hp.weight_decay, muon_scale(rows, cols));
 }
 
 }  // namespace

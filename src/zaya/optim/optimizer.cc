@@ -61,10 +61,13 @@ Optimizer::Optimizer(const OptimizerConfig& config, const ParamTable& table, Sha
   std::stable_sort(muon_items_.begin(), muon_items_.end(),
                    [](const MuonItem& a, const MuonItem& b) { return a.flops > b.flops; });
   summary_ = summarize_groups(specs, cfg_);
-  moment1_ = Tensor::zeros(Shape{std::max<int64_t>(range_.end - range_.begin, 1)}, DType::f32);
-  adam_v_ = Tensor::zeros(Shape{std::max<int64_t>(n_adamw, 1)}, DType::f32);
+  // The state lives with the parameters (on the GPU when they are there); the step counters,
+  // which checkpoints store as tensors, on the host.
+  const Device dev = device();
+  moment1_ = Tensor::zeros(Shape{std::max<int64_t>(range_.end - range_.begin, 1)}, DType::f32, dev);
+  adam_v_ = Tensor::zeros(Shape{std::max<int64_t>(n_adamw, 1)}, DType::f32, dev);
   scratch = muon_scratch_need(num_threads());
-  if (scratch > 0) scratch_ = Tensor::zeros(Shape{scratch}, DType::f32);
+  if (scratch > 0) scratch_ = Tensor::zeros(Shape{scratch}, DType::f32, dev);
   step_t_ = Tensor::zeros(Shape{1}, DType::i64);
   balance_step_t_ = Tensor::zeros(Shape{1}, DType::i64);
   const Tensor& beta = table_.balancing_biases;
@@ -73,7 +76,7 @@ Optimizer::Optimizer(const OptimizerConfig& config, const ParamTable& table, Sha
              beta.defined() ? beta.str() : std::string("none"));
   if (beta.defined())
     balancer_ = BalanceController(beta.size(0), beta.size(1) - 1, cfg_.balance_lr, cfg_.balance_beta1,
-                                  cfg_.balance_beta2, cfg_.balance_eps);
+                                  cfg_.balance_beta2, cfg_.balance_eps, beta.device());
   log_debug(summary_.str());  // the trainer's summary prints it once, as "optimizer: ..."
   log_info("optimizer state: ", state_bytes(), " bytes (", cfg_.muon ? "muon + adamw" : "adamw only",
            ", muon scratch ", scratch * 4, " bytes",
@@ -145,7 +148,7 @@ StepStats Optimizer::step(double lr) {
   if (scratch_.numel() < muon_scratch_need(threads)) {  // the thread count changed since construction
     log_debug("optimizer: muon scratch grows to ", muon_scratch_need(threads) * 4, " bytes for ", threads,
               " threads");
-    scratch_ = Tensor::zeros(Shape{muon_scratch_need(threads)}, DType::f32);
+    scratch_ = Tensor::zeros(Shape{muon_scratch_need(threads)}, DType::f32, device());
   }
   for (size_t i = 0; i < table_.specs.size(); ++i) {
     const ParamGroup& g = groups_[i];
@@ -181,7 +184,8 @@ StepStats Optimizer::step(double lr) {
 }
 
 bool Optimizer::muon_side_by_side(int threads) const {
-  return !muon_items_.empty() && static_cast<int64_t>(muon_items_.size()) >= threads;
+  // A CPU schedule: on a GPU every matrix's passes and GEMMs already fill the device.
+  return device() == Device::cpu && !muon_items_.empty() && static_cast<int64_t>(muon_items_.size()) >= threads;
 }
 
 int64_t Optimizer::muon_scratch_need(int threads) const {

@@ -99,6 +99,8 @@ class Optimizer {
   const ParamGroup& group(int param_index) const { return groups_[param_index]; }
   const ShardRange& range() const { return range_; }
   size_t state_bytes() const;
+  // Where the parameters, gradients and this optimizer's state live.
+  Device device() const { return table_.params.device(); }
 
  private:
   // Parameter i's elements in the owned range: [first, last) offsets within the parameter, and

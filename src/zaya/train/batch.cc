@@ -20,6 +20,26 @@ void split_rows(const Tensor& rows, const Tensor& ids, const Tensor& targets) {
   }
 }
 
+BatchBuffers::BatchBuffers(int64_t batch, int64_t seq_len, Device device) {
+  rows = Tensor::empty({batch, seq_len + 1}, DType::i32);
+  host_ids = Tensor::empty({batch, seq_len}, DType::i32);
+  host_targets = Tensor::empty({batch, seq_len}, DType::i32);
+  const bool host = device == Device::cpu;
+  dev_ids_ = host ? host_ids : Tensor::empty({batch, seq_len}, DType::i32, device);
+  dev_targets_ = host ? host_targets : Tensor::empty({batch, seq_len}, DType::i32, device);
+}
+
+void BatchBuffers::split() {
+  split_rows(rows, host_ids, host_targets);
+  if (dev_ids_.shares_storage_with(host_ids)) return;
+  dev_ids_.copy_from(host_ids);
+  dev_targets_.copy_from(host_targets);
+}
+
+void BatchBuffers::upload_targets() {
+  if (!dev_targets_.shares_storage_with(host_targets)) dev_targets_.copy_from(host_targets);
+}
+
 EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples, dist::Communicator* comm) {
   const int64_t B = model.batch(), T = model.seq_len();
   ZAYA_CHECK(loader.seq_len() == T, "evaluation data has sequence length ", loader.seq_len(), ", the model expects ", T);
@@ -29,20 +49,22 @@ EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t s
   // its sequences twice. The last batch is then partial; its missing rows have ignored targets.
   int64_t n = (samples + B - 1) / B * B;
   if (loader.num_datasets() == 1) n = std::min(n, loader.samples_per_epoch(0));
-  Tensor rows = Tensor::empty({B, T + 1}, DType::i32);
-  Tensor ids = Tensor::empty({B, T}, DType::i32), targets = Tensor::empty({B, T}, DType::i32);
+  BatchBuffers batch(B, T, model.device());
+  int32_t* rows = batch.rows.data<int32_t>();
   const int64_t full = n / B, last = n % B;
   double sums[2] = {0, 0};  // of the full batches' mean losses; the partial batch's mean loss
   for (int64_t k = rank; k < full; k += world) {
-    for (int64_t i = 0; i < B; ++i) loader.sample(k * B + i, rows.data<int32_t>() + i * (T + 1));
-    split_rows(rows, ids, targets);
-    sums[0] += model.forward(ids, targets, /*for_backward=*/false);  // every batch has B*T targets
+    for (int64_t i = 0; i < B; ++i) loader.sample(k * B + i, rows + i * (T + 1));
+    batch.split();
+    sums[0] += model.forward(batch.ids(), batch.targets(), /*for_backward=*/false);  // every batch has B*T targets
   }
   if (last != 0 && full % world == rank) {
-    for (int64_t i = 0; i < B; ++i) loader.sample(full * B + std::min(i, last - 1), rows.data<int32_t>() + i * (T + 1));
-    split_rows(rows, ids, targets);
-    std::fill(targets.data<int32_t>() + last * T, targets.data<int32_t>() + B * T, -100);  // ignored rows
-    sums[1] = model.forward(ids, targets, /*for_backward=*/false);  // mean over last*T targets
+    for (int64_t i = 0; i < B; ++i) loader.sample(full * B + std::min(i, last - 1), rows + i * (T + 1));
+    batch.split();
+    int32_t* targets = batch.host_targets.data<int32_t>();
+    std::fill(targets + last * T, targets + B * T, -100);  // ignored rows
+    batch.upload_targets();
+    sums[1] = model.forward(batch.ids(), batch.targets(), /*for_backward=*/false);  // mean over last*T targets
   }
   if (world > 1) {
     double total[2];

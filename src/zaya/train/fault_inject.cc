@@ -175,7 +175,8 @@ void kill_self_once_written(const std::string& file) {
 void poison_gradient(const Tensor& grads, int64_t i) {
   ZAYA_CHECK(grads.dtype() == DType::f32 && i >= 0 && i < grads.numel(), "fault injection: gradient element ",
              i, " is not in the f32 buffer of ", grads.numel());
-  grads.data<float>()[i] = std::numeric_limits<float>::quiet_NaN();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  grads.window(i, Shape{1}).copy_from(Tensor::borrow(const_cast<float*>(&nan), Shape{1}, DType::f32));
 }
 
 void corrupt_file(const std::string& file) {

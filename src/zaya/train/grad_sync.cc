@@ -190,7 +190,7 @@ void GradientSync::gather_params() {
   const auto t0 = Clock::now();
   std::vector<size_t> counts;
   for (const optim::RankShare& s : plan_.ranks) counts.push_back(static_cast<size_t>(s.elements()));
-  float* base = params_.data<float>();
+  float* base = static_cast<float*>(params_.raw());  // the communicator takes device pointers too
   const optim::RankShare& mine = plan_.ranks[static_cast<size_t>(dp_.rank())];
   dp_.start_all_gather_v(base + mine.begin, base, counts, DType::f32).wait();
   times_.gather_s = seconds(t0, Clock::now());

@@ -79,18 +79,32 @@ nlohmann::json source_state(const std::string& path) {
   return ckpt::Checkpoint(path).manifest().state;
 }
 
-LoadedModel load_model_source(const std::string& path, int64_t batch, int64_t seq_len) {
+std::unique_ptr<model::ZayaModel> model_on(std::unique_ptr<model::ZayaModel> m, Device device, int64_t batch,
+                                           int64_t seq_len) {
+  if (m->device() == device && m->batch() == batch && m->seq_len() == seq_len) return m;
+  auto out = std::make_unique<model::ZayaModel>(m->config(), batch, seq_len, device);
+  Tensor params = out->params_flat(), beta = out->balancing_biases();  // handles to the live buffers
+  params.copy_from(m->params_flat());
+  beta.copy_from(m->balancing_biases());
+  return out;
+}
+
+LoadedModel load_model_source(const std::string& path, int64_t batch, int64_t seq_len, Device device) {
   require_model_source(path);
   LoadedModel out;
+  // Off the CPU the weights are read into a host model with the smallest activations, then copied.
+  const bool host = device == Device::cpu;
+  const int64_t b = host ? batch : 1, t = host ? seq_len : 1;
   if (is_hf_dir(path)) {
-    out.model = ckpt::load_hf_model(path, batch, seq_len);
+    out.model = model_on(ckpt::load_hf_model(path, b, t), device, batch, seq_len);
     out.source = path;
     out.from_hf = true;
     return out;
   }
   ckpt::Checkpoint c(path);
-  out.model = std::make_unique<model::ZayaModel>(checkpoint_model_config(c), batch, seq_len);
+  out.model = std::make_unique<model::ZayaModel>(checkpoint_model_config(c), b, t);
   load_weights(c, *out.model);
+  out.model = model_on(std::move(out.model), device, batch, seq_len);
   out.state = c.manifest().state;
   out.source = c.dir();
   return out;

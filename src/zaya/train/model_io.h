@@ -34,8 +34,13 @@ struct LoadedModel {
   std::filesystem::path source;  // the resolved directory
   bool from_hf = false;
 };
-// Loads a model for batches of [batch, seq_len] from a zaya checkpoint or a transformers directory.
-LoadedModel load_model_source(const std::string& path, int64_t batch, int64_t seq_len);
+// Loads a model for batches of [batch, seq_len] from a zaya checkpoint or a transformers directory,
+// onto `device` (read on the host, then copied over).
+LoadedModel load_model_source(const std::string& path, int64_t batch, int64_t seq_len, Device device = Device::cpu);
+// The same model on `device` for batches of [batch, seq_len]: its weights and balancing biases
+// copied (m itself when it is already there with that shape).
+std::unique_ptr<model::ZayaModel> model_on(std::unique_ptr<model::ZayaModel> m, Device device, int64_t batch,
+                                           int64_t seq_len);
 
 // The state object of a zaya checkpoint (manifest only, no tensor is read); an empty object for a
 // transformers directory. For looking up the tokenizer or sequence length before loading a model.

@@ -4,7 +4,6 @@
 #include <chrono>
 
 #include "zaya/ops/optim_ops.h"
-#include "zaya/train/batch.h"
 
 namespace zaya::train {
 namespace {
@@ -21,16 +20,13 @@ TrainStep::TrainStep(model::ZayaModel& model, optim::Optimizer& optimizer, dist:
 }
 
 void TrainStep::shape_batch() {
-  const int64_t B = model_.batch(), T = model_.seq_len();
-  rows_ = Tensor::empty({B, T + 1}, DType::i32);
-  ids_ = Tensor::empty({B, T}, DType::i32);
-  targets_ = Tensor::empty({B, T}, DType::i32);
+  batch_ = BatchBuffers(model_.batch(), model_.seq_len(), model_.device());
 }
 
 StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double lr,
                           const std::function<double()>& fence) {
   ZAYA_CHECK(micro_batches > 0, "TrainStep::run: micro_batches must be positive, found ", micro_batches);
-  if (rows_.size(1) != model_.seq_len() + 1 || rows_.size(0) != model_.batch()) shape_batch();
+  if (batch_.seq_len() != model_.seq_len() || batch_.batch() != model_.batch()) shape_batch();
   const int64_t L = model_.config().num_hidden_layers;
   const int world = comm_.size();
   StepResult r;
@@ -42,10 +38,10 @@ StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double 
     const auto t0 = Clock::now();
     // Micro-batch `micro` of rank r is global micro-batch micro·world + r: the step's samples do
     // not depend on the world size.
-    data.next_batch(comm_.rank(), world, rows_);
-    split_rows(rows_, ids_, targets_);
+    data.next_batch(comm_.rank(), world, batch_.rows);
+    batch_.split();
     const auto t1 = Clock::now();
-    losses.push_back(model_.forward(ids_, targets_));
+    losses.push_back(model_.forward(batch_.ids(), batch_.targets()));
     const auto t2 = Clock::now();
     if (sync_) {
       model_.backward(sync_->ready_fn(last));

@@ -13,6 +13,7 @@
 #include "zaya/dist/communicator.h"
 #include "zaya/model/zaya_model.h"
 #include "zaya/optim/optimizer.h"
+#include "zaya/train/batch.h"
 #include "zaya/train/grad_sync.h"
 
 namespace zaya::train {
@@ -53,7 +54,7 @@ class TrainStep {
   optim::Optimizer& optimizer_;
   dist::Communicator& comm_;
   GradientSync* sync_;
-  Tensor rows_, ids_, targets_;  // [B, T+1], [B, T], [B, T] i32
+  BatchBuffers batch_;
 };
 
 }  // namespace zaya::train

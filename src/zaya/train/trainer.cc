@@ -16,6 +16,7 @@
 #include "zaya/ckpt/rank_save.h"
 #include "zaya/ckpt/reader.h"
 #include "zaya/core/build_info.h"
+#include "zaya/core/cuda_runtime.h"
 #include "zaya/core/log.h"
 #include "zaya/core/threads.h"
 #include "zaya/data/token_range.h"
@@ -84,9 +85,18 @@ void check_parallel(RunConfig& c) {
   if (p.cp > 1)
     throw Error("context parallelism is not built yet; use parallel.cp = 1",
                 {.file = c.source, .field = "parallel.cp", .found = std::to_string(p.cp)});
-  if (p.device == "cuda")
-    throw Error("training on a GPU is not built yet (the model's CUDA kernels come first); use \"cpu\"",
-                {.file = c.source, .field = "parallel.device", .found = "\"cuda\""});
+  if (p.device == "cuda") {
+    if (cuda::device_count() == 0)
+      throw Error(str("parallel.device = \"cuda\", but this process sees no GPU (", cuda::no_device_reason(),
+                      "); use \"cpu\""),
+                  {.file = c.source, .field = "parallel.device", .found = "\"cuda\""});
+    if (world > 1)
+      throw Error(str("parallel.device = \"cuda\" trains on one GPU for now: data parallelism over GPUs "
+                      "(the gradient buckets over NCCL) is not wired into the trainer yet, and this process "
+                      "was launched in a world of ",
+                      world),
+                  {.file = c.source, .field = "parallel.device", .found = "\"cuda\""});
+  }
   // Every recipe phase's global batch must split into whole micro-batches on every rank.
   for (const optim::Phase& ph : c.recipe.phases)
     if (ph.batch_size % (c.train.micro_batch * p.dp) != 0)
@@ -354,7 +364,8 @@ void Trainer::print_summary() const {
     log_info(plan_.str());
     log_info(sync_->plan_str());
   }
-  log_info("memory per rank: weights ", human_bytes(4 * P), " (f32), gradients ", human_bytes(4 * P),
+  log_info("memory per rank", model_->device() == Device::cpu ? "" : " (on the GPU)", ": weights ", human_bytes(4 * P),
+           " (f32), gradients ", human_bytes(4 * P),
            sync_ && sync_->buffer_bytes() > 0
                ? str(" + ", human_bytes(static_cast<double>(sync_->buffer_bytes())), " ",
                      grad_reduce_name(sync_->mode()), " reduction buffer")
@@ -387,6 +398,15 @@ void Trainer::print_summary() const {
   if (r.batch_ramp_start > 0 && r.batch_ramp_tokens > 0)
     log_info("  batch ramp: ", r.batch_ramp_start, " -> ", r.phases[0].batch_size,
              " sequences over the first ", r.batch_ramp_tokens, " tokens");
+}
+
+void Trainer::log_measured_memory() const {
+  const Device dev = model_->device();
+  log_info("memory measured after the first step: zaya's tensors on ", device_name(dev), " peaked at ",
+           human_bytes(static_cast<double>(storage_bytes_peak(dev))), ", ",
+           human_bytes(static_cast<double>(storage_bytes_in_use(dev))), " held between steps",
+           dev == Device::cpu ? std::string() : str(" (", human_bytes(static_cast<double>(storage_bytes_peak(Device::cpu))),
+                                                    " on the host)"));
 }
 
 nlohmann::json Trainer::state_json() const {
@@ -793,6 +813,7 @@ TrainResult Trainer::run_steps() {
     progress.update(step_ - 1, r.loss, static_cast<double>(r.tokens) / r.time.step, t.log_every, extra);
     if (!std::isfinite(r.loss)) log_warn("step ", step_, ": non-finite loss");
     if (heartbeat_) heartbeat_->step_end(step_, r.loss, r.update.grad_norm, r.time.step);
+    if (step_ == result.first_step + 1 && !opts_.quiet) log_measured_memory();
     inject_step_end();
     track_skipped_updates(r);
     check_background_save();

@@ -121,6 +121,7 @@ class Trainer {
   double measure_gemm_peak() const;
   std::optional<double> evaluate_now(const char* when, Progress& progress, MetricsSink& metrics);
   void announce_phase(int64_t batch, Progress& progress, MetricsSink& metrics);
+  void log_measured_memory() const;  // the peak of the first step, by device
   int64_t prepare_step(Progress& progress, MetricsSink& metrics);
   // Recipe runs: builds phase p's train (and validation) loader, reshapes the model to the phase's
   // sequence length and switches its RoPE θ. `offsets`: the datasets' starting counts (from a

@@ -121,4 +121,21 @@ void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const T
   }
 }
 
+void muon_momentum(const Tensor& grad, const Tensor& m, float beta, bool on_this_thread) {
+  float* g = grad.data<float>();
+  float* mp = m.data<float>();
+  const int64_t n = grad.numel();
+#pragma omp parallel for schedule(static) if (!on_this_thread)
+  for (int64_t i = 0; i < n; ++i) math::muon_momentum_step(g[i], mp[i], beta);
+}
+
+void muon_apply(const Tensor& param, const Tensor& update, float lr, float weight_decay, float scale,
+                bool on_this_thread) {
+  float* p = param.data<float>();
+  const float* o = update.data<float>();
+  const int64_t n = param.numel();
+#pragma omp parallel for schedule(static) if (!on_this_thread)
+  for (int64_t i = 0; i < n; ++i) math::muon_apply_step(p[i], o[i], lr, weight_decay, scale);
+}
+
 }  // namespace zaya::ops::cpu

@@ -23,6 +23,8 @@ double global_grad_norm(std::span<const Tensor> grads);
 void scale_inplace(const Tensor& t, float s);
 void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const Tensor& grad, const AdamWHyper& hp,
                   int64_t step);
+void muon_momentum(const Tensor& grad, const Tensor& m, float beta);
+void muon_apply(const Tensor& param, const Tensor& update, float lr, float weight_decay, float scale);
 
 // Σ x² in double of `count` consecutive matrices of n floats each at `base` (device memory), in
 // global_grad_norm's order, into sums[0..count) (device memory). `scratch` holds at least

@@ -181,4 +181,34 @@ void adamw_update(const Tensor& param, const Tensor& m, const Tensor& v, const T
   check_launch(op);
 }
 
+namespace {
+// Muon's element passes (optim_math.h), the CPU's per-element functions.
+__global__ void muon_momentum_kernel(float* g, float* m, int64_t n, float beta) {
+  GRID_STRIDE(i, n) math::muon_momentum_step(g[i], m[i], beta);
+}
+
+__global__ void muon_apply_kernel(float* p, const float* o, int64_t n, float lr, float wd, float s) {
+  GRID_STRIDE(i, n) math::muon_apply_step(p[i], o[i], lr, wd, s);
+}
+}  // namespace
+
+void muon_momentum(const Tensor& grad, const Tensor& m, float beta) {
+  constexpr std::string_view op = "muon_momentum";
+  auto& ctx = context_for(op);
+  const int64_t n = grad.numel();
+  if (n == 0) return;
+  muon_momentum_kernel<<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(grad.data<float>(), m.data<float>(), n, beta);
+  check_launch(op);
+}
+
+void muon_apply(const Tensor& param, const Tensor& update, float lr, float weight_decay, float scale) {
+  constexpr std::string_view op = "muon_apply";
+  auto& ctx = context_for(op);
+  const int64_t n = param.numel();
+  if (n == 0) return;
+  muon_apply_kernel<<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(param.data<float>(), update.data<float>(), n, lr,
+                                                                     weight_decay, scale);
+  check_launch(op);
+}
+
 }  // namespace zaya::ops::cuda

@@ -1,0 +1,163 @@
+// The model on the device against the model on the CPU: loss, every parameter gradient, the
+// gradient-ready ranges and greedy generation, on several small random configs. On a GPU this is
+// the CUDA kernels in the whole model's composition (fp32, TF32 off); without one it runs on the
+// emulated device (tests/device_or_emulated.h), where every tensor the model touches must be on the
+// device and the results are then bitwise the CPU's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "device_or_emulated.h"
+#include "test_util.h"
+#include "zaya/core/random.h"
+#include "zaya/model/generate.h"
+#include "zaya/model/params.h"
+#include "zaya/model/zaya_model.h"
+
+namespace zaya::model {
+namespace {
+
+struct Dims {
+  int64_t nq, nkv, hd, E, L, R, I, H, V;
+};
+
+ModelConfig make_config(const Dims& d) {
+  ModelConfig c;
+  c.num_attention_heads = d.nq;
+  c.num_key_value_heads = d.nkv;
+  c.head_dim = d.hd;
+  c.num_experts = d.E;
+  c.num_hidden_layers = static_cast<int>(d.L);
+  c.router_hidden_size = d.R;
+  c.moe_intermediate_size = d.I;
+  c.hidden_size = d.H;
+  c.vocab_size = d.V;
+  c.rope_theta = 1000.0;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
+// Every parameter off its init value (matrices ~1/sqrt(fan_in), the router's ×3 so that routing
+// depends on the input) and random balancing biases, so that every op's gradient is exercised.
+void randomize(ZayaModel& m, uint64_t seed) {
+  m.init(seed);
+  for (size_t i = 0; i < m.specs().size(); ++i) {
+    Tensor t = m.param(static_cast<int>(i));
+    const ParamSpec& s = m.specs()[i];
+    const uint64_t k = seed * 7919 + i;
+    if (s.shape.ndim() >= 2) {
+      const float gain = s.name.find("router_mlp") != std::string::npos ? 3.0f : 1.0f;
+      fill_normal(t, k, 0, 0.0f, gain / std::sqrt(static_cast<float>(s.shape[s.shape.ndim() - 1])));
+    } else {
+      fill_uniform(t, k, 0, 0.6f, 1.4f);
+    }
+  }
+  Tensor beta = m.balancing_biases();
+  fill_normal(beta, seed + 7, 0, 0.0f, 0.05f);
+}
+
+// ‖a − b‖ / ‖b‖ over a tensor, in double.
+double rel_err(const Tensor& a_any, const Tensor& b) {
+  const Tensor a = a_any.to(Device::cpu);
+  const float* x = a.data<float>();
+  const float* y = b.data<float>();
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    num += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
+    den += double(y[i]) * y[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// GQA, a single kv head, an odd kv head count, a 3-layer router-state chain.
+const Dims kDims[] = {
+    {4, 2, 16, 4, 2, 16, 24, 32, 96},
+    {4, 1, 32, 8, 3, 16, 32, 48, 64},
+    {6, 3, 16, 3, 2, 8, 16, 32, 40},
+};
+
+Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  Tensor u = Tensor::empty({B, T}, DType::f32), ids = Tensor::empty({B, T}, DType::i32);
+  fill_uniform(u, seed, 0, 0.0f, static_cast<float>(V));
+  for (int64_t i = 0; i < B * T; ++i)
+    ids.data<int32_t>()[i] = std::min(static_cast<int32_t>(u.data<float>()[i]), static_cast<int32_t>(V - 1));
+  return ids;
+}
+
+TEST(ModelDevice, LossAndEveryGradientMatchTheCpu) {
+  ZAYA_GPU_OR_EMULATED(real);
+  // fp32 on both devices (TF32 off): the GPU sums in other orders, so each tensor agrees to about
+  // 1e-6 relative; 1e-4 is the bound and leaves room for the longest reductions. The
+  // emulated device runs the CPU kernels: bitwise.
+  const double tol = real ? 1e-4 : 0.0;
+  const int64_t B = 2, T = 19;
+  for (size_t k = 0; k < std::size(kDims); ++k) {
+    const ModelConfig cfg = make_config(kDims[k]);
+    ZayaModel cpu(cfg, B, T), dev(cfg, B, T, Device::cuda);
+    randomize(cpu, 100 + k);
+    Tensor(dev.params_flat()).copy_from(cpu.params_flat());
+    Tensor(dev.balancing_biases()).copy_from(cpu.balancing_biases());
+    const Tensor ids = random_ids(B, T, cfg.vocab_size, 11 + k), targets = random_ids(B, T, cfg.vocab_size, 31 + k);
+
+    std::vector<std::pair<int64_t, int64_t>> cpu_ready, dev_ready;
+    const double loss_cpu = cpu.forward(ids, targets);
+    cpu.backward([&](int64_t a, int64_t b) { cpu_ready.emplace_back(a, b); });
+    const double loss_dev = dev.forward(ids.to(Device::cuda), targets.to(Device::cuda));
+    dev.backward([&](int64_t a, int64_t b) { dev_ready.emplace_back(a, b); });
+
+    EXPECT_NEAR(loss_dev, loss_cpu, tol * std::abs(loss_cpu)) << "config " << k;
+    EXPECT_EQ(dev_ready, cpu_ready) << "config " << k << ": the gradient-ready ranges differ";
+    for (size_t i = 0; i < cpu.specs().size(); ++i) {
+      const double e = rel_err(dev.grad(static_cast<int>(i)), cpu.grad(static_cast<int>(i)));
+      EXPECT_LE(e, tol) << "config " << k << ", gradient of " << cpu.specs()[i].name;
+    }
+    // The routing the host sees (tokens per expert, one copy per layer).
+    std::vector<int64_t> counts_cpu, counts_dev;
+    cpu.add_expert_counts(counts_cpu);
+    dev.add_expert_counts(counts_dev);
+    EXPECT_EQ(counts_dev, counts_cpu) << "config " << k;
+  }
+}
+
+TEST(ModelDevice, LogitsAndGreedyGenerationMatchTheCpu) {
+  ZAYA_GPU_OR_EMULATED(real);
+  const double tol = real ? 1e-4 : 0.0;
+  const ModelConfig cfg = make_config(kDims[0]);
+  const int64_t T = 7;
+  ZayaModel cpu(cfg, 1, T), dev(cfg, 1, T, Device::cuda);
+  randomize(cpu, 5);
+  Tensor(dev.params_flat()).copy_from(cpu.params_flat());
+  Tensor(dev.balancing_biases()).copy_from(cpu.balancing_biases());
+  const Tensor ids = random_ids(1, T, cfg.vocab_size, 3);
+
+  Tensor lc = Tensor::empty({T, cfg.vocab_size}, DType::f32);
+  Tensor ld = Tensor::empty({T, cfg.vocab_size}, DType::f32, Device::cuda);
+  cpu.forward_logits(ids, lc);
+  dev.forward_logits(ids.to(Device::cuda), ld);
+  EXPECT_LE(rel_err(ld, lc), tol);
+
+  GenerateOptions opt;
+  opt.max_new = 12;
+  // Greedy decoding compares argmaxes, which fp32 rounding can only flip on a near-tie: with these
+  // random weights the top two logits are far apart, so the tokens must match exactly.
+  EXPECT_EQ(generate(dev, ids, opt), generate(cpu, ids, opt));
+}
+
+TEST(ModelDevice, HostCodeCannotReachDeviceMemory) {
+  ZAYA_GPU_OR_EMULATED(real);
+  if (real) GTEST_SKIP() << "only the emulated device can tell host access apart (a GPU would fault)";
+  Tensor t = Tensor::zeros({4}, DType::f32, Device::cuda);
+  const std::string msg = test::error_of([&] { t.data<float>()[0] = 1.0f; });
+  EXPECT_NE(msg.find("outside an op"), std::string::npos) << msg;
+  // Copies are the way across.
+  Tensor h = Tensor::zeros({4}, DType::f32);
+  h.data<float>()[2] = 3.0f;
+  t.copy_from(h);
+  EXPECT_EQ(t.to(Device::cpu).data<float>()[2], 3.0f);
+}
+
+}  // namespace
+}  // namespace zaya::model
