@@ -409,10 +409,13 @@ std::vector<std::pair<int64_t, int64_t>> ZayaModel::ready_order() const {
 void ZayaModel::recompute_layer(int l) {
   SectionClock clock(*this);
   clock.part("backward: recompute the layer's forward");
-  const bool timing = time_sections_;
+  struct Restore {
+    bool& flag;
+    bool was;
+    ~Restore() { flag = was; }
+  } restore{time_sections_, time_sections_};
   time_sections_ = false;  // the layer's own forward parts would count this time twice
   layer_forward(l, /*recomputing=*/true);
-  time_sections_ = timing;
 }
 
 void ZayaModel::backward(const GradReadyFn& ready) {
