@@ -1,6 +1,8 @@
 // `zaya bench step`: times training steps (zero_grad, forward with the loss gradient, backward) of
 // a ZAYA1 model on random tokens; benchmarks/model_vs_hf.py, tools/step_ab.py and
 // scripts/gpu_check.sh parse its "bench: ..." lines.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -25,8 +27,15 @@ namespace {
 struct BenchStepFlags {
   ModelSource source;
   int64_t steps = 0, batch = 8, seq = 256;
-  bool gemm_shapes = false, sections = false, paced = false;
+  bool gemm_shapes = false, sections = false, paced = false, recompute = false;
 };
+
+// This process's peak resident memory (getrusage's maximum resident set, KiB on Linux): parameters,
+// gradients and the activation pages the steps touched.
+double peak_rss_mib() {
+  struct rusage u {};
+  return ::getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<double>(u.ru_maxrss) / 1024.0 : 0.0;
+}
 
 // Times `steps` training steps (zero_grad, forward with the loss gradient, backward) on [B, T]
 // random tokens after one untimed warm-up step; prints one line per phase and the throughput.
@@ -88,9 +97,9 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
   }
   ZAYA_CHECK(steps > 0, "bench step --paced: input ended before the first timed step");
   const double n = static_cast<double>(steps), step = (fwd + bwd) / n;
-  std::printf("bench: batch %lld x %lld tokens, %lld steps, gemm %s, loss %.4f\n", static_cast<long long>(B),
-              static_cast<long long>(T), static_cast<long long>(steps),
-              m.gemm_dtype() == DType::bf16 ? "bf16" : "f32", loss);
+  std::printf("bench: batch %lld x %lld tokens, %lld steps, gemm %s, loss %.4f, recompute %s\n",
+              static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(steps),
+              m.gemm_dtype() == DType::bf16 ? "bf16" : "f32", loss, m.recompute() ? "on" : "off");
   std::printf("bench: forward %.2f ms, backward %.2f ms, step %.2f ms\n", 1e3 * fwd / n, 1e3 * bwd / n,
               1e3 * step);
   std::printf("bench: tokens/s %.1f\n", static_cast<double>(B * T) / step);
@@ -135,6 +144,11 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
       "formula %lld B)\n",
       static_cast<double>(m.activation_bytes()) / (1 << 20), saved, layer_input, saved + layer_input,
       static_cast<long long>(model::activation_bytes_per_token_per_layer(m.config(), 4)));
+  if (m.recompute())
+    std::printf("bench: recompute: each layer keeps %.0f B per token besides its input; one shared set of %.0f B\n",
+                m.kept_bytes_per_token_per_layer(), saved);
+  std::printf("bench: memory: activation arena %.1f MiB, peak RSS %.1f MiB\n",
+              static_cast<double>(m.activation_bytes()) / (1 << 20), peak_rss_mib());
 }
 
 }  // namespace
@@ -162,12 +176,16 @@ void add_bench_step(CLI::App& bench, Commands& commands) {
   cmd->add_flag("--paced", f->paced,
                 "after the warm-up, run one timed step per line read from stdin and print each step's times "
                 "(benchmarks/model_vs_hf.py alternates zaya's and transformers' steps with it)");
+  cmd->add_flag("--recompute", f->recompute,
+                "recompute each layer's activations in the backward from its input (ZayaModel::set_recompute): "
+                "about one layer's saved activations instead of all, for L - 1 more layer forwards");
   cmd->add_flag("--gemm-shapes", f->gemm_shapes, "also time every GEMM shape of the step");
   cmd->add_flag("--sections", f->sections,
                 "also time each part of the step (each block's forward and backward, head, loss)");
   commands.push_back({cmd, [f] {
                         auto m = make_model(f->source, f->batch, f->seq, "bench step");
                         apply_gemm_dtype(f->source, *m);
+                        m->set_recompute(f->recompute);
                         run_bench(*m, f->steps, f->gemm_shapes, f->sections, f->paced);
                         return 0;
                       }});

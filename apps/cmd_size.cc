@@ -28,6 +28,9 @@ void add_size(CLI::App& app, Commands& commands) {
   cmd->add_option("--mbs", args->run.mbs, "micro-batch size (sequences per rank)")->check(CLI::PositiveNumber);
   cmd->add_option("--seq", args->run.seq, "sequence length")->check(CLI::PositiveNumber);
   cmd->add_option("--zero", args->run.zero, "ZeRO stage (0 or 1)")->check(CLI::Range(0, 1));
+  cmd->add_flag("--recompute", args->run.recompute,
+                "activation recomputation (train.recompute): activations of the layer inputs + one layer, and the "
+                "time of L - 1 more layer forwards");
   cmd->add_option("--set", args->overrides, "override a config key: model.hidden_size=1024");
   cmd->add_flag("--suggest", args->suggest, "also rank nearby shapes at the same parameter budget by predicted step time");
   cmd->add_option("--budget", args->budget, "what --suggest holds fixed (±5%): total or active parameters")

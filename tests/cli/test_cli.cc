@@ -188,6 +188,36 @@ TEST(Cli, BenchStepPrintsTheTimingLines) {
       << r.output;
 }
 
+// --recompute: the same loss (the step is bitwise the same computation; printed to 4 decimals) in
+// a smaller activation arena, and the memory line with the peak RSS.
+TEST(Cli, BenchStepRecomputeKeepsTheLossAndShrinksTheArena) {
+  // 4 layers of 256 tokens: the 3 layers' saved activations recompute drops are ~1 MiB, visible at
+  // the 0.1 MiB the line prints.
+  const std::string cfg = tiny_model_config("zaya_cli_tiny_model_recompute.toml", 4);
+  auto run = [&](const std::string& flag, double& loss, double& arena) {
+    CliRun r = zaya("--threads 1 bench step --init-config " + cfg + " --seed 1 --steps 1 --batch 8 --seq 32" + flag);
+    EXPECT_EQ(r.code, 0) << r.output;
+    const size_t b = r.output.find("bench: batch "), m = r.output.find("bench: memory: ");
+    EXPECT_NE(r.output.find(flag.empty() ? "recompute off" : "recompute on"), std::string::npos) << r.output;
+    EXPECT_TRUE(b != std::string::npos &&
+                std::sscanf(r.output.c_str() + b, "bench: batch 8 x 32 tokens, 1 steps, gemm f32, loss %lf", &loss) == 1)
+        << r.output;
+    double rss = 0;
+    EXPECT_TRUE(m != std::string::npos &&
+                std::sscanf(r.output.c_str() + m, "bench: memory: activation arena %lf MiB, peak RSS %lf MiB", &arena,
+                            &rss) == 2)
+        << r.output;
+    EXPECT_GT(rss, 0.0) << r.output;
+    return r.output;
+  };
+  double loss = -1, loss_rc = -2, arena = 0, arena_rc = 0;
+  run("", loss, arena);
+  const std::string out = run(" --recompute", loss_rc, arena_rc);
+  EXPECT_EQ(loss, loss_rc);
+  EXPECT_LT(arena_rc, arena);
+  EXPECT_NE(out.find("bench: recompute: each layer keeps "), std::string::npos) << out;
+}
+
 // forward runs the model only: its former benchmark flags fail (exit 2) with a pointer to
 // `zaya bench step` and the flag's new name.
 TEST(Cli, ForwardBenchFlagsPointAtBenchStep) {

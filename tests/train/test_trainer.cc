@@ -113,6 +113,42 @@ TEST_F(TrainerTest, Bf16GemmsLearnAndResumeBitExact) {
   EXPECT_EQ(flat(straight.model().params_flat()), flat(resumed.model().params_flat()));
 }
 
+// train.recompute = true: the backward re-runs each layer's forward from its saved input, the same
+// deterministic computation, so the run is bitwise the run without it (tolerance 0), in f32 and
+// with bf16 GEMMs; and a run may switch it on at a resume (a safe config change) and stay on the
+// straight trajectory.
+TEST_F(TrainerTest, RecomputeTrainsBitwiseLikeWithout) {
+  const int total = 10, first = 4;
+  for (const std::string gemm : {"f32", "bf16"}) {
+    SCOPED_TRACE("gemm " + gemm);
+    auto cfg = [&](const std::string& run, bool recompute) {
+      return parse_run_config(toy_config(prefix_, root_ / (run + gemm), total), "toy.toml",
+                              {"train.gemm_dtype=" + gemm, recompute ? "train.recompute=true" : "train.recompute=false"});
+    };
+    Trainer plain(cfg("plain", false), {.quiet = true});
+    TrainResult a = plain.run();
+    Trainer rc(cfg("rc", true), {.quiet = true});
+    ASSERT_TRUE(rc.model().recompute());
+    EXPECT_LT(rc.model().activation_bytes(), plain.model().activation_bytes());
+    TrainResult b = rc.run();
+    ASSERT_EQ(a.losses.size(), static_cast<size_t>(total));
+    ASSERT_EQ(b.losses.size(), a.losses.size());
+    for (int i = 0; i < total; ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << "step " << i;
+    EXPECT_EQ(flat(plain.model().params_flat()), flat(rc.model().params_flat()));
+    EXPECT_EQ(flat(plain.model().balancing_biases()), flat(rc.model().balancing_biases()));
+    if (gemm == "bf16") continue;  // the resume switch once suffices
+    {
+      Trainer part(cfg("split", false), {.quiet = true, .stop_after_steps = first});
+      ASSERT_TRUE(part.run().interrupted);
+    }
+    Trainer resumed(cfg("split", true), {.resume = "latest", .quiet = true});
+    TrainResult c = resumed.run();
+    ASSERT_EQ(c.losses.size(), static_cast<size_t>(total - first));
+    for (int i = 0; i < total - first; ++i) EXPECT_EQ(a.losses[first + i], c.losses[i]) << "step " << first + i;
+    EXPECT_EQ(flat(plain.model().params_flat()), flat(resumed.model().params_flat()));
+  }
+}
+
 TEST_F(TrainerTest, KillDuringSaveKeepsThePreviousCheckpoint) {
   // A child trains and is SIGKILLed while its step-10 checkpoint is being written (the save of
   // step 5 has committed; a test hook holds each commit for 3 s so the kill lands mid-save);
@@ -198,6 +234,8 @@ TEST_F(TrainerTest, ConfigErrorsNameTheKey) {
   const std::string dtype = err("", {"train.gemm_dtype=fp16"});
   EXPECT_NE(dtype.find("train.gemm_dtype"), std::string::npos) << dtype;
   EXPECT_NE(dtype.find("fp16"), std::string::npos) << dtype;
+  const std::string recompute = err("", {"train.recompute=1"});
+  EXPECT_NE(recompute.find("train.recompute"), std::string::npos) << recompute;
   const std::string seq = err("", {"train.seq_len=128"});
   EXPECT_NE(seq.find("train.seq_len"), std::string::npos) << seq;
   EXPECT_NE(seq.find("max_position_embeddings"), std::string::npos) << seq;

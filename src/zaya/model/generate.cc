@@ -59,6 +59,14 @@ void ZayaDecoder::prefill(const Tensor& ids, const Tensor& logits) {
   check_shape("ZayaDecoder::prefill: logits", logits, Shape{B_, c.vocab_size});
   const int64_t T = ids.size(1), H = c.hidden_size, kv = c.kv_dim(), C = c.conv_channels();
   if (m_.batch() != B_ || m_.seq_len() != T) m_.set_batch_shape(B_, T);
+  // The caches are filled from every layer's saved activations, which a model in recompute mode
+  // does not keep: the prefill runs without it (two re-plans of the arena) and turns it back on.
+  struct RecomputeOff {
+    ZayaModel& m;
+    bool was;
+    explicit RecomputeOff(ZayaModel& model) : m(model), was(model.recompute()) { m.set_recompute(false); }
+    ~RecomputeOff() { m.set_recompute(was); }
+  } recompute_off(m_);
   m_.forward(ids, Tensor{}, false);
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {

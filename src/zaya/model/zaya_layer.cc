@@ -81,7 +81,7 @@ void ZayaModel::run_pending_weight_grads() {
   pending_wgrads_.clear();
 }
 
-void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
+void ZayaModel::layer_forward(int l, bool recomputing) {
   const int64_t N = B_ * T_, H = cfg_.hidden_size, kv = cfg_.kv_dim(), C = cfg_.conv_channels(),
                 E = cfg_.num_experts;
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
@@ -129,12 +129,15 @@ void ZayaModel::layer_forward(int l, bool /*need_backward*/) {
 
   // --- experts: grouped by expert, dropless ----------------------------------------------
   clock.part("forward: experts, residual");
+  const int64_t forward_M = t.M;
   t.M = ops::moe_plan(t.counts, t.offsets, t.pos, t.src, t.choice, N, E);
+  // A re-run is the same computation (set_recompute): the same tokens were routed.
+  ZAYA_ASSERT(!recomputing || t.M == forward_M);
   // Tokens per expert to the host (the load statistics and the balancer read them there).
-  Tensor::borrow(counts_host_.data() + l * E, Shape{E}, DType::i32).copy_from(t.counts);
+  if (!recomputing) Tensor::borrow(counts_host_.data() + l * E, Shape{E}, DType::i32).copy_from(t.counts);
   ops::experts_forward(expert_acts(l), t.w, t.src, t.offsets, expert_weights(l), t.M);
   ops::moe_unpermute(t.m, t.y, t.weight, t.pos, t.M, N, H);  // m = p_choice · y (0 if skipped)
-  ops::residual_scale_forward(s.xs[l + 1], t.m, t.x_mid, p.rs_mlp);
+  if (!recomputing) ops::residual_scale_forward(s.xs[l + 1], t.m, t.x_mid, p.rs_mlp);
 }
 
 // In: s.dxa = dL/dx_out, s.drc = dL/dr_l from layer l+1 (0 for the last layer).

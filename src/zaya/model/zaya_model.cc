@@ -150,7 +150,11 @@ std::vector<std::pair<std::string, Tensor>> ZayaModel::weights() const {
 }
 
 const LayerParams& ZayaModel::layer_param_views(int l) const { return lp_.at(static_cast<size_t>(l)); }
-const LayerActs& ZayaModel::layer_acts(int l) const { return acts_.at(static_cast<size_t>(l)); }
+const LayerActs& ZayaModel::layer_acts(int l) const {
+  ZAYA_CHECK(!recompute_, "ZayaModel::layer_acts: with recompute on the forward keeps one layer's activations, "
+             "not layer ", l, "'s; call set_recompute(false) before the forward that fills them");
+  return acts_.at(static_cast<size_t>(l));
+}
 const Tensor& ZayaModel::final_hidden() const { return scratch_->hf; }
 
 void ZayaModel::init(uint64_t seed) {
@@ -207,6 +211,13 @@ void ZayaModel::set_gemm_dtype(DType dtype) {
   have_backward_ = false;
 }
 
+void ZayaModel::set_recompute(bool on) {
+  if (on == recompute_) return;
+  recompute_ = on;
+  plan();
+  have_backward_ = false;
+}
+
 // Lays out every activation. Run twice: once counting bytes (with the arena's 64-byte alignment),
 // once carving them out of an arena of exactly that size.
 void ZayaModel::plan() {
@@ -221,16 +232,33 @@ void ZayaModel::plan() {
     counted = (counted + kArenaAlign - 1) / kArenaAlign * kArenaAlign + static_cast<size_t>(s.numel()) * dtype_size(d);
     return Tensor{};
   };
-  size_t layer_bytes = 0;
+  size_t layer_bytes = 0, kept_bytes = 0;
   auto run = [&] {
     acts_.assign(static_cast<size_t>(L), LayerActs{});
     scratch_ = std::make_unique<ScratchActs>();
     ScratchActs& s = *scratch_;
     s.xs.clear();
     for (int64_t l = 0; l <= L; ++l) s.xs.push_back(a({N, H}));
+    Tensor u_odd, att_odd;  // recompute: the odd layers' u and att
     for (int64_t l = 0; l < L; ++l) {
-      size_t before = counted;
       LayerActs& t = acts_[l];
+      if (recompute_ && l > 0) {
+        // Recompute: layer l's saved activations are views of layer 0's, the one shared set that
+        // each layer's forward overwrites and its backward re-runs. A layer keeps its own router
+        // state (the next layer's EDA reads it in the forward, its re-run and its backward) and
+        // routing choice (router_choice()). u and att alternate between two buffers because the
+        // weight gradients of layer l+1's projections (dW_o from att, dW_qkv from u) are still
+        // pending while layer l is recomputed (zaya_layer.cc, "Backward scheduling").
+        if (l == 1) { u_odd = a({N, H}); att_odd = a({N, q}); }
+        const size_t before = counted;
+        t = acts_[0];
+        t.r = a({N, R});
+        t.choice = a({N}, DType::i32);
+        if (l == 1) kept_bytes = counted - before;
+        if (l % 2 == 1) { t.u = u_odd; t.att = att_odd; }
+        continue;
+      }
+      size_t before = counted;
       t.rstd_in = a({N}); t.u = a({N, H});
       t.z = a({N, C}); t.qpre = a({N, q}); t.kpre = a({N, kv});
       t.qr = a({N, q}); t.kr = a({N, kv}); t.v = a({N, kv});
@@ -263,6 +291,7 @@ void ZayaModel::plan() {
   };
   run();
   saved_per_layer_ = layer_bytes;
+  kept_per_layer_ = recompute_ && L > 1 ? kept_bytes : layer_bytes;
   arena_ = Arena(counted + kArenaAlign, device_);
   counting = false;
   run();
@@ -294,7 +323,7 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
                           param("model.input_hidden_states_scale"));
   const bool need_backward = targets.defined() && for_backward;
   clock.stop();  // the layers time their own parts
-  for (int l = 0; l < L; ++l) layer_forward(l, need_backward);
+  for (int l = 0; l < L; ++l) layer_forward(l);
   clock.part("forward: final norm, LM head, loss (and its backward)");
   ops::rmsnorm_forward(s.hf, s.rstd_f, s.xs[L], param("model.norm.weight"), static_cast<float>(cfg_.rms_norm_eps));
   have_backward_ = false;
@@ -375,6 +404,20 @@ std::vector<std::pair<int64_t, int64_t>> ZayaModel::ready_order() const {
   return gradient_report_order(specs_);  // mirrors backward() below
 }
 
+// Re-runs layer l's forward from its saved input x^l (and r_{l−1}) into the shared activations,
+// timed as one part of the backward.
+void ZayaModel::recompute_layer(int l) {
+  SectionClock clock(*this);
+  clock.part("backward: recompute the layer's forward");
+  struct Restore {
+    bool& flag;
+    bool was;
+    ~Restore() { flag = was; }
+  } restore{time_sections_, time_sections_};
+  time_sections_ = false;  // the layer's own forward parts would count this time twice
+  layer_forward(l, /*recomputing=*/true);
+}
+
 void ZayaModel::backward(const GradReadyFn& ready) {
   ZAYA_CHECK(have_backward_, "ZayaModel::backward: call forward(ids, targets, for_backward = true) first");
   have_backward_ = false;
@@ -393,7 +436,10 @@ void ZayaModel::backward(const GradReadyFn& ready) {
   report_ready(offsets_[norm], offsets_[norm] + specs_[norm].shape.numel());
   s.drc.zero_();  // the last layer's router state feeds nothing
   clock.stop();
-  for (int l = static_cast<int>(L) - 1; l >= 0; --l) layer_backward(l);
+  for (int l = static_cast<int>(L) - 1; l >= 0; --l) {
+    if (recompute_ && l + 1 < L) recompute_layer(l);  // the last layer's are still in the shared set
+    layer_backward(l);
+  }
   clock.part("backward: layer 0's projection weight gradients");
   run_pending_weight_grads();  // no experts region follows to take them (zaya_layer.cc)
   report_ready_layer(0);

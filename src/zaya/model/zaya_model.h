@@ -65,6 +65,17 @@ class ZayaModel {
   void set_gemm_dtype(DType dtype);
   DType gemm_dtype() const { return gemm_dtype_; }
 
+  // Activation recomputation (off by default). On, the forward keeps per layer only what the
+  // layers after it read (its input x^l, its router state r_l for the next layer's depth average,
+  // its routing choice and counts) and one shared set of saved activations; backward() re-runs
+  // layer l's forward from x^l just before layer l's backward (the last layer's are still there).
+  // The recomputed forward is the same deterministic computation, so the loss and every gradient
+  // are bitwise those without it; the arena shrinks from L layers' saved activations to about one,
+  // for the time of L − 1 layer forwards more per step. layer_acts() needs it off. Re-plans the
+  // arena (allocates).
+  void set_recompute(bool on);
+  bool recompute() const { return recompute_; }
+
   // Deterministic init from `seed` following each ParamSpec's init; each parameter draws from its
   // own Philox stream keyed by (seed, hash of its HF name), so adding or reordering parameters
   // does not change the others. Balancing biases are reset to 0 (skip class −1).
@@ -134,20 +145,28 @@ class ZayaModel {
 
   // Activation arena bytes (saved activations + backward scratch) for the current [B, T].
   size_t activation_bytes() const { return arena_.capacity(); }
-  // Bytes of the per-layer saved activations alone, per token (compare with
-  // activation_bytes_per_token_per_layer(cfg, 4)).
+  // Bytes of one layer's saved activations, per token (compare with
+  // activation_bytes_per_token_per_layer(cfg, 4)): what each layer holds without recompute, and
+  // what the one shared set holds with it.
   double saved_bytes_per_token_per_layer() const { return saved_per_layer_ / static_cast<double>(B_ * T_); }
+  // Bytes each layer holds through the whole step, per token, besides its input x^l: its saved
+  // activations without recompute; with it, only its router state and routing choice.
+  double kept_bytes_per_token_per_layer() const { return kept_per_layer_ / static_cast<double>(B_ * T_); }
 
   // Read-only views for the cached decoder (generate.cc), which prefills with forward() and then
   // reads what it needs from the saved activations: layer l's parameter views, layer l's saved
-  // activations of the last forward, and the final-normed hidden states [B·T, H].
+  // activations of the last forward (not with recompute on: throws), and the final-normed hidden
+  // states [B·T, H].
   const LayerParams& layer_param_views(int l) const;
   const LayerActs& layer_acts(int l) const;
   const Tensor& final_hidden() const;
 
  private:
   void plan();
-  void layer_forward(int l, bool need_backward);
+  // recomputing: the re-run in backward(), which leaves the saved input x^{l+1} and the host counts
+  // as the forward left them.
+  void layer_forward(int l, bool recomputing = false);
+  void recompute_layer(int l);
   void layer_backward(int l);
   void head_backward_from_logits(const ops::CrossEntropyResult& res, const Tensor& targets);
   ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
@@ -184,7 +203,8 @@ class ZayaModel {
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // each layer's flat parameter range
   const GradReadyFn* ready_ = nullptr;  // the running backward's callback, or null
   std::unique_ptr<ScratchActs> scratch_;
-  size_t saved_per_layer_ = 0;
+  size_t saved_per_layer_ = 0, kept_per_layer_ = 0;
+  bool recompute_ = false;
   bool have_backward_ = false;
   DType gemm_dtype_ = DType::f32;
   // bf16 weight copies for the bf16 GEMM path (empty in f32 mode): per-layer expert stacks, embedding.

@@ -50,9 +50,24 @@ SizeReport size_model(const model::ModelConfig& c, const RunShape& run, const st
   r.memory.weights = 2.0 * static_cast<double>(n.total);
   r.memory.gradients = 4.0 * static_cast<double>(n.total);
   r.memory.optimizer = (4.0 * static_cast<double>(n.total) + 8.0 * static_cast<double>(adam) + 4.0 * static_cast<double>(muon)) / shard;
-  r.memory.activations = static_cast<double>(run.mbs * run.seq) *
-                         (static_cast<double>(c.num_hidden_layers * model::activation_bytes_per_token_per_layer(c, 2)) +
-                          4.0 * static_cast<double>(c.hidden_size));
+  const double L = static_cast<double>(c.num_hidden_layers), H = static_cast<double>(c.hidden_size),
+               layer_saved = static_cast<double>(model::activation_bytes_per_token_per_layer(c, 2));
+  if (run.recompute && c.num_hidden_layers > 1) {
+    // As ZayaModel plans it: every layer keeps its fp32 input, its router state (compute dtype) and
+    // its routing choice (int32); one layer's saved activations are shared, with a second u and
+    // attention output (the layer above's weight gradients still read them during a re-run); plus
+    // the final hidden state. The per-layer formula counts the layer input already.
+    const double kept = 4.0 * H + 2.0 * static_cast<double>(c.router_hidden_size) + 4.0;
+    r.memory.activations = static_cast<double>(run.mbs * run.seq) *
+                           ((L - 1.0) * kept + layer_saved + 2.0 * (H + static_cast<double>(c.q_dim())) + 4.0 * H);
+    // The re-run forwards of layers 0..L−2: a third of their training FLOPs (6 per active
+    // parameter, 6·S·nq·hd of attention), the embedding and head not included.
+    r.recompute_flops_per_token = (L - 1.0) / L *
+                                  (2.0 * static_cast<double>(n.active) +
+                                   2.0 * L * static_cast<double>(run.seq) * static_cast<double>(c.q_dim()));
+  } else {
+    r.memory.activations = static_cast<double>(run.mbs * run.seq) * (L * layer_saved + 4.0 * H);
+  }
 
   const int64_t tokens = run.mbs * run.seq;
   r.rules.push_back(multiple_of("hidden_size", c.hidden_size, 64));
@@ -74,6 +89,8 @@ SizeReport size_model(const model::ModelConfig& c, const RunShape& run, const st
     // gradients plus all-gather of bf16 weights, each costing (n-1)/n * bytes / bw on a ring.
     r.compute_time_s = hw->gemm_table.empty() ? r.flops_per_token * static_cast<double>(tokens) / hw->achievable_flops
                                               : predicted_compute_seconds(c, tokens, run.seq, *hw);
+    // Recompute: the step's time grows with its FLOPs (the re-run GEMMs are the forward's).
+    r.compute_time_s *= 1.0 + r.recompute_flops_per_token / r.flops_per_token;
     if (run.dp > 1) {
       double f = static_cast<double>(run.dp - 1) / static_cast<double>(run.dp);
       double bw = run.dp > hw->gpus_per_node ? hw->inter_node_bandwidth : hw->intra_node_bandwidth;
@@ -99,12 +116,19 @@ std::string format_size_report(const SizeReport& r) {
   std::snprintf(line, sizeof line, "flops/token    %.3f GFLOP (training, seq %lld)\n", r.flops_per_token / 1e9,
                 static_cast<long long>(r.run.seq));
   o << line;
+  if (r.recompute_flops_per_token > 0) {
+    std::snprintf(line, sizeof line, "recompute      +%.3f GFLOP per token (%.1f%% more: %lld layer forwards re-run)\n",
+                  r.recompute_flops_per_token / 1e9, 100 * r.recompute_flops_per_token / r.flops_per_token,
+                  static_cast<long long>(c.num_hidden_layers - 1));
+    o << line;
+  }
   o << "kv cache       " << r.kv_cache_bytes_per_token << " bytes per token (bf16, " << c.num_hidden_layers << " layers)\n";
   o << "memory/rank    (dp " << r.run.dp << ", micro-batch " << r.run.mbs << " x " << r.run.seq << ", ZeRO-" << r.run.zero << ")\n"
     << "               weights (bf16) " << gib(r.memory.weights) << "\n"
     << "               gradients (fp32) " << gib(r.memory.gradients) << "\n"
     << "               optimizer (fp32 master + state) " << gib(r.memory.optimizer) << "\n"
-    << "               activations " << gib(r.memory.activations) << "\n"
+    << "               activations " << gib(r.memory.activations)
+    << (r.run.recompute ? " (recomputed: layer inputs + one layer's saved activations)" : "") << "\n"
     << "               total " << gib(r.memory.total()) << "\n";
   if (r.hw) {
     std::snprintf(line, sizeof line, "step time      %.3f s on %s (compute %.3f s, ZeRO-1 communication %.3f s, no overlap)\n",

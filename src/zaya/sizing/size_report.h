@@ -16,6 +16,9 @@ struct RunShape {
   int64_t mbs = 1;   // micro-batch (sequences per rank per step)
   int64_t seq = 4096;
   int zero = 1;      // ZeRO stage: 0 (replicated optimizer) or 1 (sharded)
+  // Activation recomputation (train.recompute): each layer keeps its input, router state and
+  // routing choice; one layer's saved activations are shared; L − 1 layer forwards more per step.
+  bool recompute = false;
 };
 
 struct MemoryPerRank {
@@ -42,6 +45,9 @@ struct SizeReport {
   std::vector<RuleCheck> rules;
   std::optional<HardwareProfile> hw;
   double step_time_s = 0, compute_time_s = 0, comm_time_s = 0, mfu = 0;
+  // FLOPs per token the recomputed layer forwards add (0 without recompute): not model FLOPs, so
+  // they lengthen the step and lower the MFU.
+  double recompute_flops_per_token = 0;
 };
 
 SizeReport size_model(const model::ModelConfig& c, const RunShape& run, const std::optional<HardwareProfile>& hw);

@@ -60,6 +60,7 @@ TrainConfig read_train(ConfigReader& r) {
   r.get("train.progress", t.progress);
   r.get("train.init_from", t.init_from);
   r.get("train.gemm_dtype", t.gemm_dtype);
+  r.get("train.recompute", t.recompute);
   r.get("train.max_skipped_steps", t.max_skipped_steps);
   r.get("train.inject", t.inject);
   for (const std::string& spec : t.inject) {

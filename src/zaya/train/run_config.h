@@ -42,6 +42,10 @@ struct TrainConfig {
   // Input precision of the expert and LM-head GEMMs: "f32", or "bf16" (bf16 copies of their
   // inputs, f32 accumulation; everything else stays f32: docs/model.md, "bf16 GEMMs").
   std::string gemm_dtype = "f32";
+  // Activation recomputation (ZayaModel::set_recompute): keep only each layer's input and re-run
+  // its forward in the backward, for about one layer's saved activations instead of all of them
+  // at the cost of L − 1 layer forwards per step; bitwise the same training.
+  bool recompute = false;
   // Stop the run (an error) when this many optimizer updates in a row were skipped for a
   // non-finite gradient norm: the weights stop changing, so the run would only burn time. While
   // any update of the current streak was skipped, no checkpoint is saved (docs/train.md).

@@ -191,6 +191,7 @@ void Trainer::set_up() {
           "train.gemm_dtype = \"bf16\": this CPU has no native bf16 matmul (avx512_bf16 or AMX), so "
           "the bf16 GEMMs run in f32 on widened copies, slower than train.gemm_dtype = \"f32\"");
   }
+  model_->set_recompute(t.recompute);
   const optim::ParamTable table = optim::ParamTable::of(*model_);
   plan_ = optim::plan_shards(table, cfg_.optim, dp().size());
   optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, table, plan_.range(dp().rank()));
@@ -374,7 +375,8 @@ void Trainer::print_summary() const {
            mesh_->dp_size() > 1 ? str(" (this rank's 1/", mesh_->dp_size(), " shard)") : std::string(),
            ", activations ", human_bytes(static_cast<double>(model_->activation_bytes())), " (",
            cfg_.train.micro_batch, "x", cfg_.train.seq_len,
-           " tokens per micro-batch); expert and LM-head GEMMs ",
+           " tokens per micro-batch", cfg_.train.recompute ? ", recomputed in the backward from each layer's input" : "",
+           "); expert and LM-head GEMMs ",
            cfg_.train.gemm_dtype == "bf16" ? "bf16 inputs, f32 accumulation" : "f32");
   log_info("optimizer: ", optimizer_->summary().str());
   if (!cfg_.has_recipe()) {
