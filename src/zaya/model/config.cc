@@ -7,6 +7,7 @@
 
 #include "zaya/core/config.h"
 #include "zaya/core/error.h"
+#include "zaya/model/legacy_config.h"
 
 namespace zaya::model {
 namespace {
@@ -94,6 +95,8 @@ ModelConfig ModelConfig::from_hf_json_text(const std::string& text, const std::s
   const bool has_type = j.contains("model_type");
   need(has_type && j["model_type"] == "zaya", src, "model_type", "\"zaya\"",
        has_type ? j["model_type"].dump() : "\"\"");
+  // The released ZAYA1-base's config.json is in the legacy layout of Zyphra's transformers fork.
+  if (is_legacy_hf_config(j)) return legacy_hf_config(j, src);
 
   auto get_int = [&](const char* key, int64_t& out, bool required) {
     if (!j.contains(key) || j[key].is_null()) {
