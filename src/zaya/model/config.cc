@@ -199,4 +199,13 @@ std::string ModelConfig::to_hf_json() const {
   return j.dump(2) + "\n";
 }
 
+std::string ModelConfig::differences(const ModelConfig& other) const {
+  const nlohmann::json a = nlohmann::json::parse(to_hf_json()), b = nlohmann::json::parse(other.to_hf_json());
+  std::string out;
+  for (const auto& [key, value] : a.items())
+    if (!b.contains(key) || b[key] != value)
+      out += (out.empty() ? "" : "; ") + key + ": " + value.dump() + " vs " + (b.contains(key) ? b[key].dump() : "none");
+  return out;
+}
+
 }  // namespace zaya::model
