@@ -490,3 +490,56 @@ def test_size_of_zaya1_base_legacy_config(tmp_path):
     assert "non-embedding 8.303B" in out, out
     assert "active 0.754B" in out, out
     assert "embedding 0.537B" in out, out
+
+
+def write_indexed_dataset(prefix, ids):
+    """One document as a Megatron indexed dataset (uint16 ids; docs/data.md, "Indexed dataset format")."""
+    ids = np.asarray(ids, dtype=np.uint16)
+    Path(str(prefix) + ".bin").write_bytes(ids.tobytes())
+    idx = b"MMIDIDX\x00\x00" + np.uint64(1).tobytes() + np.uint8(8).tobytes()
+    idx += np.uint64(1).tobytes() + np.uint64(2).tobytes()  # 1 sequence, document index [0, 1]
+    idx += np.int32(len(ids)).tobytes() + np.int64(0).tobytes() + np.array([0, 1], dtype=np.int64).tobytes()
+    Path(str(prefix) + ".idx").write_bytes(idx)
+
+
+def test_train_init_from_a_legacy_directory(tmp_path):
+    """train.init_from = a legacy directory: the first step's loss (before its update) is the legacy
+    model's mean next-token cross-entropy on the one sample the dataset holds."""
+    H, nq, nkv, hd, E, L, R, I, V, seed = CASES["nq4nkv2hd16E4L3"]
+    cfg = legacy_config(H, nq, nkv, hd, E, L, R, I, V)
+    W = write_legacy_dir(tmp_path / "legacy", cfg, legacy_weights(H, nq, nkv, hd, E, L, R, I, V, seed + 30))
+    T = 24
+    ids = np.random.default_rng(seed + 31).integers(1, V, T + 1)
+    write_indexed_dataset(tmp_path / "one", ids)
+    (tmp_path / "run.toml").write_text(f"""
+[model]
+vocab_size = {V}
+hidden_size = {H}
+num_hidden_layers = {L}
+num_attention_heads = {nq}
+num_key_value_heads = {nkv}
+head_dim = {hd}
+num_experts = {E}
+moe_intermediate_size = {I}
+router_hidden_size = {R}
+rope_theta = 1000.0
+max_position_embeddings = 256
+[data]
+train = ["{tmp_path / 'one'}"]
+[train]
+steps = 1
+micro_batch = 1
+seq_len = {T}
+eval_every = 0
+progress = false
+out_dir = "{tmp_path / 'run'}"
+init_from = "{tmp_path / 'legacy'}"
+""")
+    run_zaya("train", "--config", tmp_path / "run.toml")
+    loss = [json.loads(l)["loss"] for l in open(tmp_path / "run" / "metrics.jsonl") if '"loss"' in l][0]
+    logits, _ = legacy_forward(W, cfg, ids[:-1])
+    logp = logits - logits.max(-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+    ref = -np.mean(logp[np.arange(T), ids[1:]])
+    assert abs(loss - ref) <= 1e-5 * ref, (loss, ref)  # fp32 loss against float64, as the logits
+    assert abs(ref - math.log(V)) > 0.1, ref  # far from what random weights would give
