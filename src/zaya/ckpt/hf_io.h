@@ -14,7 +14,7 @@
 
 namespace zaya::ckpt {
 
-// config.json of a transformers directory.
+// config.json of a transformers directory, native or legacy ZAYA1 layout (model/legacy_config.h).
 model::ModelConfig read_hf_config(const std::filesystem::path& dir);
 
 // The safetensors files of a transformers directory: model.safetensors, or the shards that
