@@ -1,3 +1,4 @@
+#include <filesystem>
 #include <iostream>
 #include <optional>
 
@@ -22,7 +23,7 @@ struct SizeArgs {
 void add_size(CLI::App& app, Commands& commands) {
   auto args = std::make_shared<SizeArgs>();
   auto* cmd = app.add_subcommand("size", "Parameters, FLOPs, memory, step time and sizing-rule checks of a model");
-  cmd->add_option("--model", args->model, "TOML run config ([model] section) or a transformers config.json")->required();
+  cmd->add_option("--model", args->model, "TOML run config ([model] section), a transformers config.json or its directory (native or legacy ZAYA1 layout)")->required();
   cmd->add_option("--hw", args->hw, "hardware profile: mi300x, h100, h200 or a profile .json");
   cmd->add_option("--dp", args->run.dp, "data-parallel ranks")->check(CLI::PositiveNumber);
   cmd->add_option("--mbs", args->run.mbs, "micro-batch size (sequences per rank)")->check(CLI::PositiveNumber);
@@ -40,7 +41,11 @@ void add_size(CLI::App& app, Commands& commands) {
       ->capture_default_str();
   commands.push_back({cmd, [args] {
                         model::ModelConfig c;
-                        if (args->model.size() > 5 && args->model.substr(args->model.size() - 5) == ".json") {
+                        std::error_code ec;
+                        if (std::filesystem::is_directory(args->model, ec)) {
+                          // A transformers directory (native or legacy ZAYA1 layout): its config.json.
+                          c = model::ModelConfig::from_hf_json((std::filesystem::path(args->model) / "config.json").string());
+                        } else if (args->model.size() > 5 && args->model.substr(args->model.size() - 5) == ".json") {
                           c = model::ModelConfig::from_hf_json(args->model);
                         } else {
                           ConfigReader r = ConfigReader::from_file(args->model, args->overrides);

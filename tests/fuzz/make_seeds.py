@@ -84,8 +84,16 @@ hf = {"architectures": ["ZayaForCausalLM"], "model_type": "zaya", "vocab_size": 
       "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1, "use_cache": True}
 small = dict(hf, num_hidden_layers=1, layer_types=["hybrid"], vocab_size=300, hidden_size=32, head_dim=8,
              num_experts=2, moe_intermediate_size=16, router_hidden_size=8)
+# The legacy layout's config.json (Zyphra's transformers fork; model/legacy_config.h), two layers.
+legacy = {"architectures": ["ZayaForCausalLM"], "model_type": "zaya", "cca": True, "zaya_layers": ["a", 2, "a", 2],
+          "cca_num_q_heads": [4, 0, 4, 0], "num_query_groups_list": [2, 0, 2, 0],
+          "ffn_hidden_size_list": [0, 32, 0, 32], "zaya_mlp_expansion": [0, 8, 0, 8], "kv_channels": 8,
+          "num_attention_heads": 8, "hidden_size": 32, "vocab_size": 300, "norm_epsilon": 1e-05,
+          "rope_theta": 10000, "partial_rotary_factor": 0.5, "rope_scaling": False, "moe_router_topk": 1,
+          "zaya_use_mod": True, "zaya_use_eda": True, "scale_residual_merge": True, "sliding_window": None}
 put("hf_config", {"default": json.dumps(hf, indent=2), "small_compact": json.dumps(small),
-                  "minimal": json.dumps({"model_type": "zaya"}), "wrong_type": json.dumps({"model_type": "llama"})})
+                  "minimal": json.dumps({"model_type": "zaya"}), "wrong_type": json.dumps({"model_type": "llama"}),
+                  "legacy_small": json.dumps(legacy)})
 
 # fuzz_run_config's input: the TOML text, then each --set argument after a NUL byte.
 configs = pathlib.Path(__file__).resolve().parents[2] / "configs"

@@ -58,6 +58,18 @@ TEST(ModelConfig, HfJsonRoundTrip) {
   EXPECT_EQ(back.eos_token_id, c.eos_token_id);
 }
 
+// What train.init_from's mismatch error lists: every differing config.json key, with both values.
+TEST(ModelConfig, DifferencesNameEveryDifferingKey) {
+  ModelConfig a = zaya1_base(), b = zaya1_base();
+  EXPECT_EQ(a.differences(b), "");
+  b.rope_theta = 10000;
+  b.max_position_embeddings = 4096;
+  const std::string d = a.differences(b);
+  EXPECT_NE(d.find("max_position_embeddings: 131072 vs 4096"), std::string::npos) << d;
+  EXPECT_NE(d.find("rope_parameters"), std::string::npos) << d;
+  EXPECT_EQ(d.find("hidden_size"), std::string::npos) << d;
+}
+
 using zaya::test::error_of;
 
 TEST(ModelConfig, ValidationNamesTheKey) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "zaya/ckpt/finite.h"
+#include "zaya/ckpt/hf_legacy.h"
 #include "zaya/ckpt/safetensors.h"
 #include "zaya/model/params.h"
 
@@ -22,10 +23,7 @@ model::ModelConfig read_hf_config(const fs::path& dir) {
   return model::ModelConfig::from_hf_json(p.string());
 }
 
-namespace {
-
-// Converts one stored tensor (F32 or BF16) into the f32 destination after checking its shape.
-void copy_converted(const SafetensorsFile& f, const StTensorInfo& info, const Tensor& dst) {
+void copy_hf_tensor(const SafetensorsFile& f, const StTensorInfo& info, const Tensor& dst) {
   std::vector<int64_t> want(dst.shape().begin(), dst.shape().end());
   if (info.shape != want) {
     std::ostringstream found;
@@ -53,7 +51,7 @@ void copy_converted(const SafetensorsFile& f, const StTensorInfo& info, const Te
   require_finite(dst, info.name, f.path().string());
 }
 
-std::vector<fs::path> weight_files(const fs::path& dir) {
+std::vector<fs::path> hf_weight_files(const fs::path& dir) {
   fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
   if (fs::exists(single)) return {single};
   ZAYA_CHECK(fs::exists(index), "no model.safetensors or model.safetensors.index.json in ", dir.string());
@@ -79,22 +77,21 @@ std::vector<fs::path> weight_files(const fs::path& dir) {
   return out;
 }
 
-}  // namespace
-
 void load_hf_weights(const fs::path& dir, model::ZayaModel& m) {
   const model::ModelConfig& c = m.config();
+  if (is_legacy_hf_dir(dir)) return load_legacy_hf_weights(dir, hf_weight_files(dir), m);
   std::set<std::string> loaded;
   std::vector<std::pair<std::string, Tensor>> lm_heads;
-  for (const fs::path& file : weight_files(dir)) {
+  for (const fs::path& file : hf_weight_files(dir)) {
     SafetensorsFile f(file);
     for (const StTensorInfo& info : f.header().tensors) {
       ZAYA_CHECK(!loaded.count(info.name), "tensor '", info.name, "' appears twice (again in ", file.string(), ")");
       int idx = m.param_index(info.name);
       if (idx >= 0) {
-        copy_converted(f, info, m.param(idx));
+        copy_hf_tensor(f, info, m.param(idx));
       } else if (info.name == "lm_head.weight") {
         Tensor t = Tensor::empty(Shape{c.vocab_size, c.hidden_size}, DType::f32);
-        copy_converted(f, info, t);
+        copy_hf_tensor(f, info, t);
         lm_heads.push_back({file.string(), t});
       } else {
         int layer = -1;
@@ -103,7 +100,7 @@ void load_hf_weights(const fs::path& dir, model::ZayaModel& m) {
         if (layer < 0)
           throw Error(str("unexpected tensor '", info.name, "' (not a ZAYA1 parameter for this config)"),
                       {.file = file.string(), .field = info.name, .expected = "a name from parameter_specs()"});
-        copy_converted(f, info, m.balancing_biases().select(layer));
+        copy_hf_tensor(f, info, m.balancing_biases().select(layer));
       }
       loaded.insert(info.name);
     }

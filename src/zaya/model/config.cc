@@ -7,6 +7,7 @@
 
 #include "zaya/core/config.h"
 #include "zaya/core/error.h"
+#include "zaya/model/legacy_config.h"
 
 namespace zaya::model {
 namespace {
@@ -94,6 +95,8 @@ ModelConfig ModelConfig::from_hf_json_text(const std::string& text, const std::s
   const bool has_type = j.contains("model_type");
   need(has_type && j["model_type"] == "zaya", src, "model_type", "\"zaya\"",
        has_type ? j["model_type"].dump() : "\"\"");
+  // The released ZAYA1-base's config.json is in the legacy layout of Zyphra's transformers fork.
+  if (is_legacy_hf_config(j)) return legacy_hf_config(j, src);
 
   auto get_int = [&](const char* key, int64_t& out, bool required) {
     if (!j.contains(key) || j[key].is_null()) {
@@ -194,6 +197,15 @@ std::string ModelConfig::to_hf_json() const {
   j["eos_token_id"] = eos_token_id;
   j["use_cache"] = true;
   return j.dump(2) + "\n";
+}
+
+std::string ModelConfig::differences(const ModelConfig& other) const {
+  const nlohmann::json a = nlohmann::json::parse(to_hf_json()), b = nlohmann::json::parse(other.to_hf_json());
+  std::string out;
+  for (const auto& [key, value] : a.items())
+    if (!b.contains(key) || b[key] != value)
+      out += (out.empty() ? "" : "; ") + key + ": " + value.dump() + " vs " + (b.contains(key) ? b[key].dump() : "none");
+  return out;
 }
 
 }  // namespace zaya::model

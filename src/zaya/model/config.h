@@ -53,6 +53,9 @@ struct ModelConfig {
   static ModelConfig from_hf_json_text(const std::string& text, const std::string& source);
   // A config.json that transformers' AutoConfig loads as ZayaConfig.
   std::string to_hf_json() const;
+  // The config.json keys whose values differ from `other`'s, as "key: this vs other" joined by
+  // "; " (empty when the two write the same config.json).
+  std::string differences(const ModelConfig& other) const;
 };
 
 }  // namespace zaya::model

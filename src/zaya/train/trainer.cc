@@ -246,7 +246,8 @@ void Trainer::set_up() {
     // optimizer, data and schedule start fresh.
     LoadedModel src = load_model_source(t.init_from, 1, 1);
     ZAYA_CHECK(src.model->config().to_hf_json() == cfg_.model.to_hf_json(), "train.init_from = ", t.init_from,
-               ": its model config differs from the run config's [model] section");
+               ": its model config differs from the run config's [model] section (",
+               src.model->config().differences(cfg_.model), ", the start point's value first)");
     Tensor params = model_->params_flat(), beta = model_->balancing_biases();  // handles to the live buffers
     params.copy_from(src.model->params_flat());
     beta.copy_from(src.model->balancing_biases());
