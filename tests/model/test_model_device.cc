@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,16 @@ TEST(ModelDevice, LossAndEveryGradientMatchTheCpu) {
     cpu.add_expert_counts(counts_cpu);
     dev.add_expert_counts(counts_dev);
     EXPECT_EQ(counts_dev, counts_cpu) << "config " << k;
+
+    // Activation recomputation on the device: the same gradients as without it, bitwise (the
+    // re-run forward is the same computation on the same device).
+    dev.set_recompute(true);
+    const Tensor before = dev.grads_flat().to(Device::cpu);
+    dev.zero_grad();
+    dev.forward(ids.to(Device::cuda), targets.to(Device::cuda));
+    dev.backward();
+    const Tensor after = dev.grads_flat().to(Device::cpu);
+    EXPECT_EQ(0, std::memcmp(after.raw(), before.raw(), before.nbytes())) << "config " << k << ", recompute";
   }
 }
 

@@ -21,6 +21,7 @@
 
 #include "ops/cuda_compare.h"
 #include "zaya/ops/copy.h"
+#include "zaya/ops/grad_wire.h"
 #include "zaya/ops/newton_schulz.h"
 #include "zaya/ops/optim_math.h"
 #include "zaya/ops/optim_ops.h"
@@ -102,6 +103,36 @@ TEST(OptimCuda, ScaleAndAdamwAreBitwiseTheCpus) {
     adamw_update(pg, mg, vg, on_gpu(g), hp, step);
     EXPECT_TRUE(bitwise_equal(pg, p) && bitwise_equal(mg, m) && bitwise_equal(vg, v)) << "step " << step;
   }
+}
+
+// Muon's element passes and the gradient wire's conversions: the CPU's per-element operations.
+TEST(OptimCuda, MuonPassesAndGradientWireAreBitwiseTheCpus) {
+  ZAYA_SKIP_WITHOUT_GPU();
+  const int64_t n = 70001;
+  Tensor g = random_tensor({n}, 60), m = random_tensor({n}, 61, 0.1f), gg = on_gpu(g), mg = on_gpu(m);
+  muon_momentum(g, m, 0.95f);
+  muon_momentum(gg, mg, 0.95f);
+  EXPECT_TRUE(bitwise_equal(gg, g) && bitwise_equal(mg, m)) << "muon_momentum";
+  Tensor p = random_tensor({n}, 62), pg = on_gpu(p);
+  muon_apply(p, g, 0.02f, 0.1f, 0.7f);
+  muon_apply(pg, gg, 0.02f, 0.1f, 0.7f);
+  EXPECT_TRUE(bitwise_equal(pg, p)) << "muon_apply";
+
+  Tensor wide = Tensor::zeros({n}, DType::f64), wg = Tensor::zeros({n}, DType::f64, Device::cuda);
+  Tensor a = random_tensor({n}, 63), ag = on_gpu(a);
+  accumulate_wide(wide, a);
+  accumulate_wide(wg, ag);
+  EXPECT_TRUE(bitwise_equal(ag, a)) << "accumulate_wide zeroes g";
+  narrow_scaled(a, wide, 0.25);
+  narrow_scaled(ag, wg, 0.25);
+  EXPECT_TRUE(bitwise_equal(ag, a)) << "narrow_scaled";
+  Tensor b16 = Tensor::empty({n}, DType::bf16), b16g = Tensor::empty({n}, DType::bf16, Device::cuda);
+  to_bf16_wire(b16, a);
+  to_bf16_wire(b16g, ag);
+  EXPECT_TRUE(bitwise_equal(b16g, b16)) << "to_bf16_wire";
+  from_bf16_wire(a, b16, 0.5f);
+  from_bf16_wire(ag, b16g, 0.5f);
+  EXPECT_TRUE(bitwise_equal(ag, a)) << "from_bf16_wire";
 }
 
 // a^steps·4·(K + 2)·u (the file's header).

@@ -18,6 +18,7 @@
 #include "test_util.h"
 #include "train/toy.h"
 #include "zaya/ckpt/reader.h"
+#include "zaya/core/cuda_runtime.h"
 #include "zaya/model/params.h"
 
 namespace zaya::train {
@@ -47,7 +48,7 @@ class DataParallel : public ::testing::Test {
 
   // `global` micro-batches of one sequence per step over `np` ranks.
   TrainRun train(int np, const std::string& name, int steps, const std::string& reduce, int global = 6,
-                 const std::string& extra = "") {
+                 const std::string& extra = "", const std::string& env = "") {
     const fs::path out = root_ / name;
     const fs::path cfg = root_ / (name + ".toml");
     std::ofstream(cfg) << toy::model_section() << "[data]\ntrain = [\"" << prefix_ << "\"]\n"
@@ -58,7 +59,7 @@ class DataParallel : public ::testing::Test {
                        << "[parallel]\ngrad_reduce = \"" << reduce << "\"\nbucket_mb = 0.01\ntimeout_s = 60\n";
     TrainRun r;
     const test::CliRun run =
-        test::run_shell(launcher(np) + ZAYA_BINARY + " --threads 1 train --config " + cfg.string() + " " + extra);
+        test::run_shell(env + launcher(np) + ZAYA_BINARY + " --threads 1 train --config " + cfg.string() + " " + extra);
     r.rc = run.code;
     r.out = run.output;
     if (r.rc != 0) return r;
@@ -116,6 +117,26 @@ TEST_F(DataParallel, TwoAndThreeRanksTrainTheOneRankModel) {
     EXPECT_EQ(differing, 0u) << "losses of " << differing << " steps differ in some bit";
     EXPECT_TRUE(n.params == one.params) << "final parameters differ in some bit";
   }
+}
+
+// The same on the device: the gradient buckets and the parameter all-gather move device buffers
+// (NCCL on GPUs, one per rank). Without GPUs the ranks run on the emulated device, whose buffers
+// the MPI mesh carries: that checks the trainer's device path over ranks (sharded state on the
+// device, the buckets' pointers, the checkpoint's gather from device tensors), not NCCL.
+TEST_F(DataParallel, TwoRanksOnTheDeviceTrainTheOneRankModel) {
+  const int gpus = cuda::device_count();
+  if (gpus == 1) GTEST_SKIP() << "one GPU: two ranks need two (NCCL takes one device per rank)";
+  const std::string device = " --set 'parallel.device=\"cuda\"'";
+  const std::string emulate = gpus == 0 ? "ZAYA_EMULATE_CUDA=1 " : "";
+  const int steps = 12;
+  const TrainRun one = train(1, "dev1", steps, "f64", 6, device, emulate);
+  ASSERT_EQ(one.rc, 0) << one.out;
+  const TrainRun two = train(2, "dev2", steps, "f64", 6, device, emulate);
+  ASSERT_EQ(two.rc, 0) << two.out;
+  ASSERT_EQ(two.losses.size(), one.losses.size());
+  // The f64 reduction does not depend on the split over ranks: bitwise, as on the CPU.
+  EXPECT_EQ(two.losses, one.losses);
+  EXPECT_TRUE(two.params == one.params) << "final parameters differ in some bit";
 }
 
 // Resharding: 20 steps at N = 2, saved; resumed at N = 3 and at N = 1 (grad_accum adjusted so the

@@ -90,12 +90,6 @@ void check_parallel(RunConfig& c) {
       throw Error(str("parallel.device = \"cuda\", but this process sees no GPU (", cuda::no_device_reason(),
                       "); use \"cpu\""),
                   {.file = c.source, .field = "parallel.device", .found = "\"cuda\""});
-    if (world > 1)
-      throw Error(str("parallel.device = \"cuda\" trains on one GPU for now: data parallelism over GPUs "
-                      "(the gradient buckets over NCCL) is not wired into the trainer yet, and this process "
-                      "was launched in a world of ",
-                      world),
-                  {.file = c.source, .field = "parallel.device", .found = "\"cuda\""});
   }
   // Every recipe phase's global batch must split into whole micro-batches on every rank.
   for (const optim::Phase& ph : c.recipe.phases)
@@ -129,6 +123,15 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
   // One rank speaks for the run; the others report only warnings and errors.
   if (!rank0() && log_level() < LogLevel::warn) set_log_level(LogLevel::warn);
   mesh_ = std::make_unique<dist::Mesh>(*comm_, static_cast<int>(cfg_.parallel.dp), static_cast<int>(cfg_.parallel.cp));
+  if (cfg_.parallel.device == "cuda" && comm_->size() > 1 && !cuda::emulated()) {
+    // The gradient buckets and the parameter all-gather move device buffers: NCCL, bootstrapped
+    // over MPI, one GPU per rank. The host's collectives (losses, expert counts, the norm, the
+    // checkpoint's gather) stay on MPI. The emulated device's buffers are host memory, which the
+    // MPI mesh carries itself.
+    device_comm_ = dist::make_nccl_communicator(comm_options);
+    device_mesh_ = std::make_unique<dist::Mesh>(*device_comm_, static_cast<int>(cfg_.parallel.dp),
+                                                static_cast<int>(cfg_.parallel.cp));
+  }
   // Bad fault specs and skip windows are input errors, raised before the run directory is touched.
   std::vector<std::string> inject = cfg_.train.inject;
   inject.insert(inject.end(), opts_.inject.begin(), opts_.inject.end());
@@ -198,7 +201,7 @@ void Trainer::set_up() {
   const GradReduce reduce = parse_grad_reduce(cfg_.parallel.grad_reduce, "parallel.grad_reduce");
   if (dp().size() > 1 || reduce == GradReduce::f64) {
     const auto bucket = static_cast<int64_t>(cfg_.parallel.bucket_mb * 1048576.0 / 4);
-    sync_ = std::make_unique<GradientSync>(dp(), plan_, model_->params_flat(), model_->grads_flat(),
+    sync_ = std::make_unique<GradientSync>(device_dp(), plan_, model_->params_flat(), model_->grads_flat(),
                                            model_->ready_order(), reduce, std::max<int64_t>(bucket, 1));
     // The clipping norm over every shard. In the f64 mode its square is rounded to f32, so that
     // the order in which the ranks' parts were summed does not reach the update.
@@ -360,6 +363,7 @@ void Trainer::print_summary() const {
                 n.active / 1e6, n.embedding / 1e6, n.non_embedding / 1e6);
   log_info(line);
   log_info("world: ", comm_->size(), " rank", comm_->size() == 1 ? "" : "s", " (", dist::backend_name(comm_->backend()),
+           device_comm_ ? str("; the gradients over ", dist::backend_name(device_comm_->backend())) : std::string(),
            "), mesh dp ", mesh_->dp_size(), " x cp ", mesh_->cp_size(), "; ",
            rank_threads_summary(comm_->rank(), comm_->size(), num_threads()));
   if (sync_) {

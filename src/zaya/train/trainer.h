@@ -108,6 +108,8 @@ class Trainer {
   void lock_run_dir();
   bool rank0() const { return comm_->rank() == 0; }
   dist::Communicator& dp() { return mesh_->dp(); }
+  // The data-parallel group for the gradients' and parameters' buffers: NCCL's on GPUs, else dp().
+  dist::Communicator& device_dp() { return device_mesh_ ? device_mesh_->dp() : dp(); }
   // The same string on every rank: rank 0's.
   std::string from_rank0(const std::string& s);
   // Whether any rank asks to stop (a signal reaches the ranks at different steps).
@@ -144,6 +146,8 @@ class Trainer {
   TrainOptions opts_;
   std::unique_ptr<dist::Communicator> comm_;  // the world
   std::unique_ptr<dist::Mesh> mesh_;          // dp × cp over comm_
+  std::unique_ptr<dist::Communicator> device_comm_;  // NCCL over the same ranks (GPU runs of several ranks)
+  std::unique_ptr<dist::Mesh> device_mesh_;          // dp × cp over device_comm_
   optim::ShardPlan plan_;                     // the ZeRO-1 ranges of the dp ranks
   std::unique_ptr<GradientSync> sync_;        // dp > 1 or parallel.grad_reduce = "f64"
   // Held from before the run directory is touched until after the last write into it (declared
