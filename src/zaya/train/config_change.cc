@@ -11,7 +11,7 @@ const std::vector<std::string>& safe_config_keys() {
       "ckpt.snapshot",      "data.tokenizer",  "data.val",        "parallel.bucket_mb",
       "parallel.timeout_s", "train.eval_every",
       "train.eval_samples", "train.init_from", "train.inject", "train.log_every", "train.max_skipped_steps",
-      "train.out_dir",      "train.progress",  "train.steps",
+      "train.mfu_peak",     "train.mfu_peak_flops", "train.out_dir",      "train.progress",  "train.steps",
   };
   return kSafe;
 }

@@ -16,6 +16,7 @@
 
 #include "zaya/ckpt/run_lock.h"
 #include "zaya/ckpt/writer.h"
+#include "zaya/core/peak_flops.h"
 #include "zaya/data/loader.h"
 #include "zaya/dist/communicator.h"
 #include "zaya/dist/mesh.h"
@@ -118,7 +119,9 @@ class Trainer {
   std::string save(bool wait);
   std::vector<ckpt::SaveItem> save_items();
   nlohmann::json state_json() const;
-  double measure_gemm_peak() const;
+  // The run's MFU peak over every rank (train/mfu_peak.h), printed; nullopt (with a warning) when
+  // none is known.
+  std::optional<PeakFlops> announce_mfu_peak() const;
   std::optional<double> evaluate_now(const char* when, Progress& progress, MetricsSink& metrics);
   void announce_phase(int64_t batch, Progress& progress, MetricsSink& metrics);
   int64_t prepare_step(Progress& progress, MetricsSink& metrics);
@@ -162,6 +165,7 @@ class Trainer {
   FaultInjector faults_;
   std::vector<SampleWindow> skip_windows_;  // merged: the checkpoint's and the options'
   int64_t committed_seen_ = -1;             // rank 0: the last save whose commit was beaten
+  std::string tokenizer_copy_;              // the run directory's copy of data.tokenizer (run_tokenizer.h)
 };
 
 // Installs SIGINT/SIGTERM handlers that set `flag`: the first two signals ask for a clean stop
