@@ -137,4 +137,42 @@ TEST_F(CliTools, CheckpointsCarryTheirTokenizer) {
   EXPECT_EQ(gen2.output, gen.output);  // the same weights and tokenizer: the same greedy text
 }
 
+// Output captured through a pipe is not a terminal: progress comes as log lines, one per tenth.
+TEST_F(CliTools, EvalAndTokenizerTrainingShowProgress) {
+  // Its own prepare, to read the lines it writes.
+  fs::create_directories(dir_ / "again");
+  const std::string prepare = "data prepare --input " + (dir_ / "corpus.txt").string() + " --vocab 300 --out " +
+                              (dir_ / "again" / "c").string();
+  CliRun r = zaya(prepare);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "data prepare: tokenizer: ")) << r.output;
+  EXPECT_TRUE(has(r, "/300 pieces (")) << r.output;
+  EXPECT_TRUE(has(r, "data prepare: tokenizer: 300/300 pieces (100%)")) << r.output;
+  EXPECT_FALSE(has(r, "LOG(INFO)")) << r.output;  // SentencePiece's own lines stay out,
+  EXPECT_FALSE(has(r, "trainer_spec")) << r.output;  // also the lines of a multi-line message
+  // The same tokenizer with progress on and off: the progress only reads SentencePiece's log.
+  fs::create_directories(dir_ / "quiet");
+  r = zaya("--log-level info " + prepare.substr(0, prepare.find("--out")) + "--out " + (dir_ / "quiet" / "c").string() +
+           " --no-progress");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(has(r, "pieces (")) << r.output;
+  EXPECT_EQ(slurp(dir_ / "quiet" / "c.model"), slurp(dir_ / "again" / "c.model"));
+
+  ASSERT_EQ(train().code, 0);
+  const std::string eval = "eval --model " + (dir_ / "run").string() + " --data " + (dir_ / "data" / "c_val").string() +
+                           " --batch 1 --seq 8 --samples 20";
+  r = zaya(eval);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const size_t half = r.output.find("eval: 10/"), done = r.output.find("batches (100%)"),
+               result = r.output.find("perplexity");
+  ASSERT_NE(half, std::string::npos) << r.output;
+  ASSERT_NE(done, std::string::npos) << r.output;
+  EXPECT_LT(half, done);
+  EXPECT_LT(done, result);  // while it runs, before the result
+  r = zaya(eval + " --no-progress");
+  EXPECT_FALSE(has(r, "batches (")) << r.output;
+  r = zaya("--log-level warn " + eval);
+  EXPECT_FALSE(has(r, "batches (")) << r.output;
+}
+
 }  // namespace
