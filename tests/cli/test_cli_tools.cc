@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -137,6 +138,28 @@ TEST_F(CliTools, CheckpointsCarryTheirTokenizer) {
   EXPECT_EQ(gen2.output, gen.output);  // the same weights and tokenizer: the same greedy text
 }
 
+// `zaya --version` names the release version, and every checkpoint's state records it beside the
+// commit (state.written_by, in manifest.json).
+TEST_F(CliTools, VersionIsPrintedAndWrittenIntoEveryCheckpoint) {
+  const CliRun v = zaya("--version");
+  ASSERT_EQ(v.code, 0) << v.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(v.output, m, std::regex("\nversion     ([0-9]+\\.[0-9]+\\.[0-9]+)\n"))) << v.output;
+  const std::string version = m[1].str();
+  ASSERT_EQ(train().code, 0);
+  const std::string imported = (dir_ / "imported").string();
+  ASSERT_EQ(zaya("forward --init-config " + (dir_ / "run.toml").string() + " --save-hf " + (dir_ / "hf").string()).code, 0);
+  ASSERT_EQ(zaya("ckpt import-hf " + (dir_ / "hf").string() + " --out " + imported).code, 0);
+  for (const fs::path run : {dir_ / "run", fs::path(imported)}) {
+    std::ifstream latest(run / "latest");
+    std::string step;
+    std::getline(latest, step);
+    const nlohmann::json manifest = nlohmann::json::parse(slurp(run / step / "manifest.json"));
+    EXPECT_EQ(manifest["state"]["written_by"]["version"], version) << run;
+    EXPECT_TRUE(manifest["state"]["written_by"].contains("commit")) << run;
+  }
+}
+
 // Output captured through a pipe is not a terminal: progress comes as log lines, one per tenth.
 TEST_F(CliTools, EvalAndTokenizerTrainingShowProgress) {
   // Its own prepare, to read the lines it writes.
@@ -169,6 +192,19 @@ TEST_F(CliTools, EvalAndTokenizerTrainingShowProgress) {
   ASSERT_NE(done, std::string::npos) << r.output;
   EXPECT_LT(half, done);
   EXPECT_LT(done, result);  // while it runs, before the result
+  // On a terminal (script(1) gives it one): one line redrawn in place, not a line per batch.
+  if (zaya::test::run_shell("command -v script").code == 0) {
+    const CliRun tty = zaya::test::run_shell("script -qec \"" + std::string(ZAYA_BINARY) + " --threads 1 " + eval +
+                                             "\" /dev/null");
+    ASSERT_EQ(tty.code, 0) << tty.output;
+    size_t redraws = 0;
+    for (size_t at = tty.output.find("\reval: "); at != std::string::npos; at = tty.output.find("\reval: ", at + 1))
+      ++redraws;
+    EXPECT_GE(redraws, 1u) << tty.output;
+    EXPECT_LT(redraws, 20u) << tty.output;  // 20 batches of 8 tokens take far less than the 4 s 20 redraws need
+    EXPECT_TRUE(has(tty, "batches (100%)")) << tty.output;
+    EXPECT_FALSE(has(tty, " I eval: 10/")) << tty.output;  // no log lines on a terminal
+  }
   r = zaya(eval + " --no-progress");
   EXPECT_FALSE(has(r, "batches (")) << r.output;
   r = zaya("--log-level warn " + eval);

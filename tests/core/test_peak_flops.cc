@@ -20,6 +20,7 @@ TEST(PeakFlops, DatasheetTableAndGpuNames) {
   EXPECT_EQ(gpu_peak_by_device_name("NVIDIA A100-SXM4-80GB")->name, "a100");
   EXPECT_EQ(gpu_peak_by_device_name("AMD Instinct MI300X")->name, "mi300x");
   EXPECT_FALSE(gpu_peak_by_device_name("NVIDIA H100 NVL").has_value());
+  EXPECT_FALSE(gpu_peak_by_device_name("NVIDIA H200 NVL").has_value());
   EXPECT_FALSE(gpu_peak_by_device_name("NVIDIA GeForce RTX 4090").has_value());
 }
 

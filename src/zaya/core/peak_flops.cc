@@ -120,10 +120,12 @@ std::optional<PeakFlops> datasheet_peak(const std::string& name) {
 
 std::optional<PeakFlops> gpu_peak_by_device_name(const std::string& device_name) {
   const std::string n = upper(device_name);
+  // The NVL parts (H100 NVL, H200 NVL) have their own clocks and no entry: a stated figure is
+  // better than a wrong one.
+  if (contains(n, "NVL")) return std::nullopt;
   if (contains(n, "H200")) return datasheet_peak("h200");
-  // The H100 NVL has its own clocks and no entry: a stated figure is better than a wrong one.
   if (contains(n, "H100") && contains(n, "PCIE")) return datasheet_peak("h100-pcie");
-  if (contains(n, "H100") && !contains(n, "NVL")) return datasheet_peak("h100");
+  if (contains(n, "H100")) return datasheet_peak("h100");
   if (contains(n, "A100")) return datasheet_peak("a100");
   if (contains(n, "MI300X")) return datasheet_peak("mi300x");
   return std::nullopt;

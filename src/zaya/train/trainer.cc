@@ -398,7 +398,7 @@ void Trainer::print_summary() const {
 nlohmann::json Trainer::state_json() const {
   nlohmann::json s;
   s["format"] = "zaya-train-1";
-  s["written_by"] = {{"program", "zaya"}, {"commit", build_commit()}};
+  s["written_by"] = {{"program", "zaya"}, {"version", version()}, {"commit", build_commit()}};
   s["step"] = step_;
   s["tokens"] = tokens_;
   s["data_loader_next_sample"] = train_data_->state();
