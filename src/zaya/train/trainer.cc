@@ -325,7 +325,13 @@ std::optional<PeakFlops> Trainer::announce_mfu_peak() const {
     const std::vector<cuda::DeviceInfo> devs = cuda::devices();
     if (!devs.empty()) gpu = devs[static_cast<size_t>(launcher_local_ranks().rank) % devs.size()].name;
   }
-  std::optional<PeakFlops> peak = resolve_mfu_peak(cfg_.train, cfg_.parallel.device, num_threads(), gpu);
+  std::optional<PeakFlops> peak;
+  try {
+    peak = resolve_mfu_peak(cfg_.train, cfg_.parallel.device, num_threads(), gpu);
+  } catch (const Error& e) {  // a CPU whose cores or clock are unknown: a metric is not worth a run
+    log_warn("MFU: ", e.what(), "; metrics.jsonl carries no mfu");
+    return std::nullopt;
+  }
   if (!peak) {
     log_warn("MFU: no datasheet peak known for the GPU '", gpu, "'; metrics.jsonl carries no mfu. State one with ",
              "train.mfu_peak (", mfu_peak_choices(), ") or train.mfu_peak_flops");
@@ -333,7 +339,7 @@ std::optional<PeakFlops> Trainer::announce_mfu_peak() const {
   }
   // Every rank computes: the run's peak is the sum of theirs (the records' tokens/s are the world's).
   const int ranks = comm_->size();
-  char line[160];
+  char line[256];
   std::snprintf(line, sizeof line, "MFU peak: %s, %.4g TFLOP/s per rank x %d rank%s = %.4g TFLOP/s", peak->name.c_str(),
                 peak->flops_per_s / 1e12, ranks, ranks == 1 ? "" : "s", peak->flops_per_s * ranks / 1e12);
   log_info(line, " (", peak->basis, ")");
