@@ -17,6 +17,12 @@ namespace zaya::train {
 std::optional<PeakFlops> resolve_mfu_peak(const TrainConfig& t, const std::string& device, int threads,
                                           const std::string& gpu_name);
 
+// The run's peak over its `ranks` ranks (each rank's resolve_mfu_peak for this process's device and
+// threads, times the ranks: the records' tokens/s are the world's), printed with its basis. nullopt,
+// with a warning, when none is known (a GPU the table lacks, a CPU whose clock is unknown): that
+// costs the records their mfu, never the run.
+std::optional<PeakFlops> announce_mfu_peak(const RunConfig& cfg, int ranks);
+
 // The names train.mfu_peak accepts, for messages: "auto", "cpu", then the datasheet names.
 std::string mfu_peak_choices();
 

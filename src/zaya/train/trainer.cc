@@ -16,7 +16,6 @@
 #include "zaya/ckpt/rank_save.h"
 #include "zaya/ckpt/reader.h"
 #include "zaya/core/build_info.h"
-#include "zaya/core/cuda_runtime.h"
 #include "zaya/core/log.h"
 #include "zaya/core/threads.h"
 #include "zaya/data/token_range.h"
@@ -318,34 +317,6 @@ void Trainer::enter_phase(int p, const std::vector<int64_t>* offsets) {
 }
 
 Trainer::~Trainer() = default;
-
-std::optional<PeakFlops> Trainer::announce_mfu_peak() const {
-  std::string gpu;
-  if (cfg_.parallel.device == "cuda") {
-    const std::vector<cuda::DeviceInfo> devs = cuda::devices();
-    if (!devs.empty()) gpu = devs[static_cast<size_t>(launcher_local_ranks().rank) % devs.size()].name;
-  }
-  std::optional<PeakFlops> peak;
-  try {
-    peak = resolve_mfu_peak(cfg_.train, cfg_.parallel.device, num_threads(), gpu);
-  } catch (const Error& e) {  // a CPU whose cores or clock are unknown: a metric is not worth a run
-    log_warn("MFU: ", e.what(), "; metrics.jsonl carries no mfu");
-    return std::nullopt;
-  }
-  if (!peak) {
-    log_warn("MFU: no datasheet peak known for the GPU '", gpu, "'; metrics.jsonl carries no mfu. State one with ",
-             "train.mfu_peak (", mfu_peak_choices(), ") or train.mfu_peak_flops");
-    return std::nullopt;
-  }
-  // Every rank computes: the run's peak is the sum of theirs (the records' tokens/s are the world's).
-  const int ranks = comm_->size();
-  char line[256];
-  std::snprintf(line, sizeof line, "MFU peak: %s, %.4g TFLOP/s per rank x %d rank%s = %.4g TFLOP/s", peak->name.c_str(),
-                peak->flops_per_s / 1e12, ranks, ranks == 1 ? "" : "s", peak->flops_per_s * ranks / 1e12);
-  log_info(line, " (", peak->basis, ")");
-  peak->flops_per_s *= ranks;
-  return peak;
-}
 
 void Trainer::print_summary() const {
   const auto& c = cfg_.model;
@@ -757,7 +728,7 @@ TrainResult Trainer::run_steps() {
   if (!opts_.resume.empty() && step_ >= t.steps) return finished_run();
   beat("start");
   if (!opts_.quiet) print_summary();
-  const std::optional<PeakFlops> peak = announce_mfu_peak();
+  const std::optional<PeakFlops> peak = announce_mfu_peak(cfg_, comm_->size());
 
   // Rank 0 writes the run's metrics; the other ranks' sink is closed.
   const auto metrics_sink = rank0() ? std::make_unique<MetricsSink>((fs::path(t.out_dir) / "metrics.jsonl").string(),

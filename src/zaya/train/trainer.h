@@ -119,9 +119,6 @@ class Trainer {
   std::string save(bool wait);
   std::vector<ckpt::SaveItem> save_items();
   nlohmann::json state_json() const;
-  // The run's MFU peak over every rank (train/mfu_peak.h), printed; nullopt (with a warning) when
-  // none is known.
-  std::optional<PeakFlops> announce_mfu_peak() const;
   std::optional<double> evaluate_now(const char* when, Progress& progress, MetricsSink& metrics);
   void announce_phase(int64_t batch, Progress& progress, MetricsSink& metrics);
   int64_t prepare_step(Progress& progress, MetricsSink& metrics);
