@@ -38,8 +38,9 @@ class LineIterator : public sentencepiece::SentenceIterator {
 };
 
 // While SentencePiece trains, its log (LOG(INFO) ... lines on std::cerr) becomes progress: each
-// "Added: freq=F size=N ..." line says N pieces are in the vocabulary. Its other INFO lines are
-// dropped, as quiet drops them; warnings and errors pass through to the real stderr.
+// "Added: freq=F size=N ..." line says N pieces are in the vocabulary. Its other INFO lines and its
+// warnings are dropped, as quiet drops them (a failure reaches the user as a zaya::Error); errors
+// pass through to the real stderr.
 class SentencePieceLogToProgress : public std::streambuf {
  public:
   SentencePieceLogToProgress(std::streambuf* out, TaskProgress& progress) : out_(out), progress_(progress) {}
@@ -69,8 +70,9 @@ class SentencePieceLogToProgress : public std::streambuf {
  private:
   void end_line() {
     // A message starts with "file.cc(line) LOG(LEVEL) " and may span lines (the trainer spec).
-    if (line_.find(") LOG(") != std::string::npos) info_ = line_.find(") LOG(INFO)") != std::string::npos;
-    if (info_) {
+    if (line_.find(") LOG(") != std::string::npos)
+      dropped_ = line_.find(") LOG(INFO)") != std::string::npos || line_.find(") LOG(WARNING)") != std::string::npos;
+    if (dropped_) {
       const size_t added = line_.find("Added: "), size = line_.find(" size=");
       if (added != std::string::npos && size != std::string::npos)
         progress_.update(std::strtoll(line_.c_str() + size + 6, nullptr, 10));
@@ -86,7 +88,7 @@ class SentencePieceLogToProgress : public std::streambuf {
   TaskProgress& progress_;
   std::mutex mutex_;
   std::string line_;
-  bool info_ = false;  // the current message is an INFO one
+  bool dropped_ = false;  // the current message is an INFO or WARNING one
 };
 
 }  // namespace

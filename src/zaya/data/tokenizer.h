@@ -23,7 +23,7 @@ struct TokenizerTrainOptions {
   uint64_t seed = 1234;
   bool quiet = true;  // silence SentencePiece's own progress logging
   // With quiet: progress on stderr (core/task_progress.h) in pieces of the vocabulary added so
-  // far, read from SentencePiece's log lines; its warnings and errors still pass through.
+  // far, read from SentencePiece's log lines; only its errors still pass through.
   bool progress = false;
 };
 
