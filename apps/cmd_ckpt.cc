@@ -16,6 +16,7 @@
 #include "zaya/ckpt/writer.h"
 #include "zaya/core/error.h"
 #include "zaya/data/hf_tokenizer.h"
+#include "zaya/train/run_tokenizer.h"
 
 namespace zaya::app {
 namespace {
@@ -215,10 +216,13 @@ void add_ckpt(CLI::App& app, Commands& commands) {
                         ckpt::require_new_directory(*out, "ckpt import-hf --out");
                         auto m = ckpt::load_hf_model(*target, 1, 1);
                         nlohmann::json state{{"imported_from", *target}};
-                        // The folder's tokenizer, by absolute path, so generate --prompt and a later
-                        // export-hf find it from the imported checkpoint too.
-                        if (const std::string tok = source_tokenizer(*target); !tok.empty())
+                        // The folder's tokenizer, copied into the run directory (and named by its
+                        // absolute path), so generate --prompt and a later export-hf find it from the
+                        // imported checkpoint too, after the folder is gone.
+                        if (const std::string tok = source_tokenizer(*target); !tok.empty()) {
                           state["tokenizer"] = fs::absolute(tok).lexically_normal().string();
+                          state["tokenizer_copy"] = train::keep_run_tokenizer(*out, tok);
+                        }
                         auto dir = train::save_weights_checkpoint(*m, *out, state);
                         std::cout << "imported " << *target << " -> " << dir.string()
                                   << " (start a run from it with train.init_from)\n";

@@ -120,6 +120,8 @@ void add_data(CLI::App& app, Commands& commands) {
       ->capture_default_str();
   prep->add_option("--tokenizer-threads", o.threads, "Threads for training and encoding")
       ->capture_default_str();
+  prep->add_flag("!--no-progress", o.progress,
+                 "no progress lines (the tokenizer's pieces, files read, documents tokenized) on stderr");
 
   auto* insp = data_cmd->add_subcommand("inspect", "Counts, dtype and the first tokens of a dataset PREFIX");
   insp->add_option("prefix", args->inspect_prefix, "Dataset prefix (PREFIX.bin/.idx)")->required();

@@ -1,10 +1,12 @@
 // zaya eval: validation loss and perplexity of a checkpoint (or transformers directory) on a
 // Megatron-format dataset prefix.
 #include <cstdio>
+#include <optional>
 
 #include "commands.h"
 #include "model_source.h"
 #include "zaya/core/log.h"
+#include "zaya/core/task_progress.h"
 #include "zaya/data/loader.h"
 #include "zaya/data/token_range.h"
 #include "zaya/train/batch.h"
@@ -17,6 +19,7 @@ struct EvalArgs {
   std::string ckpt, data, device = "cpu";
   int64_t samples = 64, batch = 8, seq = 0;
   uint64_t seed = 1235;
+  bool progress = true;
 };
 
 int run_eval(const EvalArgs& a) {
@@ -43,7 +46,14 @@ int run_eval(const EvalArgs& a) {
   }
   // Said before the forwards start, so a long evaluation is not silent until it ends.
   log_info("eval: ", samples, " sequences of ", seq, " tokens from ", a.data, " in batches of ", a.batch);
-  train::EvalResult r = train::evaluate(*m.model, loader, samples);
+  train::EvalResult r;
+  {
+    std::optional<TaskProgress> progress;  // made at the first batch, which knows the total
+    r = train::evaluate(*m.model, loader, samples, nullptr, [&](int64_t done, int64_t total) {
+      if (!progress) progress.emplace("eval", total, "batches", a.progress);
+      progress->update(done);
+    });
+  }
   std::printf("checkpoint  %s\ndata        %s\ntokens      %lld (%lld sequences of %lld)\nloss        %.4f nats/token\nperplexity  %.2f\n",
               m.source.string().c_str(), a.data.c_str(), static_cast<long long>(r.tokens),
               static_cast<long long>(r.tokens / seq), static_cast<long long>(seq), r.loss, r.perplexity);
@@ -60,6 +70,8 @@ void add_eval(CLI::App& app, Commands& commands) {
   cmd->add_option("--seq", a->seq, "sequence length (default: the checkpoint's training length)");
   cmd->add_option("--seed", a->seed, "sample-order seed")->capture_default_str();
   cmd->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  cmd->add_flag("!--no-progress", a->progress,
+                "no progress on stderr (otherwise a line redrawn on a terminal, else a log line per tenth)");
   commands.push_back({cmd, [a] { return run_eval(*a); }});
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "zaya/sizing/hardware.h"
 #include "zaya/train/trainer.h"
 
 namespace zaya::app {
@@ -21,7 +22,36 @@ struct TrainArgs {
   bool allow_config_change = false;
   std::vector<std::string> inject;
   std::vector<std::string> skip_samples;
+  std::string mfu_peak;
 };
+
+// --mfu-peak as config overrides: a FLOP/s figure per rank, a hardware profile .json (`zaya bench
+// gemm --out`; its name and peak_bf16_flops), or a name train.mfu_peak takes ("cpu", "h100", ...).
+std::vector<std::string> mfu_peak_overrides(const std::string& arg) {
+  char* end = nullptr;
+  const double flops = std::strtod(arg.c_str(), &end);
+  if (!arg.empty() && end && *end == '\0') {
+    if (!(flops > 0))
+      throw Error("invalid MFU peak", {.field = "--mfu-peak", .expected = "a FLOP/s figure > 0, a profile .json or a name",
+                                       .found = arg});
+    return {"train.mfu_peak_flops=" + arg};
+  }
+  auto toml_string = [](const std::string& s) {
+    std::string q = "\"";
+    for (char c : s) {
+      if (c == '"' || c == '\\') q += '\\';
+      q += c;
+    }
+    return q + "\"";
+  };
+  if (arg.find('/') != std::string::npos || arg.ends_with(".json")) {
+    const sizing::HardwareProfile p = sizing::load_profile(arg);
+    char figure[64];
+    std::snprintf(figure, sizeof figure, "%.17g", p.peak_bf16_flops);
+    return {"train.mfu_peak=" + toml_string(p.name), std::string("train.mfu_peak_flops=") + figure};
+  }
+  return {"train.mfu_peak=" + toml_string(arg)};
+}
 
 // Exit codes a supervisor acts on (docs/aegis.md, "Trainer side"): 3 a collective timed out, 4 the
 // run stopped on non-finite gradients, 5 a checkpoint save failed, 1 any other failure that is not
@@ -49,7 +79,10 @@ int train_exit_code(const std::function<int()>& train) {
 }
 
 int run_train(const TrainArgs& args, const CLI::App& cmd) {
-  train::RunConfig cfg = train::load_run_config(args.config, args.overrides);
+  std::vector<std::string> overrides = args.overrides;
+  if (!args.mfu_peak.empty())
+    for (std::string& o : mfu_peak_overrides(args.mfu_peak)) overrides.push_back(std::move(o));
+  train::RunConfig cfg = train::load_run_config(args.config, overrides);
   static std::atomic<bool> stop{false};
   train::install_stop_handlers(&stop);
   train::TrainOptions opts;
@@ -99,6 +132,10 @@ void add_train(CLI::App& app, Commands& commands) {
                   "fault injection (repeatable): kill@step=S[,rank=R], hang@step=S, nan@step=S, "
                   "slow@rank=R,factor=F, corrupt-ckpt@step=S, kill-during-save@step=S, exit@step=S,code=C "
                   "(docs/aegis.md)");
+  cmd->add_option("--mfu-peak", args->mfu_peak,
+                  "the peak MFU divides by: a FLOP/s figure per rank, a hardware profile .json (zaya bench gemm "
+                  "--out), or a name: cpu (cores x clock x FLOPs/cycle), a100, h100, h100-pcie, h200, mi300x "
+                  "(train.mfu_peak; default auto: this GPU's datasheet peak or the CPU formula)");
   cmd->add_option("--skip-samples", args->skip_samples,
                   "never train on global samples [A, B) (A:B, repeatable); kept in the checkpoints");
   // Test hook (hidden): hold each checkpoint commit this long, so a test can kill mid-save.

@@ -82,11 +82,16 @@ std::string source_tokenizer(const std::string& source) {
   }
   const nlohmann::json state = train::source_state(source);
   const std::string recorded = state.value("tokenizer", std::string());
+  const fs::path run_dir = fs::absolute(ckpt::Checkpoint::resolve(source)).parent_path();
+  // The run directory's copy (train/run_tokenizer.h) first: it is the very file the run trained
+  // with, wherever the original has gone since.
+  if (const std::string copy = state.value("tokenizer_copy", std::string()); !copy.empty()) {
+    if (fs::is_regular_file(run_dir / copy, ec)) return (run_dir / copy).string();
+  }
   if (recorded.empty()) return {};
   const fs::path p(recorded);
   std::vector<fs::path> tried{p};
   if (p.is_relative()) {
-    const fs::path run_dir = fs::absolute(ckpt::Checkpoint::resolve(source)).parent_path();
     tried.push_back(run_dir / p);
     if (fs::path root = training_directory(run_dir, state); !root.empty()) tried.push_back(root / p);
   }

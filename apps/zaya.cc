@@ -49,9 +49,10 @@ int main(int argc, char** argv) {
   char build_isa[1024];
   zaya::format_build_isa(build_isa, sizeof build_isa);
   app.set_version_flag("--version",
-                       std::string("zaya, built for ") + build_isa + "\ncommit      " + ZAYA_GIT_COMMIT +
+                       std::string("zaya, built for ") + build_isa + "\nversion     " + zaya::version() +
+                           "\ncommit      " + ZAYA_GIT_COMMIT +
                            "\nbuild type  " + ZAYA_BUILD_TYPE + "\ncuda        " + ZAYA_CUDA_DESCRIPTION,
-                       "Print the commit, build type, CUDA and the instruction sets this binary was built for, and exit");
+                       "Print the version, commit, build type, CUDA and the instruction sets this binary was built for, and exit");
   int64_t threads = 0;
   std::string log_level = "info";
   auto* threads_opt = app.add_option(

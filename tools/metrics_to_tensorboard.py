@@ -176,6 +176,11 @@ def main(argv=None):
     print(f"metrics_to_tensorboard: {conv.records} records -> {conv.logdir}")
     if wandb_run is not None:
         wandb_run.finish()
+        # finish() can return before W&B's service has written the run's file; teardown waits for
+        # it (a script gets this at exit, a caller of main() in the same process would not).
+        teardown = getattr(sys.modules["wandb"], "teardown", None)
+        if teardown is not None:
+            teardown()
         print(f"metrics_to_tensorboard: W&B project {a.wandb}" +
               (f" ({conv.wandb_skipped} replayed records kept at their first values)" if conv.wandb_skipped else ""))
 

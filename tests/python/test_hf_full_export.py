@@ -131,6 +131,12 @@ def test_text_generation_pipeline_runs(export):
 def test_a_tokenizer_that_is_not_found_is_named(trained, tmp_path):
     moved = tmp_path / "elsewhere"
     subprocess.run(["cp", "-r", str(trained / "runs" / "tiny"), str(moved)], check=True)
+    # A run directory carries its own copy of the tokenizer, so a copied run exports from anywhere ...
+    res = zaya("ckpt", "export-hf", moved, "--out", tmp_path / "carried", cwd=tmp_path)
+    assert (tmp_path / "carried" / "tokenizer.model").read_bytes() == (trained / "data" / "tiny.model").read_bytes()
+    # ... and without that copy the recorded path is looked for, and named when it is not found.
+    (copy,) = list(moved.glob("tokenizer-*.model"))
+    copy.unlink()
     res = zaya("ckpt", "export-hf", moved, "--out", tmp_path / "hf", cwd=tmp_path, check=False)
     assert res.returncode == 2
     assert "tokenizer 'data/tiny.model' was not found" in res.stderr and "--tokenizer" in res.stderr

@@ -10,5 +10,6 @@ std::string& commit_slot() {
 
 void set_build_commit(const std::string& commit) { commit_slot() = commit.empty() ? "unknown" : commit; }
 const std::string& build_commit() { return commit_slot(); }
+const char* version() { return ZAYA_VERSION; }
 
 }  // namespace zaya

@@ -10,5 +10,7 @@ namespace zaya {
 void set_build_commit(const std::string& commit);
 // "unknown" when nothing set it (tests, tools linking the libraries directly).
 const std::string& build_commit();
+// The release version, CMake's project(zaya VERSION ...): "0.1.0".
+const char* version();
 
 }  // namespace zaya

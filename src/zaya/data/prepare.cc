@@ -272,10 +272,12 @@ PrepareStats prepare(const PrepareOptions& o) {
   ZAYA_CHECK(o.val_fraction > 0.0 && o.val_fraction < 1.0,
              "--val-fraction: expected a value in (0, 1), found ", o.val_fraction);
   {
+    // The prefix's directory is made as needed (`--out data/mycorpus` in a fresh directory works).
     fs::path parent = fs::path(o.out_prefix).parent_path();
     std::error_code ec;
-    ZAYA_CHECK(parent.empty() || fs::is_directory(parent, ec), "--out ", o.out_prefix, ": directory ",
-               parent.string(), " does not exist");
+    if (!parent.empty() && !fs::exists(parent, ec)) fs::create_directories(parent, ec);
+    ZAYA_CHECK(parent.empty() || fs::is_directory(parent, ec), "--out ", o.out_prefix, ": ", parent.string(),
+               ec ? " cannot be created: " + ec.message() : std::string(" is not a directory"));
   }
   PrepareStats st;
 
@@ -350,7 +352,8 @@ PrepareStats prepare(const PrepareOptions& o) {
     TokenizerTrainOptions to{.vocab_size = o.vocab_size,
                              .input_sentence_size = o.input_sentence_size,
                              .num_threads = o.threads,
-                             .seed = o.seed};
+                             .seed = o.seed,
+                             .progress = o.progress};
     tok = Tokenizer::train(lines, to, &model_bytes);
   } else {
     tok = Tokenizer::load(o.tokenizer_model);

@@ -3,10 +3,15 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <iostream>
+#include <mutex>
+#include <streambuf>
 #include <unordered_map>
 
 #include "zaya/core/error.h"
+#include "zaya/core/task_progress.h"
 
 // Not in SentencePiece's public headers but exported by libsentencepiece: the switch for its
 // progress logging (what spm_train's --minloglevel sets).
@@ -30,6 +35,60 @@ class LineIterator : public sentencepiece::SentenceIterator {
  private:
   const std::vector<std::string>& lines_;
   size_t i_ = 0;
+};
+
+// While SentencePiece trains, its log (LOG(INFO) ... lines on std::cerr) becomes progress: each
+// "Added: freq=F size=N ..." line says N pieces are in the vocabulary. Its other INFO lines and its
+// warnings are dropped, as quiet drops them (a failure reaches the user as a zaya::Error); errors
+// pass through to the real stderr.
+class SentencePieceLogToProgress : public std::streambuf {
+ public:
+  SentencePieceLogToProgress(std::streambuf* out, TaskProgress& progress) : out_(out), progress_(progress) {}
+  ~SentencePieceLogToProgress() override {
+    if (!line_.empty()) end_line();
+  }
+
+ protected:
+  int overflow(int c) override {
+    if (c == traits_type::eof()) return traits_type::not_eof(c);
+    const char ch = static_cast<char>(c);
+    xsputn(&ch, 1);
+    return c;
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    std::lock_guard<std::mutex> lock(mutex_);  // the trainer's worker threads may log too
+    for (std::streamsize i = 0; i < n; ++i) {
+      if (s[i] == '\n')
+        end_line();
+      else
+        line_ += s[i];
+    }
+    return n;
+  }
+  int sync() override { return 0; }
+
+ private:
+  void end_line() {
+    // A message starts with "file.cc(line) LOG(LEVEL) " and may span lines (the trainer spec).
+    if (line_.find(") LOG(") != std::string::npos)
+      dropped_ = line_.find(") LOG(INFO)") != std::string::npos || line_.find(") LOG(WARNING)") != std::string::npos;
+    if (dropped_) {
+      const size_t added = line_.find("Added: "), size = line_.find(" size=");
+      if (added != std::string::npos && size != std::string::npos)
+        progress_.update(std::strtoll(line_.c_str() + size + 6, nullptr, 10));
+    } else if (!line_.empty()) {
+      out_->sputn(line_.data(), static_cast<std::streamsize>(line_.size()));
+      out_->sputc('\n');
+      out_->pubsync();
+    }
+    line_.clear();
+  }
+
+  std::streambuf* out_;
+  TaskProgress& progress_;
+  std::mutex mutex_;
+  std::string line_;
+  bool dropped_ = false;  // the current message is an INFO or WARNING one
 };
 
 }  // namespace
@@ -77,7 +136,27 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& lines, const Tokenize
   sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned>(o.seed));
   LineIterator it(lines);
   std::string model;
-  auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
+  sentencepiece::util::Status status;
+  if (o.quiet && o.progress) {
+    TaskProgress progress("data prepare: tokenizer", o.vocab_size, "pieces");
+    std::streambuf* const cerr_buf = std::cerr.rdbuf();
+    {
+      SentencePieceLogToProgress filter(cerr_buf, progress);
+      sentencepiece::logging::SetMinLogLevel(0);  // INFO: the lines progress is read from
+      std::cerr.rdbuf(&filter);
+      try {
+        status = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
+      } catch (...) {
+        std::cerr.rdbuf(cerr_buf);
+        sentencepiece::logging::SetMinLogLevel(old_level);
+        throw;
+      }
+      std::cerr.rdbuf(cerr_buf);
+    }
+    if (status.ok()) progress.update(o.vocab_size);
+  } else {
+    status = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
+  }
   sentencepiece::logging::SetMinLogLevel(old_level);
   if (!status.ok()) {
     const std::string msg = status.message();

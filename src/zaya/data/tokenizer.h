@@ -22,6 +22,9 @@ struct TokenizerTrainOptions {
   int num_threads = 2;
   uint64_t seed = 1234;
   bool quiet = true;  // silence SentencePiece's own progress logging
+  // With quiet: progress on stderr (core/task_progress.h) in pieces of the vocabulary added so
+  // far, read from SentencePiece's log lines; only its errors still pass through.
+  bool progress = false;
 };
 
 class Tokenizer {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "zaya/core/error.h"
+#include "zaya/core/peak_flops.h"
 
 namespace zaya::sizing {
 
@@ -17,12 +18,14 @@ HardwareProfile builtin_profile(const std::string& name) {
   // Datasheet peaks; "achievable" is the large bf16 GEMM rate: measured here on H100/H200
   // (≈ 780 TFLOP/s, REFERENCES.md) and, for MI300X, the same ~60% of peak that the paper's
   // GEMM sweeps reach on large shapes.
+  // The peaks are core's datasheet table, the one a training run's MFU divides by.
+  auto peak = [](const char* n) { return datasheet_peak(n)->flops_per_s; };
   if (name == "h100")
-    return {"h100", 989e12, 780e12, 80e9, 3.35e12, 450e9, 50e9, 8, "NVIDIA H100 SXM datasheet; NVLink 900 GB/s bidirectional; 400 Gb/s NIC per GPU"};
+    return {"h100", peak("h100"), 780e12, 80e9, 3.35e12, 450e9, 50e9, 8, "NVIDIA H100 SXM datasheet; NVLink 900 GB/s bidirectional; 400 Gb/s NIC per GPU"};
   if (name == "h200")
-    return {"h200", 989e12, 790e12, 141e9, 4.8e12, 450e9, 50e9, 8, "NVIDIA H200 datasheet; NVLink 900 GB/s bidirectional; 400 Gb/s NIC per GPU"};
+    return {"h200", peak("h200"), 790e12, 141e9, 4.8e12, 450e9, 50e9, 8, "NVIDIA H200 datasheet; NVLink 900 GB/s bidirectional; 400 Gb/s NIC per GPU"};
   if (name == "mi300x")
-    return {"mi300x", 1307e12, 780e12, 192e9, 5.3e12, 7 * 48e9, 50e9, 8,
+    return {"mi300x", peak("mi300x"), 780e12, 192e9, 5.3e12, 7 * 48e9, 50e9, 8,
             "AMD MI300X datasheet; 7 xGMI links ~48 GB/s usable each; Pollara 400 NIC per GPU (ZAYA1 cluster)"};
   std::string names;
   for (const auto& n : builtin_profile_names()) names += (names.empty() ? "" : ", ") + n;

@@ -40,7 +40,8 @@ void BatchBuffers::upload_targets() {
   if (!dev_targets_.shares_storage_with(host_targets)) dev_targets_.copy_from(host_targets);
 }
 
-EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples, dist::Communicator* comm) {
+EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples, dist::Communicator* comm,
+                    const std::function<void(int64_t, int64_t)>& on_batch) {
   const int64_t B = model.batch(), T = model.seq_len();
   ZAYA_CHECK(loader.seq_len() == T, "evaluation data has sequence length ", loader.seq_len(), ", the model expects ", T);
   ZAYA_CHECK(samples > 0, "evaluate: samples must be positive, found ", samples);
@@ -53,10 +54,15 @@ EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t s
   int32_t* rows = batch.rows.data<int32_t>();
   const int64_t full = n / B, last = n % B;
   double sums[2] = {0, 0};  // of the full batches' mean losses; the partial batch's mean loss
+  // This rank's batches: k = rank, rank + world, ... of the full + (last != 0) batches.
+  const int64_t batches = full + (last != 0 ? 1 : 0);
+  const int64_t mine = batches > rank ? (batches - rank + world - 1) / world : 0;
+  int64_t done = 0;
   for (int64_t k = rank; k < full; k += world) {
     for (int64_t i = 0; i < B; ++i) loader.sample(k * B + i, rows + i * (T + 1));
     batch.split();
     sums[0] += model.forward(batch.ids(), batch.targets(), /*for_backward=*/false);  // every batch has B*T targets
+    if (on_batch) on_batch(++done, mine);
   }
   if (last != 0 && full % world == rank) {
     for (int64_t i = 0; i < B; ++i) loader.sample(full * B + std::min(i, last - 1), rows + i * (T + 1));
@@ -65,6 +71,7 @@ EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t s
     std::fill(targets + last * T, targets + B * T, -100);  // ignored rows
     batch.upload_targets();
     sums[1] = model.forward(batch.ids(), batch.targets(), /*for_backward=*/false);  // mean over last*T targets
+    if (on_batch) on_batch(++done, mine);
   }
   if (world > 1) {
     double total[2];

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "zaya/core/tensor.h"
 #include "zaya/data/loader.h"
@@ -48,7 +49,9 @@ struct EvalResult {
 // deterministic, and the same samples every evaluation. Leaves no gradients behind.
 // With `comm` (data parallelism), rank r evaluates the batches k ≡ r (mod world) and the sums are
 // combined, so every rank returns the same result as one rank would (to summation order).
+// `on_batch(done, total)`, if given, is called after each of this rank's batches (for progress).
 EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples,
-                    dist::Communicator* comm = nullptr);
+                    dist::Communicator* comm = nullptr,
+                    const std::function<void(int64_t done, int64_t total)>& on_batch = {});
 
 }  // namespace zaya::train

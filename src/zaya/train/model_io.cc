@@ -113,7 +113,7 @@ LoadedModel load_model_source(const std::string& path, int64_t batch, int64_t se
 fs::path save_weights_checkpoint(const model::ZayaModel& m, const fs::path& run_dir, const nlohmann::json& extra) {
   nlohmann::json state = extra.is_object() ? extra : nlohmann::json::object();
   state["format"] = "zaya-weights-1";
-  state["written_by"] = {{"program", "zaya"}, {"commit", build_commit()}};
+  state["written_by"] = {{"program", "zaya"}, {"version", version()}, {"commit", build_commit()}};
   state["step"] = 0;
   state["model_config"] = nlohmann::json::parse(m.config().to_hf_json());
   return ckpt::save_checkpoint(run_dir, 0, {weight_items(m)}, state);

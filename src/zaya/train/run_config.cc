@@ -10,6 +10,7 @@
 #include "zaya/core/error.h"
 #include "zaya/core/log.h"
 #include "zaya/train/fault_inject.h"
+#include "zaya/train/mfu_peak.h"
 
 namespace zaya::train {
 namespace {
@@ -63,6 +64,8 @@ TrainConfig read_train(ConfigReader& r) {
   r.get("train.recompute", t.recompute);
   r.get("train.max_skipped_steps", t.max_skipped_steps);
   r.get("train.inject", t.inject);
+  r.get("train.mfu_peak", t.mfu_peak);
+  r.get("train.mfu_peak_flops", t.mfu_peak_flops);
   for (const std::string& spec : t.inject) {
     try {
       parse_fault_spec(spec);
@@ -79,6 +82,12 @@ TrainConfig read_train(ConfigReader& r) {
   need(t.eval_samples > 0, r.file(), "train.eval_samples", "> 0", std::to_string(t.eval_samples));
   need(t.max_skipped_steps > 0, r.file(), "train.max_skipped_steps", "> 0", std::to_string(t.max_skipped_steps));
   need(!t.out_dir.empty(), r.file(), "train.out_dir", "a directory", "\"\"");
+  need(t.mfu_peak == "auto" || t.mfu_peak == "cpu" || datasheet_peak(t.mfu_peak).has_value() ||
+           t.mfu_peak_flops > 0,
+       r.file(), "train.mfu_peak", mfu_peak_choices() + " (or any name with train.mfu_peak_flops)",
+       "\"" + t.mfu_peak + "\"");
+  need(t.mfu_peak_flops >= 0 && std::isfinite(t.mfu_peak_flops), r.file(), "train.mfu_peak_flops",
+       ">= 0 (FLOP/s per rank; 0: from train.mfu_peak)", std::to_string(t.mfu_peak_flops));
   need(t.gemm_dtype == "f32" || t.gemm_dtype == "bf16", r.file(), "train.gemm_dtype", "\"f32\" or \"bf16\"",
        "\"" + t.gemm_dtype + "\"");
   return t;

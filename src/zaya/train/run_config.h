@@ -52,6 +52,11 @@ struct TrainConfig {
   int64_t max_skipped_steps = 10;
   // Fault injection specs, as --inject takes them (train/fault_inject.h, docs/aegis.md).
   std::vector<std::string> inject;
+  // The fixed peak MFU divides by (train/mfu_peak.h): "auto" (the GPU's datasheet peak, or the
+  // CPU's cores x clock x FLOPs/cycle), "cpu", or a datasheet name ("h100", ...); a positive
+  // mfu_peak_flops (FLOP/s per rank) states the figure instead.
+  std::string mfu_peak = "auto";
+  double mfu_peak_flops = 0;
 };
 
 struct CkptConfig {

@@ -54,8 +54,8 @@ int64_t peak_resident_bytes() {
 }
 }  // namespace
 
-nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, double flops_per_token, double peak,
-                           const ExpertLoads& loads) {
+nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, double flops_per_token,
+                           const std::optional<PeakFlops>& peak, const ExpertLoads& loads) {
   const double tok_s = static_cast<double>(r.tokens) / r.time.step;
   const double wall = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const int64_t rss = resident_bytes();
@@ -69,7 +69,6 @@ nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, do
                         {"skipped_update", r.update.skipped},
                         {"tokens_per_s", tok_s},
                         {"tflops", flops_per_token * tok_s / 1e12},  // achieved model TFLOP/s
-                        {"mfu", flops_per_token * tok_s / peak},
                         {"rss_bytes", rss},
                         // The kernel updates its high-water mark lazily: never below the current.
                         {"peak_rss_bytes", std::max(rss, peak_resident_bytes())},
@@ -80,6 +79,11 @@ nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, do
                           {"optimizer", r.time.optimizer},
                           {"checkpoint_fence", r.time.checkpoint_fence},
                           {"step", r.time.step}}}};
+  if (peak && peak->flops_per_s > 0) {
+    rec["mfu"] = flops_per_token * tok_s / peak->flops_per_s;
+    rec["mfu_peak"] = peak->name;
+    rec["mfu_peak_tflops"] = peak->flops_per_s / 1e12;
+  }
   if (r.time.sync.buckets > 0)
     rec["data_parallel"] = {{"buckets", r.time.sync.buckets},
                             {"comm", r.time.sync.comm_s},

@@ -3,11 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "zaya/core/peak_flops.h"
 #include "zaya/train/train_step.h"
 
 namespace zaya::train {
@@ -21,9 +23,10 @@ struct ExpertLoads {
 ExpertLoads expert_loads(const std::vector<int64_t>& counts, const std::vector<int64_t>& skipped, int64_t layers,
                          int64_t experts);
 
-// The step's record: `step` and `tokens` are the totals after it; `flops_per_token` and `peak`
-// (FLOP/s) give the MFU.
-nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, double flops_per_token, double peak,
-                           const ExpertLoads& loads);
+// The step's record: `step` and `tokens` are the totals after it; `flops_per_token` gives the
+// achieved TFLOP/s. With a peak (the run's, over every rank) the record carries the MFU and names
+// the peak (`mfu_peak`, `mfu_peak_tflops`); without one it has no `mfu`.
+nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, double flops_per_token,
+                           const std::optional<PeakFlops>& peak, const ExpertLoads& loads);
 
 }  // namespace zaya::train

@@ -23,12 +23,13 @@
 #include "zaya/data/tokenizer.h"
 #include "zaya/model/params.h"
 #include "zaya/ops/cpu/gemm_cpu.h"
-#include "zaya/ops/gemm.h"
 #include "zaya/optim/schedule.h"
 #include "zaya/train/batch.h"
 #include "zaya/train/config_change.h"
+#include "zaya/train/mfu_peak.h"
 #include "zaya/train/model_io.h"
 #include "zaya/train/resume.h"
+#include "zaya/train/run_tokenizer.h"
 #include "zaya/train/step_metrics.h"
 #include "zaya/train/train_step.h"
 
@@ -182,6 +183,9 @@ void Trainer::set_up() {
     int64_t vocab = data::Tokenizer::load(cfg_.data.tokenizer).vocab_size();
     ZAYA_CHECK(vocab <= cfg_.model.vocab_size, cfg_.source, ": data.tokenizer has ", vocab,
                " tokens but model.vocab_size is ", cfg_.model.vocab_size);
+    // The run's own copy, which its checkpoints name: they outlive the data directory.
+    tokenizer_copy_ = rank0() ? keep_run_tokenizer(t.out_dir, cfg_.data.tokenizer)
+                              : run_tokenizer_name(cfg_.data.tokenizer);
   }
 
   model_ = std::make_unique<model::ZayaModel>(cfg_.model, t.micro_batch, t.seq_len,
@@ -329,27 +333,6 @@ void Trainer::enter_phase(int p, const std::vector<int64_t>* offsets) {
 
 Trainer::~Trainer() = default;
 
-double Trainer::measure_gemm_peak() const {
-  // The MFU denominator: this machine's f32 GEMM rate on a large square problem, with the run's
-  // thread count (llm.c reports MFU against a peak; here the peak is measured, not a datasheet).
-  const int64_t n = 1024;
-  Tensor a = Tensor::empty({n, n}, DType::f32), b = Tensor::empty({n, n}, DType::f32),
-         c = Tensor::empty({n, n}, DType::f32);
-  a.fill_(0.5);
-  b.fill_(0.25);
-  ops::gemm(c, a, ops::Trans::N, b, ops::Trans::N);
-  // The best of several short trials: a peak is what the machine can do, and a single trial on a
-  // shared or frequency-scaling machine reads low (seen: 84 vs 225 GFLOP/s minutes apart).
-  double best = 0;
-  for (int trial = 0; trial < 5; ++trial) {
-    auto t0 = Clock::now();
-    const int reps = 3;
-    for (int i = 0; i < reps; ++i) ops::gemm(c, a, ops::Trans::N, b, ops::Trans::N);
-    best = std::max(best, 2.0 * n * n * n * reps / seconds_since(t0));
-  }
-  return best;
-}
-
 void Trainer::print_summary() const {
   const auto& c = cfg_.model;
   model::ParamCounts n = model::count_parameters(c);
@@ -419,7 +402,7 @@ void Trainer::log_measured_memory() const {
 nlohmann::json Trainer::state_json() const {
   nlohmann::json s;
   s["format"] = "zaya-train-1";
-  s["written_by"] = {{"program", "zaya"}, {"commit", build_commit()}};
+  s["written_by"] = {{"program", "zaya"}, {"version", version()}, {"commit", build_commit()}};
   s["step"] = step_;
   s["tokens"] = tokens_;
   s["data_loader_next_sample"] = train_data_->state();
@@ -431,6 +414,7 @@ nlohmann::json Trainer::state_json() const {
   // evaluation, generation and an HF export of this checkpoint must use.
   s["model_config"] = nlohmann::json::parse(model_->config().to_hf_json());
   s["tokenizer"] = cfg_.data.tokenizer;
+  if (!tokenizer_copy_.empty()) s["tokenizer_copy"] = tokenizer_copy_;  // in the run directory
   s["seq_len"] = model_->seq_len();
   if (cfg_.has_recipe()) {
     // The loader above is this phase's; with its dataset offsets it is rebuilt exactly. The next
@@ -771,9 +755,7 @@ TrainResult Trainer::run_steps() {
   if (!opts_.resume.empty() && step_ >= t.steps) return finished_run();
   beat("start");
   if (!opts_.quiet) print_summary();
-  const double peak = measure_gemm_peak();
-  log_info("MFU denominator: measured f32 GEMM peak ", static_cast<int>(peak / 1e9), " GFLOP/s (1024^3, ",
-           num_threads(), " threads)");
+  const std::optional<PeakFlops> peak = announce_mfu_peak(cfg_, comm_->size());
 
   // Rank 0 writes the run's metrics; the other ranks' sink is closed.
   const auto metrics_sink = rank0() ? std::make_unique<MetricsSink>((fs::path(t.out_dir) / "metrics.jsonl").string(),

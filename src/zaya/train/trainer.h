@@ -16,6 +16,7 @@
 
 #include "zaya/ckpt/run_lock.h"
 #include "zaya/ckpt/writer.h"
+#include "zaya/core/peak_flops.h"
 #include "zaya/data/loader.h"
 #include "zaya/dist/communicator.h"
 #include "zaya/dist/mesh.h"
@@ -120,7 +121,6 @@ class Trainer {
   std::string save(bool wait);
   std::vector<ckpt::SaveItem> save_items();
   nlohmann::json state_json() const;
-  double measure_gemm_peak() const;
   std::optional<double> evaluate_now(const char* when, Progress& progress, MetricsSink& metrics);
   void announce_phase(int64_t batch, Progress& progress, MetricsSink& metrics);
   void log_measured_memory() const;  // the peak of the first step, by device
@@ -167,6 +167,7 @@ class Trainer {
   FaultInjector faults_;
   std::vector<SampleWindow> skip_windows_;  // merged: the checkpoint's and the options'
   int64_t committed_seen_ = -1;             // rank 0: the last save whose commit was beaten
+  std::string tokenizer_copy_;              // the run directory's copy of data.tokenizer (run_tokenizer.h)
 };
 
 // Installs SIGINT/SIGTERM handlers that set `flag`: the first two signals ask for a clean stop
