@@ -3,6 +3,8 @@
 
 #include "commands.h"
 #include "zaya/core/config.h"
+#include "zaya/core/error.h"
+#include "zaya/sizing/decode_roofline.h"
 #include "zaya/sizing/size_report.h"
 #include "zaya/sizing/suggest.h"
 
@@ -17,6 +19,10 @@ struct SizeArgs {
   bool suggest = false;
   std::string budget = "total";
   int suggest_count = 10;
+  // Serving (decode_roofline.h): prompt and context default to --seq.
+  int64_t prompt = 0, context = 0;
+  std::vector<int64_t> decode_batches{1, 8, 64, 256};
+  sizing::ServeOptions serve;
 };
 
 void add_size(CLI::App& app, Commands& commands) {
@@ -35,6 +41,19 @@ void add_size(CLI::App& app, Commands& commands) {
   cmd->add_option("--suggest-count", args->suggest_count, "how many suggestions to print")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--prompt", args->prompt, "prefill: prompt length (default --seq)")->check(CLI::PositiveNumber);
+  cmd->add_option("--context", args->context, "decode: positions each sequence attends over (default --seq)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--decode-batches", args->decode_batches, "decode: batch sizes to price, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--weight-bytes", args->serve.weight_bytes, "serving: bytes per weight element (bf16 2; CPU decoder 4)")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  cmd->add_option("--cache-bytes", args->serve.cache_bytes, "serving: bytes per KV-cache element (bf16 2; CPU decoder 4)")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
   commands.push_back({cmd, [args] {
                         model::ModelConfig c;
                         if (args->model.size() > 5 && args->model.substr(args->model.size() - 5) == ".json") {
@@ -50,6 +69,10 @@ void add_size(CLI::App& app, Commands& commands) {
                         so.budget = sizing::parse_budget(args->budget, "--budget");  // checked before any output
                         so.max_results = args->suggest_count;
                         std::cout << sizing::format_size_report(sizing::size_model(c, args->run, hw));
+                        const int64_t prompt = args->prompt > 0 ? args->prompt : args->run.seq;
+                        const int64_t context = args->context > 0 ? args->context : args->run.seq;
+                        std::cout << sizing::format_serve_report(sizing::serve_model(
+                            c, prompt, context, args->decode_batches, hw ? &*hw : nullptr, args->serve));
                         if (args->suggest) {
                           if (!hw) {
                             // Ranking needs a step-time model: say which profile stands in.

@@ -61,6 +61,7 @@ TEST(Cli, SizeZaya1Base) {
   EXPECT_NE(r.output.find("active 0.754B"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("embedding 0.537B"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("40960 bytes per token"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("full MHA 1280.0 MiB (8.0x more)"), std::string::npos) << r.output;  // serving section
   CliRun bad = zaya(std::string("size --model ") + ZAYA_SOURCE_DIR + "/configs/zaya1-base.toml --hw tpu");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("mi300x, h100, h200"), std::string::npos) << bad.output;
