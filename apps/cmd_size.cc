@@ -4,7 +4,10 @@
 #include "commands.h"
 #include "zaya/core/config.h"
 #include "zaya/core/error.h"
+#include <fstream>
+
 #include "zaya/sizing/decode_roofline.h"
+#include "zaya/sizing/expert_sweep.h"
 #include "zaya/sizing/size_report.h"
 #include "zaya/sizing/suggest.h"
 
@@ -23,6 +26,11 @@ struct SizeArgs {
   int64_t prompt = 0, context = 0;
   std::vector<int64_t> decode_batches{1, 8, 64, 256};
   sizing::ServeOptions serve;
+  double decode_weight = 0;
+  int64_t objective_batch = 1;
+  bool sweep_experts = false;
+  std::vector<int64_t> sweep_batches{1, 64};
+  std::string sweep_json;
 };
 
 void add_size(CLI::App& app, Commands& commands) {
@@ -54,6 +62,22 @@ void add_size(CLI::App& app, Commands& commands) {
   cmd->add_option("--cache-bytes", args->serve.cache_bytes, "serving: bytes per KV-cache element (bf16 2; CPU decoder 4)")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();
+  cmd->add_option("--decode-weight", args->decode_weight,
+                  "--suggest's joint objective: weight of decode latency (at --objective-batch) against training step "
+                  "time, in [0, 1]; 0 ranks by step time alone")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--objective-batch", args->objective_batch, "decode batch of the joint objective")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_flag("--sweep-experts", args->sweep_experts,
+                "the MoE-width trade-off: fine-grained (fixed active and total), expert count (fixed active) and "
+                "coarse (fixed total) expert shapes with training step time, decode latency and memory");
+  cmd->add_option("--sweep-batches", args->sweep_batches, "decode batches of --sweep-experts, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--sweep-json", args->sweep_json, "also write --sweep-experts' rows as JSON (tools/plot_expert_sweep.py)");
   commands.push_back({cmd, [args] {
                         model::ModelConfig c;
                         if (args->model.size() > 5 && args->model.substr(args->model.size() - 5) == ".json") {
@@ -68,6 +92,12 @@ void add_size(CLI::App& app, Commands& commands) {
                         sizing::SuggestOptions so;
                         so.budget = sizing::parse_budget(args->budget, "--budget");  // checked before any output
                         so.max_results = args->suggest_count;
+                        so.decode_weight = args->decode_weight;
+                        so.decode_batch = args->objective_batch;
+                        so.decode_context = args->context;
+                        so.serve = args->serve;
+                        ZAYA_CHECK(args->sweep_json.empty() || args->sweep_experts,
+                                   "--sweep-json writes --sweep-experts' rows: add --sweep-experts");
                         std::cout << sizing::format_size_report(sizing::size_model(c, args->run, hw));
                         const int64_t prompt = args->prompt > 0 ? args->prompt : args->run.seq;
                         const int64_t context = args->context > 0 ? args->context : args->run.seq;
@@ -80,6 +110,23 @@ void add_size(CLI::App& app, Commands& commands) {
                             std::cout << "note           --suggest without --hw ranks on the h100 profile\n";
                           }
                           std::cout << sizing::format_suggestions(sizing::suggest_shapes(c, args->run, *hw, so), so);
+                        }
+                        if (args->sweep_experts) {
+                          if (!hw) {
+                            hw = sizing::builtin_profile("h100");
+                            std::cout << "note           --sweep-experts without --hw uses the h100 profile\n";
+                          }
+                          sizing::ExpertSweepOptions eo;
+                          eo.decode_batches = args->sweep_batches;
+                          eo.context = args->context;
+                          eo.serve = args->serve;
+                          const auto rows = sizing::sweep_experts(c, args->run, *hw, eo);
+                          std::cout << sizing::format_expert_sweep(rows, *hw, eo);
+                          if (!args->sweep_json.empty()) {
+                            std::ofstream out(args->sweep_json);
+                            out << sizing::expert_sweep_json(rows, *hw, eo);
+                            if (!out) throw Error("cannot write the sweep", {.file = args->sweep_json});
+                          }
                         }
                         return 0;
                       }});

@@ -66,6 +66,18 @@ TEST(Cli, SizeZaya1Base) {
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("mi300x, h100, h200"), std::string::npos) << bad.output;
 }
+
+TEST(Cli, SizeJointSuggestAndExpertSweep) {
+  const std::string base = std::string("size --model ") + ZAYA_SOURCE_DIR + "/configs/zaya1-base.toml --hw h200 ";
+  CliRun r = zaya(base + "--suggest --suggest-count 2 --decode-weight 0.5 --objective-batch 64 --sweep-experts");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("0.50 · decode latency at batch 64"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("expert sweep   on h200"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("coarse"), std::string::npos) << r.output;
+  CliRun bad = zaya(base + "--sweep-json x.json");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("add --sweep-experts"), std::string::npos) << bad.output;
+}
 }  // namespace
 
 namespace {

@@ -162,6 +162,11 @@ ServeReport serve_model(const model::ModelConfig& c, int64_t prompt, int64_t con
   r.options = o;
   r.prompt = prompt;
   r.context = context;
+  // A measured profile may lack a bandwidth (a GEMM-only measurement): counts without times then.
+  if (hw && !(hw->memory_bandwidth > 0)) {
+    r.hw_name = hw->name;
+    hw = nullptr;
+  }
   r.prefill = prefill_cost(c, prompt, hw, o);
   for (int64_t b : batches) r.decode.push_back(decode_step(c, b, context, hw, o));
   r.cache = cache_bytes_per_sequence(c, context, o);
@@ -198,8 +203,10 @@ std::string format_serve_report(const ServeReport& r) {
     o << line;
   }
   o << "\n";
+  const std::string no_times = r.hw_name.empty() ? " (no --hw: bytes and FLOPs only)"
+                                                 : " (" + r.hw_name + " has no memory_bandwidth: bytes and FLOPs only)";
   std::snprintf(line, sizeof line, "decode         at %lld positions per sequence%s\n", static_cast<long long>(r.context),
-                r.has_hw ? "" : " (no --hw: bytes and FLOPs only)");
+                r.has_hw ? "" : no_times.c_str());
   o << line;
   std::snprintf(line, sizeof line, "  %6s %8s %12s %12s %10s %10s %10s %10s %12s %7s\n", "batch", "experts", "weights",
                 "kv+state", "GFLOP", "mem (ms)", "comp (ms)", "step (ms)", "tokens/s", "bound");
