@@ -4,6 +4,7 @@
 
 #include "test_util.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <sstream>
@@ -203,6 +204,35 @@ TEST(Cli, BenchStepPrintsTheTimingLines) {
 
 // forward runs the model only: its former benchmark flags fail (exit 2) with a pointer to
 // `zaya bench step` and the flag's new name.
+// `generate --batch`: N sequences decoded together, one line of ids each, and --timing's rates;
+// prompts of unequal length or a count that is not --batch are refused.
+TEST(Cli, GenerateDecodesABatchAndTimesIt) {
+  const std::string cfg = tiny_model_config("gen_batch.toml", 2);
+  const std::string base = "--threads 1 generate --init-config " + cfg + " --max-new 4 --ignore-eos --timing ";
+  CliRun r = zaya(base + "--prompt-ids '3,4,5;6,7,8;9,10,11'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  int lines = 0;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("timing: ", 0) == 0) {
+      EXPECT_NE(line.find("batch 3, prompt 3"), std::string::npos) << line;
+      EXPECT_NE(line.find("3 decode steps"), std::string::npos) << line;  // the 4th token needs no step
+      continue;
+    }
+    ++lines;
+    EXPECT_EQ(std::count(line.begin(), line.end(), ','), 3) << line;  // 4 new ids
+  }
+  EXPECT_EQ(lines, 3) << r.output;
+  CliRun one = zaya(base + "--prompt-ids 3,4,5 --batch 2");
+  EXPECT_EQ(one.code, 0) << one.output;
+  CliRun ragged = zaya(base + "--prompt-ids '3,4;5'");
+  EXPECT_EQ(ragged.code, 2) << ragged.output;
+  EXPECT_NE(ragged.output.find("must have one length"), std::string::npos) << ragged.output;
+  CliRun count = zaya(base + "--prompt-ids '3,4;5,6' --batch 3");
+  EXPECT_EQ(count.code, 2) << count.output;
+  EXPECT_NE(count.output.find("2 prompts were given"), std::string::npos) << count.output;
+}
+
 TEST(Cli, ForwardBenchFlagsPointAtBenchStep) {
   const std::string cfg = tiny_model_config("zaya_cli_tiny_model_moved.toml", 1);
   CliRun r = zaya("--threads 1 forward --init-config " + cfg + " --seed 1 --bench-steps 2 --batch 2 --seq 16");
