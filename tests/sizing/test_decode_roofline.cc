@@ -171,5 +171,16 @@ TEST(DecodeRoofline, Zaya1BaseCachesEightTimesLessThanMhaAndDecodesMemoryBound) 
   EXPECT_THROW(decode_step(c, 0, 4096, &hw, o), Error);
 }
 
+TEST(DecodeRoofline, AnExactShapeInTheTableWinsOverTheSizeInterpolation) {
+  HardwareProfile p = builtin_profile("h100");
+  // A one-row GEMM and a 32-row GEMM of the same size: what the decode of one sequence runs, and
+  // what the size-only interpolation would price it as.
+  p.gemm_table = {{1, 32768, 1024, 2e9}, {32, 1024, 1024, 7e10}, {32, 1024, 1024, 5e10}, {1024, 1024, 1024, 3e10}};
+  EXPECT_EQ(gemm_rate_at_shape(p, 1, 32768, 1024), 2e9);
+  EXPECT_EQ(gemm_rate_at_shape(p, 32, 1024, 1024), 6e10);  // the mean of the two measurements
+  EXPECT_EQ(gemm_rate_at_shape(p, 8, 4096, 1024), gemm_rate(p, 8, 4096, 1024));  // no exact entry
+  EXPECT_NE(gemm_rate(p, 1, 32768, 1024), 2e9);  // the size-keyed mean mixes both shapes
+}
+
 }  // namespace
 }  // namespace zaya::sizing

@@ -48,7 +48,7 @@ double forward_gemm_seconds(const model::ModelConfig& c, int64_t rows, int64_t h
   auto add = [&](int64_t m, int64_t n, int64_t kk, double count) {
     const double fl = 2.0 * d(m) * d(n) * d(kk) * count;
     f += fl;
-    t += fl / gemm_rate(hw, m, n, kk);
+    t += fl / gemm_rate_at_shape(hw, m, n, kk);
   };
   add(rows, c.q_dim() + 2 * c.kv_dim(), H, d(L));
   add(rows, H, c.q_dim(), d(L));
@@ -56,13 +56,13 @@ double forward_gemm_seconds(const model::ModelConfig& c, int64_t rows, int64_t h
   add(rows, R, R, 2.0 * d(L));
   add(rows, c.router_classes(), R, d(L));
   // Expert GEMMs: rows·k tokens spread over `distinct` experts. The FLOPs are exact (rows·k per
-  // layer); the rate is that of the average expert's GEMM, rounded up to whole rows.
+  // layer); the rate is that of the average expert's GEMM, rounded to whole rows.
   const double per = d(rows) * d(k) / distinct;
-  const int64_t m_e = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(per)));
+  const int64_t m_e = std::max<int64_t>(1, std::llround(per));
   auto add_expert = [&](int64_t n, int64_t kk) {
     const double fl = 2.0 * per * d(n) * d(kk) * distinct * d(L);
     f += fl;
-    t += fl / gemm_rate(hw, m_e, n, kk);
+    t += fl / gemm_rate_at_shape(hw, m_e, n, kk);
   };
   add_expert(2 * I, H);
   add_expert(H, I);
