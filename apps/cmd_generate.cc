@@ -17,6 +17,7 @@
 #include "zaya/core/error.h"
 #include "zaya/data/tokenizer.h"
 #include "zaya/model/generate.h"
+#include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/train/model_io.h"
 
 namespace zaya::app {
@@ -31,7 +32,7 @@ struct GenerateArgs {
   int64_t top_k = 0;
   uint64_t seed = 0;
   int64_t batch = 0;  // 0: one sequence per prompt given
-  bool timing = false;
+  bool timing = false, gemm_shapes = false;
   std::string init_config;
   uint64_t init_seed = 0;
 };
@@ -75,6 +76,7 @@ int run_generate(const GenerateArgs& a) {
   ZAYA_CHECK(a.model.empty() != a.init_config.empty(),
              "generate: give exactly one of --model (a checkpoint or transformers directory) and --init-config");
   ZAYA_CHECK(a.batch >= 0, "--batch must be 1 or more, found ", a.batch);
+  ZAYA_CHECK(!a.gemm_shapes || a.timing, "generate: --gemm-shapes is part of --timing's report: add --timing");
   ZAYA_CHECK(a.prompt_ids.empty() != a.prompt.empty(), "generate: give exactly one of --prompt-ids or --prompt");
   ZAYA_CHECK(a.max_new >= 0, "--max-new must be 0 or more, found ", a.max_new);
   ZAYA_CHECK(a.temperature >= 0, "--temperature must be 0 (greedy) or more, found ", a.temperature);
@@ -139,7 +141,14 @@ int run_generate(const GenerateArgs& a) {
   }
   Tensor tp = Tensor::borrow(rows.data(), Shape{B, T0}, DType::i32);
   model::GenerateStats stats;
+  // The CPU GEMM counters (ops/cpu/gemm_cpu.h) split the decode's time into its GEMMs and the rest.
+  ops::cpu::GemmTimeStats gemm_at_prefill;
+  stats.after_prefill = [&] {
+    gemm_at_prefill = ops::cpu::gemm_time_stats();
+    ops::cpu::gemm_profile_shapes(a.gemm_shapes);  // from here on: the decode steps' shapes only
+  };
   const auto out = model::generate(*m, tp, opt, &stats);
+  const ops::cpu::GemmTimeStats gemm_at_end = ops::cpu::gemm_time_stats();
   for (int64_t b = 0; b < B; ++b) {
     const auto& o = out[static_cast<size_t>(b)];
     if (tok) {  // text in, text out: the prompt followed by its continuation
@@ -162,6 +171,15 @@ int run_generate(const GenerateArgs& a) {
                  stats.prefill_s > 0 ? static_cast<double>(B * T0) / stats.prefill_s : 0.0,
                  static_cast<long long>(stats.decode_steps), 1e3 * stats.decode_s, 1e3 * per_step,
                  per_step > 0 ? static_cast<double>(B) / per_step : 0.0);
+    if (m->device() == Device::cpu && stats.decode_steps > 0) {
+      const double n = static_cast<double>(stats.decode_steps), g = gemm_at_end.seconds - gemm_at_prefill.seconds;
+      const double flops = gemm_at_end.flops - gemm_at_prefill.flops;
+      std::fprintf(stderr, "timing: decode GEMMs %.3f ms per step (%.2f GFLOP at %.2f GFLOP/s), everything else %.3f ms\n",
+                   1e3 * g / n, 1e-9 * flops / n, g > 0 ? 1e-9 * flops / g : 0.0, 1e3 * (per_step - g / n));
+      for (const auto& st : ops::cpu::gemm_shape_times())
+        std::fprintf(stderr, "timing:   %-28s %6.1f calls %9.3f ms per step\n", st.shape.c_str(),
+                     static_cast<double>(st.calls) / n, 1e3 * st.seconds / n);
+    }
   }
   return 0;
 }
@@ -180,6 +198,7 @@ void add_generate(CLI::App& app, Commands& commands) {
                   "give N prompts of one length separated by ';'")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--timing", args->timing, "print prefill and decode times and tokens/s on stderr");
+  cmd->add_flag("--gemm-shapes", args->gemm_shapes, "with --timing on the CPU: the decode steps' GEMM time per shape");
   cmd->add_option("--prompt-ids", args->prompt_ids, "comma-separated prompt token ids (prints new ids)");
   cmd->add_option("--prompt", args->prompt, "prompt text (prints decoded text; needs the tokenizer)");
   cmd->add_option("--tokenizer", args->tokenizer, "SentencePiece .model (default: the checkpoint's)");

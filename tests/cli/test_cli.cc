@@ -209,20 +209,26 @@ TEST(Cli, BenchStepPrintsTheTimingLines) {
 TEST(Cli, GenerateDecodesABatchAndTimesIt) {
   const std::string cfg = tiny_model_config("gen_batch.toml", 2);
   const std::string base = "--threads 1 generate --init-config " + cfg + " --max-new 4 --ignore-eos --timing ";
-  CliRun r = zaya(base + "--prompt-ids '3,4,5;6,7,8;9,10,11'");
+  CliRun r = zaya(base + "--prompt-ids '3,4,5;6,7,8;9,10,11' --gemm-shapes");
   EXPECT_EQ(r.code, 0) << r.output;
   int lines = 0;
   std::istringstream in(r.output);
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind("timing: ", 0) == 0) {
+    if (line.rfind("timing: batch", 0) == 0) {
       EXPECT_NE(line.find("batch 3, prompt 3"), std::string::npos) << line;
       EXPECT_NE(line.find("3 decode steps"), std::string::npos) << line;  // the 4th token needs no step
       continue;
     }
+    if (line.rfind("timing: ", 0) == 0) continue;  // the GEMM split and its shapes, checked below
+
     ++lines;
     EXPECT_EQ(std::count(line.begin(), line.end(), ','), 3) << line;  // 4 new ids
   }
   EXPECT_EQ(lines, 3) << r.output;
+  EXPECT_NE(r.output.find("timing: decode GEMMs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("NT 3x"), std::string::npos) << r.output;  // a 3-row decode GEMM's shape
+  CliRun shapes_alone = zaya("--threads 1 generate --init-config " + cfg + " --prompt-ids 3 --gemm-shapes");
+  EXPECT_EQ(shapes_alone.code, 2) << shapes_alone.output;
   CliRun one = zaya(base + "--prompt-ids 3,4,5 --batch 2");
   EXPECT_EQ(one.code, 0) << one.output;
   CliRun ragged = zaya(base + "--prompt-ids '3,4;5'");

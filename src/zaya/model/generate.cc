@@ -253,6 +253,7 @@ std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& promp
   // The logits are on the host when the prefill returns on the CPU; elsewhere the first copy
   // below waits for them, so the decode time includes that wait.
   const Clock::time_point t1 = Clock::now();
+  if (stats && stats->after_prefill) stats->after_prefill();
   int64_t steps = 0;
   for (int64_t step = 0; step < opt.max_new; ++step) {
     if (!on_host) Tensor(host_view).copy_from(logits);
@@ -270,7 +271,11 @@ std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& promp
     dec.step(next, logits);
     ++steps;
   }
-  if (stats) *stats = {seconds(t0, t1), seconds(t1, Clock::now()), steps};
+  if (stats) {
+    stats->prefill_s = seconds(t0, t1);
+    stats->decode_s = seconds(t1, Clock::now());
+    stats->decode_steps = steps;
+  }
   return out;
 }
 

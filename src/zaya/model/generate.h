@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "zaya/core/tensor.h"
@@ -80,6 +81,9 @@ struct GenerateOptions {
 struct GenerateStats {
   double prefill_s = 0, decode_s = 0;
   int64_t decode_steps = 0;
+  // Called when the prefill has returned, before the first decode step: where a caller snapshots
+  // its own counters (the CLI's CPU GEMM time) to split them between the two phases.
+  std::function<void()> after_prefill;
 };
 
 // Generates up to max_new tokens for each of the B prompt rows (ids [B, T0] i32, equal lengths).
