@@ -4,6 +4,11 @@
 
 #include "commands.h"
 #include "zaya/core/config.h"
+#include "zaya/core/error.h"
+#include <fstream>
+
+#include "zaya/sizing/decode_roofline.h"
+#include "zaya/sizing/expert_sweep.h"
 #include "zaya/sizing/size_report.h"
 #include "zaya/sizing/suggest.h"
 
@@ -18,6 +23,15 @@ struct SizeArgs {
   bool suggest = false;
   std::string budget = "total";
   int suggest_count = 10;
+  // Serving (decode_roofline.h): prompt and context default to --seq.
+  int64_t prompt = 0, context = 0;
+  std::vector<int64_t> decode_batches{1, 8, 64, 256};
+  sizing::ServeOptions serve;
+  double decode_weight = 0;
+  int64_t objective_batch = 1;
+  bool sweep_experts = false;
+  std::vector<int64_t> sweep_batches{1, 64};
+  std::string sweep_json;
 };
 
 void add_size(CLI::App& app, Commands& commands) {
@@ -39,6 +53,35 @@ void add_size(CLI::App& app, Commands& commands) {
   cmd->add_option("--suggest-count", args->suggest_count, "how many suggestions to print")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--prompt", args->prompt, "prefill: prompt length (default --seq)")->check(CLI::PositiveNumber);
+  cmd->add_option("--context", args->context, "decode: positions each sequence attends over (default --seq)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--decode-batches", args->decode_batches, "decode: batch sizes to price, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--weight-bytes", args->serve.weight_bytes, "serving: bytes per weight element (bf16 2; CPU decoder 4)")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  cmd->add_option("--cache-bytes", args->serve.cache_bytes, "serving: bytes per KV-cache element (bf16 2; CPU decoder 4)")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  cmd->add_option("--decode-weight", args->decode_weight,
+                  "--suggest's joint objective: weight of decode latency (at --objective-batch) against training step "
+                  "time, in [0, 1]; 0 ranks by step time alone")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--objective-batch", args->objective_batch, "decode batch of the joint objective")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_flag("--sweep-experts", args->sweep_experts,
+                "the MoE-width trade-off: fine-grained (fixed active and total), expert count (fixed active) and "
+                "coarse (fixed total) expert shapes with training step time, decode latency and memory");
+  cmd->add_option("--sweep-batches", args->sweep_batches, "decode batches of --sweep-experts, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--sweep-json", args->sweep_json, "also write --sweep-experts' rows as JSON (tools/plot_expert_sweep.py)");
   commands.push_back({cmd, [args] {
                         model::ModelConfig c;
                         std::error_code ec;
@@ -57,7 +100,17 @@ void add_size(CLI::App& app, Commands& commands) {
                         sizing::SuggestOptions so;
                         so.budget = sizing::parse_budget(args->budget, "--budget");  // checked before any output
                         so.max_results = args->suggest_count;
+                        so.decode_weight = args->decode_weight;
+                        so.decode_batch = args->objective_batch;
+                        so.decode_context = args->context;
+                        so.serve = args->serve;
+                        ZAYA_CHECK(args->sweep_json.empty() || args->sweep_experts,
+                                   "--sweep-json writes --sweep-experts' rows: add --sweep-experts");
                         std::cout << sizing::format_size_report(sizing::size_model(c, args->run, hw));
+                        const int64_t prompt = args->prompt > 0 ? args->prompt : args->run.seq;
+                        const int64_t context = args->context > 0 ? args->context : args->run.seq;
+                        std::cout << sizing::format_serve_report(sizing::serve_model(
+                            c, prompt, context, args->decode_batches, hw ? &*hw : nullptr, args->serve));
                         if (args->suggest) {
                           if (!hw) {
                             // Ranking needs a step-time model: say which profile stands in.
@@ -65,6 +118,23 @@ void add_size(CLI::App& app, Commands& commands) {
                             std::cout << "note           --suggest without --hw ranks on the h100 profile\n";
                           }
                           std::cout << sizing::format_suggestions(sizing::suggest_shapes(c, args->run, *hw, so), so);
+                        }
+                        if (args->sweep_experts) {
+                          if (!hw) {
+                            hw = sizing::builtin_profile("h100");
+                            std::cout << "note           --sweep-experts without --hw uses the h100 profile\n";
+                          }
+                          sizing::ExpertSweepOptions eo;
+                          eo.decode_batches = args->sweep_batches;
+                          eo.context = args->context;
+                          eo.serve = args->serve;
+                          const auto rows = sizing::sweep_experts(c, args->run, *hw, eo);
+                          std::cout << sizing::format_expert_sweep(rows, *hw, eo);
+                          if (!args->sweep_json.empty()) {
+                            std::ofstream out(args->sweep_json);
+                            out << sizing::expert_sweep_json(rows, *hw, eo);
+                            if (!out) throw Error("cannot write the sweep", {.file = args->sweep_json});
+                          }
                         }
                         return 0;
                       }});

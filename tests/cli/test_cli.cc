@@ -4,6 +4,7 @@
 
 #include "test_util.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <sstream>
@@ -61,9 +62,22 @@ TEST(Cli, SizeZaya1Base) {
   EXPECT_NE(r.output.find("active 0.754B"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("embedding 0.537B"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("40960 bytes per token"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("full MHA 1280.0 MiB (8.0x more)"), std::string::npos) << r.output;  // serving section
   CliRun bad = zaya(std::string("size --model ") + ZAYA_SOURCE_DIR + "/configs/zaya1-base.toml --hw tpu");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.output.find("mi300x, h100, h200"), std::string::npos) << bad.output;
+}
+
+TEST(Cli, SizeJointSuggestAndExpertSweep) {
+  const std::string base = std::string("size --model ") + ZAYA_SOURCE_DIR + "/configs/zaya1-base.toml --hw h200 ";
+  CliRun r = zaya(base + "--suggest --suggest-count 2 --decode-weight 0.5 --objective-batch 64 --sweep-experts");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("0.50 · decode latency at batch 64"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("expert sweep   on h200"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("coarse"), std::string::npos) << r.output;
+  CliRun bad = zaya(base + "--sweep-json x.json");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("add --sweep-experts"), std::string::npos) << bad.output;
 }
 }  // namespace
 
@@ -220,6 +234,41 @@ TEST(Cli, BenchStepRecomputeKeepsTheLossAndShrinksTheArena) {
 
 // forward runs the model only: its former benchmark flags fail (exit 2) with a pointer to
 // `zaya bench step` and the flag's new name.
+// `generate --batch`: N sequences decoded together, one line of ids each, and --timing's rates;
+// prompts of unequal length or a count that is not --batch are refused.
+TEST(Cli, GenerateDecodesABatchAndTimesIt) {
+  const std::string cfg = tiny_model_config("gen_batch.toml", 2);
+  const std::string base = "--threads 1 generate --init-config " + cfg + " --max-new 4 --ignore-eos --timing ";
+  CliRun r = zaya(base + "--prompt-ids '3,4,5;6,7,8;9,10,11' --gemm-shapes");
+  EXPECT_EQ(r.code, 0) << r.output;
+  int lines = 0;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("timing: batch", 0) == 0) {
+      EXPECT_NE(line.find("batch 3, prompt 3"), std::string::npos) << line;
+      EXPECT_NE(line.find("3 decode steps"), std::string::npos) << line;  // the 4th token needs no step
+      continue;
+    }
+    if (line.rfind("timing: ", 0) == 0) continue;  // the GEMM split and its shapes, checked below
+
+    ++lines;
+    EXPECT_EQ(std::count(line.begin(), line.end(), ','), 3) << line;  // 4 new ids
+  }
+  EXPECT_EQ(lines, 3) << r.output;
+  EXPECT_NE(r.output.find("timing: decode GEMMs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("NT 3x"), std::string::npos) << r.output;  // a 3-row decode GEMM's shape
+  CliRun shapes_alone = zaya("--threads 1 generate --init-config " + cfg + " --prompt-ids 3 --gemm-shapes");
+  EXPECT_EQ(shapes_alone.code, 2) << shapes_alone.output;
+  CliRun one = zaya(base + "--prompt-ids 3,4,5 --batch 2");
+  EXPECT_EQ(one.code, 0) << one.output;
+  CliRun ragged = zaya(base + "--prompt-ids '3,4;5'");
+  EXPECT_EQ(ragged.code, 2) << ragged.output;
+  EXPECT_NE(ragged.output.find("must have one length"), std::string::npos) << ragged.output;
+  CliRun count = zaya(base + "--prompt-ids '3,4;5,6' --batch 3");
+  EXPECT_EQ(count.code, 2) << count.output;
+  EXPECT_NE(count.output.find("2 prompts were given"), std::string::npos) << count.output;
+}
+
 TEST(Cli, ForwardBenchFlagsPointAtBenchStep) {
   const std::string cfg = tiny_model_config("zaya_cli_tiny_model_moved.toml", 1);
   CliRun r = zaya("--threads 1 forward --init-config " + cfg + " --seed 1 --bench-steps 2 --batch 2 --seq 16");

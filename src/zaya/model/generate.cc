@@ -5,6 +5,7 @@
 #include "zaya/model/generate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -224,7 +225,8 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingOptions& opt,
   return static_cast<int32_t>(best);
 }
 
-std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& prompt, const GenerateOptions& opt) {
+std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& prompt, const GenerateOptions& opt,
+                                           GenerateStats* stats) {
   check_dtype("generate: prompt", prompt, DType::i32);
   ZAYA_CHECK(prompt.ndim() == 2 && prompt.size(1) >= 1, "generate: prompt must be [B, T] with T >= 1, found ",
              prompt.shape().str());
@@ -253,7 +255,15 @@ std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& promp
   std::vector<char> done(static_cast<size_t>(B), 0);
   std::vector<float> scratch;
   std::vector<int32_t> order;
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  const Clock::time_point t0 = Clock::now();
   dec.prefill(prompt.device() == model.device() ? prompt : prompt.to(model.device()), logits);
+  // The logits are on the host when the prefill returns on the CPU; elsewhere the first copy
+  // below waits for them, so the decode time includes that wait.
+  const Clock::time_point t1 = Clock::now();
+  if (stats && stats->after_prefill) stats->after_prefill();
+  int64_t steps = 0;
   for (int64_t step = 0; step < opt.max_new; ++step) {
     if (!on_host) Tensor(host_view).copy_from(logits);
     int64_t active = 0;
@@ -269,6 +279,12 @@ std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& promp
     if (active == 0 || step + 1 == opt.max_new) break;
     if (!on_host) Tensor(next).copy_from(next_host);
     dec.step(next, logits);
+    ++steps;
+  }
+  if (stats) {
+    stats->prefill_s = seconds(t0, t1);
+    stats->decode_s = seconds(t1, Clock::now());
+    stats->decode_steps = steps;
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "zaya/core/tensor.h"
@@ -74,9 +75,21 @@ struct GenerateOptions {
   SamplingOptions sampling;
 };
 
+// Wall time of a generate() call's two phases (`zaya generate --timing`, the decode calibration of
+// docs/sizing.md): the prefill, and the decode steps with the host sampling between them (each
+// step of B rows makes one token per row; the last sampled token needs no step).
+struct GenerateStats {
+  double prefill_s = 0, decode_s = 0;
+  int64_t decode_steps = 0;
+  // Called when the prefill has returned, before the first decode step: where a caller snapshots
+  // its own counters (the CLI's CPU GEMM time) to split them between the two phases.
+  std::function<void()> after_prefill;
+};
+
 // Generates up to max_new tokens for each of the B prompt rows (ids [B, T0] i32, equal lengths).
 // Returns the new ids per row; a row ends with eos when it stopped there. Generation ends when
-// every row has stopped or max_new tokens were produced.
-std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& prompt, const GenerateOptions& opt);
+// every row has stopped or max_new tokens were produced. `stats`, when given, gets the timings.
+std::vector<std::vector<int32_t>> generate(ZayaModel& model, const Tensor& prompt, const GenerateOptions& opt,
+                                           GenerateStats* stats = nullptr);
 
 }  // namespace zaya::model

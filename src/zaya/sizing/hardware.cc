@@ -135,6 +135,14 @@ double gemm_rate(const HardwareProfile& p, int64_t m, int64_t n, int64_t k) {
   return lo->second + t * (hi->second - lo->second);
 }
 
+double gemm_rate_at_shape(const HardwareProfile& p, int64_t m, int64_t n, int64_t k) {
+  double sum = 0;
+  int count = 0;
+  for (const auto& g : p.gemm_table)
+    if (g.m == m && g.n == n && g.k == k) sum += g.flops_per_s, ++count;
+  return count > 0 ? sum / count : gemm_rate(p, m, n, k);
+}
+
 HardwareProfile resolve_profile(const std::string& s) {
   for (const auto& n : builtin_profile_names())
     if (s == n) return builtin_profile(s);

@@ -49,5 +49,9 @@ HardwareProfile resolve_profile(const std::string& name_or_path);
 // the variable because small GEMMs are launch/memory bound and large ones compute bound; shape
 // (aspect ratio) is second order and the table is too sparse to resolve it.
 double gemm_rate(const HardwareProfile& p, int64_t m, int64_t n, int64_t k);
+// The mean measured rate of GEMMs of exactly this (M, N, K) when the table has any, else gemm_rate.
+// Decode's GEMMs have one to a few rows: a [1, N, K] GEMM streams its N·K weights for 2NK FLOPs and
+// runs far below a [32, N, K/32]-sized one, which the size-only interpolation would give it.
+double gemm_rate_at_shape(const HardwareProfile& p, int64_t m, int64_t n, int64_t k);
 
 }  // namespace zaya::sizing

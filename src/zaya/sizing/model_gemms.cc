@@ -13,10 +13,10 @@ const char* gemm_pass_name(GemmPass p) {
   return "?";
 }
 
-std::vector<ModelGemm> model_gemms(const model::ModelConfig& c, int64_t tokens) {
+std::vector<ModelGemm> model_gemms(const model::ModelConfig& c, int64_t tokens, int64_t top_k) {
   const int64_t L = c.num_hidden_layers, E = c.num_experts, H = c.hidden_size, R = c.router_hidden_size;
-  // Balanced top-1 routing: each expert sees tokens/E rows (the ideal the balancing biases aim for).
-  const int64_t per_expert = std::max<int64_t>(1, tokens / E);
+  // Balanced routing: each expert sees tokens·k/E rows (the ideal the balancing biases aim for).
+  const int64_t per_expert = std::max<int64_t>(1, tokens * top_k / E);
   std::vector<ModelGemm> out;
   auto linear = [&](const std::string& name, int64_t rows, int64_t in, int64_t outf, int64_t count) {
     out.push_back({name, GemmPass::forward, rows, outf, in, count});
@@ -40,9 +40,10 @@ double attention_flops(const model::ModelConfig& c, int64_t tokens, int64_t seq)
          static_cast<double>(c.q_dim());
 }
 
-double predicted_compute_seconds(const model::ModelConfig& c, int64_t tokens, int64_t seq, const HardwareProfile& hw) {
+double predicted_compute_seconds(const model::ModelConfig& c, int64_t tokens, int64_t seq, const HardwareProfile& hw,
+                                 int64_t top_k) {
   double t = 0;
-  for (const auto& g : model_gemms(c, tokens)) t += g.flops() / gemm_rate(hw, g.m, g.n, g.k);
+  for (const auto& g : model_gemms(c, tokens, top_k)) t += g.flops() / gemm_rate(hw, g.m, g.n, g.k);
   t += attention_flops(c, tokens, seq) / gemm_rate(hw, seq, seq, c.head_dim);
   return t;
 }

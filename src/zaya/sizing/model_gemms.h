@@ -31,14 +31,16 @@ struct ModelGemm {
 // router down_proj / fc1 / fc2 / out_proj, per layer; experts: gate_up (out 2I) and down (out H)
 // at T/E rows each (balanced routing), per layer and expert; the tied LM head (out V) once.
 // Attention's score and value products are not GEMMs of this list (a fused kernel): see
-// attention_flops.
-std::vector<ModelGemm> model_gemms(const model::ModelConfig& c, int64_t tokens);
+// attention_flops. `top_k` experts per token (a sizing-only knob for the MoE-width sweep; the model
+// is top-1) puts tokens·k/E rows on each expert.
+std::vector<ModelGemm> model_gemms(const model::ModelConfig& c, int64_t tokens, int64_t top_k = 1);
 // Attention score + value FLOPs of one training step: 6 · L · tokens · seq · nq · hd (the
 // convention of model::training_flops_per_token).
 double attention_flops(const model::ModelConfig& c, int64_t tokens, int64_t seq);
 
 // Seconds of GEMM compute for one step: each GEMM at gemm_rate(profile, its size), plus
 // attention at the rate of a [seq, seq, hd] GEMM.
-double predicted_compute_seconds(const model::ModelConfig& c, int64_t tokens, int64_t seq, const HardwareProfile& hw);
+double predicted_compute_seconds(const model::ModelConfig& c, int64_t tokens, int64_t seq, const HardwareProfile& hw,
+                                 int64_t top_k = 1);
 
 }  // namespace zaya::sizing

@@ -38,6 +38,13 @@ bool hard_rules_pass(const SizeReport& r) {
 std::vector<Suggestion> suggest_shapes(const model::ModelConfig& c, const RunShape& run, const HardwareProfile& hw,
                                        const SuggestOptions& o) {
   ZAYA_CHECK(o.tolerance > 0 && o.tolerance < 1, "--suggest tolerance must be in (0, 1), found ", o.tolerance);
+  ZAYA_CHECK(o.decode_weight >= 0 && o.decode_weight <= 1, "--decode-weight must be in [0, 1], found ", o.decode_weight);
+  ZAYA_CHECK(o.decode_batch >= 1, "--objective-batch must be >= 1, found ", o.decode_batch);
+  const int64_t context = o.decode_context > 0 ? o.decode_context : run.seq;
+  if (o.decode_weight > 0 && !(hw.memory_bandwidth > 0))
+    throw Error("the joint objective prices decode by memory bandwidth, and the profile has none",
+                {.field = "--decode-weight", .expected = "a profile with memory_bandwidth > 0 (or --decode-weight 0)",
+                 .found = hw.name + ": memory_bandwidth " + std::to_string(hw.memory_bandwidth)});
   const double target = static_cast<double>(budgeted(c, o.budget));
   std::vector<Suggestion> out;
   std::set<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>> seen;
@@ -50,7 +57,7 @@ std::vector<Suggestion> suggest_shapes(const model::ModelConfig& c, const RunSha
       return;  // e.g. heads not divisible by kv heads
     }
     const double ratio = static_cast<double>(budgeted(m, o.budget)) / target;
-    Suggestion s{m, size_model(m, run, hw), ratio, original};
+    Suggestion s{m, size_model(m, run, hw), ratio, original, decode_step(m, o.decode_batch, context, &hw, o.serve), 0};
     if (!original && (std::abs(ratio - 1) > o.tolerance || !hard_rules_pass(s.report))) return;
     out.push_back(std::move(s));
   };
@@ -89,8 +96,15 @@ std::vector<Suggestion> suggest_shapes(const model::ModelConfig& c, const RunSha
       }
     }
   }
-  std::stable_sort(out.begin(), out.end(), [](const Suggestion& a, const Suggestion& b) {
-    if (a.report.step_time_s != b.report.step_time_s) return a.report.step_time_s < b.report.step_time_s;
+  // out[0] is the original: the scores' unit.
+  const double step0 = out.front().report.step_time_s, decode0 = out.front().decode.step_s, w = o.decode_weight;
+  for (auto& s : out)
+    s.score = w > 0 ? (1 - w) * s.report.step_time_s / step0 + w * s.decode.step_s / decode0 : s.report.step_time_s / step0;
+  std::stable_sort(out.begin(), out.end(), [w](const Suggestion& a, const Suggestion& b) {
+    // w = 0 compares the step times themselves (not their quotients, which could round two
+    // different times to one score).
+    if (w > 0 && a.score != b.score) return a.score < b.score;
+    if (w == 0 && a.report.step_time_s != b.report.step_time_s) return a.report.step_time_s < b.report.step_time_s;
     return std::abs(a.budget_ratio - 1) < std::abs(b.budget_ratio - 1);
   });
   // Keep the best max_results plus the original wherever it ranks.
@@ -104,13 +118,27 @@ std::vector<Suggestion> suggest_shapes(const model::ModelConfig& c, const RunSha
 std::string format_suggestions(const std::vector<Suggestion>& s, const SuggestOptions& o) {
   std::ostringstream out;
   char line[320];
-  std::snprintf(line, sizeof line,
-                "suggestions    same %s parameters ±%.0f%%, hard sizing rules pass, sorted by predicted step time\n",
-                o.budget == Budget::total ? "total" : "active", 100 * o.tolerance);
+  const bool joint = o.decode_weight > 0;
+  if (joint) {
+    std::snprintf(line, sizeof line,
+                  "suggestions    same %s parameters ±%.0f%%, hard sizing rules pass, sorted by %.2f · step time + %.2f · "
+                  "decode latency at batch %lld (each relative to the original)\n",
+                  o.budget == Budget::total ? "total" : "active", 100 * o.tolerance, 1 - o.decode_weight, o.decode_weight,
+                  static_cast<long long>(o.decode_batch));
+  } else {
+    std::snprintf(line, sizeof line,
+                  "suggestions    same %s parameters ±%.0f%%, hard sizing rules pass, sorted by predicted step time\n",
+                  o.budget == Budget::total ? "total" : "active", 100 * o.tolerance);
+  }
   out << line;
-  std::snprintf(line, sizeof line, "  %-4s %6s %6s %5s %4s %6s %9s %9s %8s %10s %7s %s\n", "rank", "H", "heads", "hd", "E", "I",
-                "total", "active", "budget", "step (s)", "mfu", "note");
+  std::snprintf(line, sizeof line, "  %-4s %6s %6s %5s %4s %6s %9s %9s %8s %10s %7s", "rank", "H", "heads", "hd", "E", "I",
+                "total", "active", "budget", "step (s)", "mfu");
   out << line;
+  if (joint) {
+    std::snprintf(line, sizeof line, " %12s %7s", "decode (ms)", "score");
+    out << line;
+  }
+  out << " note\n";
   int rank = 0;
   for (const auto& x : s) {
     ++rank;
@@ -119,13 +147,18 @@ std::string format_suggestions(const std::vector<Suggestion>& s, const SuggestOp
     for (const auto& r : x.report.rules) advisory_ok &= r.ok || r.hard;
     std::string note = x.is_original ? "original" : "";
     if (!advisory_ok) note += std::string(note.empty() ? "" : ", ") + "small expert GEMMs";
-    std::snprintf(line, sizeof line, "  %-4d %6lld %6lld %5lld %4lld %6lld %8.3fB %8.3fB %+7.1f%% %10.4f %6.1f%% %s\n", rank,
+    std::snprintf(line, sizeof line, "  %-4d %6lld %6lld %5lld %4lld %6lld %8.3fB %8.3fB %+7.1f%% %10.4f %6.1f%%", rank,
                   static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
                   static_cast<long long>(c.head_dim), static_cast<long long>(c.num_experts),
                   static_cast<long long>(c.moe_intermediate_size), static_cast<double>(x.report.total) / 1e9,
                   static_cast<double>(x.report.active) / 1e9, 100 * (x.budget_ratio - 1), x.report.step_time_s,
-                  100 * x.report.mfu, note.c_str());
+                  100 * x.report.mfu);
     out << line;
+    if (joint) {
+      std::snprintf(line, sizeof line, " %12.3f %7.3f", 1e3 * x.decode.step_s, x.score);
+      out << line;
+    }
+    out << " " << note << "\n";
   }
   return out.str();
 }
