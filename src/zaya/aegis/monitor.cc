@@ -183,20 +183,23 @@ std::optional<Detection> AttemptMonitor::check_spike(const Heartbeat& h, double 
 
 void AttemptMonitor::check_straggler(const std::map<int, Heartbeat>& beats, double now) {
   if (straggler_ || beats.size() < 2) return;
+  // The rank's own time when the trainer reports it: a straggler's peers wait for it inside their
+  // collectives, so their step_time is its step_time too.
+  const auto own = [](const Heartbeat& h) { return h.busy_time ? h.busy_time : h.step_time; };
   for (const auto& [r, h] : beats) {
-    if (h.phase != "train" || !h.step_time || h.step <= slow_step_[r]) continue;
+    if (h.phase != "train" || !own(h) || h.step <= slow_step_[r]) continue;
     slow_step_[r] = h.step;
     std::vector<double> others;
     for (const auto& [o, g] : beats)
-      if (o != r && g.phase == "train" && g.step_time) others.push_back(*g.step_time);
+      if (o != r && g.phase == "train" && own(g)) others.push_back(*own(g));
     if (others.empty()) continue;
-    const double med = median(others);
+    const double med = median(others), mine = *own(h);
     RankProgress& p = ranks_[r];
-    p.slow_in_a_row = (med > 0 && *h.step_time >= opts_.straggler_factor * med) ? p.slow_in_a_row + 1 : 0;
+    p.slow_in_a_row = (med > 0 && mine >= opts_.straggler_factor * med) ? p.slow_in_a_row + 1 : 0;
     if (p.slow_in_a_row >= opts_.straggler_steps) {
       straggler_ = make(FailureClass::straggler,
-                        str("rank ", r, " (host ", h.host, ") took ", *h.step_time, " s per step, >= ",
-                            opts_.straggler_factor, " x the others' median ", med, " s, for ", p.slow_in_a_row,
+                        str("rank ", r, " (host ", h.host, ") took ", mine, " s per step", h.busy_time ? " of its own work" : "",
+                            ", >= ", opts_.straggler_factor, " x the others' median ", med, " s, for ", p.slow_in_a_row,
                             " steps in a row"),
                         r, h.step, now);
       return;

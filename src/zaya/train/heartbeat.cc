@@ -54,10 +54,11 @@ Heartbeat::~Heartbeat() {
   thread_.join();  // the loop writes what is queued before it ends
 }
 
-void Heartbeat::step_end(int64_t step, double loss, double grad_norm, double step_time) {
+void Heartbeat::step_end(int64_t step, double loss, double grad_norm, double step_time, double busy_time) {
   last_step_.loss = loss;
   last_step_.grad_norm = grad_norm;
   last_step_.step_time = step_time;
+  last_step_.busy_time = busy_time;
   last_step_.nonfinite = !std::isfinite(loss) || !std::isfinite(grad_norm);
   beat("train", step);
 }
@@ -117,6 +118,7 @@ void Heartbeat::write(const Event& e) {
                             {"loss", number_or_null(e.loss)},
                             {"grad_norm", number_or_null(e.grad_norm)},
                             {"step_time", number_or_null(e.step_time)},
+                            {"busy_time", number_or_null(e.busy_time)},
                             {"nonfinite", e.nonfinite},
                             {"error", e.error ? nlohmann::json(*e.error) : nlohmann::json(nullptr)}};
   // A message that is not valid UTF-8 is replaced rather than failing the beat.

@@ -31,8 +31,9 @@ class Heartbeat {
   // Queues one beat of `phase` at `step`, carrying the last step's measurements. `error` goes
   // with "failed". Each write gets seq = the previous write's + 1, from 1.
   void beat(const char* phase, int64_t step, const std::string* error = nullptr);
-  // Records step `step`'s measurements and queues its "train" beat.
-  void step_end(int64_t step, double loss, double grad_norm, double step_time);
+  // Records step `step`'s measurements and queues its "train" beat. `busy_time` is the part of
+  // the step this rank spent on its own work, not waiting for the others (see docs/aegis.md).
+  void step_end(int64_t step, double loss, double grad_norm, double step_time, double busy_time);
   // Blocks until every queued beat is written.
   void flush();
 
@@ -45,7 +46,7 @@ class Heartbeat {
     std::string phase;
     int64_t step = 0;
     double time = 0;                                   // unix seconds when beat() was called
-    std::optional<double> loss, grad_norm, step_time;  // the last step's; nullopt before one
+    std::optional<double> loss, grad_norm, step_time, busy_time;  // the last step's; nullopt before one
     bool nonfinite = false;
     std::optional<std::string> error;
   };
