@@ -45,19 +45,8 @@ class FaultMatrix : public ::testing::TestWithParam<int> {
     std::ofstream(cfg) << toy_run_config(corpus_, root_ / name, np(), kSteps, kEvery, extra);
     return cfg;
   }
-  // The undisturbed run's final weights, shared by every test of this binary at this world size.
-  std::vector<float> reference() {
-    const std::string key = "matrix|" + toy_run_config("CORPUS", "OUT", np(), kSteps, kEvery);
-    return cached_reference(key, [&](const fs::path& dir) {
-      fs::create_directories(dir);
-      const std::string corpus = train::toy::make_corpus(dir / "data");
-      const fs::path cfg = dir / "ref.toml";
-      std::ofstream(cfg) << toy_run_config(corpus, dir / "ref", np(), kSteps, kEvery);
-      const test::CliRun r = test::run_shell(kEnv + train_command(cfg, np()));
-      EXPECT_EQ(r.code, 0) << r.output;
-      return r.code == 0 ? final_weights(dir / "ref") : std::vector<float>{};
-    });
-  }
+  // The undisturbed run's final weights, shared by every test at this world size.
+  std::vector<float> reference() { return undisturbed_weights(np(), kSteps, kEvery); }
   // Two distinct steps a < b drawn from [lo, hi], printed.
   std::pair<int, int> two_steps(int lo, int hi, int stride = 1) {
     std::vector<int> s;

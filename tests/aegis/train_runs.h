@@ -3,6 +3,7 @@
 // build of the binary for every test process (ctest runs each test case as a process of its own).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -97,6 +98,24 @@ inline std::vector<float> cached_reference(const std::string& key,
   }
   if (lock >= 0) ::close(lock);  // releases the lock
   return w;
+}
+
+// The final weights of an undisturbed toy_run_config run, cached (above) for every test process.
+inline std::vector<float> undisturbed_weights(int np, int steps, int every, const std::string& extra = "",
+                                              const std::string& options = "") {
+  const std::string key = "toy|" + toy_run_config("CORPUS", "OUT", np, steps, every, extra) + "|" + options;
+  return cached_reference(key, [&](const fs::path& dir) {
+    fs::create_directories(dir);
+    const std::string corpus = train::toy::make_corpus(dir / "data");
+    const fs::path cfg = dir / "ref.toml";
+    std::ofstream(cfg) << toy_run_config(corpus, dir / "ref", np, steps, every, extra);
+    const test::CliRun r = test::run_shell(kEnv + train_command(cfg, np) + " " + options);
+    if (r.code != 0) {
+      ADD_FAILURE() << "the undisturbed reference run failed:\n" << r.output;
+      return std::vector<float>{};
+    }
+    return final_weights(dir / "ref");
+  });
 }
 
 // The seed of this test process's random fault steps: ZAYA_AEGIS_SEED when set (to reproduce a

@@ -51,7 +51,12 @@ void LogHints::scan(const std::string& line) {
   static const std::regex xid(R"(NVRM:|\bXid \()");
   static const std::regex ecc(R"(\bECC\b.*error|uncorrectable ECC|fallen off the bus)", std::regex::icase);
   static const std::regex timeout(R"(timed out after [^:]*: ranks? (\d+))");
+  static const std::regex launcher(
+      R"(mpirun noticed that process rank (\d+)|Process name: \[\[\d+,\d+\],(\d+)\]|srun: error: \S+: tasks? (\d+))");
   std::smatch m;
+  if (launcher_rank < 0 && std::regex_search(line, m, launcher))
+    for (size_t g = 1; g <= 3; ++g)
+      if (m[g].matched) launcher_rank = std::stoi(m[g].str());
   if (line.find("zaya: error:") != std::string::npos || line.find("zaya: internal error:") != std::string::npos)
     fatal = true;
   if (exec_failed_line.empty() && line.rfind("zaya supervise: cannot execute ", 0) == 0) exec_failed_line = line;
@@ -214,8 +219,9 @@ double AttemptMonitor::productive_time_after(int64_t after) const {
 std::string AttemptMonitor::final_phase() const { return last_.empty() ? "" : last_.begin()->second.phase; }
 
 Detection AttemptMonitor::classify_exit(int status, double now) const {
-  // The rank that went silent first (the others then fail waiting for it), unless a log line names one.
-  int blamed = hints_.missing_rank;
+  // The rank a collective timeout names, else the one the launcher names, else the one that went
+  // silent first (the others then fail waiting for it).
+  int blamed = hints_.missing_rank >= 0 ? hints_.missing_rank : hints_.launcher_rank;
   std::string failed_error;
   double oldest = 0;
   for (const auto& [r, h] : last_) {

@@ -59,6 +59,9 @@ struct LogHints {
   std::string exec_failed_line;  // the launch command itself could not be executed (Job's message)
   std::string error_line;  // the first "error:" line (zaya's own error report), quoted as evidence
   int missing_rank = -1;  // from "... rank R never arrived"
+  // The rank the launcher says failed first: Open MPI's "mpirun noticed that process rank R ..."
+  // or "Process name: [[J,S],R]", Slurm's "srun: error: NODE: task R: ...".
+  int launcher_rank = -1;
   // The job said it is failing (a collective timeout, an OOM, zaya's own "error:" report): if it
   // has not exited a while later, something is holding it (a stopped rank the launcher cannot end).
   bool fatal = false;
