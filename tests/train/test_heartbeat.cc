@@ -17,9 +17,9 @@ class Heartbeats : public recovery::RecoveryTest {
 
 void expect_complete_beat(const nlohmann::json& b, int rank, int world) {
   for (const char* key : {"rank", "world", "pid", "host", "seq", "step", "phase", "time", "loss", "grad_norm",
-                          "step_time", "nonfinite", "error"})
+                          "step_time", "busy_time", "nonfinite", "error"})
     EXPECT_TRUE(b.contains(key)) << key << " missing in " << b.dump();
-  EXPECT_EQ(b.size(), 13u) << b.dump();
+  EXPECT_EQ(b.size(), 14u) << b.dump();
   EXPECT_EQ(b["rank"], rank);
   EXPECT_EQ(b["world"], world);
   EXPECT_GT(b["pid"].get<int64_t>(), 0);
@@ -59,6 +59,8 @@ TEST_F(Heartbeats, OneRankProgressAndFinalBeat) {
   EXPECT_TRUE(b["error"].is_null());
   EXPECT_FALSE(b["nonfinite"].get<bool>());
   EXPECT_GT(b["step_time"].get<double>(), 0.0);
+  EXPECT_GE(b["busy_time"].get<double>(), 0.0);
+  EXPECT_LE(b["busy_time"].get<double>(), b["step_time"].get<double>()) << "a part of the step";
   EXPECT_GT(b["grad_norm"].get<double>(), 0.0);
   // The last step's loss, as metrics.jsonl has it.
   EXPECT_EQ(b["loss"].get<double>(), step_records(run).back()["loss"].get<double>());
@@ -90,6 +92,15 @@ TEST_F(Heartbeats, TwoRanksEachWriteTheirOwn) {
   EXPECT_EQ(b1["seq"], 29);
   EXPECT_GE(b0["seq"].get<int64_t>(), 30);  // + the final commit, + step 10's if a boundary saw it
   EXPECT_LE(b0["seq"].get<int64_t>(), 31);
+}
+
+// train.heartbeat = false (only to measure what heartbeats cost) writes none.
+TEST_F(Heartbeats, SwitchedOffWritesNone) {
+  const test::CliRun r =
+      test::run_shell(zaya_cmd("--config " + config_file("run", 3) + " --set train.heartbeat=false"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(root_ / "run" / "latest"));
+  EXPECT_FALSE(fs::exists(root_ / "run" / "heartbeat"));
 }
 
 // A stop signal: the checkpoint is saved, the exit code is 0 and the last beat says "stopping".

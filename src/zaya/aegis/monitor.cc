@@ -91,8 +91,10 @@ double AttemptMonitor::median_step_time() const {
 }
 
 double AttemptMonitor::hang_timeout(const std::string& phase) const {
-  const double base = opts_.hang_timeout_s > 0 ? opts_.hang_timeout_s
-                                               : std::max(opts_.hang_min_s, 2 * median_step_time() + 10);
+  const double base =
+      opts_.hang_timeout_s > 0
+          ? opts_.hang_timeout_s
+          : std::max(0.5, std::max(opts_.hang_min_s, 2 * median_step_time() + 10) - opts_.detection_margin_s);
   return phase == "train" ? base : std::max(base, opts_.hang_phase_floor_s);
 }
 

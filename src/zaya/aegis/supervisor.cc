@@ -266,6 +266,7 @@ class Supervisor {
     last_launch_ = launched;
     say(str("attempt ", st_.attempts, ": ", shell_join(cmd), " (output: ", log_path.string(), ")"));
     MonitorOptions mo = o_.monitor;
+    mo.detection_margin_s = 2 * o_.poll_s;
     // A job known to write heartbeats that writes none by the start-up floor is hung in start-up.
     if (mo.startup_timeout_s <= 0 && st_.heartbeats_seen) mo.startup_timeout_s = mo.hang_phase_floor_s;
     AttemptMonitor mon(mo, launched);

@@ -61,6 +61,7 @@ TrainConfig read_train(ConfigReader& r) {
   r.get("train.init_from", t.init_from);
   r.get("train.gemm_dtype", t.gemm_dtype);
   r.get("train.max_skipped_steps", t.max_skipped_steps);
+  r.get("train.heartbeat", t.heartbeat);
   r.get("train.inject", t.inject);
   for (const std::string& spec : t.inject) {
     try {

@@ -129,7 +129,7 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
     skip_windows_ = merge_windows(skip_windows_, {parse_sample_window(w, "--skip-samples")});
   lock_run_dir();
   // From here on this rank reports its progress; a start-up that fails says so in its heartbeat.
-  heartbeat_ = std::make_unique<Heartbeat>(cfg_.train.out_dir, comm_->rank(), comm_->size());
+  if (cfg_.train.heartbeat) heartbeat_ = std::make_unique<Heartbeat>(cfg_.train.out_dir, comm_->rank(), comm_->size());
   beat("start");
   try {
     set_up();
