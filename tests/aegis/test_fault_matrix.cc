@@ -212,7 +212,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, FaultMatrix, ::testing::Values(1, 2),
 // supervisor reports it as a straggler from the ranks' own step times (busy_time: in synchronous
 // data parallelism every rank's whole step lasts as long as the slowest's) and lets the run go on;
 // the weights are unchanged. Restarting without the slow host is --exclude-stragglers with
-// --hosts (test_supervise_hosts.cc).
+// --hosts (test_supervise_records.cc).
 class SlowRank : public FaultMatrix {};
 
 TEST_P(SlowRank, IsReportedAsAStragglerAndTheRunGoesOn) {

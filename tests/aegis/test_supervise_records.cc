@@ -18,8 +18,14 @@ namespace fs = std::filesystem;
 using namespace zaya::aegis::testing;
 
 constexpr int kSteps = 20, kEvery = 3;
+const std::string kF64 = "--set parallel.grad_reduce=f64";
 
 class SuperviseRecords : public ::testing::Test {
+ public:
+  std::string supervisor() const {
+    return kEnv + ZAYA_BINARY + " supervise --backoff 0.05 --backoff-max 0.2 --progress-every 0 --quiet-job ";
+  }
+
  protected:
   void SetUp() override {
     root_ = fs::temp_directory_path() / ("zaya_aegis_records_" + std::to_string(::getpid()));
@@ -33,9 +39,6 @@ class SuperviseRecords : public ::testing::Test {
     const fs::path cfg = root_ / (name + ".toml");
     std::ofstream(cfg) << toy_run_config(corpus_, root_ / name, np, kSteps, kEvery, extra);
     return cfg;
-  }
-  std::string supervisor() const {
-    return kEnv + ZAYA_BINARY + " supervise --backoff 0.05 --backoff-max 0.2 --progress-every 0 --quiet-job ";
   }
   std::string attempt_log(const std::string& name, int n) const {
     return test::run_shell("cat " + (aegis_dir(root_ / name) / ("attempt_" + std::to_string(n) + ".log")).string())
@@ -116,16 +119,22 @@ TEST_F(SuperviseRecords, AFaultOnEveryAttemptGivesUpWithASummaryAndTheLastGoodCh
 // runs on node-a alone: world 1 with twice the gradient accumulation, the same global batch,
 // resuming from step 6 written at world 2. With the f64 gradient reduction the world size does not
 // change a bit, so the result is the undisturbed two-rank run's.
-TEST_F(SuperviseRecords, AHostThatFailsRepeatedlyIsExcludedAndTheRunFinishesOnTheOther) {
-  const fs::path hosts = root_ / "hosts.txt";
+// Supervises the run `name` on two "hosts" of this machine (node-a, node-b: one rank each) through
+// tests/aegis/hosts_launch.sh, with `inject` given to node-b's rank only, at the f64 gradient
+// reduction (the world size then changes no bit).
+test::CliRun supervise_on_two_hosts(const SuperviseRecords& t, const fs::path& root, const fs::path& cfg,
+                                    const std::string& inject, const std::string& options) {
+  const fs::path hosts = root / "hosts.txt";
   std::ofstream(hosts) << "# two names for this machine\nnode-a slots=1\nnode-b slots=1\n";
+  return test::run_shell("ZAYA_TEST_FAIL_HOST=node-b ZAYA_TEST_FAIL_INJECT=" + inject + " ZAYA_TEST_GLOBAL_BATCH=2 " +
+                         t.supervisor() + "--hosts " + hosts.string() + " " + options + " -- bash " + ZAYA_SOURCE_DIR +
+                         "/tests/aegis/hosts_launch.sh {hosts} " + ZAYA_BINARY + " --threads 1 train --config " +
+                         cfg.string() + " " + kF64);
+}
+
+TEST_F(SuperviseRecords, AHostThatFailsRepeatedlyIsExcludedAndTheRunFinishesOnTheOther) {
   const fs::path cfg = write_config("hosts", 2), run = root_ / "hosts";
-  const std::string f64 = "--set parallel.grad_reduce=f64";
-  const test::CliRun r = test::run_shell(
-      "ZAYA_TEST_FAIL_HOST=node-b ZAYA_TEST_FAIL_INJECT=kill@step=8,every-attempt=1 ZAYA_TEST_GLOBAL_BATCH=2 " +
-      supervisor() + "--hosts " + hosts.string() + " --exclude-after 2 -- bash " + ZAYA_SOURCE_DIR +
-      "/tests/aegis/hosts_launch.sh {hosts} " + ZAYA_BINARY + " --threads 1 train --config " + cfg.string() + " " +
-      f64);
+  const test::CliRun r = supervise_on_two_hosts(*this, root_, cfg, "kill@step=8,every-attempt=1", "--exclude-after 2");
   ASSERT_EQ(r.code, 0) << r.output << attempt_log("hosts", 3);
   const SupervisorState st = load_state(run);
   EXPECT_EQ(st.excluded_hosts, std::vector<std::string>{"node-b"});
@@ -141,7 +150,29 @@ TEST_F(SuperviseRecords, AHostThatFailsRepeatedlyIsExcludedAndTheRunFinishesOnTh
   const std::string third = attempt_log("hosts", 3);
   EXPECT_NE(third.find("2 data-parallel ranks wrote the checkpoint, 1 continue it"), std::string::npos)
       << "a smaller world, resharded:\n" << third;
-  const std::vector<float> ref = undisturbed_weights(2, kSteps, kEvery, "", f64);
+  const std::vector<float> ref = undisturbed_weights(2, kSteps, kEvery, "", kF64);
+  ASSERT_FALSE(ref.empty());
+  EXPECT_TRUE(final_weights(run) == ref) << "final weights differ in some bit from the undisturbed run's";
+}
+
+// --exclude-stragglers: node-b's rank is slowed 60x from step 2 on; once the supervisor sees its
+// own time persistently long it excludes node-b at once and restarts on node-a (world 1), from the
+// newest checkpoint, resharded. The slowness changes no bit, so neither does the run.
+TEST_F(SuperviseRecords, AStragglersHostIsExcludedWhenAskedAndTheRunFinishesOnTheOther) {
+  const fs::path cfg = write_config("straggler", 2), run = root_ / "straggler";
+  const test::CliRun r =
+      supervise_on_two_hosts(*this, root_, cfg, "slow@rank=1,factor=60,step=2", "--exclude-stragglers --straggler-steps 3");
+  ASSERT_EQ(r.code, 0) << r.output << attempt_log("straggler", 2);
+  const SupervisorState st = load_state(run);
+  EXPECT_EQ(st.excluded_hosts, std::vector<std::string>{"node-b"});
+  EXPECT_EQ(st.attempts, 2);
+  const auto inc = read_incidents(run);
+  ASSERT_EQ(inc.size(), 1u) << r.output;
+  EXPECT_EQ(inc[0].cls, "straggler");
+  EXPECT_EQ(inc[0].rank, 1) << inc[0].evidence;
+  EXPECT_EQ(inc[0].host, "node-b");
+  EXPECT_NE(inc[0].action.find("excluded host node-b"), std::string::npos) << inc[0].action;
+  const std::vector<float> ref = undisturbed_weights(2, kSteps, kEvery, "", kF64);
   ASSERT_FALSE(ref.empty());
   EXPECT_TRUE(final_weights(run) == ref) << "final weights differ in some bit from the undisturbed run's";
 }
