@@ -11,9 +11,11 @@ first step), the steps recomputed, and whether the final checkpoint's tensors (w
 optimizer state) are bitwise those of an undisturbed run (for NaN: one that skipped the same data
 windows). Hangs are checked against the bar: detected within 2 x the step time + 10 s.
 
-The heartbeat cost: the same run with train.heartbeat on and off, interleaved for --rounds rounds,
-median step time from metrics.jsonl (by default the toy model's steps of a few milliseconds, on one
-thread, where a fixed per-step cost shows most; --cost-hidden widens the model).
+The heartbeat cost: the same run with train.heartbeat on and off, interleaved for --rounds rounds
+(by default the toy model's steps of a few milliseconds, on one thread, where a fixed per-step
+cost shows most; --cost-hidden widens the model). Per run: the median step time from metrics.jsonl,
+and the CPU time of the whole process (user + system, the heartbeat writer thread included), which
+a machine shared with other work disturbs far less than wall time.
 
     python3 benchmarks/aegis_matrix.py [--zaya build/cuda/zaya] [--out docs/results/aegis] [--seed S]
 
@@ -24,6 +26,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import struct
@@ -143,10 +146,10 @@ def main():
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--ranks", default="1,2")
     ap.add_argument("--classes", default="crash,exit,hang,nan,corrupt-ckpt,kill-during-save,slow")
-    ap.add_argument("--cost-steps", type=int, default=2000)
+    ap.add_argument("--cost-steps", type=int, default=1000)
     ap.add_argument("--cost-threads", type=int, default=1)
     ap.add_argument("--cost-hidden", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=8)
     args = ap.parse_args()
     zaya = os.path.abspath(args.zaya)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
@@ -170,7 +173,7 @@ def main():
     for np_ in [int(x) for x in args.ranks.split(",")]:
         ref = run_train(f"ref{np_}", np_)
         refs[np_] = (tensors_digest(ref), median_step_time(ref))
-        for cls in args.classes.split(","):
+        for cls in [c for c in args.classes.split(",") if c]:
             if cls == "slow" and np_ == 1:
                 continue  # slowness is relative to the other ranks
             if cls in ("corrupt-ckpt", "kill-during-save"):
@@ -204,7 +207,8 @@ def main():
             row = dict(cls=cls, ranks=np_, steps=[a] if b is None else [a, b], rank=rank, rc=p.returncode,
                        wall_s=round(wall, 2), identical=same, step_time_s=step_t, incidents=[
                            dict(cls=i["class"], detect_s=i["time_to_detect_s"], recover_s=i.get("time_to_recover_s"),
-                                steps_lost=i["steps_lost"], evidence=i["evidence"][:160]) for i in incidents],
+                                steps_lost=i["steps_lost"], failed_step=i["failed_step"],
+                                evidence=i["evidence"][:160]) for i in incidents],
                        command=" ".join(cmd).replace(tmp, "$TMP"))
             if cls == "hang":
                 row["hang_bar_s"] = 2 * step_t + 10
@@ -213,6 +217,7 @@ def main():
 
     # The heartbeat's cost: a loaded run, interleaved on and off.
     cost = {"on": [], "off": []}
+    cpu = {"on": [], "off": []}
     big = MODEL if args.cost_hidden == 32 else MODEL.replace("hidden_size = 32", f"hidden_size = {args.cost_hidden}").replace(
         "moe_intermediate_size = 32", f"moe_intermediate_size = {args.cost_hidden}").replace(
         "router_hidden_size = 32", f"router_hidden_size = {args.cost_hidden}").replace(
@@ -223,17 +228,22 @@ def main():
             cfg = out + ".toml"
             text = config(corpus, out, 1, args.cost_steps, 0, f"heartbeat = {'true' if mode == 'on' else 'false'}\n")
             open(cfg, "w").write(big + text[len(MODEL):])
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             p = subprocess.run([zaya, "--threads", str(args.cost_threads), "train", "--config", cfg,
                                 "--set", "ckpt.save_final=false"], env=ENV, capture_output=True, text=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
             if p.returncode != 0:
                 sys.exit(f"cost run failed:\n{p.stderr[-3000:]}")
             cost[mode].append(median_step_time(out))
+            cpu[mode].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
             shutil.rmtree(out, ignore_errors=True)
     on, off = statistics.median(cost["on"]), statistics.median(cost["off"])
+    cpu_on, cpu_off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
 
     os.makedirs(args.out, exist_ok=True)
     json.dump(dict(seed=seed, steps=steps, every=every, matrix=results,
-                   heartbeat_cost=dict(on_s=cost["on"], off_s=cost["off"], steps=args.cost_steps,
+                   heartbeat_cost=dict(on_s=cost["on"], off_s=cost["off"], cpu_on_s=cpu["on"], cpu_off_s=cpu["off"],
+                                       steps=args.cost_steps,
                                        threads=args.cost_threads, hidden=args.cost_hidden)),
               open(os.path.join(args.out, "matrix.json"), "w"), indent=1)
     lines = ["# Aegis fault matrix and heartbeat cost", "",
@@ -246,19 +256,21 @@ def main():
              " (for NaN: one that skipped the same data windows). Detect: detection - the newest heartbeat"
              " before it. Recover: detection -> the next attempt's first new step (kill, back-off, launch,"
              " load, first step).", ""]
-    for cls in args.classes.split(","):
+    for cls in [c for c in args.classes.split(",") if c]:
         rows = [r for r in results if r["cls"] == cls]
         if not rows:
             continue
-        lines += [f"## {cls}", "", "| ranks | fault steps | incidents | detect s | recover s | steps lost | identical |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [f"## {cls}", "", "| ranks | fault steps | incidents | detect s | recover s | steps lost | identical |"
+                  + (" detected at step |" if cls == "slow" else ""), "|---|---|---|---|---|---|---|"
+                  + ("---|" if cls == "slow" else "")]
         for r in rows:
             inc = r["incidents"]
             lines.append("| {} | {} | {} | {} | {} | {} | {} |".format(
                 r["ranks"], ", ".join(map(str, r["steps"])), ", ".join(i["cls"] for i in inc) or "none",
                 ", ".join(f"{i['detect_s']:.2f}" for i in inc),
                 ", ".join("-" if i["recover_s"] is None else f"{i['recover_s']:.2f}" for i in inc),
-                ", ".join(str(i["steps_lost"]) for i in inc), "yes" if r["identical"] else "**no**"))
+                ", ".join(str(i["steps_lost"]) for i in inc), "yes" if r["identical"] else "**no**")
+                + (" {} |".format(", ".join(str(i["failed_step"]) for i in inc)) if cls == "slow" else ""))
         if cls == "hang":
             for r in rows:
                 worst = max([i["detect_s"] for i in r["incidents"] if i["cls"] == "hang"] or [float("nan")])
@@ -267,12 +279,19 @@ def main():
                              + ("within" if worst <= r["hang_bar_s"] else "**over**"))
         lines.append("")
     lines += ["## Heartbeat cost", "",
-              f"Median step time of a {args.cost_steps}-step run (hidden {args.cost_hidden}, {args.cost_threads} "
-              f"threads, no checkpoints), train.heartbeat on and off, {args.rounds} interleaved rounds:", "",
-              "| heartbeats | median step s per round | median |", "|---|---|---|",
-              f"| on | {', '.join(f'{x:.5f}' for x in cost['on'])} | {on:.5f} |",
-              f"| off | {', '.join(f'{x:.5f}' for x in cost['off'])} | {off:.5f} |", "",
-              f"On / off: {on / off:.4f} ({(on - off) * 1e3:+.3f} ms per step).", ""]
+              f"A {args.cost_steps}-step run (hidden {args.cost_hidden}, {args.cost_threads} "
+              f"thread(s), no checkpoints), train.heartbeat on and off, {args.rounds} interleaved rounds: the"
+              " median step time of each run, and each run's CPU time (user + system, start-up included, the"
+              " heartbeat writer thread included):", "",
+              "| heartbeats | median step s, per round | median | CPU s per run, per round | median |",
+              "|---|---|---|---|---|",
+              f"| on | {', '.join(f'{x:.5f}' for x in cost['on'])} | {on:.5f} | "
+              f"{', '.join(f'{x:.2f}' for x in cpu['on'])} | {cpu_on:.2f} |",
+              f"| off | {', '.join(f'{x:.5f}' for x in cost['off'])} | {off:.5f} | "
+              f"{', '.join(f'{x:.2f}' for x in cpu['off'])} | {cpu_off:.2f} |", "",
+              f"Step time on / off: {on / off:.4f} ({(on - off) * 1e3:+.3f} ms per step). CPU: "
+              f"{(cpu_on - cpu_off) / args.cost_steps * 1e6:+.1f} µs per step "
+              f"({(cpu_on - cpu_off) / max(cpu_off, 1e-9) * 100:+.1f}% of the run's CPU time).", ""]
     open(os.path.join(args.out, "matrix.md"), "w").write("\n".join(lines))
     print("\n".join(lines))
     shutil.rmtree(tmp, ignore_errors=True)

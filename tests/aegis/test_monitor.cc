@@ -44,6 +44,12 @@ TEST(AegisHeartbeat, ParsesTheContractFormatAndRejectsPartialOnes) {
   EXPECT_EQ(*h->grad_norm, 0.5);
   EXPECT_TRUE(h->nonfinite);
   EXPECT_EQ(h->error, "boom");
+  EXPECT_FALSE(h->busy_time) << "absent: a trainer that does not report it";
+  const auto b = parse_heartbeat(
+      R"({"rank": 0, "world": 2, "pid": 7, "host": "n1", "seq": 5, "step": 37, "phase": "train", "time": 12.5,
+          "loss": 2.5, "grad_norm": 0.5, "step_time": 0.25, "busy_time": 0.125, "nonfinite": false, "error": null})");
+  ASSERT_TRUE(b);
+  EXPECT_EQ(*b->busy_time, 0.125);
   EXPECT_FALSE(parse_heartbeat(R"({"rank": 1, "world": 2, "pid": 7)"));           // cut short
   EXPECT_FALSE(parse_heartbeat(R"({"rank": 1, "world": 2, "pid": 7, "seq": 1})"));  // keys missing
 }

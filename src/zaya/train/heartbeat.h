@@ -5,14 +5,14 @@
 //
 // The files are written by a background thread: replacing a small file by rename allocates and
 // frees a block each time, which on ext4 (measured: 1-3 ms of I/O wait per write) and on network
-// filesystems would be a measurable part of a short step. beat() only queues the event (with its own
-// time); flush() waits until everything queued is on disk, for the beats a supervisor must see
+// filesystems would be a measurable part of a short step. beat() only hands the event (with its own
+// time) to the writer, which writes at most one beat per 20 ms, the newest (seq counts writes);
+// flush() writes what is pending at once and waits for it, for the beats a supervisor must see
 // before the process ends.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -59,7 +59,8 @@ class Heartbeat {
   Event last_step_;  // the measurements carried into every beat
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Event> queue_;
+  std::optional<Event> pending_;  // the newest beat not yet written
+  int flushing_ = 0;               // flush() callers waiting: write without waiting out the interval
   bool writing_ = false, stop_ = false;
   int64_t seq_ = 0;
   bool warned_ = false;
