@@ -19,7 +19,8 @@ a machine shared with other work disturbs far less than wall time.
 
     python3 benchmarks/aegis_matrix.py [--zaya build/cuda/zaya] [--out docs/results/aegis] [--seed S]
 
-Writes <out>/matrix.md (tables and the command) and <out>/matrix.json.
+Writes <out>/matrix.md and matrix.json (the matrix; --classes '' skips it) and <out>/heartbeat-cost.md
+and heartbeat-cost.json (the cost; --rounds 0 skips it), each naming the command that made it.
 """
 import argparse
 import hashlib
@@ -170,7 +171,7 @@ def main():
             sys.exit(f"{name}: zaya train failed:\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
         return out
 
-    for np_ in [int(x) for x in args.ranks.split(",")]:
+    for np_ in [int(x) for x in args.ranks.split(",")] if [c for c in args.classes.split(",") if c] else []:
         ref = run_train(f"ref{np_}", np_)
         refs[np_] = (tensors_digest(ref), median_step_time(ref))
         for cls in [c for c in args.classes.split(",") if c]:
@@ -208,8 +209,8 @@ def main():
                        wall_s=round(wall, 2), identical=same, step_time_s=step_t, incidents=[
                            dict(cls=i["class"], detect_s=i["time_to_detect_s"], recover_s=i.get("time_to_recover_s"),
                                 steps_lost=i["steps_lost"], failed_step=i["failed_step"],
-                                evidence=i["evidence"][:160]) for i in incidents],
-                       command=" ".join(cmd).replace(tmp, "$TMP"))
+                                evidence=i["evidence"].replace(tmp, "$TMP")[:160]) for i in incidents],
+                       command=" ".join(cmd).replace(tmp, "$TMP").replace(zaya, "zaya"))
             if cls == "hang":
                 row["hang_bar_s"] = 2 * step_t + 10
             results.append(row)
@@ -237,63 +238,72 @@ def main():
             cost[mode].append(median_step_time(out))
             cpu[mode].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
             shutil.rmtree(out, ignore_errors=True)
-    on, off = statistics.median(cost["on"]), statistics.median(cost["off"])
-    cpu_on, cpu_off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
-
     os.makedirs(args.out, exist_ok=True)
-    json.dump(dict(seed=seed, steps=steps, every=every, matrix=results,
-                   heartbeat_cost=dict(on_s=cost["on"], off_s=cost["off"], cpu_on_s=cpu["on"], cpu_off_s=cpu["off"],
-                                       steps=args.cost_steps,
-                                       threads=args.cost_threads, hidden=args.cost_hidden)),
-              open(os.path.join(args.out, "matrix.json"), "w"), indent=1)
-    lines = ["# Aegis fault matrix and heartbeat cost", "",
-             f"Made by `python3 benchmarks/aegis_matrix.py --seed {seed}"
-             + (f" --steps {steps}" if steps != 40 else "") + (f" --every {every}" if every != 5 else "")
-             + "` (" + os.uname().nodename + f", {os.cpu_count()} CPUs). Toy model, {steps} steps, a checkpoint every"
-             f" {every}, global batch 2 sequences; `zaya supervise --backoff 0.1` with its default detection"
-             " (the hang timeout learned from the step times). Each run meets its fault at two steps (attempt 1"
-             " and attempt 2); `identical`: the final checkpoint's tensors are bitwise an undisturbed run's"
-             " (for NaN: one that skipped the same data windows). Detect: detection - the newest heartbeat"
-             " before it. Recover: detection -> the next attempt's first new step (kill, back-off, launch,"
-             " load, first step).", ""]
-    for cls in [c for c in args.classes.split(",") if c]:
-        rows = [r for r in results if r["cls"] == cls]
-        if not rows:
-            continue
-        lines += [f"## {cls}", "", "| ranks | fault steps | incidents | detect s | recover s | steps lost | identical |"
-                  + (" detected at step |" if cls == "slow" else ""), "|---|---|---|---|---|---|---|"
-                  + ("---|" if cls == "slow" else "")]
-        for r in rows:
-            inc = r["incidents"]
-            lines.append("| {} | {} | {} | {} | {} | {} | {} |".format(
-                r["ranks"], ", ".join(map(str, r["steps"])), ", ".join(i["cls"] for i in inc) or "none",
-                ", ".join(f"{i['detect_s']:.2f}" for i in inc),
-                ", ".join("-" if i["recover_s"] is None else f"{i['recover_s']:.2f}" for i in inc),
-                ", ".join(str(i["steps_lost"]) for i in inc), "yes" if r["identical"] else "**no**")
-                + (" {} |".format(", ".join(str(i["failed_step"]) for i in inc)) if cls == "slow" else ""))
-        if cls == "hang":
+    command = (f"python3 benchmarks/aegis_matrix.py --seed {seed}" + (f" --steps {steps}" if steps != 40 else "")
+               + (f" --every {every}" if every != 5 else ""))
+    if results:
+        json.dump(dict(seed=seed, steps=steps, every=every, matrix=results),
+                  open(os.path.join(args.out, "matrix.json"), "w"), indent=1)
+        lines = ["# Aegis fault matrix", "",
+                 f"Made by `{command} --rounds 0` (" + os.uname().nodename + f", {os.cpu_count()} CPUs). Toy model, {steps} steps, a checkpoint every"
+                 f" {every}, global batch 2 sequences; `zaya supervise --backoff 0.1` with its default detection"
+                 " (the hang timeout learned from the step times). Each run meets its fault at two steps (attempt 1"
+                 " and attempt 2); `identical`: the final checkpoint's tensors are bitwise an undisturbed run's"
+                 " (for NaN: one that skipped the same data windows). Detect: detection - the newest heartbeat"
+                 " before it. Recover: detection -> the next attempt's first new step (kill, back-off, launch,"
+                 " load, first step).", ""]
+        for cls in [c for c in args.classes.split(",") if c]:
+            rows = [r for r in results if r["cls"] == cls]
+            if not rows:
+                continue
+            lines += [f"## {cls}", "", "| ranks | fault steps | incidents | detect s | recover s | steps lost | identical |"
+                      + (" detected at step |" if cls == "slow" else ""), "|---|---|---|---|---|---|---|"
+                      + ("---|" if cls == "slow" else "")]
             for r in rows:
-                worst = max([i["detect_s"] for i in r["incidents"] if i["cls"] == "hang"] or [float("nan")])
-                lines.append(f"\nHang bar at {r['ranks']} rank(s): 2 x {r['step_time_s']:.4f} s + 10 s = "
-                             f"{r['hang_bar_s']:.2f} s; slowest detection {worst:.2f} s: "
-                             + ("within" if worst <= r["hang_bar_s"] else "**over**"))
-        lines.append("")
-    lines += ["## Heartbeat cost", "",
-              f"A {args.cost_steps}-step run (hidden {args.cost_hidden}, {args.cost_threads} "
-              f"thread(s), no checkpoints), train.heartbeat on and off, {args.rounds} interleaved rounds: the"
-              " median step time of each run, and each run's CPU time (user + system, start-up included, the"
-              " heartbeat writer thread included):", "",
-              "| heartbeats | median step s, per round | median | CPU s per run, per round | median |",
-              "|---|---|---|---|---|",
-              f"| on | {', '.join(f'{x:.5f}' for x in cost['on'])} | {on:.5f} | "
-              f"{', '.join(f'{x:.2f}' for x in cpu['on'])} | {cpu_on:.2f} |",
-              f"| off | {', '.join(f'{x:.5f}' for x in cost['off'])} | {off:.5f} | "
-              f"{', '.join(f'{x:.2f}' for x in cpu['off'])} | {cpu_off:.2f} |", "",
-              f"Step time on / off: {on / off:.4f} ({(on - off) * 1e3:+.3f} ms per step). CPU: "
-              f"{(cpu_on - cpu_off) / args.cost_steps * 1e6:+.1f} µs per step "
-              f"({(cpu_on - cpu_off) / max(cpu_off, 1e-9) * 100:+.1f}% of the run's CPU time).", ""]
-    open(os.path.join(args.out, "matrix.md"), "w").write("\n".join(lines))
-    print("\n".join(lines))
+                inc = r["incidents"]
+                lines.append("| {} | {} | {} | {} | {} | {} | {} |".format(
+                    r["ranks"], ", ".join(map(str, r["steps"])), ", ".join(i["cls"] for i in inc) or "none",
+                    ", ".join(f"{i['detect_s']:.2f}" for i in inc),
+                    ", ".join("-" if i["recover_s"] is None else f"{i['recover_s']:.2f}" for i in inc),
+                    ", ".join(str(i["steps_lost"]) for i in inc), "yes" if r["identical"] else "**no**")
+                    + (" {} |".format(", ".join(str(i["failed_step"]) for i in inc)) if cls == "slow" else ""))
+            if cls == "hang":
+                for r in rows:
+                    worst = max([i["detect_s"] for i in r["incidents"] if i["cls"] == "hang"] or [float("nan")])
+                    lines.append(f"\nHang bar at {r['ranks']} rank(s): 2 x {r['step_time_s']:.4f} s + 10 s = "
+                                 f"{r['hang_bar_s']:.2f} s; slowest detection {worst:.2f} s: "
+                                 + ("within" if worst <= r["hang_bar_s"] else "**over**"))
+            lines.append("")
+        open(os.path.join(args.out, "matrix.md"), "w").write("\n".join(lines))
+        print("\n".join(lines))
+    if args.rounds > 0:
+        on, off = statistics.median(cost["on"]), statistics.median(cost["off"])
+        cpu_on, cpu_off = statistics.median(cpu["on"]), statistics.median(cpu["off"])
+        # Paired within each round (on and off run back to back): drift of a shared machine cancels.
+        d_step = statistics.median(a - b for a, b in zip(cost["on"], cost["off"]))
+        d_cpu = statistics.median(a - b for a, b in zip(cpu["on"], cpu["off"]))
+        json.dump(dict(on_s=cost["on"], off_s=cost["off"], cpu_on_s=cpu["on"], cpu_off_s=cpu["off"],
+                       steps=args.cost_steps, threads=args.cost_threads, hidden=args.cost_hidden),
+                  open(os.path.join(args.out, "heartbeat-cost.json"), "w"), indent=1)
+        lines = ["# Heartbeat cost", "",
+                 f"Made by `python3 benchmarks/aegis_matrix.py --classes '' --rounds {args.rounds}"
+                 + (f" --cost-steps {args.cost_steps}" if args.cost_steps != 1000 else "") + "` ("
+                 + os.uname().nodename + f", {os.cpu_count()} CPUs, shared with other work). "
+                 f"A {args.cost_steps}-step run of the toy model (hidden {args.cost_hidden}, {args.cost_threads} "
+                 f"thread(s), no checkpoints) with train.heartbeat on and off, {args.rounds} rounds of the two back"
+                 " to back: the median step time of each run (metrics.jsonl), and each run's CPU time (user +"
+                 " system, start-up included, the heartbeat writer thread included).", "",
+                 "| heartbeats | median step s, per round | median | CPU s per run, per round | median |",
+                 "|---|---|---|---|---|",
+                 f"| on | {', '.join(f'{x:.5f}' for x in cost['on'])} | {on:.5f} | "
+                 f"{', '.join(f'{x:.2f}' for x in cpu['on'])} | {cpu_on:.2f} |",
+                 f"| off | {', '.join(f'{x:.5f}' for x in cost['off'])} | {off:.5f} | "
+                 f"{', '.join(f'{x:.2f}' for x in cpu['off'])} | {cpu_off:.2f} |", "",
+                 f"Median of the rounds' differences (on - off): step time {d_step * 1e3:+.3f} ms per step "
+                 f"({d_step / off * 100:+.1f}%), CPU {d_cpu / args.cost_steps * 1e6:+.1f} µs per step "
+                 f"({d_cpu / max(cpu_off, 1e-9) * 100:+.1f}% of the run's CPU time).", ""]
+        open(os.path.join(args.out, "heartbeat-cost.md"), "w").write("\n".join(lines))
+        print("\n".join(lines))
     shutil.rmtree(tmp, ignore_errors=True)
     bad = [r for r in results if not r["identical"]]
     sys.exit(1 if bad else 0)
