@@ -69,14 +69,14 @@ inline std::string binary_identity() {
 }
 
 // The final weights of an undisturbed run, computed once per (binary, `key`) and kept under the
-// build directory (next to the binary, test_cache/); concurrent test processes wait on a file lock
-// for the first to compute it. `make(dir)` runs the reference inside `dir` and returns its weights.
+// build directory (next to the binary, test_cache/, where an earlier build's are removed);
+// concurrent test processes wait on a file lock for the first to compute it. `make(dir)` runs the reference inside `dir` and returns its weights.
 inline std::vector<float> cached_reference(const std::string& key,
                                            const std::function<std::vector<float>(const fs::path&)>& make) {
   const fs::path cache = fs::path(ZAYA_BINARY).parent_path() / "test_cache";
   fs::create_directories(cache);
-  const std::string name =
-      "aegis_ref_" + std::to_string(std::hash<std::string>{}(key + "|" + binary_identity()));
+  const std::string build = "aegis_ref_" + std::to_string(std::hash<std::string>{}(binary_identity())) + "_";
+  const std::string name = build + std::to_string(std::hash<std::string>{}(key));
   const int lock = ::open((cache / (name + ".lock")).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
   if (lock >= 0) ::flock(lock, LOCK_EX);
   const fs::path file = cache / (name + ".f32");
@@ -85,6 +85,12 @@ inline std::vector<float> cached_reference(const std::string& key,
     w.resize(fs::file_size(file) / sizeof(float));
     std::ifstream(file, std::ios::binary).read(reinterpret_cast<char*>(w.data()), static_cast<std::streamsize>(fs::file_size(file)));
   } else {
+    // References of earlier builds of the binary are never read again.
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(cache, ec)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind("aegis_ref_", 0) == 0 && f.rfind(build, 0) != 0) fs::remove_all(e.path(), ec);
+    }
     const fs::path dir = cache / (name + ".run");
     fs::remove_all(dir);
     w = make(dir);
