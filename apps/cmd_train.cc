@@ -97,8 +97,8 @@ void add_train(CLI::App& app, Commands& commands) {
                 "and continue from STEP_DIR");
   cmd->add_option("--inject", args->inject,
                   "fault injection (repeatable): kill@step=S[,rank=R], hang@step=S, nan@step=S, "
-                  "slow@rank=R,factor=F, corrupt-ckpt@step=S, kill-during-save@step=S, exit@step=S,code=C "
-                  "(docs/aegis.md)");
+                  "slow@rank=R,factor=F[,step=S], corrupt-ckpt@step=S, kill-during-save@step=S, exit@step=S,code=C; "
+                  "on a supervisor's first attempt only unless ,every-attempt=1 or ,attempt=N (docs/aegis.md)");
   cmd->add_option("--skip-samples", args->skip_samples,
                   "never train on global samples [A, B) (A:B, repeatable); kept in the checkpoints");
   // Test hook (hidden): hold each checkpoint commit this long, so a test can kill mid-save.
