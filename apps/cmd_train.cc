@@ -130,8 +130,8 @@ void add_train(CLI::App& app, Commands& commands) {
                 "and continue from STEP_DIR");
   cmd->add_option("--inject", args->inject,
                   "fault injection (repeatable): kill@step=S[,rank=R], hang@step=S, nan@step=S, "
-                  "slow@rank=R,factor=F, corrupt-ckpt@step=S, kill-during-save@step=S, exit@step=S,code=C "
-                  "(docs/aegis.md)");
+                  "slow@rank=R,factor=F[,step=S], corrupt-ckpt@step=S, kill-during-save@step=S, exit@step=S,code=C; "
+                  "on a supervisor's first attempt only unless ,every-attempt=1 or ,attempt=N (docs/aegis.md)");
   cmd->add_option("--mfu-peak", args->mfu_peak,
                   "the peak MFU divides by: a FLOP/s figure per rank, a hardware profile .json (zaya bench gemm "
                   "--out), or a name: cpu (cores x clock x FLOPs/cycle), a100, h100, h100-pcie, h200, mi300x "

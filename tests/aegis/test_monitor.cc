@@ -44,6 +44,12 @@ TEST(AegisHeartbeat, ParsesTheContractFormatAndRejectsPartialOnes) {
   EXPECT_EQ(*h->grad_norm, 0.5);
   EXPECT_TRUE(h->nonfinite);
   EXPECT_EQ(h->error, "boom");
+  EXPECT_FALSE(h->busy_time) << "absent: a trainer that does not report it";
+  const auto b = parse_heartbeat(
+      R"({"rank": 0, "world": 2, "pid": 7, "host": "n1", "seq": 5, "step": 37, "phase": "train", "time": 12.5,
+          "loss": 2.5, "grad_norm": 0.5, "step_time": 0.25, "busy_time": 0.125, "nonfinite": false, "error": null})");
+  ASSERT_TRUE(b);
+  EXPECT_EQ(*b->busy_time, 0.125);
   EXPECT_FALSE(parse_heartbeat(R"({"rank": 1, "world": 2, "pid": 7)"));           // cut short
   EXPECT_FALSE(parse_heartbeat(R"({"rank": 1, "world": 2, "pid": 7, "seq": 1})"));  // keys missing
 }
@@ -61,6 +67,18 @@ TEST(AegisLogHints, RecognizesOomHardwareAndCollectiveTimeoutLines) {
   LogHints cuda;
   cuda.scan("CUDA error: out of memory (cudaMalloc of 2 GiB)");
   EXPECT_FALSE(cuda.oom_line.empty());
+  // The launcher names the rank that failed first; the first such line counts.
+  for (const auto& [line, rank] : std::vector<std::pair<std::string, int>>{
+           {"mpirun noticed that process rank 3 with PID 0 on node vm exited on signal 9 (Killed).", 3},
+           {"  Process name: [[43461,1],5]", 5},
+           {"srun: error: nid00042: task 7: Exited with exit code 1", 7},
+           {"srun: error: nid00042: tasks 2-3: Killed", 2}}) {
+    LogHints l;
+    l.scan("step 12 loss 2.3 rank 9");
+    l.scan(line);
+    l.scan("mpirun noticed that process rank 11 with PID 0 on node vm exited on signal 15 (Terminated).");
+    EXPECT_EQ(l.launcher_rank, rank) << line;
+  }
 }
 
 TEST(AegisMonitor, HangIsNoSeqProgressPastTheTimeoutWithAFloorForCheckpointPhases) {
@@ -151,6 +169,25 @@ TEST(AegisMonitor, StragglerIsARankPersistentlySlowerThanTheOthers) {
   EXPECT_EQ(m.straggler()->cls, FailureClass::straggler);
 }
 
+// In synchronous data parallelism every rank's step lasts as long as the slowest rank's: the
+// ranks' own times (busy_time) find the straggler, whatever the step times say.
+TEST(AegisMonitor, StragglerIsFoundByTheRanksOwnTimesWhenReported) {
+  MonitorOptions o;
+  o.straggler_steps = 3;
+  AttemptMonitor m(o, 0);
+  for (int s = 1; s <= 3; ++s) {
+    std::map<int, Heartbeat> beats;
+    for (int r = 0; r < 3; ++r) {
+      beats[r] = beat(r, 3, s, s, "train", s, 2, /*step_time=*/0.5);
+      beats[r].busy_time = r == 1 ? 0.45 : 0.05;
+    }
+    m.observe(beats, s);
+  }
+  ASSERT_TRUE(m.straggler());
+  EXPECT_EQ(m.straggler()->rank, 1);
+  EXPECT_NE(m.straggler()->evidence.find("own work"), std::string::npos) << m.straggler()->evidence;
+}
+
 TEST(AegisMonitor, ClassifiesExitCodesSignalsAndLogLines) {
   auto cls = [](int status, const std::string& line = "") {
     AttemptMonitor m({}, 0);
@@ -176,6 +213,11 @@ TEST(AegisMonitor, ClassifiesExitCodesSignalsAndLogLines) {
   AttemptMonitor m({}, 0);
   m.observe({{0, beat(0, 2, 9, 9, "failed", 20)}, {1, beat(1, 2, 5, 5, "train", 10)}}, 20);
   EXPECT_EQ(m.classify_exit(1, 21).rank, 1);
+  // ... unless the launcher names the rank that failed.
+  AttemptMonitor named({}, 0);
+  named.observe({{0, beat(0, 2, 5, 5, "train", 10)}, {1, beat(1, 2, 5, 5, "train", 11)}}, 20);
+  named.scan_line("mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).");
+  EXPECT_EQ(named.classify_exit(137, 21).rank, 1);
 }
 
 TEST(AegisHosts, ReadsSlotsInEveryFormAndMapsRanksBySlot) {

@@ -52,7 +52,9 @@ TEST(FaultSpecs, ErrorsNameTheSpecAndTheProblem) {
       {"slow@factor=2", "needs rank=R"},
       {"slow@rank=0", "needs factor=F"},
       {"slow@rank=0,factor=0.5", ">= 1"},
-      {"slow@rank=0,factor=2,step=3", "takes no step"},
+      {"slow@rank=0,factor=2,step=0", "step must be >= 1"},
+      {"kill@step=3,attempt=0", "attempt must be >= 1"},
+      {"kill@step=3,attempt=2,every-attempt=1", "contradict"},
       {"kill@step=3,every-attempt=yes", "0 or 1"},
       {"kill@step=3,", "not KEY=VALUE"},
       {"nan@step=3,steps=0", "steps must be >= 1"},
@@ -77,11 +79,11 @@ TEST(FaultSpecs, ArmingAndFiringOnce) {
   EXPECT_EQ(r0.take(FaultKind::exit, 8), nullptr) << "fires once";
   EXPECT_EQ(r0.take(FaultKind::nan, 8), nullptr) << "only at its step";
   EXPECT_NE(r0.take(FaultKind::corrupt_ckpt, 10), nullptr) << "rank 0 corrupts rank file 1";
-  EXPECT_EQ(r0.slow_factor(), 3.0);
+  EXPECT_EQ(r0.slow_factor(1), 3.0);
   FaultInjector r1(specs, 1, 0, 1);
   EXPECT_NE(r1.take(FaultKind::kill, 5), nullptr);
   EXPECT_EQ(r1.take(FaultKind::corrupt_ckpt, 10), nullptr);
-  EXPECT_EQ(r1.slow_factor(), 1.0);
+  EXPECT_EQ(r1.slow_factor(1), 1.0);
   FaultInjector resumed(specs, 0, /*start_step=*/8, 1);
   EXPECT_EQ(resumed.take(FaultKind::exit, 8), nullptr) << "a run resumed at step 8 is past it";
   EXPECT_NE(resumed.take(FaultKind::nan, 9), nullptr);
@@ -92,8 +94,28 @@ TEST(FaultSpecs, ArmingAndFiringOnce) {
   EXPECT_EQ(streak.take(FaultKind::nan, 6), nullptr) << "disarmed after its last step";
   FaultInjector second(specs, 0, 0, /*attempt=*/2);
   EXPECT_EQ(second.take(FaultKind::exit, 8), nullptr);
-  EXPECT_EQ(second.slow_factor(), 1.0);
+  EXPECT_EQ(second.slow_factor(1), 1.0);
   EXPECT_NE(second.take(FaultKind::nan, 9), nullptr) << "every-attempt=1";
+}
+
+// attempt=N fires on attempt N only, so that one supervised run can meet two faults in turn; a
+// slow with step=S stretches the steps from S on, also in a run resumed past S.
+TEST(FaultSpecs, AttemptNAndASlowOnset) {
+  const std::vector<std::string> specs = {"kill@step=3", "kill@step=7,attempt=2", "slow@rank=0,factor=4,step=5"};
+  FaultInjector first(specs, 0, 0, 1);
+  EXPECT_NE(first.take(FaultKind::kill, 3), nullptr);
+  EXPECT_EQ(first.take(FaultKind::kill, 7), nullptr) << "attempt 2's";
+  EXPECT_EQ(first.slow_factor(4), 1.0);
+  EXPECT_EQ(first.slow_factor(5), 4.0);
+  FaultInjector second(specs, 0, /*start_step=*/2, 2);
+  EXPECT_EQ(second.take(FaultKind::kill, 3), nullptr) << "attempt 1's";
+  EXPECT_NE(second.take(FaultKind::kill, 7), nullptr);
+  FaultInjector third(specs, 0, /*start_step=*/6, 3);
+  EXPECT_EQ(third.take(FaultKind::kill, 7), nullptr);
+  EXPECT_EQ(third.slow_factor(6), 1.0) << "slow is attempt 1's unless every-attempt=1";
+  FaultInjector resumed({"slow@rank=0,factor=4,step=5,every-attempt=1"}, 0, /*start_step=*/9, 3);
+  EXPECT_EQ(resumed.slow_factor(10), 4.0);
+  EXPECT_EQ(parse_fault_spec("exit@step=4,code=7,attempt=3").attempt, 3);
 }
 
 class FaultInjection : public recovery::RecoveryTest {

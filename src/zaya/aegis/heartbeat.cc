@@ -38,6 +38,7 @@ std::optional<Heartbeat> parse_heartbeat(const std::string& text) {
     h.loss = number_or_null(j, "loss");
     h.grad_norm = number_or_null(j, "grad_norm");
     h.step_time = number_or_null(j, "step_time");
+    if (j.contains("busy_time")) h.busy_time = number_or_null(j, "busy_time");
     h.nonfinite = j.at("nonfinite").get<bool>();
     if (j.at("error").is_string()) h.error = j.at("error").get<std::string>();
     return h;

@@ -20,6 +20,9 @@ struct Heartbeat {
   std::string phase;  // start, train, eval, ckpt-snapshot, ckpt-write, ckpt-commit, done, stopping, failed
   double time = 0;    // unix seconds of the write
   std::optional<double> loss, grad_norm, step_time;
+  // The step time less the rank's waits for the others (absent from older trainers): in synchronous
+  // data parallelism every rank's step_time is the slowest rank's, so stragglers are found by this.
+  std::optional<double> busy_time;
   bool nonfinite = false;
   std::string error;
 };

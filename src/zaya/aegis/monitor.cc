@@ -51,7 +51,12 @@ void LogHints::scan(const std::string& line) {
   static const std::regex xid(R"(NVRM:|\bXid \()");
   static const std::regex ecc(R"(\bECC\b.*error|uncorrectable ECC|fallen off the bus)", std::regex::icase);
   static const std::regex timeout(R"(timed out after [^:]*: ranks? (\d+))");
+  static const std::regex launcher(
+      R"(mpirun noticed that process rank (\d+)|Process name: \[\[\d+,\d+\],(\d+)\]|srun: error: \S+: tasks? (\d+))");
   std::smatch m;
+  if (launcher_rank < 0 && std::regex_search(line, m, launcher))
+    for (size_t g = 1; g <= 3; ++g)
+      if (m[g].matched) launcher_rank = std::stoi(m[g].str());
   if (line.find("zaya: error:") != std::string::npos || line.find("zaya: internal error:") != std::string::npos)
     fatal = true;
   if (exec_failed_line.empty() && line.rfind("zaya supervise: cannot execute ", 0) == 0) exec_failed_line = line;
@@ -86,8 +91,10 @@ double AttemptMonitor::median_step_time() const {
 }
 
 double AttemptMonitor::hang_timeout(const std::string& phase) const {
-  const double base = opts_.hang_timeout_s > 0 ? opts_.hang_timeout_s
-                                               : std::max(opts_.hang_min_s, 2 * median_step_time() + 10);
+  const double base =
+      opts_.hang_timeout_s > 0
+          ? opts_.hang_timeout_s
+          : std::max(0.5, std::max(opts_.hang_min_s, 2 * median_step_time() + 10) - opts_.detection_margin_s);
   return phase == "train" ? base : std::max(base, opts_.hang_phase_floor_s);
 }
 
@@ -183,20 +190,23 @@ std::optional<Detection> AttemptMonitor::check_spike(const Heartbeat& h, double 
 
 void AttemptMonitor::check_straggler(const std::map<int, Heartbeat>& beats, double now) {
   if (straggler_ || beats.size() < 2) return;
+  // The rank's own time when the trainer reports it: a straggler's peers wait for it inside their
+  // collectives, so their step_time is its step_time too.
+  const auto own = [](const Heartbeat& h) { return h.busy_time ? h.busy_time : h.step_time; };
   for (const auto& [r, h] : beats) {
-    if (h.phase != "train" || !h.step_time || h.step <= slow_step_[r]) continue;
+    if (h.phase != "train" || !own(h) || h.step <= slow_step_[r]) continue;
     slow_step_[r] = h.step;
     std::vector<double> others;
     for (const auto& [o, g] : beats)
-      if (o != r && g.phase == "train" && g.step_time) others.push_back(*g.step_time);
+      if (o != r && g.phase == "train" && own(g)) others.push_back(*own(g));
     if (others.empty()) continue;
-    const double med = median(others);
+    const double med = median(others), mine = *own(h);
     RankProgress& p = ranks_[r];
-    p.slow_in_a_row = (med > 0 && *h.step_time >= opts_.straggler_factor * med) ? p.slow_in_a_row + 1 : 0;
+    p.slow_in_a_row = (med > 0 && mine >= opts_.straggler_factor * med) ? p.slow_in_a_row + 1 : 0;
     if (p.slow_in_a_row >= opts_.straggler_steps) {
       straggler_ = make(FailureClass::straggler,
-                        str("rank ", r, " (host ", h.host, ") took ", *h.step_time, " s per step, >= ",
-                            opts_.straggler_factor, " x the others' median ", med, " s, for ", p.slow_in_a_row,
+                        str("rank ", r, " (host ", h.host, ") took ", mine, " s per step", h.busy_time ? " of its own work" : "",
+                            ", >= ", opts_.straggler_factor, " x the others' median ", med, " s, for ", p.slow_in_a_row,
                             " steps in a row"),
                         r, h.step, now);
       return;
@@ -211,8 +221,9 @@ double AttemptMonitor::productive_time_after(int64_t after) const {
 std::string AttemptMonitor::final_phase() const { return last_.empty() ? "" : last_.begin()->second.phase; }
 
 Detection AttemptMonitor::classify_exit(int status, double now) const {
-  // The rank that went silent first (the others then fail waiting for it), unless a log line names one.
-  int blamed = hints_.missing_rank;
+  // The rank a collective timeout names, else the one the launcher names, else the one that went
+  // silent first (the others then fail waiting for it).
+  int blamed = hints_.missing_rank >= 0 ? hints_.missing_rank : hints_.launcher_rank;
   std::string failed_error;
   double oldest = 0;
   for (const auto& [r, h] : last_) {

@@ -43,6 +43,10 @@ struct Detection {
 struct MonitorOptions {
   double hang_timeout_s = 0;      // 0: learned, max(hang_min_s, 2 x median step time + 10 s)
   double hang_min_s = 10;
+  // Taken off the learned timeout: the supervisor sees a heartbeat up to a polling interval after
+  // it is written and checks once per interval, so with two intervals off a hang is detected
+  // within 2 x the step time + 10 s of its last heartbeat (the bar), polling included.
+  double detection_margin_s = 0;
   double hang_phase_floor_s = 120;  // floor while a rank is starting, evaluating or saving a checkpoint
   double startup_timeout_s = 0;   // >0: no first heartbeat within this is a hang (when heartbeats are known to exist)
   double spike_z = 6;             // a loss above mean + spike_z x std of the window ...
@@ -59,6 +63,9 @@ struct LogHints {
   std::string exec_failed_line;  // the launch command itself could not be executed (Job's message)
   std::string error_line;  // the first "error:" line (zaya's own error report), quoted as evidence
   int missing_rank = -1;  // from "... rank R never arrived"
+  // The rank the launcher says failed first: Open MPI's "mpirun noticed that process rank R ..."
+  // or "Process name: [[J,S],R]", Slurm's "srun: error: NODE: task R: ...".
+  int launcher_rank = -1;
   // The job said it is failing (a collective timeout, an OOM, zaya's own "error:" report): if it
   // has not exited a while later, something is holding it (a stopped rank the launcher cannot end).
   bool fatal = false;

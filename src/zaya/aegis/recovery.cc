@@ -61,6 +61,7 @@ RestartPlan plan_restart(const fs::path& out_dir, bool step_back, int64_t failin
     plan.resume_step = good[pick].step;
   }
   for (int64_t s : steps) plan.rewind |= s > plan.resume_step;
+  plan.start_over = !plan.resume;
   if (!step_back || failing_step < 0) return plan;
 
   // The global batch in samples per step, from the checkpoints' loader positions.

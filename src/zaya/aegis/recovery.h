@@ -21,6 +21,7 @@ struct RestartPlan {
   std::optional<std::filesystem::path> resume;  // the step directory to resume from; none: start over
   int64_t resume_step = -1;
   bool rewind = false;                          // the run holds newer checkpoints (moved aside by zaya train)
+  bool start_over = false;                      // no checkpoint to resume from: the run starts from step 0
   std::vector<RejectedCheckpoint> rejected;     // newer checkpoints that fail verification (kept)
   std::optional<SkipWindow> skip;               // the data window to skip (a NaN or a spike)
   std::string note;                             // why no window could be computed, when one was asked for

@@ -72,6 +72,7 @@ class Supervisor {
     RestartPlan plan = first_plan();
     for (;;) {
       report_rejected(plan);
+      if (plan.start_over) set_aside_for_start_over();
       const std::vector<std::string> cmd = build_command(o_.command, plan, st_.skip_windows, active_hosts());
       const int64_t resume_step = plan.resume ? plan.resume_step : -1;
       const int64_t high_water_before = st_.high_water_step;
@@ -213,6 +214,20 @@ class Supervisor {
     return plan;
   }
 
+  // A restart from the beginning in a run that holds checkpoints (none verifies, or a NaN before
+  // the second one): zaya train refuses to start over in such a directory, so they are moved
+  // aside into rewound-<time>/ (kept, never deleted) and `latest`, which only names one of them,
+  // is removed. Safe to repeat after a supervisor killed half-way.
+  void set_aside_for_start_over() {
+    const std::vector<int64_t> steps = ckpt::list_steps(out_);
+    if (!steps.empty()) {
+      const fs::path where = ckpt::move_steps_aside(out_, steps, "rewound");
+      say(str("starting over: moved ", steps.size(), " checkpoints of the run into ", where.string(), " (kept)"));
+    }
+    std::error_code ec;
+    fs::remove(out_ / "latest", ec);
+  }
+
   void report_rejected(const RestartPlan& plan) {
     for (const auto& r : plan.rejected) {
       Incident inc;
@@ -251,6 +266,7 @@ class Supervisor {
     last_launch_ = launched;
     say(str("attempt ", st_.attempts, ": ", shell_join(cmd), " (output: ", log_path.string(), ")"));
     MonitorOptions mo = o_.monitor;
+    mo.detection_margin_s = 2 * o_.poll_s;
     // A job known to write heartbeats that writes none by the start-up floor is hung in start-up.
     if (mo.startup_timeout_s <= 0 && st_.heartbeats_seen) mo.startup_timeout_s = mo.hang_phase_floor_s;
     AttemptMonitor mon(mo, launched);

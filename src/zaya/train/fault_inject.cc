@@ -18,9 +18,9 @@ namespace zaya::train {
 namespace {
 
 const char* kFormats =
-    "kill@step=S[,rank=R], hang@step=S[,rank=R], nan@step=S[,rank=R][,steps=K], slow@rank=R,factor=F, "
+    "kill@step=S[,rank=R], hang@step=S[,rank=R], nan@step=S[,rank=R][,steps=K], slow@rank=R,factor=F[,step=S], "
     "corrupt-ckpt@step=S[,rank=R], kill-during-save@step=S[,rank=R] or exit@step=S,code=C[,rank=R], "
-    "each with an optional ,every-attempt=1";
+    "each with an optional ,every-attempt=1 or ,attempt=N";
 
 [[noreturn]] void bad(const std::string& spec, const std::string& what) {
   throw Error(str("--inject \"", spec, "\": ", what, " (expected ", kFormats, ")"));
@@ -62,7 +62,7 @@ FaultSpec parse_fault_spec(const std::string& spec) {
     f.kind = FaultKind::exit;
   else
     bad(spec, str("unknown kind \"", kind, "\""));
-  bool has_code = false, has_factor = false;
+  bool has_code = false, has_factor = false, has_attempt = false;
   std::string rest = spec.substr(at + 1);
   if (rest.empty()) bad(spec, "no KEY=VALUE after '@'");
   size_t pos = 0;
@@ -97,12 +97,17 @@ FaultSpec parse_fault_spec(const std::string& spec) {
     } else if (key == "every-attempt") {
       if (value != "0" && value != "1") bad(spec, "every-attempt must be 0 or 1");
       f.every_attempt = value == "1";
+    } else if (key == "attempt") {
+      const int64_t a = parse_int(spec, key, value);
+      if (a < 1 || a > 1000000) bad(spec, "attempt must be >= 1 (attempts count from 1)");
+      f.attempt = static_cast<int>(a);
+      has_attempt = true;
     } else {
       bad(spec, str("key \"", key, "\" does not apply to ", kind));
     }
   }
+  if (has_attempt && f.every_attempt) bad(spec, "attempt=N and every-attempt=1 contradict each other");
   if (f.kind == FaultKind::slow) {
-    if (f.step >= 0) bad(spec, "slow takes no step: it slows every step");
     if (f.rank < 0) bad(spec, "slow needs rank=R");
     if (!has_factor) bad(spec, "slow needs factor=F");
   } else if (f.step < 0) {
@@ -126,20 +131,28 @@ FaultInjector::FaultInjector(const std::vector<std::string>& specs, int rank, in
                              int attempt) {
   for (const std::string& s : specs) {
     FaultSpec f = parse_fault_spec(s);
-    if (!f.every_attempt && attempt != 1) continue;
-    if (f.step >= 0 && start_step >= f.step) continue;
+    if (!f.every_attempt && attempt != f.attempt) continue;
+    if (f.kind != FaultKind::slow && f.step >= 0 && start_step >= f.step) continue;
     // corrupt-ckpt's rank names the rank file; rank 0 commits and so corrupts.
     const int actor = f.kind == FaultKind::corrupt_ckpt ? 0 : f.rank;
     if (actor >= 0 && actor != rank) continue;
     if (f.kind == FaultKind::slow) {
-      slow_factor_ *= f.factor;
+      log_warn("fault injection armed: this rank's steps slowed ", f.factor, "x",
+               f.step >= 0 ? str(" from step ", f.step) : std::string());
+      slow_.push_back(f);
       continue;
     }
     log_warn("fault injection armed: ", f.text);
     armed_.push_back(f);
   }
   fired_.assign(armed_.size(), false);
-  if (slow_factor_ > 1) log_warn("fault injection armed: this rank's steps slowed ", slow_factor_, "x");
+}
+
+double FaultInjector::slow_factor(int64_t step) const {
+  double f = 1;
+  for (const FaultSpec& s : slow_)
+    if (step >= s.step) f *= s.factor;
+  return f;
 }
 
 const FaultSpec* FaultInjector::take(FaultKind kind, int64_t step) {

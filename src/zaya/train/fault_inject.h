@@ -7,18 +7,22 @@
 //   hang@step=S[,rank=R]              at the end of step S, sleep forever without heartbeats
 //   nan@step=S[,rank=R][,steps=K]     poison one gradient element of steps S..S+K-1 (K default 1)
 //                                     before their updates
-//   slow@rank=R,factor=F              every step, sleep (F-1) x the step's compute time (F >= 1)
+//   slow@rank=R,factor=F[,step=S]     every step (from step S on, when given), sleep (F-1) x the
+//                                     step's compute time (F >= 1)
 //   corrupt-ckpt@step=S[,rank=R]      after the checkpoint of step S commits, flip bytes of its
 //                                     rank file R (default 0); done by rank 0, which commits
 //   kill-during-save@step=S[,rank=R]  SIGKILL itself while the checkpoint of step S is written,
 //                                     after its rank file is written and before the commit
 //   exit@step=S,code=C[,rank=R]       exit with code C at the end of step S
-// rank defaults to every rank (corrupt-ckpt: rank file 0). Any spec may add every-attempt=1.
+// rank defaults to every rank (corrupt-ckpt: rank file 0). Any spec may add every-attempt=1 or
+// attempt=N.
 //
 // Each fault fires at most once per process. A fault with a step fires only when the run started
-// (fresh or resumed) before that step, and any fault only on the first attempt of a supervised run
-// (ZAYA_INJECT_ATTEMPT unset or 1) unless it says every-attempt=1: a supervisor's restart must be
-// able to get past the fault it is recovering from.
+// (fresh or resumed) before that step (slow: from step S on, also in a run resumed past S), and any
+// fault only on the first attempt of a supervised run (ZAYA_INJECT_ATTEMPT unset or 1) unless it
+// says every-attempt=1 (every attempt) or attempt=N (attempt N only, so that several faults of one
+// supervised run can fire one after another): a supervisor's restart must be able to get past the
+// fault it is recovering from.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +43,7 @@ struct FaultSpec {
   int code = 0;       // exit
   int64_t steps = 1;  // nan: consecutive steps poisoned from `step`
   bool every_attempt = false;
+  int attempt = 1;    // the supervised attempt it fires on (ignored with every_attempt)
   std::string text;  // the spec as given, for messages
 };
 
@@ -59,13 +64,14 @@ class FaultInjector {
   // The armed fault of `kind` for step `step`, disarmed as it is returned (fires once; nan with
   // steps=K: at each of its K steps, disarmed after the last); null if none.
   const FaultSpec* take(FaultKind kind, int64_t step);
-  // slow: the factor this rank's steps are stretched by (1: none).
-  double slow_factor() const { return slow_factor_; }
+  // slow: the factor step `step` of this rank is stretched by (1: none).
+  double slow_factor(int64_t step) const;
+  bool any_slow() const { return !slow_.empty(); }
 
  private:
   std::vector<FaultSpec> armed_;
   std::vector<bool> fired_;
-  double slow_factor_ = 1;
+  std::vector<FaultSpec> slow_;
 };
 
 // The fault actions that need no trainer state.

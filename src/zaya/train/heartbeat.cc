@@ -22,9 +22,11 @@ nlohmann::json number_or_null(const std::optional<double>& x) {
   return *x;
 }
 
-// A training run that beats faster than the disk renames (a tiny model on a slow filesystem) keeps
-// at most this many beats queued; beyond it the newest replaces the last queued one.
-constexpr size_t kMaxQueued = 256;
+// Beats closer together than this are coalesced: the writer waits out the interval since its last
+// write and writes the newest beat queued (a flush writes at once). A supervisor polls every
+// 0.2 s, so it loses nothing; a run of millisecond steps would otherwise spend a write, a rename
+// and a thread wake-up of CPU on every step (measured: about 0.2 ms each on a loaded 2-core VM).
+constexpr auto kMinInterval = std::chrono::milliseconds(20);
 }  // namespace
 
 std::string Heartbeat::file_name(int rank) {
@@ -54,10 +56,11 @@ Heartbeat::~Heartbeat() {
   thread_.join();  // the loop writes what is queued before it ends
 }
 
-void Heartbeat::step_end(int64_t step, double loss, double grad_norm, double step_time) {
+void Heartbeat::step_end(int64_t step, double loss, double grad_norm, double step_time, double busy_time) {
   last_step_.loss = loss;
   last_step_.grad_norm = grad_norm;
   last_step_.step_time = step_time;
+  last_step_.busy_time = busy_time;
   last_step_.nonfinite = !std::isfinite(loss) || !std::isfinite(grad_norm);
   beat("train", step);
 }
@@ -68,19 +71,21 @@ void Heartbeat::beat(const char* phase, int64_t step, const std::string* error) 
   e.step = step;
   e.time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (error) e.error = *error;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queue_.size() >= kMaxQueued)
-      queue_.back() = std::move(e);
-    else
-      queue_.push_back(std::move(e));
+    wake = !pending_;  // otherwise the writer already has a beat to write and is waiting out the interval
+    pending_ = std::move(e);
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 void Heartbeat::flush() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.empty() && !writing_; });
+  ++flushing_;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return !pending_ && !writing_; });
+  --flushing_;
 }
 
 int64_t Heartbeat::seq() const {
@@ -90,14 +95,17 @@ int64_t Heartbeat::seq() const {
 
 void Heartbeat::write_loop() {
   std::unique_lock<std::mutex> lock(mu_);
+  auto last_write = std::chrono::steady_clock::now() - kMinInterval;
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ and nothing left
-    const Event e = std::move(queue_.front());
-    queue_.pop_front();
+    cv_.wait(lock, [&] { return stop_ || pending_.has_value(); });
+    if (!pending_) return;  // stop_ and nothing left
+    cv_.wait_until(lock, last_write + kMinInterval, [&] { return stop_ || flushing_ > 0; });
+    const Event e = std::move(*pending_);
+    pending_.reset();
     writing_ = true;
     lock.unlock();
     write(e);
+    last_write = std::chrono::steady_clock::now();
     lock.lock();
     writing_ = false;
     cv_.notify_all();  // flush() waiters
@@ -117,6 +125,7 @@ void Heartbeat::write(const Event& e) {
                             {"loss", number_or_null(e.loss)},
                             {"grad_norm", number_or_null(e.grad_norm)},
                             {"step_time", number_or_null(e.step_time)},
+                            {"busy_time", number_or_null(e.busy_time)},
                             {"nonfinite", e.nonfinite},
                             {"error", e.error ? nlohmann::json(*e.error) : nlohmann::json(nullptr)}};
   // A message that is not valid UTF-8 is replaced rather than failing the beat.

@@ -5,14 +5,14 @@
 //
 // The files are written by a background thread: replacing a small file by rename allocates and
 // frees a block each time, which on ext4 (measured: 1-3 ms of I/O wait per write) and on network
-// filesystems would be a measurable part of a short step. beat() only queues the event (with its own
-// time); flush() waits until everything queued is on disk, for the beats a supervisor must see
+// filesystems would be a measurable part of a short step. beat() only hands the event (with its own
+// time) to the writer, which writes at most one beat per 20 ms, the newest (seq counts writes);
+// flush() writes what is pending at once and waits for it, for the beats a supervisor must see
 // before the process ends.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -31,8 +31,9 @@ class Heartbeat {
   // Queues one beat of `phase` at `step`, carrying the last step's measurements. `error` goes
   // with "failed". Each write gets seq = the previous write's + 1, from 1.
   void beat(const char* phase, int64_t step, const std::string* error = nullptr);
-  // Records step `step`'s measurements and queues its "train" beat.
-  void step_end(int64_t step, double loss, double grad_norm, double step_time);
+  // Records step `step`'s measurements and queues its "train" beat. `busy_time` is the part of
+  // the step this rank spent on its own work, not waiting for the others (see docs/aegis.md).
+  void step_end(int64_t step, double loss, double grad_norm, double step_time, double busy_time);
   // Blocks until every queued beat is written.
   void flush();
 
@@ -45,7 +46,7 @@ class Heartbeat {
     std::string phase;
     int64_t step = 0;
     double time = 0;                                   // unix seconds when beat() was called
-    std::optional<double> loss, grad_norm, step_time;  // the last step's; nullopt before one
+    std::optional<double> loss, grad_norm, step_time, busy_time;  // the last step's; nullopt before one
     bool nonfinite = false;
     std::optional<std::string> error;
   };
@@ -58,7 +59,8 @@ class Heartbeat {
   Event last_step_;  // the measurements carried into every beat
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Event> queue_;
+  std::optional<Event> pending_;  // the newest beat not yet written
+  int flushing_ = 0;               // flush() callers waiting: write without waiting out the interval
   bool writing_ = false, stop_ = false;
   int64_t seq_ = 0;
   bool warned_ = false;

@@ -63,6 +63,7 @@ TrainConfig read_train(ConfigReader& r) {
   r.get("train.gemm_dtype", t.gemm_dtype);
   r.get("train.recompute", t.recompute);
   r.get("train.max_skipped_steps", t.max_skipped_steps);
+  r.get("train.heartbeat", t.heartbeat);
   r.get("train.inject", t.inject);
   r.get("train.mfu_peak", t.mfu_peak);
   r.get("train.mfu_peak_flops", t.mfu_peak_flops);

@@ -50,6 +50,9 @@ struct TrainConfig {
   // non-finite gradient norm: the weights stop changing, so the run would only burn time. While
   // any update of the current streak was skipped, no checkpoint is saved (docs/train.md).
   int64_t max_skipped_steps = 10;
+  // Per-rank heartbeat files for a supervisor (docs/aegis.md). Off only to measure what they cost:
+  // without them `zaya supervise` cannot see hangs, spikes or stragglers.
+  bool heartbeat = true;
   // Fault injection specs, as --inject takes them (train/fault_inject.h, docs/aegis.md).
   std::vector<std::string> inject;
   // The fixed peak MFU divides by (train/mfu_peak.h): "auto" (the GPU's datasheet peak, or the

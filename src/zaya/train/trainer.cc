@@ -143,7 +143,7 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
     skip_windows_ = merge_windows(skip_windows_, {parse_sample_window(w, "--skip-samples")});
   lock_run_dir();
   // From here on this rank reports its progress; a start-up that fails says so in its heartbeat.
-  heartbeat_ = std::make_unique<Heartbeat>(cfg_.train.out_dir, comm_->rank(), comm_->size());
+  if (cfg_.train.heartbeat) heartbeat_ = std::make_unique<Heartbeat>(cfg_.train.out_dir, comm_->rank(), comm_->size());
   beat("start");
   try {
     set_up();
@@ -718,6 +718,13 @@ void Trainer::skip_windows(int64_t micro_batches) {
   train_data_->set_state(to);
 }
 
+// A rank's own part of a step: all of it but the update (which holds the gradient-norm and
+// parameter-gather collectives, where a fast rank waits for a slow one) and the exposed gradient
+// sync. A straggler's peers have a small own time and a step time as long as its.
+namespace {
+double own_time(const StepTimes& t) { return std::max(0.0, t.step - t.optimizer - t.sync.exposed_s); }
+}  // namespace
+
 void Trainer::inject_step_end() {
   if (faults_.empty()) return;
   if (faults_.take(FaultKind::kill, step_)) {
@@ -743,9 +750,9 @@ double Trainer::before_update(TimePoint step_start) {
     const optim::ShardRange mine = plan_.range(dp().rank());
     poison_gradient(model_->grads_flat(), mine.begin < mine.end ? mine.begin : 0);
   }
-  if (faults_.slow_factor() > 1) {
+  if (const double factor = faults_.slow_factor(step_ + 1); factor > 1) {
     const double compute = seconds_since(step_start);
-    std::this_thread::sleep_for(std::chrono::duration<double>((faults_.slow_factor() - 1) * compute));
+    std::this_thread::sleep_for(std::chrono::duration<double>((factor - 1) * compute));
   }
   return waited;
 }
@@ -801,7 +808,7 @@ TrainResult Trainer::run_steps() {
       std::snprintf(extra, sizeof extra, "lr %.2e  |g| %.2f  H_min %.3f", lr, r.update.grad_norm, loads.min_entropy);
     progress.update(step_ - 1, r.loss, static_cast<double>(r.tokens) / r.time.step, t.log_every, extra);
     if (!std::isfinite(r.loss)) log_warn("step ", step_, ": non-finite loss");
-    if (heartbeat_) heartbeat_->step_end(step_, r.loss, r.update.grad_norm, r.time.step);
+    if (heartbeat_) heartbeat_->step_end(step_, r.loss, r.update.grad_norm, r.time.step, own_time(r.time));
     if (step_ == result.first_step + 1 && !opts_.quiet) log_measured_memory();
     inject_step_end();
     track_skipped_updates(r);
