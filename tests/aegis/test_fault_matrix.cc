@@ -86,7 +86,9 @@ class FaultMatrix : public ::testing::TestWithParam<int> {
     EXPECT_EQ(inc.size(), expected) << logs(name, r);
     for (const Incident& i : inc) {
       EXPECT_TRUE(allowed.count(i.cls)) << i.cls << ": " << i.evidence;
-      if (i.cls != "straggler") EXPECT_TRUE(i.time_to_recover_s.has_value()) << i.cls << " never recovered";
+      if (i.cls != "straggler") {
+        EXPECT_TRUE(i.time_to_recover_s.has_value()) << i.cls << " never recovered";
+      }
     }
     EXPECT_EQ(load_state(root_ / name).status, "finished");
     return inc;
@@ -138,7 +140,9 @@ TEST_P(FaultMatrix, Hang) {
                 "--hang-timeout 3 --hang-phase-floor 30");
   const auto inc = expect_recovered("hang", run, 2, {"hang", "collective-timeout"});
   for (const Incident& i : inc)
-    if (i.cls == "hang") EXPECT_LE(i.time_to_detect_s, 3 + 2.0) << "the timeout + polling on a loaded machine";
+    if (i.cls == "hang") {
+      EXPECT_LE(i.time_to_detect_s, 3 + 2.0) << "the timeout + polling on a loaded machine";
+    }
   expect_reference_weights("hang", reference());
 }
 
