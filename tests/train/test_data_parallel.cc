@@ -133,6 +133,8 @@ TEST_F(DataParallel, TwoRanksOnTheDeviceTrainTheOneRankModel) {
   ASSERT_EQ(one.rc, 0) << one.out;
   const TrainRun two = train(2, "dev2", steps, "f64", 6, device, emulate);
   ASSERT_EQ(two.rc, 0) << two.out;
+  EXPECT_NE(two.out.find("memory per rank (on the GPU)"), std::string::npos) << "not the device path:\n" << two.out;
+  ASSERT_EQ(two.losses.size(), static_cast<size_t>(steps));
   ASSERT_EQ(two.losses.size(), one.losses.size());
   // The f64 reduction does not depend on the split over ranks: bitwise, as on the CPU.
   EXPECT_EQ(two.losses, one.losses);
