@@ -4,18 +4,20 @@
 # CI machines have no GPU, so the CUDA tests skip there. This script runs them where a GPU is:
 #
 #   scripts/gpu_check.sh pack          on the build machine: bundles build/cuda's test_core,
-#                                      test_ops, test_bench, test_dist, zaya and op-benchmark
-#                                      binaries with the
+#                                      test_ops, test_bench, test_dist, test_model, test_train,
+#                                      zaya and op-benchmark binaries with the
 #                                      shared libraries a bare CUDA image lacks (Open MPI's plugins
 #                                      and help texts among them), into build/gpu_check/
 #   scripts/gpu_check.sh run [OUTDIR]  on the GPU machine: unpacks them and runs the CUDA
 #                                      tests (the device context; the CUDA op kernels against
-#                                      the CPU ops: docs/cuda.md), the CUDA GEMM op benchmark
+#                                      the CPU ops: docs/cuda.md; the whole model and training
+#                                      on the GPU against the CPU), the CUDA GEMM op benchmark
 #                                      (bench_ops_gemm_cuda: ZAYA1-base's dense and expert GEMMs
 #                                      in FLOP/s), the NCCL backend's tests and
 #                                      `zaya bench collectives --backend nccl` (a world of one:
 #                                      MPI as a singleton), `zaya sysinfo`, `zaya bench gemm --backend cuda` over
-#                                      ZAYA1-base's training GEMMs (bf16 and f32) and the op
+#                                      ZAYA1-base's training GEMMs (bf16 and f32), the demo model's
+#                                      training step on the GPU (`bench step`) and the op
 #                                      benchmarks (bench_ops_*_cuda: attention, CCA, RoPE, routing,
 #                                      permutation, the fused loss); logs and the
 #                                      hardware profile go to OUTDIR
@@ -64,7 +66,11 @@ pack)
       -e '/librt\.so' -e '/libstdc++' -e '/libgcc_s' |
     while read -r lib; do cp -L "$lib" "$pack_dir/libs/"; done
   cpu_flags > "$pack_dir/build_cpu_flags.txt"
-  tar -C "$pack_dir" -cJf "$pack_dir/libs.tar.xz" libs && rm -rf "$pack_dir/libs"
+  # The binaries go into the archive too: uncompressed they would leave little of the 64 MiB a
+  # device run may carry.
+  names=(); for f in "${bins[@]}"; do names+=("$(basename "$f")"); done
+  tar -C "$pack_dir" -cJf "$pack_dir/libs.tar.xz" libs "${names[@]}" &&
+    rm -rf "$pack_dir/libs" && (cd "$pack_dir" && rm -f "${names[@]}")
   du -sh "$pack_dir"
   ;;
 run | tests | model-vs-hf)
