@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -350,7 +351,11 @@ double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, 
     ZAYA_CHECK(it.tensor.defined(), "checkpoint save: tensor '", it.name, "' is undefined");
     need += (it.tensor.nbytes() + 63) / 64 * 64;
   }
-  if (!staging_ || staging_->bytes < need) staging_ = allocate_storage(std::max<size_t>(need, 64), Device::cpu);
+  // Device tensors are copied into page-locked memory, at the link's full rate.
+  const bool from_device = std::any_of(items.begin(), items.end(), [](const SaveItem& it) { return it.tensor.device() != Device::cpu; });
+  if (!staging_ || staging_->bytes < need || staging_->pinned != from_device)
+    staging_ = from_device ? allocate_pinned_storage(std::max<size_t>(need, 64))
+                           : allocate_storage(std::max<size_t>(need, 64), Device::cpu);
   const auto t1 = std::chrono::steady_clock::now();
   staged_.clear();
   size_t off = 0;

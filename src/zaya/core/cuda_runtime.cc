@@ -66,6 +66,12 @@ void* real_malloc_device(size_t bytes) {
   return p;
 }
 void real_free_device(void* ptr) { cudaFree(ptr); }
+void* real_malloc_pinned(size_t bytes) {
+  void* p = nullptr;
+  check(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), str("cudaHostAlloc of ", bytes, " bytes").c_str());
+  return p;
+}
+void real_free_pinned(void* ptr) { cudaFreeHost(ptr); }
 // Both wait for the default stream before returning. cudaMemset and device-to-device cudaMemcpy
 // return before the device has done them, and a host-to-device cudaMemcpy from pageable memory may
 // return once the data is staged; the default stream orders them before later work on blocking
@@ -134,6 +140,8 @@ std::string real_no_device_reason() { return "built without CUDA"; }
 std::vector<DeviceInfo> real_devices() { return {}; }
 void* real_malloc_device(size_t) { no_cuda("device allocation"); }
 void real_free_device(void*) {}
+void* real_malloc_pinned(size_t) { no_cuda("pinned host allocation"); }
+void real_free_pinned(void*) {}
 void real_memset_device(void*, int, size_t) { no_cuda("device memset"); }
 void real_copy(void*, Device, const void*, Device, size_t) { no_cuda("device copy"); }
 void real_synchronize() {}
@@ -215,6 +223,17 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
 }
 void synchronize() {
   if (!emulated()) real_synchronize();
+}
+void* malloc_pinned(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (!emulated() && real_device_count() > 0) return real_malloc_pinned(bytes);
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  ZAYA_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
+  return p;
+}
+void free_pinned(void* ptr) {
+  if (!emulated() && real_device_count() > 0) real_free_pinned(ptr);
+  else std::free(ptr);
 }
 
 }  // namespace zaya::cuda

@@ -49,6 +49,10 @@ std::vector<DeviceInfo> devices();
 
 void* malloc_device(size_t bytes);
 void free_device(void* ptr);
+// Page-locked host memory (cudaHostAlloc): device-to-host copies into it run at the link's full
+// rate. Plain host memory in CPU-only builds and on the emulated device.
+void* malloc_pinned(size_t bytes);
+void free_pinned(void* ptr);
 // memset_device and copy are complete when they return, also for work that follows on other
 // (non-blocking) streams.
 void memset_device(void* ptr, int value, size_t bytes);

@@ -81,7 +81,8 @@ void reset_storage_bytes_peak(Device device) {
 Storage::~Storage() {
   if (!owned || !ptr) return;
   count_allocation(device, -static_cast<int64_t>(bytes));
-  if (device == Device::cpu) std::free(ptr);
+  if (pinned) cuda::free_pinned(ptr);
+  else if (device == Device::cpu) std::free(ptr);
   else cuda::free_device(ptr);
 }
 
@@ -117,6 +118,16 @@ void Tensor::check_host_access() const {
   if (cuda::emulated() && !cuda::in_emulated_kernel())
     throw Error(zaya::str("host code read or wrote the memory of ", str(),
                           " outside an op: device tensors are reached through ops and copies only"));
+}
+
+std::shared_ptr<Storage> allocate_pinned_storage(size_t bytes) {
+  auto s = std::make_shared<Storage>();
+  s->bytes = bytes;
+  s->owned = true;
+  s->pinned = true;
+  s->ptr = cuda::malloc_pinned(bytes);
+  count_allocation(Device::cpu, static_cast<int64_t>(bytes));
+  return s;
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {

@@ -47,6 +47,7 @@ struct Storage {
   size_t bytes = 0;
   Device device = Device::cpu;
   bool owned = false;
+  bool pinned = false;  // page-locked host memory (cuda::malloc_pinned)
   Storage() = default;
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -55,6 +56,8 @@ struct Storage {
 
 // Allocates `bytes` on `device`, 64-byte aligned on the CPU. Throws zaya::Error on failure.
 std::shared_ptr<Storage> allocate_storage(size_t bytes, Device device);
+// Page-locked host memory for device-to-host copies (a checkpoint's staging block).
+std::shared_ptr<Storage> allocate_pinned_storage(size_t bytes);
 
 // Bytes of tensor storage zaya holds on `device` now, and the most it held since the last reset
 // (what a run's summary reports as its measured peak; libraries' own workspaces, cuBLASLt's and
