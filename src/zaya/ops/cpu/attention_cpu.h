@@ -10,6 +10,12 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nq,
                    int64_t nkv, int64_t hd);
+// attention_at_forward / attention_at_backward (cpu/attention_at_cpu.cc).
+void attention_at_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t Tq,
+                      int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
+void attention_at_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                      const float* v, const float* out, const float* lse, int64_t B, int64_t Tq, int64_t Tk,
+                      int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
 void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t B, int64_t S_cap,
                       int64_t S, int64_t nq, int64_t nkv, int64_t hd);
 
