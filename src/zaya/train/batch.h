@@ -24,7 +24,9 @@ struct EvalResult {
 // deterministic, and the same samples every evaluation. Leaves no gradients behind.
 // With `comm` (data parallelism), rank r evaluates the batches k ≡ r (mod world) and the sums are
 // combined, so every rank returns the same result as one rank would (to summation order).
+// With `cp` (context parallelism, the model's group) the ranks of cp evaluate the same batches,
+// each its zigzag part, and their losses are averaged (the parts hold equal token counts).
 EvalResult evaluate(model::ZayaModel& model, data::DataLoader& loader, int64_t samples,
-                    dist::Communicator* comm = nullptr);
+                    dist::Communicator* comm = nullptr, dist::Communicator* cp = nullptr);
 
 }  // namespace zaya::train

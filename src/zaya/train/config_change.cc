@@ -9,7 +9,7 @@ const std::vector<std::string>& safe_config_keys() {
   static const std::vector<std::string> kSafe = {
       "ckpt.every",         "ckpt.keep_every", "ckpt.keep_last",  "ckpt.save_final",
       "ckpt.snapshot",      "data.tokenizer",  "data.val",        "parallel.bucket_mb",
-      "parallel.timeout_s", "train.eval_every",
+      "parallel.cp",        "parallel.timeout_s", "train.eval_every",
       "train.eval_samples", "train.init_from", "train.inject", "train.log_every", "train.max_skipped_steps",
       "train.out_dir",      "train.progress",  "train.steps",
   };
