@@ -16,7 +16,9 @@
 #include "test_util.h"
 #include "train/toy.h"
 #include "zaya/ckpt/reader.h"
+#include "zaya/model/context_parallel.h"
 #include "zaya/model/params.h"
+#include "zaya/train/run_config.h"
 
 namespace zaya::train {
 namespace {
@@ -146,6 +148,22 @@ TEST_F(ContextParallelTraining, ASequenceTheRanksCannotSplitIsRefused) {
   const TrainRun r = train(1, 2, "bad", 2, /*seq=*/30);
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.out.find("parallel.cp = 2 cannot split a sequence of 30 tokens"), std::string::npos) << r.out;
+}
+
+// configs/context-extension.toml: the shape its header comment states (a short phase, then 8× the
+// sequence with θ 1e4 → 1e6, 16 + 8 steps), on cp = 2, every phase's sequence split into 2·cp
+// chunks. Running it is benchmarks' business (mpirun, minutes); this keeps the file from rotting.
+TEST(ContextExtensionConfig, ParsesWithTheDocumentedShape) {
+  const RunConfig c = load_run_config(std::string(ZAYA_SOURCE_DIR) + "/configs/context-extension.toml", {});
+  EXPECT_EQ(c.parallel.cp, 2);
+  ASSERT_EQ(c.recipe.phases.size(), 2u);
+  EXPECT_EQ(c.recipe.phases[0].seq_len, 512);
+  EXPECT_EQ(c.recipe.phases[1].seq_len, 8 * c.recipe.phases[0].seq_len);
+  EXPECT_EQ(c.recipe.phases[0].rope_theta, 1e4);
+  EXPECT_EQ(c.recipe.phases[1].rope_theta, 1e6);
+  EXPECT_EQ(c.train.steps, 24);
+  EXPECT_LE(c.recipe.phases[1].seq_len, c.model.max_position_embeddings);
+  for (const auto& ph : c.recipe.phases) EXPECT_EQ(model::zigzag_chunk_len(ph.seq_len, c.parallel.cp), ph.seq_len / 4);
 }
 
 }  // namespace
