@@ -1,5 +1,6 @@
 // attention_at_forward / attention_at_backward (queries at an offset against a key prefix, what a
-// context-parallel rank runs per chunk) against the full causal attention on the whole sequence:
+// context-parallel rank runs per chunk), on both CPU paths (offsets on the 64-row tiles and off
+// them), against the full causal attention on the whole sequence:
 // the chunk's rows of the output, its lse, and — with the output gradient nonzero only on the
 // chunk — dq of the chunk and dk, dv of the prefix. Also add_block, which the halo gradients use.
 #include <gtest/gtest.h>
@@ -81,7 +82,10 @@ TEST_P(AttentionAt, MatchesTheFullCausalAttentionOnTheChunk) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionAt,
                          ::testing::Values(Case{16, 2, 1, 8, 0, 16}, Case{16, 2, 1, 8, 12, 4}, Case{24, 4, 2, 16, 5, 1},
-                                           Case{200, 4, 2, 16, 70, 67}, Case{40, 2, 2, 8, 0, 3}));
+                                           Case{200, 4, 2, 16, 70, 67}, Case{40, 2, 2, 8, 0, 3},
+                                           // offsets on the 64-row tiles: the tiled kernel
+                                           Case{200, 4, 2, 16, 64, 100}, Case{300, 2, 1, 64, 128, 172},
+                                           Case{256, 4, 2, 64, 192, 64}, Case{130, 2, 1, 16, 64, 1}));
 
 TEST(AttentionAt, RefusesQueriesPastTheKeys) {
   Tensor q = f32_zeros({4, 8}), k = f32_zeros({5, 8}), o = f32_zeros({4, 8}), l = f32_zeros({1, 1, 4});

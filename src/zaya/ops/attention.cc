@@ -92,9 +92,13 @@ void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
   check::rows(op, "v", v, B, Tk, nkv * hd);
   check::rows(op, "out", out, B, Tq, nq * hd);
   check::exact(op, "lse", lse, Shape{B, nq, Tq});
-  if (on.cpu())
+  if (on.cpu()) {
+    if (q_pos % cpu::attention_tiled_block == 0)  // every query block's diagonal is a key block
+      return cpu::attention_tiled_fwd(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
+                                      v.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd);
     return cpu::attention_at_fwd(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
                                  v.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd);
+  }
   on.no_kernel();
 }
 
@@ -121,10 +125,15 @@ void attention_at_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
   check::rows(op, "dk", dk, B, Tk, nkv * hd);
   check::rows(op, "dv", dv, B, Tk, nkv * hd);
   check::exact(op, "lse", lse, Shape{B, nq, Tq});
-  if (on.cpu())
+  if (on.cpu()) {
+    if (q_pos % cpu::attention_tiled_block == 0)
+      return cpu::attention_tiled_bwd(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
+                                      q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                      lse.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd, /*accumulate_kv=*/true);
     return cpu::attention_at_bwd(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
                                  q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                                  lse.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd);
+  }
   on.no_kernel();
 }
 

@@ -28,7 +28,9 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 // values of positions 0 .. Tk−1 (Tk ≥ q_pos + Tq): query i sees keys j ≤ q_pos + i. What a
 // context-parallel rank computes for one of its sequence chunks against the gathered K/V
 // (docs/context-parallel.md). q, out [B, Tq, nq, hd]; k, v [B, Tk, nkv, hd]; lse [B, nq, Tq].
-// At q_pos = 0 and Tq = Tk it is attention_forward's math (not its tiling: equal to rounding).
+// On the CPU a q_pos that is a multiple of 64 (a chunk aligned to the tiles) runs attention_forward's
+// tiled kernel with the offset (bitwise attention_forward at q_pos = 0, Tq = Tk); any other q_pos a
+// row-by-row kernel (cpu/attention_at_cpu.cc), equal to rounding.
 void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                           int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
 // dq written; dk, dv [B, Tk, nkv, hd] ACCUMULATED (+=): the chunks of one rank add their parts of

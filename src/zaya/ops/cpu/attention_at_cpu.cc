@@ -3,9 +3,10 @@
 // sequence chunks against the K/V gathered from its group.
 //
 // Row by row: each query's scores over its visible keys (dot products along hd), the softmax, and
-// the value sum as AXPYs. Simpler than attention_cpu.cc's tiles (which assume the query block and the
-// key block share a diagonal, true only at offset 0); the cost is per query row O(keys · hd) like
-// theirs, at the lower speed of vector dot products instead of register-blocked tile products.
+// the value sum as AXPYs. The front uses it only when the chunk's offset is not a multiple of 64:
+// attention_cpu.cc's tiles assume a query block's diagonal is a key block. The cost is per query
+// row O(keys · hd) like the tiles', at the lower speed of vector dot products (about a quarter of
+// the tiled kernel's at the demo's shapes, docs/results/context-parallel.md).
 #include <omp.h>
 
 #include <algorithm>
