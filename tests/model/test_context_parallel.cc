@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <barrier>
 #include <cmath>
-#include <initializer_list>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -106,7 +106,8 @@ void randomize(ZayaModel& m, uint64_t seed) {
     Tensor t = m.param(static_cast<int>(i));
     const ParamSpec& s = m.specs()[i];
     if (s.shape.ndim() >= 2)
-      fill_normal(t, seed + 1000 + i, 0, 0.0f, 1.0f / std::sqrt(static_cast<float>(s.shape[s.shape.ndim() - 1])));
+      fill_normal(t, seed + 1000 + i, 0, 0.0f,
+                  1.0f / std::sqrt(static_cast<float>(s.shape[s.shape.ndim() - 1])));
     else if (s.init == InitKind::zeros)
       fill_normal(t, seed + 1000 + i, 0, 0.0f, 0.1f);
     else
@@ -126,7 +127,8 @@ void make_batch(const CpCase& s, int64_t V, std::vector<int32_t>& ids, std::vect
   Tensor u = f32_empty({s.B * (s.S + 1)});
   fill_uniform(u, s.seed + 99, 0);
   std::vector<int32_t> row(static_cast<size_t>(s.B * (s.S + 1)));
-  for (size_t i = 0; i < row.size(); ++i) row[i] = static_cast<int32_t>(u.data<float>()[i] * static_cast<float>(V - 1));
+  for (size_t i = 0; i < row.size(); ++i)
+    row[i] = static_cast<int32_t>(u.data<float>()[i] * static_cast<float>(V - 1));
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t t = 0; t < s.S; ++t) {
       ids.push_back(row[static_cast<size_t>(b * (s.S + 1) + t)]);
@@ -148,7 +150,8 @@ CpRun run(const CpCase& s, int cp) {
   if (cp == 0) {
     ZayaModel m(cfg, s.B, s.S);
     randomize(m, s.seed);
-    Tensor tid = Tensor::borrow(ids.data(), {s.B, s.S}, DType::i32), ttg = Tensor::borrow(targets.data(), {s.B, s.S}, DType::i32);
+    Tensor tid = Tensor::borrow(ids.data(), {s.B, s.S}, DType::i32),
+           ttg = Tensor::borrow(targets.data(), {s.B, s.S}, DType::i32);
     Tensor logits = Tensor::borrow(out.logits.data(), {s.B * s.S, V}, DType::f32);
     m.forward_logits(tid, logits);
     out.loss = m.forward(tid, ttg);
@@ -171,7 +174,8 @@ CpRun run(const CpCase& s, int cp) {
         m.set_context_parallel(&g);
         const int64_t T = m.local_seq_len(), c = T / 2;
         std::vector<int32_t> lid(static_cast<size_t>(s.B * T)), ltg(static_cast<size_t>(s.B * T));
-        Tensor tid = Tensor::borrow(lid.data(), {s.B, T}, DType::i32), ttg = Tensor::borrow(ltg.data(), {s.B, T}, DType::i32);
+        Tensor tid = Tensor::borrow(lid.data(), {s.B, T}, DType::i32),
+               ttg = Tensor::borrow(ltg.data(), {s.B, T}, DType::i32);
         zigzag_select(tid, Tensor::borrow(ids.data(), {s.B, s.S}, DType::i32), r, cp);
         zigzag_select(ttg, Tensor::borrow(targets.data(), {s.B, s.S}, DType::i32), r, cp);
         Tensor logits = f32_empty({s.B * T, V});
@@ -223,7 +227,8 @@ TEST_P(ContextParallel, LogitsAndEveryGradientMatchOneRank) {
     float gmax = 0, gdiff = 0;
     for (int64_t i = off; i < off + n; ++i) {
       gmax = std::max(gmax, std::fabs(ref.grads[static_cast<size_t>(i)]));
-      gdiff = std::max(gdiff, std::fabs(ref.grads[static_cast<size_t>(i)] - got.grads[static_cast<size_t>(i)]));
+      gdiff =
+          std::max(gdiff, std::fabs(ref.grads[static_cast<size_t>(i)] - got.grads[static_cast<size_t>(i)]));
     }
     EXPECT_LE(gdiff, 1e-5f * gmax + 1e-12f) << layout.specs()[p].name << " (max " << gmax << ")";
   }
@@ -239,8 +244,8 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(CpCase{24, 4, 1, 8, 3, 1, 24, 6}, 4)),  // chunks of 3
     [](const auto& info) {
       const CpCase& s = std::get<0>(info.param);
-      return "cp" + std::to_string(std::get<1>(info.param)) + "_S" + std::to_string(s.S) + "_B" + std::to_string(s.B) +
-             "_nq" + std::to_string(s.nq) + "_nkv" + std::to_string(s.nkv);
+      return "cp" + std::to_string(std::get<1>(info.param)) + "_S" + std::to_string(s.S) + "_B" +
+             std::to_string(s.B) + "_nq" + std::to_string(s.nq) + "_nkv" + std::to_string(s.nkv);
     });
 
 // A group that is never asked to exchange: enough for the checks before any forward.
@@ -274,7 +279,8 @@ TEST(ContextParallelErrors, ASequenceThatDoesNotSplitNamesParallelCpAndTheLength
 TEST(ContextParallelLayout, ZigzagSelectAndPlaceAreInverse) {
   std::vector<int32_t> rows(2 * 16), back(rows.size(), -1);
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int32_t>(i);
-  Tensor trows = Tensor::borrow(rows.data(), {2, 16}, DType::i32), tback = Tensor::borrow(back.data(), {2, 16}, DType::i32);
+  Tensor trows = Tensor::borrow(rows.data(), {2, 16}, DType::i32),
+         tback = Tensor::borrow(back.data(), {2, 16}, DType::i32);
   for (int r = 0; r < 4; ++r) {
     std::vector<int32_t> part(2 * 4);
     Tensor tpart = Tensor::borrow(part.data(), {2, 4}, DType::i32);

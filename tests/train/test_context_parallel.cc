@@ -8,10 +8,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "test_util.h"
 #include "train/toy.h"
@@ -47,21 +46,23 @@ class ContextParallelTraining : public ::testing::Test {
 
   // Two micro-batches of one sequence of `seq` tokens per step, over dp ranks (grad_accum 2/dp),
   // each sequence over cp ranks.
-  TrainRun train(int dp, int cp, const std::string& name, int steps, int seq = 32, const std::string& extra = "") {
+  TrainRun train(int dp, int cp, const std::string& name, int steps, int seq = 32,
+                 const std::string& extra = "") {
     const fs::path out = root_ / name;
     const fs::path cfg = root_ / (name + ".toml");
-    std::ofstream(cfg) << toy::model_section() << "[data]\ntrain = [\"" << prefix_ << "\"]\n"
-                       << "[train]\nsteps = " << steps << "\nmicro_batch = 1\nseq_len = " << seq
-                       << "\ngrad_accum = " << 2 / dp << "\neval_every = 0\nprogress = false\nout_dir = \""
-                       << out.string() << "\"\n"
-                       << "[optim]\nlr = 3e-3\nwarmup_steps = 3\ntotal_steps = 30\nbalance_lr = 1e-3\ngrad_clip = 0.5\n"
-                       << "muon = true\nmuon_min_dim = 16\nmuon_ns_bf16 = false\n"
-                       << "[ckpt]\nevery = 0\nsave_final = true\n"
-                       << "[parallel]\ndp = " << dp << "\ncp = " << cp
-                       << "\ngrad_reduce = \"f64\"\nbucket_mb = 0.01\ntimeout_s = 60\n";
+    std::ofstream(cfg)
+        << toy::model_section() << "[data]\ntrain = [\"" << prefix_ << "\"]\n"
+        << "[train]\nsteps = " << steps << "\nmicro_batch = 1\nseq_len = " << seq
+        << "\ngrad_accum = " << 2 / dp << "\neval_every = 0\nprogress = false\nout_dir = \"" << out.string()
+        << "\"\n"
+        << "[optim]\nlr = 3e-3\nwarmup_steps = 3\ntotal_steps = 30\nbalance_lr = 1e-3\ngrad_clip = 0.5\n"
+        << "muon = true\nmuon_min_dim = 16\nmuon_ns_bf16 = false\n"
+        << "[ckpt]\nevery = 0\nsave_final = true\n"
+        << "[parallel]\ndp = " << dp << "\ncp = " << cp
+        << "\ngrad_reduce = \"f64\"\nbucket_mb = 0.01\ntimeout_s = 60\n";
     TrainRun r;
-    const test::CliRun run = test::run_shell(launcher(dp * cp) + ZAYA_BINARY + " --threads 1 train --config " +
-                                             cfg.string() + " " + extra);
+    const test::CliRun run = test::run_shell(launcher(dp * cp) + ZAYA_BINARY +
+                                             " --threads 1 train --config " + cfg.string() + " " + extra);
     r.rc = run.code;
     r.out = run.output;
     if (r.rc != 0) return r;
@@ -72,7 +73,8 @@ class ContextParallelTraining : public ::testing::Test {
     }
     ckpt::Checkpoint c(out);
     const auto cfg_json = c.manifest().state["model_config"].dump();
-    for (const auto& [wname, shape] : model::weight_shapes(model::ModelConfig::from_hf_json_text(cfg_json, ""))) {
+    for (const auto& [wname, shape] :
+         model::weight_shapes(model::ModelConfig::from_hf_json_text(cfg_json, ""))) {
       const Tensor t = c.load_full(wname);
       r.params.insert(r.params.end(), t.data<float>(), t.data<float>() + t.numel());
     }
@@ -107,7 +109,8 @@ double norm_rel(const std::vector<float>& a, const std::vector<float>& b) {
 // (9e-5 relative to max(|w|, 1e-3) at worst, measured) while the model is the same.
 void expect_close(const TrainRun& got, const TrainRun& ref) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
-  for (size_t s = 0; s < ref.losses.size(); ++s) EXPECT_LE(rel(got.losses[s], ref.losses[s]), 1e-5) << "step " << s + 1;
+  for (size_t s = 0; s < ref.losses.size(); ++s)
+    EXPECT_LE(rel(got.losses[s], ref.losses[s]), 1e-5) << "step " << s + 1;
   ASSERT_EQ(got.params.size(), ref.params.size());
   EXPECT_LE(norm_rel(got.params, ref.params), 1e-5);
 }
@@ -121,7 +124,8 @@ TEST_F(ContextParallelTraining, CpTwoAndFourAndDpTwoByCpTwoTrainTheOneRankModel)
     SCOPED_TRACE("dp " + std::to_string(dp) + " x cp " + std::to_string(cp));
     const TrainRun r = train(dp, cp, "dp" + std::to_string(dp) + "cp" + std::to_string(cp), steps);
     ASSERT_EQ(r.rc, 0) << r.out;
-    EXPECT_NE(r.out.find("mesh dp " + std::to_string(dp) + " x cp " + std::to_string(cp)), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("mesh dp " + std::to_string(dp) + " x cp " + std::to_string(cp)), std::string::npos)
+        << r.out;
     expect_close(r, one);
   }
 }
@@ -163,7 +167,8 @@ TEST(ContextExtensionConfig, ParsesWithTheDocumentedShape) {
   EXPECT_EQ(c.recipe.phases[1].rope_theta, 1e6);
   EXPECT_EQ(c.train.steps, 24);
   EXPECT_LE(c.recipe.phases[1].seq_len, c.model.max_position_embeddings);
-  for (const auto& ph : c.recipe.phases) EXPECT_EQ(model::zigzag_chunk_len(ph.seq_len, c.parallel.cp), ph.seq_len / 4);
+  for (const auto& ph : c.recipe.phases)
+    EXPECT_EQ(model::zigzag_chunk_len(ph.seq_len, c.parallel.cp), ph.seq_len / 4);
 }
 
 }  // namespace

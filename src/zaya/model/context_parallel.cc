@@ -35,9 +35,9 @@ namespace zaya::model {
 
 int64_t zigzag_chunk_len(int64_t seq_len, int64_t cp) {
   if (cp < 1 || seq_len <= 0 || seq_len % (2 * cp) != 0)
-    throw Error(str("parallel.cp = ", cp, " cannot split a sequence of ", seq_len, " tokens: context parallelism ",
-                    "cuts each sequence into 2·cp = ", 2 * cp, " equal chunks (zigzag), so the sequence length ",
-                    "must be a multiple of ", 2 * cp));
+    throw Error(str("parallel.cp = ", cp, " cannot split a sequence of ", seq_len,
+                    " tokens: context parallelism ", "cuts each sequence into 2·cp = ", 2 * cp,
+                    " equal chunks (zigzag), so the sequence length ", "must be a multiple of ", 2 * cp));
   return seq_len / (2 * cp);
 }
 
@@ -142,18 +142,19 @@ void ZayaModel::cp_attention_forward(int l) {
   // 3. Mean skip → QK norm → RoPE per unit, at the unit's global positions.
   for (int64_t u = 0; u < 2 * B_; ++u) {
     const int64_t start = cp_chunk_start(u % 2);
-    const ops::RopeTable rope{rope_.cos.slice(start, start + c), rope_.sin.slice(start, start + c), rope_.rot};
+    const ops::RopeTable rope{rope_.cos.slice(start, start + c), rope_.sin.slice(start, start + c),
+                              rope_.rot};
     const auto rows = [&](const Tensor& a) { return a.slice(u * c, (u + 1) * c); };
-    ops::cca_qk_forward(rows(t.qr), rows(t.kr), rows(t.qpre), rows(t.kpre), rows(s.conv), rows(t.z), p.temp, rope, 1,
-                        c, dims);
+    ops::cca_qk_forward(rows(t.qr), rows(t.kr), rows(t.qpre), rows(t.kpre), rows(s.conv), rows(t.z), p.temp,
+                        rope, 1, c, dims);
   }
   // 4. Attention against the gathered keys.
   cp_gather_kv(l);
   for (int64_t u = 0; u < 2 * B_; ++u) {
     const int64_t b = u / 2, start = cp_chunk_start(u % 2), keys = start + c;
-    ops::attention_at_forward(t.att.slice(u * c, (u + 1) * c), t.lse.slice(u, u + 1), t.qr.slice(u * c, (u + 1) * c),
-                              x.kfull.slice(b * S_, b * S_ + keys), x.vfull.slice(b * S_, b * S_ + keys), 1, c, keys,
-                              start, nq, nkv, hd);
+    ops::attention_at_forward(t.att.slice(u * c, (u + 1) * c), t.lse.slice(u, u + 1),
+                              t.qr.slice(u * c, (u + 1) * c), x.kfull.slice(b * S_, b * S_ + keys),
+                              x.vfull.slice(b * S_, b * S_ + keys), 1, c, keys, start, nq, nkv, hd);
   }
 }
 
@@ -175,10 +176,10 @@ void ZayaModel::cp_attention_backward(int l) {
   for (int64_t u = 0; u < 2 * B_; ++u) {
     const int64_t b = u / 2, start = cp_chunk_start(u % 2), keys = start + c;
     const auto rows = [&](const Tensor& a) { return a.slice(u * c, (u + 1) * c); };
-    ops::attention_at_backward(rows(s.dqr), x.dkfull.slice(b * S_, b * S_ + keys), x.dvfull.slice(b * S_, b * S_ + keys),
-                               rows(s.datt), rows(t.qr), x.kfull.slice(b * S_, b * S_ + keys),
-                               x.vfull.slice(b * S_, b * S_ + keys), rows(t.att), t.lse.slice(u, u + 1), 1, c, keys,
-                               start, nq, nkv, hd);
+    ops::attention_at_backward(rows(s.dqr), x.dkfull.slice(b * S_, b * S_ + keys),
+                               x.dvfull.slice(b * S_, b * S_ + keys), rows(s.datt), rows(t.qr),
+                               x.kfull.slice(b * S_, b * S_ + keys), x.vfull.slice(b * S_, b * S_ + keys),
+                               rows(t.att), t.lse.slice(u, u + 1), 1, c, keys, start, nq, nkv, hd);
   }
   for (int64_t r = 0; r < K; ++r)
     for (int64_t b = 0; b < B_; ++b)
@@ -192,10 +193,11 @@ void ZayaModel::cp_attention_backward(int l) {
   // RoPE, QK norm, mean skip per unit: dconv, and dz's mean-skip part.
   for (int64_t u = 0; u < 2 * B_; ++u) {
     const int64_t start = cp_chunk_start(u % 2);
-    const ops::RopeTable rope{rope_.cos.slice(start, start + c), rope_.sin.slice(start, start + c), rope_.rot};
+    const ops::RopeTable rope{rope_.cos.slice(start, start + c), rope_.sin.slice(start, start + c),
+                              rope_.rot};
     const auto rows = [&](const Tensor& a) { return a.slice(u * c, (u + 1) * c); };
-    ops::cca_qk_backward(rows(s.dconv), rows(s.dz), g.temp, rows(s.dqr), rows(s.dkr), rows(t.qpre), rows(t.kpre), p.temp,
-                         rope, 1, c, dims);
+    ops::cca_qk_backward(rows(s.dconv), rows(s.dz), g.temp, rows(s.dqr), rows(s.dkr), rows(t.qpre),
+                         rows(t.kpre), p.temp, rope, 1, c, dims);
   }
   // Conv and value shift on the ext sequences. The halo rows' outputs are not this unit's (their
   // gradient is 0); the halo rows' input gradients belong to the ranks that own those positions.

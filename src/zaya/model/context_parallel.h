@@ -31,7 +31,9 @@ class ContextGroup {
 };
 
 // The global chunk held as segment `seg` (0: the early one, 1: the late one) by `rank` of `cp`.
-inline int64_t zigzag_chunk(int64_t rank, int64_t seg, int64_t cp) { return seg == 0 ? rank : 2 * cp - 1 - rank; }
+inline int64_t zigzag_chunk(int64_t rank, int64_t seg, int64_t cp) {
+  return seg == 0 ? rank : 2 * cp - 1 - rank;
+}
 // The rank and segment that hold global chunk j.
 inline int64_t zigzag_owner(int64_t j, int64_t cp) { return j < cp ? j : 2 * cp - 1 - j; }
 inline int64_t zigzag_segment(int64_t j, int64_t cp) { return j < cp ? 0 : 1; }

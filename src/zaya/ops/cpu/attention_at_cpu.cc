@@ -27,8 +27,8 @@ constexpr int64_t kRowBlock = 16;  // queries per forward task: their key rows s
 }  // namespace
 
 // One task per (batch row, query head, block of 16 queries), the blocks with the most keys first.
-void attention_at_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t Tq,
-                      int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
+void attention_at_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
+                      int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
   const int64_t G = nq / nkv, rk = nkv * hd, nblk = (Tq + kRowBlock - 1) / kRowBlock;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel
