@@ -295,14 +295,14 @@ TEST_F(TrainerTest, ParallelSectionAndWorldChecks) {
   }
   EXPECT_NE(parse_err({"parallel.grad_reduce=\"f16\""}).find("parallel.grad_reduce"), std::string::npos);
   EXPECT_NE(parse_err({"parallel.timeout_s=0"}).find("parallel.timeout_s"), std::string::npos);
-  // As mpirun -np 2 would start this rank, with cp = 2: refused before any communication (so no
-  // MPI starts here), since context parallelism is not built yet.
+  // As mpirun -np 2 would start this rank, with cp = 2 and a sequence that does not split into
+  // 2·cp chunks: refused before any communication (so no MPI starts here).
   ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
   ::setenv("OMPI_COMM_WORLD_RANK", "1", 1);
-  const std::string world = start_err("world", {"parallel.cp=2"});
+  const std::string world = start_err("world", {"parallel.cp=2", "train.seq_len=18"});
   ::unsetenv("OMPI_COMM_WORLD_SIZE");
   ::unsetenv("OMPI_COMM_WORLD_RANK");
-  EXPECT_NE(world.find("context parallelism is not built yet"), std::string::npos) << world;
+  EXPECT_NE(world.find("parallel.cp = 2 cannot split a sequence of 18 tokens"), std::string::npos) << world;
   for (const char* run : {"dp", "cuda", "world"}) EXPECT_FALSE(fs::exists(root_ / run)) << run << " was created";
 }
 

@@ -68,6 +68,21 @@ struct LayerActs {
   Tensor xp, gu, act, y;          // experts: gathered input, [g; v], SiLU(g)⊙v, output (permuted)
   Tensor m;                       // MoE output (RS_mlp's h)
   Tensor xp16, act16;             // bf16 GEMM path: bf16 copies of xp and act (the GEMM inputs)
+  // Context parallelism: each chunk's halo, the two positions before it [B·2·2, C + nkv·hd]
+  // (z's columns, then [vc | vd]; zeros before the sequence), as the conv and value shift saw it.
+  Tensor halo;
+};
+
+// Context-parallel temporaries (cp > 1 only), shared by all layers. "ext" buffers hold each chunk
+// with its halo in front: [B·2, c + 2, F], so the single-device conv and value-shift ops run on
+// them unchanged. Gathered buffers are rank-major [cp, B·2c, F]; "full" ones are in sequence order
+// [B, S, F].
+struct CpScratch {
+  Tensor tails, tails_all;        // each chunk's last two positions [B·2·2, C + kv], gathered
+  Tensor z_ext, conv_ext, vcd_ext, v_ext, dz_ext;
+  Tensor kg, vg, kfull, vfull;    // post-RoPE K and V: gathered, then in sequence order
+  Tensor dkfull, dvfull, dkg, dvg;  // their gradients, in sequence order, then rank-major to scatter
+  Tensor hgrad, hgrad_all;        // halo gradients [B·2·2, C + kv], gathered
 };
 
 // Temporaries shared by all layers: forward splits and the backward's gradient buffers.
@@ -80,6 +95,7 @@ struct ScratchActs {
   Tensor dxa, dxb, dxmid, dtmp, dm, dy, dweight, dact, dgu, dxp, dw, dlogits, dg2, dg1, dzr, dr, drc;
   Tensor dout_proj, datt, dqr, dkr, dv, dconv, dz, dvcd, du;
   Tensor dy16, dgu16, hf16, g16;  // bf16 GEMM path: bf16 copies of GEMM inputs
+  CpScratch cp;
 };
 
 // Views of one layer's parameters (or of their gradients: same layout in the grad buffer).

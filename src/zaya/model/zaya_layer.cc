@@ -102,13 +102,18 @@ void ZayaModel::layer_forward(int l, bool recomputing) {
   // its column slices moved 8 MiB per layer for nothing.
   ops::linear_forward(t.z, t.u, p.w_qkv.slice(0, C), Tensor{});
   ops::linear_forward(s.vcd, t.u, p.w_qkv.slice(C, C + kv), Tensor{});
-  clock.part("forward: CCA (conv, mean skip, value shift, QK norm, RoPE)");
-  ops::cca_conv_forward(s.conv, t.z, p.conv, B_, T_, dims);
-  // Mean skip → QK norm → RoPE, one token at a time (bitwise the three ops in turn).
-  ops::cca_qk_forward(t.qr, t.kr, t.qpre, t.kpre, s.conv, t.z, p.temp, rope_, B_, T_, dims);
-  ops::value_shift_forward(t.v, s.vcd, B_, T_, kv / 2);
-  clock.part("forward: attention");
-  ops::attention_forward(t.att, t.lse, t.qr, t.kr, t.v, B_, T_, nq, nkv, hd);
+  if (cp_) {
+    clock.part("forward: CCA and attention, context parallel");
+    cp_attention_forward(l);
+  } else {
+    clock.part("forward: CCA (conv, mean skip, value shift, QK norm, RoPE)");
+    ops::cca_conv_forward(s.conv, t.z, p.conv, B_, T_, dims);
+    // Mean skip → QK norm → RoPE, one token at a time (bitwise the three ops in turn).
+    ops::cca_qk_forward(t.qr, t.kr, t.qpre, t.kpre, s.conv, t.z, p.temp, rope_, B_, T_, dims);
+    ops::value_shift_forward(t.v, s.vcd, B_, T_, kv / 2);
+    clock.part("forward: attention");
+    ops::attention_forward(t.att, t.lse, t.qr, t.kr, t.v, B_, T_, nq, nkv, hd);
+  }
   clock.part("forward: out projection, residual");
   ops::linear_forward(t.o, t.att, p.w_o, Tensor{});
   ops::residual_scale_forward(t.x_mid, t.o, x, p.rs_attn);
@@ -184,14 +189,19 @@ void ZayaModel::layer_backward(int l) {
   ops::residual_scale_backward(s.dout_proj, s.dxb, g.rs_attn, s.dxmid, t.o, x, p.rs_attn);
   ops::linear_backward(s.datt, Tensor{}, Tensor{}, s.dout_proj, t.att, p.w_o);
   pending_wgrads_.push_back({s.dout_proj, t.att, g.w_o});  // dW_o, pending
-  clock.part("backward: attention");
-  ops::attention_backward(s.dqr, s.dkr, s.dv, s.datt, t.qr, t.kr, t.v, t.att, t.lse, B_, T_, nq, nkv, hd);
-  clock.part("backward: CCA (RoPE, QK norm, mean skip, conv, value shift)");
-  // dz: z reaches the loss through the mean skip (cca_qk_backward writes that part) and the conv
-  // (added to it).
-  ops::cca_qk_backward(s.dconv, s.dz, g.temp, s.dqr, s.dkr, t.qpre, t.kpre, p.temp, rope_, B_, T_, dims);
-  ops::cca_conv_backward(s.dz, g.conv, s.dconv, t.z, p.conv, B_, T_, dims, /*accumulate_dz=*/true);
-  ops::value_shift_backward(s.dvcd, s.dv, B_, T_, kv / 2);
+  if (cp_) {
+    clock.part("backward: attention and CCA, context parallel");
+    cp_attention_backward(l);
+  } else {
+    clock.part("backward: attention");
+    ops::attention_backward(s.dqr, s.dkr, s.dv, s.datt, t.qr, t.kr, t.v, t.att, t.lse, B_, T_, nq, nkv, hd);
+    clock.part("backward: CCA (RoPE, QK norm, mean skip, conv, value shift)");
+    // dz: z reaches the loss through the mean skip (cca_qk_backward writes that part) and the conv
+    // (added to it).
+    ops::cca_qk_backward(s.dconv, s.dz, g.temp, s.dqr, s.dkr, t.qpre, t.kpre, p.temp, rope_, B_, T_, dims);
+    ops::cca_conv_backward(s.dz, g.conv, s.dconv, t.z, p.conv, B_, T_, dims, /*accumulate_dz=*/true);
+    ops::value_shift_backward(s.dvcd, s.dv, B_, T_, kv / 2);
+  }
   clock.part("backward: qkv projection, input norm");
   // The forward's two products on row blocks of W_qkv: their weight gradients are the same row
   // blocks of g.w_qkv, and du sums the two.

@@ -180,9 +180,12 @@ void ZayaModel::init(uint64_t seed) {
 void ZayaModel::set_batch_shape(int64_t batch, int64_t seq_len) {
   ZAYA_CHECK(batch > 0 && seq_len > 0, "ZayaModel: batch and sequence length must be positive, found [", batch,
              ", ", seq_len, "]");
+  const int cp = cp_size();
+  if (cp > 1) zigzag_chunk_len(seq_len, cp);  // throws unless the sequence splits into 2·cp chunks
   B_ = batch;
-  T_ = seq_len;
-  rope_ = ops::make_rope_table(cfg_.head_dim, cfg_.partial_rotary_factor, cfg_.rope_theta, T_, device_);
+  S_ = seq_len;
+  T_ = seq_len / cp;
+  rope_ = ops::make_rope_table(cfg_.head_dim, cfg_.partial_rotary_factor, cfg_.rope_theta, S_, device_);
   plan();
   have_backward_ = false;
 }
@@ -190,7 +193,12 @@ void ZayaModel::set_batch_shape(int64_t batch, int64_t seq_len) {
 void ZayaModel::set_rope_theta(double theta) {
   ZAYA_CHECK(theta > 0 && std::isfinite(theta), "ZayaModel: rope_theta must be positive, found ", theta);
   cfg_.rope_theta = theta;
-  rope_ = ops::make_rope_table(cfg_.head_dim, cfg_.partial_rotary_factor, cfg_.rope_theta, T_, device_);
+  rope_ = ops::make_rope_table(cfg_.head_dim, cfg_.partial_rotary_factor, cfg_.rope_theta, S_, device_);
+}
+
+void ZayaModel::set_context_parallel(ContextGroup* group) {
+  cp_ = group && group->size() > 1 ? group : nullptr;
+  set_batch_shape(B_, S_);
 }
 
 void ZayaModel::set_gemm_dtype(DType dtype) {
@@ -262,7 +270,9 @@ void ZayaModel::plan() {
       t.rstd_in = a({N}); t.u = a({N, H});
       t.z = a({N, C}); t.qpre = a({N, q}); t.kpre = a({N, kv});
       t.qr = a({N, q}); t.kr = a({N, kv}); t.v = a({N, kv});
-      t.att = a({N, q}); t.lse = a({B_, nq, T_}); t.o = a({N, H}); t.x_mid = a({N, H});
+      t.att = a({N, q});
+      t.lse = cp_ ? a({2 * B_, nq, T_ / 2}) : a({B_, nq, T_});  // cp: one [nq, c] block per chunk
+      t.o = a({N, H}); t.x_mid = a({N, H});
       t.rstd_post = a({N}); t.w = a({N, H});
       t.r = a({N, R}); t.rstd_r = a({N}); t.zr = a({N, R});
       t.a1 = a({N, R}); t.g1 = a({N, R}); t.a2 = a({N, R}); t.g2 = a({N, R});
@@ -271,6 +281,7 @@ void ZayaModel::plan() {
       t.pos = a({N}, DType::i32); t.src = a({N}, DType::i32);
       t.xp = a({N, H}); t.gu = a({N, 2 * I}); t.act = a({N, I}); t.y = a({N, H}); t.m = a({N, H});
       if (b16) { t.xp16 = a({N, H}, DType::bf16); t.act16 = a({N, I}, DType::bf16); }
+      if (cp_) t.halo = a({4 * B_, C + kv});
       if (l == 0) layer_bytes = counted - before;
     }
     s.ids = a({B_, T_}, DType::i32);
@@ -284,6 +295,15 @@ void ZayaModel::plan() {
     for (Tensor* g : {&s.dg2, &s.dg1, &s.dzr, &s.dr, &s.drc}) *g = a({N, R});
     s.datt = a({N, q}); s.dqr = a({N, q}); s.dkr = a({N, kv}); s.dv = a({N, kv});
     s.dconv = a({N, C}); s.dz = a({N, C}); s.dvcd = a({N, kv});
+    if (cp_) {
+      const int64_t K = cp_->size(), ext = 2 * B_ * (T_ / 2 + 2), S = S_;
+      CpScratch& c = s.cp;
+      c.tails = a({4 * B_, C + kv}); c.tails_all = a({K * 4 * B_, C + kv});
+      c.hgrad = a({4 * B_, C + kv}); c.hgrad_all = a({K * 4 * B_, C + kv});
+      c.z_ext = a({ext, C}); c.conv_ext = a({ext, C}); c.dz_ext = a({ext, C}); c.vcd_ext = a({ext, kv}); c.v_ext = a({ext, kv});
+      for (Tensor* g : {&c.kg, &c.vg, &c.dkg, &c.dvg}) *g = a({K * N, kv});
+      for (Tensor* g : {&c.kfull, &c.vfull, &c.dkfull, &c.dvfull}) *g = a({B_ * S, kv});
+    }
     if (b16) {
       s.dy16 = a({N, H}, DType::bf16); s.dgu16 = a({N, 2 * I}, DType::bf16);
       if (V <= ops::CrossEntropyOptions{}.chunk) { s.hf16 = a({N, H}, DType::bf16); s.g16 = a({N, V}, DType::bf16); }

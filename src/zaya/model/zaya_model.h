@@ -19,6 +19,7 @@
 #include "zaya/core/arena.h"
 #include "zaya/core/tensor.h"
 #include "zaya/model/config.h"
+#include "zaya/model/context_parallel.h"
 #include "zaya/model/params.h"
 #include "zaya/ops/experts.h"
 #include "zaya/ops/gemm.h"
@@ -50,10 +51,23 @@ class ZayaModel {
   const ModelConfig& config() const { return cfg_; }
   Device device() const { return device_; }
   int64_t batch() const { return B_; }
-  int64_t seq_len() const { return T_; }
+  int64_t seq_len() const { return S_; }        // the sequence's tokens (over every cp rank)
+  int64_t local_seq_len() const { return T_; }  // the tokens of each sequence on this rank: seq_len / cp
 
-  // Re-plans the activation arena for another [B, T] (allocates: not for the hot loop).
+  // Re-plans the activation arena for another [B, S] (allocates: not for the hot loop). With
+  // context parallelism S must split into 2·cp equal chunks (zaya::Error naming parallel.cp).
   void set_batch_shape(int64_t batch, int64_t seq_len);
+  // Context parallelism over `group` (context_parallel.h; null: none). This rank then holds its
+  // zigzag part of each sequence: forward takes ids and targets [B, seq_len / cp] in that layout,
+  // the loss is the mean over this rank's tokens, and the parameter gradients are this rank's
+  // part of the gradient of Σ_ranks loss_rank (a rank's loss reaches the others' parameters
+  // through the exchanged K/V and halo): their sum over the group. When every rank counts the same
+  // number of targets, that sum is cp × the gradient of the mean over the whole sequences. Every rank of
+  // the group runs forward and backward together. The group must outlive the model or the next
+  // call. Re-plans the arena (allocates). At cp = 1 (or null) the model is the plain single-device
+  // one, bit for bit.
+  void set_context_parallel(ContextGroup* group);
+  int cp_size() const { return cp_ ? cp_->size() : 1; }
   // Switches the RoPE base θ (a training recipe's context-extension phase): config().rope_theta
   // and the rotation table change; parameters, gradients and the arena do not.
   void set_rope_theta(double theta);
@@ -168,6 +182,12 @@ class ZayaModel {
   void layer_forward(int l, bool recomputing = false);
   void recompute_layer(int l);
   void layer_backward(int l);
+  // The sequence ops of a layer under context parallelism (context_parallel.cc): conv, value shift,
+  // q/k path and attention with their halo and K/V exchanges.
+  void cp_attention_forward(int l);
+  void cp_attention_backward(int l);
+  void cp_gather_kv(int l);
+  int64_t cp_chunk_start(int64_t seg) const;
   void head_backward_from_logits(const ops::CrossEntropyResult& res, const Tensor& targets);
   ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
   ops::ExpertWeights expert_weights(int l) const;  // the GEMM weights: f32, or their bf16 copies
@@ -183,7 +203,8 @@ class ZayaModel {
 
   ModelConfig cfg_;
   Device device_ = Device::cpu;
-  int64_t B_ = 0, T_ = 0;
+  int64_t B_ = 0, T_ = 0, S_ = 0;  // T_ tokens per row on this rank, S_ in the sequence
+  ContextGroup* cp_ = nullptr;       // null or a group of one: no context parallelism
   std::vector<ParamSpec> specs_;
   std::map<std::string, int> index_;
   std::vector<int64_t> offsets_;  // element offset of each parameter in the flat buffers

@@ -72,6 +72,71 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   on.no_kernel();
 }
 
+namespace {
+void check_at(std::string_view op, int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv,
+              int64_t hd) {
+  check_heads(op, B, Tq, nq, nkv, hd);
+  check::positive(op, "Tk", Tk);
+  ZAYA_CHECK(q_pos >= 0 && q_pos + Tq <= Tk, op, ": queries at positions [", q_pos, ", ", q_pos + Tq,
+             ") need keys up to their last position, but Tk = ", Tk);
+}
+}  // namespace
+
+void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                          int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
+  constexpr std::string_view op = "attention_at_forward";
+  const OpDevice on(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
+  check_at(op, B, Tq, Tk, q_pos, nq, nkv, hd);
+  check::rows(op, "q", q, B, Tq, nq * hd);
+  check::rows(op, "k", k, B, Tk, nkv * hd);
+  check::rows(op, "v", v, B, Tk, nkv * hd);
+  check::rows(op, "out", out, B, Tq, nq * hd);
+  check::exact(op, "lse", lse, Shape{B, nq, Tq});
+  if (on.cpu()) {
+    if (q_pos % cpu::attention_tiled_block == 0)  // every query block's diagonal is a key block
+      return cpu::attention_tiled_fwd(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
+                                      v.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd);
+    return cpu::attention_at_fwd(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
+                                 v.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd);
+  }
+  on.no_kernel();
+}
+
+void attention_at_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, int64_t B,
+                           int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
+  constexpr std::string_view op = "attention_at_backward";
+  const OpDevice on(op, {{"dq", dq},
+                         {"dk", dk},
+                         {"dv", dv},
+                         {"dout", dout},
+                         {"q", q},
+                         {"k", k},
+                         {"v", v},
+                         {"out", out},
+                         {"lse", lse}});
+  check_at(op, B, Tq, Tk, q_pos, nq, nkv, hd);
+  check::rows(op, "q", q, B, Tq, nq * hd);
+  check::rows(op, "k", k, B, Tk, nkv * hd);
+  check::rows(op, "v", v, B, Tk, nkv * hd);
+  check::rows(op, "out", out, B, Tq, nq * hd);
+  check::rows(op, "dout", dout, B, Tq, nq * hd);
+  check::rows(op, "dq", dq, B, Tq, nq * hd);
+  check::rows(op, "dk", dk, B, Tk, nkv * hd);
+  check::rows(op, "dv", dv, B, Tk, nkv * hd);
+  check::exact(op, "lse", lse, Shape{B, nq, Tq});
+  if (on.cpu()) {
+    if (q_pos % cpu::attention_tiled_block == 0)
+      return cpu::attention_tiled_bwd(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
+                                      q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                      lse.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd, /*accumulate_kv=*/true);
+    return cpu::attention_at_bwd(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
+                                 q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                 lse.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd);
+  }
+  on.no_kernel();
+}
+
 void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t B,
                       int64_t S, int64_t nq, int64_t nkv, int64_t hd) {
   constexpr std::string_view op = "attention_decode";

@@ -24,6 +24,20 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, int64_t B, int64_t T, int64_t nq,
                         int64_t nkv, int64_t hd);
+// Causal attention of Tq queries at global positions q_pos .. q_pos+Tq−1 against the keys and
+// values of positions 0 .. Tk−1 (Tk ≥ q_pos + Tq): query i sees keys j ≤ q_pos + i. What a
+// context-parallel rank computes for one of its sequence chunks against the gathered K/V
+// (docs/context-parallel.md). q, out [B, Tq, nq, hd]; k, v [B, Tk, nkv, hd]; lse [B, nq, Tq].
+// On the CPU a q_pos that is a multiple of 64 (a chunk aligned to the tiles) runs attention_forward's
+// tiled kernel with the offset (bitwise attention_forward at q_pos = 0, Tq = Tk); any other q_pos a
+// row-by-row kernel (cpu/attention_at_cpu.cc), equal to rounding.
+void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                          int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
+// dq written; dk, dv [B, Tk, nkv, hd] ACCUMULATED (+=): the chunks of one rank add their parts of
+// the gathered keys' gradients into one buffer. Needs the forward's out and lse.
+void attention_at_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
+                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, int64_t B,
+                           int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
 // One query token per batch row against a KV cache: q, out [B, nq, hd] (or [B, 1, nq, hd]); caches
 // [B, S_cap, nkv, hd] of which the first S positions are valid (the new token's K/V included).
 void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t B,

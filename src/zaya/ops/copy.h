@@ -15,4 +15,10 @@ namespace zaya::ops {
 void copy_block(const Tensor& dst, int64_t dst_row, int64_t dst_col, const Tensor& src, int64_t src_row,
                 int64_t src_col, int64_t rows, int64_t cols);
 
+// dst[dst_row + i, dst_col + j] += src[src_row + i, src_col + j], f32, the same block rules as
+// copy_block: how a context-parallel rank adds the gradients its neighbours computed for its
+// tokens (the CCA halo's) into its own.
+void add_block(const Tensor& dst, int64_t dst_row, int64_t dst_col, const Tensor& src, int64_t src_row,
+               int64_t src_col, int64_t rows, int64_t cols);
+
 }  // namespace zaya::ops

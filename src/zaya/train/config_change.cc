@@ -9,6 +9,7 @@ const std::vector<std::string>& safe_config_keys() {
   static const std::vector<std::string> kSafe = {
       "ckpt.every",         "ckpt.keep_every", "ckpt.keep_last",  "ckpt.save_final",
       "ckpt.snapshot",      "data.tokenizer",  "data.val",        "parallel.bucket_mb",
+      "parallel.cp",
       // The same run on another device: the same math, rounded in other orders (not bitwise).
       "parallel.device",    "parallel.timeout_s", "train.eval_every",
       "train.eval_samples", "train.heartbeat", "train.init_from", "train.inject", "train.log_every",

@@ -12,15 +12,18 @@ double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 }  // namespace
 
 TrainStep::TrainStep(model::ZayaModel& model, optim::Optimizer& optimizer, dist::Communicator& comm,
-                     GradientSync* sync)
-    : model_(model), optimizer_(optimizer), comm_(comm), sync_(sync) {
-  ZAYA_CHECK(comm_.size() == 1 || sync_, "TrainStep: a data-parallel group of ", comm_.size(),
+                     GradientSync* sync, int cp)
+    : model_(model), optimizer_(optimizer), comm_(comm), sync_(sync), cp_(cp) {
+  ZAYA_CHECK(comm_.size() == 1 || sync_, "TrainStep: a world of ", comm_.size(),
              " ranks needs a GradientSync to reduce the gradients");
+  ZAYA_CHECK(cp_ >= 1 && comm_.size() % cp_ == 0 && model_.cp_size() == cp_, "TrainStep: parallel.cp = ", cp_,
+             " must divide the world of ", comm_.size(), " ranks and equal the model's context-parallel group (",
+             model_.cp_size(), ")");
   shape_batch();
 }
 
 void TrainStep::shape_batch() {
-  batch_ = BatchBuffers(model_.batch(), model_.seq_len(), model_.device());
+  batch_ = BatchBuffers(model_.batch(), model_.seq_len(), model_.device(), comm_.rank() % cp_, cp_);
 }
 
 StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double lr,
@@ -28,7 +31,7 @@ StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double 
   ZAYA_CHECK(micro_batches > 0, "TrainStep::run: micro_batches must be positive, found ", micro_batches);
   if (batch_.seq_len() != model_.seq_len() || batch_.batch() != model_.batch()) shape_batch();
   const int64_t L = model_.config().num_hidden_layers;
-  const int world = comm_.size();
+  const int world = comm_.size(), dp = world / cp_, dp_rank = comm_.rank() / cp_, cp_rank = comm_.rank() % cp_;
   StepResult r;
   r.skipped.assign(static_cast<size_t>(L), 0);
   std::vector<double> losses;  // this rank's micro-batch losses, in order
@@ -36,9 +39,10 @@ StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double 
   for (int64_t micro = 0; micro < micro_batches; ++micro) {
     const bool last = micro + 1 == micro_batches;
     const auto t0 = Clock::now();
-    // Micro-batch `micro` of rank r is global micro-batch micro·world + r: the step's samples do
-    // not depend on the world size.
-    data.next_batch(comm_.rank(), world, batch_.rows);
+    // Micro-batch `micro` of dp rank r is global micro-batch micro·dp + r: the step's samples do
+    // not depend on the world size. The cp ranks of a dp group read the same rows and keep their
+    // zigzag parts.
+    data.next_batch(dp_rank, dp, batch_.rows);
     batch_.split();
     const auto t1 = Clock::now();
     losses.push_back(model_.forward(batch_.ids(), batch_.targets()));
@@ -58,7 +62,9 @@ StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double 
     r.time.backward += seconds(t2, t3);
   }
   // The gradient-sync point: the mean gradient over every rank's micro-batches of equal token
-  // counts (in the owned range, with data parallelism).
+  // counts (in the owned range, with data parallelism). A cp rank's loss is the mean over its part
+  // of the micro-batch, every part has the same number of tokens (the loader's targets are never
+  // ignored), so the mean over the world's parts is the mean over the global batch's tokens.
   const int64_t total = micro_batches * world;
   if (sync_) {
     sync_->finish(total);
@@ -83,7 +89,7 @@ StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double 
     std::copy(summed.begin() + static_cast<std::ptrdiff_t>(r.expert_counts.size()), summed.end(), r.skipped.begin());
   }
   for (double l : losses) r.loss += l / static_cast<double>(total);
-  r.sequences = total * model_.batch();
+  r.sequences = micro_batches * dp * model_.batch();
   r.tokens = r.sequences * model_.seq_len();
 
   r.time.checkpoint_fence = fence ? fence() : 0.0;

@@ -35,11 +35,13 @@ struct StepResult {
 
 class TrainStep {
  public:
-  // `comm` is the data-parallel group. `sync` (required when it has more than one rank) reduces the
-  // gradients and gathers the updated parameters; without it the step's gradients are this
-  // rank's alone.
+  // `comm` is the world of dp × cp ranks (cp fastest: rank = dp_rank · cp + cp_rank, as
+  // dist::Mesh lays them out), over which the gradients are reduced; with cp > 1 the model must be
+  // context parallel over the cp ranks of its dp group. `sync` (required when comm has more than
+  // one rank) reduces the gradients and gathers the updated parameters; without it the step's
+  // gradients are this rank's alone.
   TrainStep(model::ZayaModel& model, optim::Optimizer& optimizer, dist::Communicator& comm,
-            GradientSync* sync = nullptr);
+            GradientSync* sync = nullptr, int cp = 1);
 
   // `micro_batches` micro-batches from `data` (rows for this rank; the step's global batch is
   // micro_batches × the model's batch × comm.size()), then the update with learning
@@ -54,7 +56,8 @@ class TrainStep {
   optim::Optimizer& optimizer_;
   dist::Communicator& comm_;
   GradientSync* sync_;
-  BatchBuffers batch_;
+  int cp_ = 1;
+  BatchBuffers batch_;  // the loader's whole sequences; this cp rank's part on the model's device
 };
 
 }  // namespace zaya::train

@@ -25,6 +25,7 @@
 #include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/optim/schedule.h"
 #include "zaya/train/batch.h"
+#include "zaya/train/context_group.h"
 #include "zaya/train/config_change.h"
 #include "zaya/train/mfu_peak.h"
 #include "zaya/train/model_io.h"
@@ -83,14 +84,21 @@ void check_parallel(RunConfig& c) {
                     " ranks, but this process was launched in a world of ", world,
                     world == 1 ? " (launch the ranks with mpirun -np N or srun)" : ""),
                 {.file = c.source, .field = "parallel.dp"});
-  if (p.cp > 1)
-    throw Error("context parallelism is not built yet; use parallel.cp = 1",
-                {.file = c.source, .field = "parallel.cp", .found = std::to_string(p.cp)});
+  // Every sequence length the run will train at must split into 2·cp zigzag chunks (the error
+  // names parallel.cp and the length).
+  if (p.cp > 1) {
+    model::zigzag_chunk_len(c.train.seq_len, p.cp);
+    for (const optim::Phase& ph : c.recipe.phases) model::zigzag_chunk_len(ph.seq_len, p.cp);
+  }
   if (p.device == "cuda") {
     if (cuda::device_count() == 0)
       throw Error(str("parallel.device = \"cuda\", but this process sees no GPU (", cuda::no_device_reason(),
                       "); use \"cpu\""),
                   {.file = c.source, .field = "parallel.device", .found = "\"cuda\""});
+    if (p.cp > 1)
+      throw Error("context parallelism on GPUs is not built yet (the attention over the gathered K/V and the "
+                  "halo's block addition have CPU kernels only); use parallel.cp = 1 on \"cuda\"",
+                  {.file = c.source, .field = "parallel.cp", .found = std::to_string(p.cp)});
   }
   // Every recipe phase's global batch must split into whole micro-batches on every rank.
   for (const optim::Phase& ph : c.recipe.phases)
@@ -128,10 +136,8 @@ Trainer::Trainer(RunConfig config, TrainOptions options)
     // The gradient buckets and the parameter all-gather move device buffers: NCCL, bootstrapped
     // over MPI, one GPU per rank. The host's collectives (losses, expert counts, the norm, the
     // checkpoint's gather) stay on MPI. The emulated device's buffers are host memory, which the
-    // MPI mesh carries itself.
+    // MPI world carries itself.
     device_comm_ = dist::make_nccl_communicator(comm_options);
-    device_mesh_ = std::make_unique<dist::Mesh>(*device_comm_, static_cast<int>(cfg_.parallel.dp),
-                                                static_cast<int>(cfg_.parallel.cp));
   }
   // Bad fault specs and skip windows are input errors, raised before the run directory is touched.
   std::vector<std::string> inject = cfg_.train.inject;
@@ -191,6 +197,10 @@ void Trainer::set_up() {
   model_ = std::make_unique<model::ZayaModel>(cfg_.model, t.micro_batch, t.seq_len,
                                               cfg_.parallel.device == "cuda" ? Device::cuda : Device::cpu);
   model_->init(t.seed);
+  if (mesh_->cp_size() > 1) {
+    cp_group_ = std::make_unique<CommContextGroup>(mesh_->cp());
+    model_->set_context_parallel(cp_group_.get());
+  }
   if (t.gemm_dtype == "bf16") {
     model_->set_gemm_dtype(DType::bf16);
     if (!ops::cpu::gemm_bf16_native())
@@ -200,18 +210,18 @@ void Trainer::set_up() {
   }
   model_->set_recompute(t.recompute);
   const optim::ParamTable table = optim::ParamTable::of(*model_);
-  plan_ = optim::plan_shards(table, cfg_.optim, dp().size());
-  optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, table, plan_.range(dp().rank()));
+  plan_ = optim::plan_shards(table, cfg_.optim, zero().size());
+  optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, table, plan_.range(zero().rank()));
   const GradReduce reduce = parse_grad_reduce(cfg_.parallel.grad_reduce, "parallel.grad_reduce");
-  if (dp().size() > 1 || reduce == GradReduce::f64) {
+  if (zero().size() > 1 || reduce == GradReduce::f64) {
     const auto bucket = static_cast<int64_t>(cfg_.parallel.bucket_mb * 1048576.0 / 4);
-    sync_ = std::make_unique<GradientSync>(device_dp(), plan_, model_->params_flat(), model_->grads_flat(),
+    sync_ = std::make_unique<GradientSync>(zero_device(), plan_, model_->params_flat(), model_->grads_flat(),
                                            model_->ready_order(), reduce, std::max<int64_t>(bucket, 1));
     // The clipping norm over every shard. In the f64 mode its square is rounded to f32, so that
     // the order in which the ranks' parts were summed does not reach the update.
     optimizer_->set_sum_across_ranks([this, reduce](double x) {
       double sum = 0;
-      dp().all_reduce(&x, &sum, 1, DType::f64);
+      zero().all_reduce(&x, &sum, 1, DType::f64);
       return reduce == GradReduce::f64 ? static_cast<double>(static_cast<float>(sum)) : sum;
     });
   }
@@ -360,10 +370,11 @@ void Trainer::print_summary() const {
                      grad_reduce_name(sync_->mode()), " reduction buffer")
                : std::string(),
            ", optimizer state ", human_bytes(static_cast<double>(optimizer_->state_bytes())),
-           mesh_->dp_size() > 1 ? str(" (this rank's 1/", mesh_->dp_size(), " shard)") : std::string(),
+           comm_->size() > 1 ? str(" (this rank's 1/", comm_->size(), " shard)") : std::string(),
            ", activations ", human_bytes(static_cast<double>(model_->activation_bytes())), " (",
-           cfg_.train.micro_batch, "x", cfg_.train.seq_len,
-           " tokens per micro-batch", cfg_.train.recompute ? ", recomputed in the backward from each layer's input" : "",
+           cfg_.train.micro_batch, "x", cfg_.train.seq_len, " tokens per micro-batch",
+           mesh_->cp_size() > 1 ? str(", this rank's 1/", mesh_->cp_size(), " of each sequence") : std::string(),
+           cfg_.train.recompute ? ", recomputed in the backward from each layer's input" : "",
            "); expert and LM-head GEMMs ",
            cfg_.train.gemm_dtype == "bf16" ? "bf16 inputs, f32 accumulation" : "f32");
   log_info("optimizer: ", optimizer_->summary().str());
@@ -433,7 +444,7 @@ nlohmann::json Trainer::state_json() const {
 std::vector<ckpt::SaveItem> Trainer::save_items() {
   // This rank's rows of every parameter in its ZeRO-1 range, its optimizer state, and (rank 0)
   // what every rank holds alike: the balancing biases, the counters, the balancer's moments.
-  std::vector<ckpt::SaveItem> items = weight_items(*model_, plan_.range(dp().rank()), rank0());
+  std::vector<ckpt::SaveItem> items = weight_items(*model_, plan_.range(zero().rank()), rank0());
   for (optim::Optimizer::StatePart& p : optimizer_->state_parts())
     if (!p.replicated || rank0()) items.push_back({p.name, p.tensor, p.global_shape, p.offsets});
   return items;
@@ -581,7 +592,7 @@ std::optional<double> Trainer::evaluate_now(const char* when, Progress& progress
   if (!val_data_) return std::nullopt;
   auto t0 = Clock::now();
   beat("eval");
-  EvalResult r = evaluate(*model_, *val_data_, cfg_.train.eval_samples, &dp());
+  EvalResult r = evaluate(*model_, *val_data_, cfg_.train.eval_samples, &dp(), &mesh_->cp());
   beat("eval");
   if (progress.is_bar()) std::fprintf(stderr, "\n");
   char line[160];
@@ -747,7 +758,7 @@ double Trainer::before_update(TimePoint step_start) {
   if (faults_.take(FaultKind::nan, step_ + 1)) {
     // In this rank's gradient range: the clipping norm over every rank becomes NaN, and the
     // optimizer's own non-finite path skips the update.
-    const optim::ShardRange mine = plan_.range(dp().rank());
+    const optim::ShardRange mine = plan_.range(zero().rank());
     poison_gradient(model_->grads_flat(), mine.begin < mine.end ? mine.begin : 0);
   }
   if (const double factor = faults_.slow_factor(step_ + 1); factor > 1) {
@@ -774,7 +785,7 @@ TrainResult Trainer::run_steps() {
   last_real_update_ = step_;
   Progress progress(step_, t.steps, t.progress && !opts_.quiet);
   const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_experts;
-  TrainStep train_step(*model_, *optimizer_, dp(), sync_.get());
+  TrainStep train_step(*model_, *optimizer_, zero(), sync_.get(), mesh_->cp_size());
   if (cfg_.has_recipe() && step_ == 0 && step_ < t.steps)
     announce_phase(cfg_.recipe.step_at(tokens_, t.micro_batch).batch_size, progress, metrics);
 
@@ -783,6 +794,7 @@ TrainResult Trainer::run_steps() {
     skip_windows(micro_batches);
     const double lr = optim::lr_at(cfg_.optim, step_ + 1);
     const TimePoint step_start = Clock::now();
+    if (cp_group_) cp_group_->reset_counters();  // the step's own exchanges, not an evaluation's
     const StepResult r = train_step.run(*train_data_, micro_batches, lr, [&] { return before_update(step_start); });
     ++step_;
     tokens_ += r.tokens;
@@ -798,6 +810,9 @@ TrainResult Trainer::run_steps() {
       rec["phase"] = phase_;
       rec["batch_size"] = batch_;
       rec["seq_len"] = model_->seq_len();
+    }
+    if (cp_group_) {  // rank 0's context-parallel traffic this step (every cp rank sends the same)
+      rec["context_parallel"] = {{"bytes_sent", cp_group_->bytes_sent()}, {"exchanges", cp_group_->calls()}};
     }
     metrics.write(rec);
     char extra[96];

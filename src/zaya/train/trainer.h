@@ -19,6 +19,7 @@
 #include "zaya/core/peak_flops.h"
 #include "zaya/data/loader.h"
 #include "zaya/dist/communicator.h"
+#include "zaya/train/context_group.h"
 #include "zaya/dist/mesh.h"
 #include "zaya/model/zaya_model.h"
 #include "zaya/optim/shard_plan.h"
@@ -109,8 +110,12 @@ class Trainer {
   void lock_run_dir();
   bool rank0() const { return comm_->rank() == 0; }
   dist::Communicator& dp() { return mesh_->dp(); }
-  // The data-parallel group for the gradients' and parameters' buffers: NCCL's on GPUs, else dp().
-  dist::Communicator& device_dp() { return device_mesh_ ? device_mesh_->dp() : dp(); }
+  // ZeRO-1 shards the optimizer over every rank of the world (dp × cp), and the gradients are
+  // reduced over it: the cp ranks' gradients are parts of one sequence's, the dp ranks' of other
+  // samples' (docs/context-parallel.md, "Gradients and ZeRO-1").
+  dist::Communicator& zero() { return *comm_; }
+  // The same for the gradients' and parameters' buffers: NCCL's on GPUs, else zero().
+  dist::Communicator& zero_device() { return device_comm_ ? *device_comm_ : zero(); }
   // The same string on every rank: rank 0's.
   std::string from_rank0(const std::string& s);
   // Whether any rank asks to stop (a signal reaches the ranks at different steps).
@@ -147,7 +152,7 @@ class Trainer {
   std::unique_ptr<dist::Communicator> comm_;  // the world
   std::unique_ptr<dist::Mesh> mesh_;          // dp × cp over comm_
   std::unique_ptr<dist::Communicator> device_comm_;  // NCCL over the same ranks (GPU runs of several ranks)
-  std::unique_ptr<dist::Mesh> device_mesh_;          // dp × cp over device_comm_
+  std::unique_ptr<CommContextGroup> cp_group_;  // the model's exchanges over mesh_->cp() (cp > 1)
   optim::ShardPlan plan_;                     // the ZeRO-1 ranges of the dp ranks
   std::unique_ptr<GradientSync> sync_;        // dp > 1 or parallel.grad_reduce = "f64"
   // Held from before the run directory is touched until after the last write into it (declared

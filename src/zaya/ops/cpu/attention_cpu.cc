@@ -23,6 +23,7 @@ namespace zaya::ops::cpu {
 namespace {
 
 constexpr int64_t kBlock = 64;  // queries and keys per tile: Kt and Vt (2·64·hd floats) stay in L1/L2
+static_assert(kBlock == attention_tiled_block);
 // Keys per softmax pass of the forward: its Kᵀ (hd·512 floats) and scores (64·512) stay in L2.
 constexpr int64_t kChunk = 8 * kBlock;
 // Row stride of the forward's Kᵀ and S scratch: a chunk plus one cache line. At exactly kChunk
@@ -111,15 +112,17 @@ inline void scale_row(float* __restrict y, const float* __restrict x, float s, i
 }
 
 // P[ii][j] = exp(scale·S[ii][j] − L_i) for the causal, in-range keys of a tile and exactly 0 for the
-// others (masked or padded), so they add nothing to any product.
-inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_t j0, int64_t nj, float scale) {
+// others (masked or padded), so they add nothing to any product. lse_blk holds the tile's rows'
+// logsumexp; off = the tile's first query position − its first key position (row ii sees keys
+// j ≤ off + ii).
+inline void probs(float* P, const float* lse_blk, int64_t off, int64_t ni, int64_t nj, float scale) {
 #if defined(__AVX512F__)
   static_assert(kBlock == 64);
   const __m512 sc = _mm512_set1_ps(scale);
   for (int64_t ii = 0; ii < ni; ++ii) {  // 4 masked vectors per row: no scalar tails on diagonal tiles
     float* p = P + ii * kBlock;
-    const int64_t jn = std::min(nj, i0 + ii - j0 + 1);
-    const __m512 L = _mm512_set1_ps(lse_row[i0 + ii]);
+    const int64_t jn = std::min(nj, off + ii + 1);
+    const __m512 L = _mm512_set1_ps(lse_blk[ii]);
     for (int64_t v = 0; v < 4; ++v) {
       const __mmask16 mk = first_lanes(jn - 16 * v);
       const __m512 e = expf_fast_v(_mm512_fmsub_ps(_mm512_loadu_ps(p + 16 * v), sc, L));
@@ -130,8 +133,8 @@ inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_
   const __m256 sc = _mm256_set1_ps(scale);
   for (int64_t ii = 0; ii < ni; ++ii) {  // 8 masked vectors per row, as the AVX-512 form's 4
     float* p = P + ii * kBlock;
-    const int64_t jn = std::min(nj, i0 + ii - j0 + 1);
-    const __m256 L = _mm256_set1_ps(lse_row[i0 + ii]);
+    const int64_t jn = std::min(nj, off + ii + 1);
+    const __m256 L = _mm256_set1_ps(lse_blk[ii]);
     for (int64_t v = 0; v < kBlock / 8; ++v) {
       const __m256 keep = _mm256_castsi256_ps(first_lanes8(jn - 8 * v));
       const __m256 x = _mm256_fmsub_ps(_mm256_loadu_ps(p + 8 * v), sc, L);
@@ -141,8 +144,8 @@ inline void probs(float* P, const float* lse_row, int64_t i0, int64_t ni, int64_
 #else
   for (int64_t ii = 0; ii < ni; ++ii) {
     float* p = P + ii * kBlock;
-    const int64_t jn = std::min(nj, i0 + ii - j0 + 1);
-    const float L = lse_row[i0 + ii];
+    const int64_t jn = std::min(nj, off + ii + 1);
+    const float L = lse_blk[ii];
     for (int64_t j = 0; j < jn; ++j) p[j] = std::fma(p[j], scale, -L);  // one rounding, as the AVX-512 fmsub
     exp_inplace(p, jn);
     for (int64_t j = jn; j < kBlock; ++j) p[j] = 0.0f;
@@ -229,7 +232,16 @@ inline float row_softmax(float* s, int64_t jn, float scale, float m_old, float* 
 // The diagonal key block (keys i0 .. i0+ni, always the chunk's last) computes only keys j ≤ i.
 void attention_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t T,
                    int64_t nq, int64_t nkv, int64_t hd) {
-  const int64_t G = nq / nkv, nblk = (T + kBlock - 1) / kBlock, rq = nq * hd, rk = nkv * hd;
+  attention_tiled_fwd(out, lse, q, k, v, B, T, T, 0, nq, nkv, hd);
+}
+
+// The forward for Tq queries at global positions q_pos + i (q_pos a multiple of kBlock, so every
+// query block's diagonal is a key block) against keys [0, q_pos + Tq) of Tk per batch row; i0 is a
+// query block's row in q and out, g0 = q_pos + i0 its position among the keys. At q_pos = 0,
+// Tq = Tk the two are one, and this is attention_fwd bit for bit.
+void attention_tiled_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
+                         int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
+  const int64_t G = nq / nkv, nblk = (Tq + kBlock - 1) / kBlock, rq = nq * hd, rk = nkv * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel
   {
@@ -240,15 +252,15 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
     for (int64_t task = 0; task < B * nq * nblk; ++task) {
       // Largest query blocks first (most keys), for balance under the dynamic schedule.
       const int64_t qb = nblk - 1 - task % nblk, h = (task / nblk) % nq, b = task / (nblk * nq);
-      const int64_t hk = h / G, i0 = qb * kBlock, ni = std::min(kBlock, T - i0);
-      const float* kb_ = k + b * T * rk;
-      const float* vb_ = v + (b * T * nkv + hk) * hd;  // value row j at vb_ + j·rk
-      const float* qblk = q + ((b * T + i0) * nq + h) * hd;
+      const int64_t hk = h / G, i0 = qb * kBlock, ni = std::min(kBlock, Tq - i0), g0 = q_pos + i0;
+      const float* kb_ = k + b * Tk * rk;
+      const float* vb_ = v + (b * Tk * nkv + hk) * hd;  // value row j at vb_ + j·rk
+      const float* qblk = q + ((b * Tq + i0) * nq + h) * hd;
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.0f);
-      for (int64_t c0 = 0; c0 < i0 + ni; c0 += kChunk) {
-        const int64_t nk = std::min(kChunk, i0 + ni - c0);  // keys in this chunk
-        const int64_t nfull = std::min(nk, i0 - c0);        // of them before the diagonal block
+      for (int64_t c0 = 0; c0 < g0 + ni; c0 += kChunk) {
+        const int64_t nk = std::min(kChunk, g0 + ni - c0);  // keys in this chunk
+        const int64_t nfull = std::min(nk, g0 - c0);        // of them before the diagonal block
         for (int64_t j = 0; j < nk; j += kBlock)
           load_block(Kt + j, kChunkLd, nullptr, kb_, c0 + j, std::min(kBlock, nk - j), nkv, hk, hd);
         // S = Q·Kᵀ: the keys before the diagonal in full, the diagonal block's keys j ≤ i only.
@@ -257,7 +269,7 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
           mm(S + nfull, kChunkLd, qblk, rq, 1, Kt + nfull, kChunkLd, ni, nk - nfull, hd, false,
              Causal::cols_le_row);
         for (int64_t ii = 0; ii < ni; ++ii) {
-          const int64_t jn = std::min(nk, i0 + ii - c0 + 1);  // causal: keys j ≤ i
+          const int64_t jn = std::min(nk, g0 + ii - c0 + 1);  // causal: keys j ≤ i
           float sum;
           const float mx = row_softmax(S + ii * kChunkLd, jn, scale, m[ii], &sum);
           const float alpha = std::exp(m[ii] - mx);  // exp(−inf) = 0 on the first chunk
@@ -283,8 +295,8 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
       }
       for (int64_t ii = 0; ii < ni; ++ii) {
         const int64_t i = i0 + ii;
-        scale_row(out + ((b * T + i) * nq + h) * hd, acc.data() + ii * hd, 1.0f / l[ii], hd);
-        lse[(b * nq + h) * T + i] = m[ii] + std::log(l[ii]);
+        scale_row(out + ((b * Tq + i) * nq + h) * hd, acc.data() + ii * hd, 1.0f / l[ii], hd);
+        lse[(b * nq + h) * Tq + i] = m[ii] + std::log(l[ii]);
       }
     }
   }
@@ -304,7 +316,19 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nq,
                    int64_t nkv, int64_t hd) {
+  attention_tiled_bwd(dq, dk, dv, dout, q, k, v, out, lse, B, T, T, 0, nq, nkv, hd, /*accumulate_kv=*/false);
+}
+
+// The backward of attention_tiled_fwd: key blocks [0, q_pos + Tq), the query blocks at or after
+// each; with accumulate_kv every dK, dV product adds (the chunks of a context-parallel rank add
+// into one buffer), else the first writes as above. At q_pos = 0, Tq = Tk, !accumulate_kv this is
+// attention_bwd bit for bit.
+void attention_tiled_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                         const float* v, const float* out, const float* lse, int64_t B, int64_t Tq, int64_t Tk,
+                         int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd, bool accumulate_kv) {
+  const int64_t T = Tq;  // query rows: D, lse, dq, dout, out, q
   const int64_t G = nq / nkv, nblk = (T + kBlock - 1) / kBlock, rq = nq * hd, rk = nkv * hd;
+  const int64_t nkb = (q_pos + Tq + kBlock - 1) / kBlock, kend = q_pos + Tq;  // the keys any query sees
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // D [B, nq, T]: O(T) scratch, like lse.
   std::vector<float> D(static_cast<size_t>(B * nq * T));
@@ -322,19 +346,19 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < B * nkv; ++task) {
       const int64_t hk = task % nkv, b = task / nkv;
-      for (int64_t kb = 0; kb < nblk; ++kb) {
-        const int64_t j0 = kb * kBlock, nj = std::min(kBlock, T - j0);
-        load_block(Kt.data(), kBlock, Kb.data(), k + b * T * rk, j0, nj, nkv, hk, hd);
-        load_block(Vt.data(), kBlock, nullptr, v + b * T * rk, j0, nj, nkv, hk, hd);
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const int64_t j0 = kb * kBlock, nj = std::min(kBlock, kend - j0);
+        load_block(Kt.data(), kBlock, Kb.data(), k + b * Tk * rk, j0, nj, nkv, hk, hd);
+        load_block(Vt.data(), kBlock, nullptr, v + b * Tk * rk, j0, nj, nkv, hk, hd);
         // This block's dK and dV rows, written by their first product (head hk·G, the diagonal
         // tile, which reaches every row) and accumulated by the rest.
-        float* dkb = dk + ((b * T + j0) * nkv + hk) * hd;
-        float* dvb = dv + ((b * T + j0) * nkv + hk) * hd;
+        float* dkb = dk + ((b * Tk + j0) * nkv + hk) * hd;
+        float* dvb = dv + ((b * Tk + j0) * nkv + hk) * hd;
         for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
           const float* Lrow = lse + (b * nq + h) * T;
           const float* Drow = D.data() + (b * nq + h) * T;
-          for (int64_t qb = kb; qb < nblk; ++qb) {  // causal: only queries i ≥ j0 see this block
-            const int64_t i0 = qb * kBlock, ni = std::min(kBlock, T - i0);
+          for (int64_t qb = std::max<int64_t>(0, (j0 - q_pos) / kBlock); qb < nblk; ++qb) {  // causal: queries i ≥ j0
+            const int64_t i0 = qb * kBlock, ni = std::min(kBlock, T - i0), g0 = q_pos + i0;
             const int64_t row0 = (b * T + i0) * nq + h;
             // The tile's query and output-gradient rows, copied to contiguous [ni, hd] blocks: in
             // place their rows lie nq·hd floats apart (1 KiB at the demo's shapes), and as the B
@@ -343,10 +367,10 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
             copy_rows(dOb.data(), dout + row0 * hd, ni, nq * hd, hd);
             // On the diagonal tile (qb = kb) each product skips what the causal mask makes zero
             // or unused (Causal in tile_mm.h); scores past a row's last key are never computed.
-            const bool diag = qb == kb;
+            const bool diag = g0 == j0;
             const Causal cols = diag ? Causal::cols_le_row : Causal::none;
             mm(P.data(), kBlock, Qb.data(), hd, 1, Kt.data(), kBlock, ni, kBlock, hd, false, cols);
-            probs(P.data(), Lrow, i0, ni, j0, nj, scale);
+            probs(P.data(), Lrow + i0, g0 - j0, ni, nj, scale);
             mm(dS.data(), kBlock, dOb.data(), hd, 1, Vt.data(), kBlock, ni, kBlock, hd, false, cols);  // dP
             // dS = P ⊙ (dP − D)·scale in place of dP over each row's visible keys, 0 past them
             // (where dP may not have been computed).
@@ -354,13 +378,13 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
               const float Di = Drow[i0 + ii];
               float* ds = dS.data() + ii * kBlock;
               const float* p = P.data() + ii * kBlock;
-              const int64_t jn = std::min(nj, i0 + ii - j0 + 1);
+              const int64_t jn = std::min(nj, g0 + ii - j0 + 1);
               for (int64_t j = 0; j < jn; ++j) ds[j] = scale * p[j] * (ds[j] - Di);
               std::fill(ds + jn, ds + kBlock, 0.0f);
             }
             // dV += Pᵀ·dO and dK += dSᵀ·Q over this block's ni query rows (Aᵀ by stride swap).
             const Causal k_from = diag ? Causal::k_ge_row : Causal::none;
-            const bool first = h == hk * G && diag;
+            const bool first = !accumulate_kv && h == hk * G && diag;
             mm(dvb, rk, P.data(), 1, kBlock, dOb.data(), hd, nj, hd, ni, !first, k_from);
             mm(dkb, rk, dS.data(), 1, kBlock, Qb.data(), hd, nj, hd, ni, !first, k_from);
             // dQ += dS·K; these dQ rows' first product is key block 0's, which writes them.

@@ -10,6 +10,20 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
 void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const float* lse, int64_t B, int64_t T, int64_t nq,
                    int64_t nkv, int64_t hd);
+// The tiled kernels for queries at an offset q_pos (a multiple of attention_tiled_block) against
+// keys [0, q_pos + Tq) of Tk per row (attention_cpu.cc); attention_fwd/bwd are their q_pos = 0 case.
+constexpr int64_t attention_tiled_block = 64;
+void attention_tiled_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
+                         int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
+void attention_tiled_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                         const float* v, const float* out, const float* lse, int64_t B, int64_t Tq, int64_t Tk,
+                         int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd, bool accumulate_kv);
+// attention_at_forward / attention_at_backward at any q_pos, row by row (cpu/attention_at_cpu.cc).
+void attention_at_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B, int64_t Tq,
+                      int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
+void attention_at_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                      const float* v, const float* out, const float* lse, int64_t B, int64_t Tq, int64_t Tk,
+                      int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
 void attention_decode(float* out, const float* q, const float* kc, const float* vc, int64_t B, int64_t S_cap,
                       int64_t S, int64_t nq, int64_t nkv, int64_t hd);
 

@@ -1,0 +1,240 @@
+// The sequence ops of a ZAYA1 layer under context parallelism (context_parallel.h; the design and
+// the choice of all-gather over ring passes are in docs/context-parallel.md).
+//
+// This rank's rows are laid out (b, seg, i): batch row b, segment seg (0: chunk rank, 1: chunk
+// 2K−1−rank), token i < c. Call u = 2b + seg a "unit": c consecutive rows at global positions
+// [p_seg, p_seg + c).
+//
+// Forward, per layer:
+//   1. halo: every rank all-gathers the last two positions of each of its chunks (z's columns and
+//      [vc | vd]); each unit takes the two positions before its start from whichever rank holds
+//      them (zeros before the sequence: exactly the single-device padding). With chunks of one
+//      token the two come from two different chunks; the gather covers that with no special case.
+//   2. conv and value shift run unchanged on "ext" sequences [halo(2) | chunk(c)] per unit; the
+//      outputs at the chunk's rows are the single-device ones, since each output reads only the
+//      two positions before it.
+//   3. mean skip, QK norm, RoPE per unit with the RoPE table read from row p_seg (global positions).
+//   4. attention: all-gather the post-RoPE K and V (nkv·hd per token each), put them in sequence
+//      order, and run each unit's queries causally against the keys [0, p_seg + c).
+// Backward undoes it: the K and V are gathered again (saving them would keep the whole sequence's
+// K/V per layer), each unit's attention backward adds into the full dK, dV, which a reduce-scatter
+// returns to the ranks that own the keys; the ext conv and value-shift backward give each unit's
+// halo gradient, which an all-gather hands to the rank whose tokens the halo was.
+#include "zaya/model/context_parallel.h"
+
+#include <cstring>
+
+#include "zaya/core/error.h"
+#include "zaya/model/model_internal.h"
+#include "zaya/model/zaya_model.h"
+#include "zaya/ops/attention.h"
+#include "zaya/ops/cca.h"
+#include "zaya/ops/copy.h"
+
+namespace zaya::model {
+
+int64_t zigzag_chunk_len(int64_t seq_len, int64_t cp) {
+  if (cp < 1 || seq_len <= 0 || seq_len % (2 * cp) != 0)
+    throw Error(str("parallel.cp = ", cp, " cannot split a sequence of ", seq_len,
+                    " tokens: context parallelism ", "cuts each sequence into 2·cp = ", 2 * cp,
+                    " equal chunks (zigzag), so the sequence length ", "must be a multiple of ", 2 * cp));
+  return seq_len / (2 * cp);
+}
+
+namespace {
+void check_rows_4byte(const char* what, const Tensor& t, int64_t B, int64_t T) {
+  ZAYA_CHECK(t.device() == Device::cpu && dtype_size(t.dtype()) == 4 && t.numel() == B * T, what,
+             ": expected ", B * T, " contiguous 4-byte host elements [", B, ", ", T, "], found ", t.str());
+}
+}  // namespace
+
+void zigzag_select(const Tensor& out, const Tensor& rows, int64_t rank, int64_t cp) {
+  ZAYA_CHECK(rows.ndim() == 2, "zigzag_select: rows must be [B, S], found ", rows.str());
+  const int64_t B = rows.size(0), S = rows.size(1), c = zigzag_chunk_len(S, cp);
+  ZAYA_CHECK(rank >= 0 && rank < cp, "zigzag_select: rank ", rank, " outside [0, ", cp, ")");
+  check_rows_4byte("zigzag_select: rows", rows, B, S);
+  check_rows_4byte("zigzag_select: out", out, B, 2 * c);
+  const auto* src = static_cast<const char*>(rows.raw());
+  auto* dst = static_cast<char*>(out.raw());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t seg = 0; seg < 2; ++seg)
+      std::memcpy(dst + 4 * (b * 2 * c + seg * c), src + 4 * (b * S + zigzag_chunk(rank, seg, cp) * c),
+                  static_cast<size_t>(4 * c));
+}
+
+void zigzag_place(const Tensor& rows, const Tensor& part, int64_t rank, int64_t cp) {
+  ZAYA_CHECK(rows.ndim() == 2, "zigzag_place: rows must be [B, S], found ", rows.str());
+  const int64_t B = rows.size(0), S = rows.size(1), c = zigzag_chunk_len(S, cp);
+  ZAYA_CHECK(rank >= 0 && rank < cp, "zigzag_place: rank ", rank, " outside [0, ", cp, ")");
+  check_rows_4byte("zigzag_place: rows", rows, B, S);
+  check_rows_4byte("zigzag_place: part", part, B, 2 * c);
+  const auto* src = static_cast<const char*>(part.raw());
+  auto* dst = static_cast<char*>(rows.raw());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t seg = 0; seg < 2; ++seg)
+      std::memcpy(dst + 4 * (b * S + zigzag_chunk(rank, seg, cp) * c), src + 4 * (b * 2 * c + seg * c),
+                  static_cast<size_t>(4 * c));
+}
+
+int64_t ZayaModel::cp_chunk_start(int64_t seg) const {
+  return zigzag_chunk(cp_->rank(), seg, cp_->size()) * (T_ / 2);
+}
+
+// kfull, vfull [B·S, kv] ← the group's post-RoPE K and V of layer l, in sequence order.
+void ZayaModel::cp_gather_kv(int l) {
+  const int64_t K = cp_->size(), c = T_ / 2, N = B_ * T_;
+  const LayerActs& t = acts_[static_cast<size_t>(l)];
+  CpScratch& x = scratch_->cp;
+  cp_->all_gather(x.kg, t.kr);
+  cp_->all_gather(x.vg, t.v);
+  for (int64_t r = 0; r < K; ++r)
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t seg = 0; seg < 2; ++seg) {
+        const int64_t src = r * N + (2 * b + seg) * c, dst = b * S_ + zigzag_chunk(r, seg, K) * c;
+        ops::copy_block(x.kfull, dst, 0, x.kg, src, 0, c, x.kg.size(1));
+        ops::copy_block(x.vfull, dst, 0, x.vg, src, 0, c, x.vg.size(1));
+      }
+}
+
+void ZayaModel::cp_attention_forward(int l) {
+  const int64_t K = cp_->size(), c = T_ / 2, kv = cfg_.kv_dim(), C = cfg_.conv_channels();
+  const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim, F = C + kv;
+  const ops::CcaDims dims{nq, nkv, hd};
+  LayerActs& t = acts_[static_cast<size_t>(l)];
+  ScratchActs& s = *scratch_;
+  CpScratch& x = s.cp;
+  const LayerParams& p = lp_[static_cast<size_t>(l)];
+  // 1. Halo: the last two positions of every chunk, gathered; then each unit's two predecessors.
+  x.tails.zero_();  // a one-token chunk has no second-to-last position (never read)
+  for (int64_t u = 0; u < 2 * B_; ++u)
+    for (int64_t tr = 0; tr < 2; ++tr) {
+      const int64_t i = c - 2 + tr;
+      if (i < 0) continue;
+      ops::copy_block(x.tails, 2 * u + tr, 0, t.z, u * c + i, 0, 1, C);
+      ops::copy_block(x.tails, 2 * u + tr, C, s.vcd, u * c + i, 0, 1, kv);
+    }
+  cp_->all_gather(x.tails_all, x.tails);
+  t.halo.zero_();  // positions before the sequence: the zero padding
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t seg = 0; seg < 2; ++seg) {
+      const int64_t u = 2 * b + seg, start = cp_chunk_start(seg);
+      for (int64_t hr = 0; hr < 2; ++hr) {
+        const int64_t pos = start - 2 + hr;
+        if (pos < 0) continue;
+        const int64_t j = pos / c, tr = pos - ((j + 1) * c - 2);  // its row among chunk j's tails
+        const int64_t src = zigzag_owner(j, K) * 4 * B_ + 2 * (2 * b + zigzag_segment(j, K)) + tr;
+        ops::copy_block(t.halo, 2 * u + hr, 0, x.tails_all, src, 0, 1, F);
+      }
+    }
+  // 2. Conv and value shift on [halo | chunk] per unit.
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    ops::copy_block(x.z_ext, u * (c + 2), 0, t.halo, 2 * u, 0, 2, C);
+    ops::copy_block(x.z_ext, u * (c + 2) + 2, 0, t.z, u * c, 0, c, C);
+    ops::copy_block(x.vcd_ext, u * (c + 2), 0, t.halo, 2 * u, C, 2, kv);
+    ops::copy_block(x.vcd_ext, u * (c + 2) + 2, 0, s.vcd, u * c, 0, c, kv);
+  }
+  ops::cca_conv_forward(x.conv_ext, x.z_ext, p.conv, 2 * B_, c + 2, dims);
+  ops::value_shift_forward(x.v_ext, x.vcd_ext, 2 * B_, c + 2, kv / 2);
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    ops::copy_block(s.conv, u * c, 0, x.conv_ext, u * (c + 2) + 2, 0, c, C);
+    ops::copy_block(t.v, u * c, 0, x.v_ext, u * (c + 2) + 2, 0, c, kv);
+  }
+  // 3. Mean skip → QK norm → RoPE per unit, at the unit's global positions.
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    const int64_t start = cp_chunk_start(u % 2);
+    const ops::RopeTable rope{rope_.cos.slice(start, start + c), rope_.sin.slice(start, start + c),
+                              rope_.rot};
+    const auto rows = [&](const Tensor& a) { return a.slice(u * c, (u + 1) * c); };
+    ops::cca_qk_forward(rows(t.qr), rows(t.kr), rows(t.qpre), rows(t.kpre), rows(s.conv), rows(t.z), p.temp,
+                        rope, 1, c, dims);
+  }
+  // 4. Attention against the gathered keys.
+  cp_gather_kv(l);
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    const int64_t b = u / 2, start = cp_chunk_start(u % 2), keys = start + c;
+    ops::attention_at_forward(t.att.slice(u * c, (u + 1) * c), t.lse.slice(u, u + 1),
+                              t.qr.slice(u * c, (u + 1) * c), x.kfull.slice(b * S_, b * S_ + keys),
+                              x.vfull.slice(b * S_, b * S_ + keys), 1, c, keys, start, nq, nkv, hd);
+  }
+}
+
+// In: s.datt. Out: s.dz (mean skip + conv, halo gradients from the next chunks' owners included),
+// s.dvcd, and the layer's temperature and conv weight gradients (this rank's part).
+void ZayaModel::cp_attention_backward(int l) {
+  const int64_t K = cp_->size(), c = T_ / 2, N = B_ * T_, kv = cfg_.kv_dim(), C = cfg_.conv_channels();
+  const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
+  const ops::CcaDims dims{nq, nkv, hd};
+  LayerActs& t = acts_[static_cast<size_t>(l)];
+  ScratchActs& s = *scratch_;
+  CpScratch& x = s.cp;
+  const LayerParams& p = lp_[static_cast<size_t>(l)];
+  LayerParams& g = lg_[static_cast<size_t>(l)];
+  // Attention: every unit adds its keys' gradients into the full dK, dV; the owners get their sum.
+  cp_gather_kv(l);
+  x.dkfull.zero_();
+  x.dvfull.zero_();
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    const int64_t b = u / 2, start = cp_chunk_start(u % 2), keys = start + c;
+    const auto rows = [&](const Tensor& a) { return a.slice(u * c, (u + 1) * c); };
+    ops::attention_at_backward(rows(s.dqr), x.dkfull.slice(b * S_, b * S_ + keys),
+                               x.dvfull.slice(b * S_, b * S_ + keys), rows(s.datt), rows(t.qr),
+                               x.kfull.slice(b * S_, b * S_ + keys), x.vfull.slice(b * S_, b * S_ + keys),
+                               rows(t.att), t.lse.slice(u, u + 1), 1, c, keys, start, nq, nkv, hd);
+  }
+  for (int64_t r = 0; r < K; ++r)
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t seg = 0; seg < 2; ++seg) {
+        const int64_t dst = r * N + (2 * b + seg) * c, src = b * S_ + zigzag_chunk(r, seg, K) * c;
+        ops::copy_block(x.dkg, dst, 0, x.dkfull, src, 0, c, kv);
+        ops::copy_block(x.dvg, dst, 0, x.dvfull, src, 0, c, kv);
+      }
+  cp_->reduce_scatter(s.dkr, x.dkg);
+  cp_->reduce_scatter(s.dv, x.dvg);
+  // RoPE, QK norm, mean skip per unit: dconv, and dz's mean-skip part.
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    const int64_t start = cp_chunk_start(u % 2);
+    const ops::RopeTable rope{rope_.cos.slice(start, start + c), rope_.sin.slice(start, start + c),
+                              rope_.rot};
+    const auto rows = [&](const Tensor& a) { return a.slice(u * c, (u + 1) * c); };
+    ops::cca_qk_backward(rows(s.dconv), rows(s.dz), g.temp, rows(s.dqr), rows(s.dkr), rows(t.qpre),
+                         rows(t.kpre), p.temp, rope, 1, c, dims);
+  }
+  // Conv and value shift on the ext sequences. The halo rows' outputs are not this unit's (their
+  // gradient is 0); the halo rows' input gradients belong to the ranks that own those positions.
+  x.conv_ext.zero_();  // holds dconv here
+  x.v_ext.zero_();     // holds dv
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    ops::copy_block(x.z_ext, u * (c + 2), 0, t.halo, 2 * u, 0, 2, C);
+    ops::copy_block(x.z_ext, u * (c + 2) + 2, 0, t.z, u * c, 0, c, C);
+    ops::copy_block(x.conv_ext, u * (c + 2) + 2, 0, s.dconv, u * c, 0, c, C);
+    ops::copy_block(x.v_ext, u * (c + 2) + 2, 0, s.dv, u * c, 0, c, kv);
+  }
+  ops::cca_conv_backward(x.dz_ext, g.conv, x.conv_ext, x.z_ext, p.conv, 2 * B_, c + 2, dims);
+  ops::value_shift_backward(x.vcd_ext, x.v_ext, 2 * B_, c + 2, kv / 2);  // vcd_ext holds d[vc | vd]
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    ops::add_block(s.dz, u * c, 0, x.dz_ext, u * (c + 2) + 2, 0, c, C);
+    ops::copy_block(s.dvcd, u * c, 0, x.vcd_ext, u * (c + 2) + 2, 0, c, kv);
+    ops::copy_block(x.hgrad, 2 * u, 0, x.dz_ext, u * (c + 2), 0, 2, C);
+    ops::copy_block(x.hgrad, 2 * u, C, x.vcd_ext, u * (c + 2), 0, 2, kv);
+  }
+  // Halo gradients home: chunk j's last position was halo row 1 of chunk j+1 (and, with one-token
+  // chunks, row 0 of chunk j+2); its second-to-last was row 0 of chunk j+1. Added in that order.
+  cp_->all_gather(x.hgrad_all, x.hgrad);
+  const auto add_from = [&](int64_t b, int64_t u, int64_t i, int64_t j, int64_t hr) {
+    if (j >= 2 * K) return;
+    const int64_t src = zigzag_owner(j, K) * 4 * B_ + 2 * (2 * b + zigzag_segment(j, K)) + hr;
+    ops::add_block(s.dz, u * c + i, 0, x.hgrad_all, src, 0, 1, C);
+    ops::add_block(s.dvcd, u * c + i, 0, x.hgrad_all, src, C, 1, kv);
+  };
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t seg = 0; seg < 2; ++seg) {
+      const int64_t u = 2 * b + seg, j = zigzag_chunk(cp_->rank(), seg, K);
+      add_from(b, u, c - 1, j + 1, 1);
+      if (c == 1)
+        add_from(b, u, 0, j + 2, 0);
+      else
+        add_from(b, u, c - 2, j + 1, 0);
+    }
+}
+
+}  // namespace zaya::model
