@@ -49,7 +49,7 @@ int run_eval(const EvalArgs& a) {
   train::EvalResult r;
   {
     std::optional<TaskProgress> progress;  // made at the first batch, which knows the total
-    r = train::evaluate(*m.model, loader, samples, nullptr, [&](int64_t done, int64_t total) {
+    r = train::evaluate(*m.model, loader, samples, nullptr, nullptr, [&](int64_t done, int64_t total) {
       if (!progress) progress.emplace("eval", total, "batches", a.progress);
       progress->update(done);
     });

@@ -31,7 +31,7 @@ StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double 
   ZAYA_CHECK(micro_batches > 0, "TrainStep::run: micro_batches must be positive, found ", micro_batches);
   if (batch_.seq_len() != model_.seq_len() || batch_.batch() != model_.batch()) shape_batch();
   const int64_t L = model_.config().num_hidden_layers;
-  const int world = comm_.size(), dp = world / cp_, dp_rank = comm_.rank() / cp_, cp_rank = comm_.rank() % cp_;
+  const int world = comm_.size(), dp = world / cp_, dp_rank = comm_.rank() / cp_;
   StepResult r;
   r.skipped.assign(static_cast<size_t>(L), 0);
   std::vector<double> losses;  // this rank's micro-batch losses, in order
