@@ -150,7 +150,7 @@ TEST_F(CliTools, VersionIsPrintedAndWrittenIntoEveryCheckpoint) {
   const std::string imported = (dir_ / "imported").string();
   ASSERT_EQ(zaya("forward --init-config " + (dir_ / "run.toml").string() + " --save-hf " + (dir_ / "hf").string()).code, 0);
   ASSERT_EQ(zaya("ckpt import-hf " + (dir_ / "hf").string() + " --out " + imported).code, 0);
-  for (const fs::path run : {dir_ / "run", fs::path(imported)}) {
+  for (const fs::path& run : {dir_ / "run", fs::path(imported)}) {
     std::ifstream latest(run / "latest");
     std::string step;
     std::getline(latest, step);

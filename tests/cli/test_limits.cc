@@ -43,7 +43,10 @@ const std::string& tiny_hf_model() {
 
 std::string ids_1_to(int n) {
   std::string s;
-  for (int i = 1; i <= n; ++i) s += (i > 1 ? "," : "") + std::to_string(i % 90);
+  for (int i = 1; i <= n; ++i) {
+    if (i > 1) s += ',';
+    s += std::to_string(i % 90);
+  }
   return s;
 }
 

@@ -147,7 +147,9 @@ TEST(Readme, UsingItRunsAsWrittenFromAnyDirectory) {
   };
   EXPECT_GT(first_peak("runs/demo"), 0);
   EXPECT_DOUBLE_EQ(first_peak("runs/dp2"), 2 * first_peak("runs/demo"));
-  if (tensorboard) EXPECT_TRUE(fs::exists(cwd / "runs/demo/tensorboard")) << "runs/demo/tensorboard";
+  if (tensorboard) {
+    EXPECT_TRUE(fs::exists(cwd / "runs/demo/tensorboard")) << "runs/demo/tensorboard";
+  }
   EXPECT_TRUE(checkout_state() == before) << "a README command wrote into the checkout";
   fs::remove_all(cwd);
 }

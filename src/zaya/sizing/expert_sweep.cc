@@ -85,7 +85,9 @@ std::string format_expert_sweep(const std::vector<ExpertSweepRow>& rows, const H
   std::snprintf(line, sizeof line, "  %-12s %5s %6s %3s %9s %9s %10s", "family", "E", "I", "k", "total", "active", "train (s)");
   out << line;
   for (int64_t b : o.decode_batches) {
-    std::snprintf(line, sizeof line, " %9s", ("b" + std::to_string(b) + " (ms)").c_str());
+    char head[32];
+    std::snprintf(head, sizeof head, "b%lld (ms)", static_cast<long long>(b));
+    std::snprintf(line, sizeof line, " %9s", head);
     out << line;
   }
   std::snprintf(line, sizeof line, " %12s %12s %13s %s\n", ("tok/s b" + std::to_string(o.decode_batches.back())).c_str(),
