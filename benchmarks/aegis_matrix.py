@@ -19,8 +19,9 @@ a machine shared with other work disturbs far less than wall time.
 
     python3 benchmarks/aegis_matrix.py [--zaya build/cuda/zaya] [--out docs/results/aegis] [--seed S]
 
-Writes <out>/matrix.md and matrix.json (the matrix; --classes '' skips it) and <out>/heartbeat-cost.md
-and heartbeat-cost.json (the cost; --rounds 0 skips it), each naming the command that made it.
+Writes <out>/matrix.md (the matrix; --classes '' skips it) and <out>/heartbeat-cost.md (the cost;
+--rounds 0 skips it), each naming the command that made it; every run's row also goes to stdout
+as one JSON line.
 """
 import argparse
 import hashlib
@@ -242,8 +243,6 @@ def main():
     command = (f"python3 benchmarks/aegis_matrix.py --seed {seed}" + (f" --steps {steps}" if steps != 40 else "")
                + (f" --every {every}" if every != 5 else ""))
     if results:
-        json.dump(dict(seed=seed, steps=steps, every=every, matrix=results),
-                  open(os.path.join(args.out, "matrix.json"), "w"), indent=1)
         lines = ["# Aegis fault matrix", "",
                  f"Made by `{command} --rounds 0` (" + os.uname().nodename + f", {os.cpu_count()} CPUs). Toy model, {steps} steps, a checkpoint every"
                  f" {every}, global batch 2 sequences; `zaya supervise --backoff 0.1` with its default detection"
@@ -282,9 +281,6 @@ def main():
         # Paired within each round (on and off run back to back): drift of a shared machine cancels.
         d_step = statistics.median(a - b for a, b in zip(cost["on"], cost["off"]))
         d_cpu = statistics.median(a - b for a, b in zip(cpu["on"], cpu["off"]))
-        json.dump(dict(on_s=cost["on"], off_s=cost["off"], cpu_on_s=cpu["on"], cpu_off_s=cpu["off"],
-                       steps=args.cost_steps, threads=args.cost_threads, hidden=args.cost_hidden),
-                  open(os.path.join(args.out, "heartbeat-cost.json"), "w"), indent=1)
         lines = ["# Heartbeat cost", "",
                  f"Made by `python3 benchmarks/aegis_matrix.py --classes '' --rounds {args.rounds}"
                  + (f" --cost-steps {args.cost_steps}" if args.cost_steps != 1000 else "") + "` ("

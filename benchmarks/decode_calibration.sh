@@ -2,15 +2,16 @@
 # Decode roofline calibration (docs/sizing.md, "Calibration"): measured `zaya generate` decode
 # tokens/s at several batch sizes against `zaya size`'s prediction on a profile measured on this
 # machine (memory bandwidth from `zaya bench membw`, f32 GEMM rates from `zaya bench gemm` at the
-# decode's shapes). Writes OUT/ (default docs/results/decode-calibration/): the profile, the raw
-# outputs and summary.txt.
+# decode's shapes). Writes OUT/ (default: a new temporary directory, printed): the profile, the raw
+# outputs and summary.txt, which docs/results/decode-calibration.md summarizes.
 #
-#   benchmarks/decode_calibration.sh [OUT] [THREADS] [BATCHES]   e.g. ... docs/results/decode-calibration 2 "1 8 32"
+#   benchmarks/decode_calibration.sh [OUT] [THREADS] [BATCHES]   e.g. ... "$(mktemp -d)" 2 "1 8 32"
 #   PREDICT_ONLY=1 benchmarks/decode_calibration.sh OUT ...   re-predict from OUT's measurements
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ZAYA=${ZAYA:-build/cuda/zaya}
-OUT=${1:-docs/results/decode-calibration}
+OUT=${1:-$(mktemp -d)}
+echo "decode_calibration: writing $OUT"
 THREADS=${2:-$(nproc)}
 BATCHES=${3:-1 8 32}
 CFG=benchmarks/decode_calibration.toml
