@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model/random_model.h"
 #include "test_util.h"
 #include "zaya/core/error.h"
 #include "zaya/core/random.h"
@@ -18,46 +19,9 @@
 namespace zaya::model {
 namespace {
 
-struct Shape9 {
-  int64_t nq, nkv, hd, E, L, R, I, H, V;
-};
-
-ModelConfig make_config(const Shape9& s) {
-  ModelConfig c;
-  c.num_attention_heads = s.nq;
-  c.num_key_value_heads = s.nkv;
-  c.head_dim = s.hd;
-  c.num_experts = s.E;
-  c.num_hidden_layers = static_cast<int>(s.L);
-  c.router_hidden_size = s.R;
-  c.moe_intermediate_size = s.I;
-  c.hidden_size = s.H;
-  c.vocab_size = s.V;
-  c.rope_theta = 1000.0;  // short sequences: a small θ makes the rotation visible in the logits
-  c.max_position_embeddings = 128;
-  return c;
-}
-
-// Init, then every vector off its trivial value and matrices with std 1/√fan_in (router MLP ×3) so
-// that attention, the conv taps, the value shift and the routing all depend on the input.
-void randomize(ZayaModel& m, uint64_t seed) {
-  m.init(seed);
-  for (size_t i = 0; i < m.specs().size(); ++i) {
-    Tensor t = m.param(static_cast<int>(i));
-    const ParamSpec& s = m.specs()[i];
-    const uint64_t k = seed * 7919 + i;
-    if (s.shape.ndim() >= 2) {
-      const float gain = s.name.find("router_mlp") != std::string::npos ? 3.0f : 1.0f;
-      fill_normal(t, k, 0, 0.0f, gain / std::sqrt(static_cast<float>(s.shape[s.shape.ndim() - 1])));
-    } else if (s.init == InitKind::zeros) {
-      fill_normal(t, k, 0, 0.0f, 0.1f);
-    } else {
-      fill_uniform(t, k, 0, 0.6f, 1.4f);
-    }
-  }
-  Tensor beta = m.balancing_biases();
-  fill_normal(beta, seed + 7, 0, 0.0f, 0.05f);
-}
+using Shape9 = test::ModelDims;
+ModelConfig make_config(const Shape9& s) { return test::small_config(s, 128, 1000.0); }  // θ 1000: rotation visible in short sequences
+void randomize(ZayaModel& m, uint64_t seed) { test::randomize(m, seed, 3.0f); }
 
 double rel_err(const float* a, const float* b, int64_t n) {
   double num = 0, den = 0;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "device_or_emulated.h"
+#include "model/random_model.h"
 #include "test_util.h"
 #include "zaya/core/random.h"
 #include "zaya/model/generate.h"
@@ -21,44 +22,10 @@
 namespace zaya::model {
 namespace {
 
-struct Dims {
-  int64_t nq, nkv, hd, E, L, R, I, H, V;
-};
-
-ModelConfig make_config(const Dims& d) {
-  ModelConfig c;
-  c.num_attention_heads = d.nq;
-  c.num_key_value_heads = d.nkv;
-  c.head_dim = d.hd;
-  c.num_experts = d.E;
-  c.num_hidden_layers = static_cast<int>(d.L);
-  c.router_hidden_size = d.R;
-  c.moe_intermediate_size = d.I;
-  c.hidden_size = d.H;
-  c.vocab_size = d.V;
-  c.rope_theta = 1000.0;
-  c.max_position_embeddings = 64;
-  return c;
-}
-
-// Every parameter off its init value (matrices ~1/sqrt(fan_in), the router's ×3 so that routing
-// depends on the input) and random balancing biases, so that every op's gradient is exercised.
-void randomize(ZayaModel& m, uint64_t seed) {
-  m.init(seed);
-  for (size_t i = 0; i < m.specs().size(); ++i) {
-    Tensor t = m.param(static_cast<int>(i));
-    const ParamSpec& s = m.specs()[i];
-    const uint64_t k = seed * 7919 + i;
-    if (s.shape.ndim() >= 2) {
-      const float gain = s.name.find("router_mlp") != std::string::npos ? 3.0f : 1.0f;
-      fill_normal(t, k, 0, 0.0f, gain / std::sqrt(static_cast<float>(s.shape[s.shape.ndim() - 1])));
-    } else {
-      fill_uniform(t, k, 0, 0.6f, 1.4f);
-    }
-  }
-  Tensor beta = m.balancing_biases();
-  fill_normal(beta, seed + 7, 0, 0.0f, 0.05f);
-}
+using Dims = test::ModelDims;
+ModelConfig make_config(const Dims& d) { return test::small_config(d, 64, 1000.0); }
+// The router's weights ×3, so that routing depends on the input.
+void randomize(ZayaModel& m, uint64_t seed) { test::randomize(m, seed, 3.0f); }
 
 // ‖a − b‖ / ‖b‖ over a tensor, in double.
 double rel_err(const Tensor& a_any, const Tensor& b) {

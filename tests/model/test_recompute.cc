@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "model/random_model.h"
 #include "zaya/core/error.h"
 #include "zaya/core/random.h"
 #include "zaya/core/threads.h"
@@ -21,24 +22,8 @@
 namespace zaya::model {
 namespace {
 
-struct Dims {
-  int64_t nq, nkv, hd, E, L, R, I, H, V;
-};
-
-ModelConfig make_config(const Dims& d) {
-  ModelConfig c;
-  c.num_attention_heads = d.nq;
-  c.num_key_value_heads = d.nkv;
-  c.head_dim = d.hd;
-  c.num_experts = d.E;
-  c.num_hidden_layers = static_cast<int>(d.L);
-  c.router_hidden_size = d.R;
-  c.moe_intermediate_size = d.I;
-  c.hidden_size = d.H;
-  c.vocab_size = d.V;
-  c.max_position_embeddings = 64;
-  return c;
-}
+using Dims = test::ModelDims;
+ModelConfig make_config(const Dims& d) { return test::small_config(d, 64); }
 
 // One layer (nothing to recompute: the last layer's activations are still there), two (the
 // alternating u/att buffers both used), three and four (an even and an odd layer recomputed while
@@ -50,24 +35,7 @@ const Dims kConfigs[] = {
     {2, 2, 8, 2, 4, 8, 16, 16, 32},
 };
 
-// Init, then every vector off its trivial value, matrices with std 1/√fan_in and varied balancing
-// biases, so that attention and routing depend on the input and tokens spread over the experts.
-void randomize(ZayaModel& m, uint64_t seed) {
-  m.init(seed);
-  for (size_t i = 0; i < m.specs().size(); ++i) {
-    Tensor t = m.param(static_cast<int>(i));
-    const ParamSpec& s = m.specs()[i];
-    const uint64_t k = seed * 7919 + i;
-    if (s.shape.ndim() >= 2)
-      fill_normal(t, k, 0, 0.0f, 1.0f / std::sqrt(static_cast<float>(s.shape[s.shape.ndim() - 1])));
-    else if (s.init == InitKind::zeros)
-      fill_normal(t, k, 0, 0.0f, 0.1f);
-    else
-      fill_uniform(t, k, 0, 0.6f, 1.4f);
-  }
-  Tensor beta = m.balancing_biases();
-  fill_normal(beta, seed + 7, 0, 0.0f, 0.05f);
-}
+void randomize(ZayaModel& m, uint64_t seed) { test::randomize(m, seed); }
 
 struct Step {
   double loss = 0;
