@@ -20,16 +20,33 @@ void check_heads(std::string_view op, int64_t B, int64_t T, int64_t nq, int64_t 
 }
 }  // namespace
 
+namespace {
+// The forward's tensors: queries, out and lse over Tq positions, keys and values over Tk.
+void check_forward_tensors(std::string_view op, const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                           const Tensor& v, int64_t B, int64_t Tq, int64_t Tk, int64_t nq, int64_t nkv, int64_t hd) {
+  check::rows(op, "q", q, B, Tq, nq * hd);
+  check::rows(op, "k", k, B, Tk, nkv * hd);
+  check::rows(op, "v", v, B, Tk, nkv * hd);
+  check::rows(op, "out", out, B, Tq, nq * hd);
+  check::exact(op, "lse", lse, Shape{B, nq, Tq});
+}
+// The backward's gradients, shaped as what they are gradients of.
+void check_gradient_tensors(std::string_view op, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                            const Tensor& dout, int64_t B, int64_t Tq, int64_t Tk, int64_t nq, int64_t nkv,
+                            int64_t hd) {
+  check::rows(op, "dout", dout, B, Tq, nq * hd);
+  check::rows(op, "dq", dq, B, Tq, nq * hd);
+  check::rows(op, "dk", dk, B, Tk, nkv * hd);
+  check::rows(op, "dv", dv, B, Tk, nkv * hd);
+}
+}  // namespace
+
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, int64_t B,
                        int64_t T, int64_t nq, int64_t nkv, int64_t hd) {
   constexpr std::string_view op = "attention_forward";
   const OpDevice on(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
   check_heads(op, B, T, nq, nkv, hd);
-  check::rows(op, "q", q, B, T, nq * hd);
-  check::rows(op, "k", k, B, T, nkv * hd);
-  check::rows(op, "v", v, B, T, nkv * hd);
-  check::rows(op, "out", out, B, T, nq * hd);
-  check::exact(op, "lse", lse, Shape{B, nq, T});
+  check_forward_tensors(op, out, lse, q, k, v, B, T, T, nq, nkv, hd);
   if (on.cpu())
     return cpu::attention_fwd(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
                               v.data<float>(), B, T, nq, nkv, hd);
@@ -53,15 +70,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                          {"out", out},
                          {"lse", lse}});
   check_heads(op, B, T, nq, nkv, hd);
-  check::rows(op, "q", q, B, T, nq * hd);
-  check::rows(op, "k", k, B, T, nkv * hd);
-  check::rows(op, "v", v, B, T, nkv * hd);
-  check::rows(op, "out", out, B, T, nq * hd);
-  check::rows(op, "dout", dout, B, T, nq * hd);
-  check::rows(op, "dq", dq, B, T, nq * hd);
-  check::rows(op, "dk", dk, B, T, nkv * hd);
-  check::rows(op, "dv", dv, B, T, nkv * hd);
-  check::exact(op, "lse", lse, Shape{B, nq, T});
+  check_forward_tensors(op, out, lse, q, k, v, B, T, T, nq, nkv, hd);
+  check_gradient_tensors(op, dq, dk, dv, dout, B, T, T, nq, nkv, hd);
   if (on.cpu())
     return cpu::attention_bwd(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
                               q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
@@ -87,11 +97,7 @@ void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
   constexpr std::string_view op = "attention_at_forward";
   const OpDevice on(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
   check_at(op, B, Tq, Tk, q_pos, nq, nkv, hd);
-  check::rows(op, "q", q, B, Tq, nq * hd);
-  check::rows(op, "k", k, B, Tk, nkv * hd);
-  check::rows(op, "v", v, B, Tk, nkv * hd);
-  check::rows(op, "out", out, B, Tq, nq * hd);
-  check::exact(op, "lse", lse, Shape{B, nq, Tq});
+  check_forward_tensors(op, out, lse, q, k, v, B, Tq, Tk, nq, nkv, hd);
   if (on.cpu()) {
     if (q_pos % cpu::attention_tiled_block == 0)  // every query block's diagonal is a key block
       return cpu::attention_tiled_fwd(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
@@ -116,15 +122,8 @@ void attention_at_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                          {"out", out},
                          {"lse", lse}});
   check_at(op, B, Tq, Tk, q_pos, nq, nkv, hd);
-  check::rows(op, "q", q, B, Tq, nq * hd);
-  check::rows(op, "k", k, B, Tk, nkv * hd);
-  check::rows(op, "v", v, B, Tk, nkv * hd);
-  check::rows(op, "out", out, B, Tq, nq * hd);
-  check::rows(op, "dout", dout, B, Tq, nq * hd);
-  check::rows(op, "dq", dq, B, Tq, nq * hd);
-  check::rows(op, "dk", dk, B, Tk, nkv * hd);
-  check::rows(op, "dv", dv, B, Tk, nkv * hd);
-  check::exact(op, "lse", lse, Shape{B, nq, Tq});
+  check_forward_tensors(op, out, lse, q, k, v, B, Tq, Tk, nq, nkv, hd);
+  check_gradient_tensors(op, dq, dk, dv, dout, B, Tq, Tk, nq, nkv, hd);
   if (on.cpu()) {
     if (q_pos % cpu::attention_tiled_block == 0)
       return cpu::attention_tiled_bwd(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
