@@ -14,6 +14,7 @@
 
 #include "test_util.h"
 #include "train/toy.h"
+#include "train/mpi_train_run.h"
 #include "zaya/ckpt/reader.h"
 #include "zaya/model/context_parallel.h"
 #include "zaya/model/params.h"
@@ -23,17 +24,8 @@ namespace zaya::train {
 namespace {
 namespace fs = std::filesystem;
 
-const std::string kEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=PASSIVE ";
-std::string launcher(int np) {
-  return np == 1 ? kEnv : kEnv + "mpirun --oversubscribe -np " + std::to_string(np) + " ";
-}
-
-struct TrainRun {
-  int rc = -1;
-  std::string out;
-  std::vector<double> losses;
-  std::vector<float> params;  // every weight of the final checkpoint, in weight_shapes order
-};
+using test_runs::launcher;
+using test_runs::TrainRun;
 
 class ContextParallelTraining : public ::testing::Test {
  protected:
@@ -60,25 +52,7 @@ class ContextParallelTraining : public ::testing::Test {
         << "[ckpt]\nevery = 0\nsave_final = true\n"
         << "[parallel]\ndp = " << dp << "\ncp = " << cp
         << "\ngrad_reduce = \"f64\"\nbucket_mb = 0.01\ntimeout_s = 60\n";
-    TrainRun r;
-    const test::CliRun run = test::run_shell(launcher(dp * cp) + ZAYA_BINARY +
-                                             " --threads 1 train --config " + cfg.string() + " " + extra);
-    r.rc = run.code;
-    r.out = run.output;
-    if (r.rc != 0) return r;
-    std::ifstream metrics(out / "metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      if (j.contains("loss")) r.losses.push_back(j["loss"].get<double>());
-    }
-    ckpt::Checkpoint c(out);
-    const auto cfg_json = c.manifest().state["model_config"].dump();
-    for (const auto& [wname, shape] :
-         model::weight_shapes(model::ModelConfig::from_hf_json_text(cfg_json, ""))) {
-      const Tensor t = c.load_full(wname);
-      r.params.insert(r.params.end(), t.data<float>(), t.data<float>() + t.numel());
-    }
-    return r;
+    return test_runs::run_training("", dp * cp, cfg, out, extra);
   }
 
   fs::path root_;

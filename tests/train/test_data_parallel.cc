@@ -17,6 +17,7 @@
 
 #include "test_util.h"
 #include "train/toy.h"
+#include "train/mpi_train_run.h"
 #include "zaya/ckpt/reader.h"
 #include "zaya/core/cuda_runtime.h"
 #include "zaya/model/params.h"
@@ -25,17 +26,9 @@ namespace zaya::train {
 namespace {
 namespace fs = std::filesystem;
 
-const std::string kEnv = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=PASSIVE ";
-std::string launcher(int np) {
-  return np == 1 ? kEnv : kEnv + "mpirun --oversubscribe -np " + std::to_string(np) + " ";
-}
-
-struct TrainRun {
-  int rc = -1;
-  std::string out;
-  std::vector<double> losses;
-  std::vector<float> params;  // every weight of the final checkpoint, in weight_shapes order
-};
+using test_runs::kEnv;
+using test_runs::launcher;
+using test_runs::TrainRun;
 
 class DataParallel : public ::testing::Test {
  protected:
@@ -57,27 +50,7 @@ class DataParallel : public ::testing::Test {
                        << "[optim]\nlr = 3e-3\nwarmup_steps = 5\ntotal_steps = 50\nbalance_lr = 1e-3\ngrad_clip = 0.5\nmuon = true\nmuon_min_dim = 16\n"
                        << "[ckpt]\nevery = 0\nsave_final = true\n"
                        << "[parallel]\ngrad_reduce = \"" << reduce << "\"\nbucket_mb = 0.01\ntimeout_s = 60\n";
-    TrainRun r;
-    const test::CliRun run =
-        test::run_shell(env + launcher(np) + ZAYA_BINARY + " --threads 1 train --config " + cfg.string() + " " + extra);
-    r.rc = run.code;
-    r.out = run.output;
-    if (r.rc != 0) return r;
-    std::ifstream metrics(out / "metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      if (j.contains("loss")) r.losses.push_back(j["loss"].get<double>());
-    }
-    ckpt::Checkpoint c(out);
-    for (const auto& [wname, shape] : model::weight_shapes(c.manifest().state.contains("model_config")
-                                                                ? model::ModelConfig::from_hf_json_text(
-                                                                      c.manifest().state["model_config"].dump(), "")
-                                                                : model::ModelConfig{})) {
-      const Tensor t = c.load_full(wname);
-      const float* p = t.data<float>();
-      r.params.insert(r.params.end(), p, p + t.numel());
-    }
-    return r;
+    return test_runs::run_training(env, np, cfg, out, extra);
   }
 
   fs::path root_;
