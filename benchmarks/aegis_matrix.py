@@ -37,46 +37,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from toy_corpus import MODEL, write_corpus  # noqa: E402
+
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_WAIT_POLICY="PASSIVE")
-MODEL = """[model]
-vocab_size = 64
-hidden_size = 32
-num_hidden_layers = 2
-num_attention_heads = 2
-num_key_value_heads = 1
-head_dim = 16
-num_experts = 3
-moe_intermediate_size = 32
-router_hidden_size = 32
-max_position_embeddings = 64
-"""
-
-
-def write_corpus(prefix, seed=7, docs=40):
-    """A Megatron .bin/.idx of `docs` documents of 30 runs of 6 consecutive ids (uint16), EOS 1."""
-    rng = random.Random(seed)
-    sizes = []
-    with open(prefix + ".bin", "wb") as b:
-        for _ in range(docs):
-            doc = []
-            for _ in range(30):
-                s = 4 + rng.randrange(50)
-                doc += range(s, s + 6)
-            doc.append(1)
-            b.write(struct.pack(f"<{len(doc)}H", *doc))
-            sizes.append(len(doc))
-    with open(prefix + ".idx", "wb") as f:
-        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 8))
-        f.write(struct.pack("<Q", len(sizes)) + struct.pack("<Q", len(sizes) + 1))
-        f.write(struct.pack(f"<{len(sizes)}i", *sizes))
-        ptr, ptrs = 0, []
-        for s in sizes:
-            ptrs.append(ptr)
-            ptr += 2 * s
-        f.write(struct.pack(f"<{len(sizes)}q", *ptrs))
-        f.write(struct.pack(f"<{len(sizes) + 1}q", *range(len(sizes) + 1)))
-
-
 def config(corpus, out, np_, steps, every, extra=""):
     return (MODEL + f'[data]\ntrain = ["{corpus}"]\n[train]\nsteps = {steps}\nmicro_batch = 1\nseq_len = 16\n'
             f"grad_accum = {2 // np_}\neval_every = 0\nprogress = false\nmax_skipped_steps = 1\n{extra}"

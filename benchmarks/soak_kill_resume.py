@@ -26,50 +26,15 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from toy_corpus import MODEL, write_corpus  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def write_corpus(prefix, seed=7, first=4):
-    """The trainer tests' toy corpus (tests/train/toy.h's shape): 40 documents of 30 runs of six
-    consecutive ids, EOS-terminated, as a Megatron indexed dataset (docs/data.md) of uint16."""
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(40):
-        doc = []
-        for _ in range(30):
-            start = first + rng.randrange(50)
-            doc.extend(range(start, start + 6))
-        doc.append(1)
-        docs.append(doc)
-    with open(prefix + ".bin", "wb") as f:
-        for d in docs:
-            f.write(struct.pack("<%dH" % len(d), *d))
-    with open(prefix + ".idx", "wb") as f:
-        f.write(b"MMIDIDX\x00\x00")
-        f.write(struct.pack("<QBQQ", 1, 8, len(docs), len(docs) + 1))
-        f.write(struct.pack("<%di" % len(docs), *[len(d) for d in docs]))
-        offsets, at = [], 0
-        for d in docs:
-            offsets.append(at)
-            at += 2 * len(d)
-        f.write(struct.pack("<%dq" % len(docs), *offsets))
-        f.write(struct.pack("<%dq" % (len(docs) + 1), *range(len(docs) + 1)))
 
 
 def write_config(path, prefix, out_dir, args):
     with open(path, "w") as f:
-        f.write(f"""[model]
-vocab_size = 64
-hidden_size = 32
-num_hidden_layers = 2
-num_attention_heads = 2
-num_key_value_heads = 1
-head_dim = 16
-num_experts = 3
-moe_intermediate_size = 32
-router_hidden_size = 32
-max_position_embeddings = 64
-[data]
+        f.write(MODEL + f"""[data]
 train = ["{prefix}"]
 val = "{prefix}"
 [train]
