@@ -135,20 +135,27 @@ std::optional<Detection> AttemptMonitor::observe(const std::map<int, Heartbeat>&
   }
   check_straggler(beats, now);
 
-  // Ranks past their timeout. In a synchronous job one hung rank soon stalls the others inside a
-  // collective, so the rank to blame is a stopped process when one can be seen, else the one that
-  // went quiet first.
+  // A hang: some rank past its timeout. In a synchronous job one hung rank soon stalls the others
+  // inside a collective, and the one waiting may pass its timeout first (its last beat can be older
+  // than the hung rank's), so the rank to blame is a stopped process when one can be seen among all
+  // the ranks, else the one that went quiet first.
   int blamed = -1;
   bool blamed_stopped = false;
   for (const auto& [r, p] : ranks_) {
     const auto it = beats.find(r);
     if (it == beats.end() || final_phase_name(it->second.phase)) continue;
     if (now - p.progressed_at <= hang_timeout(it->second.phase)) continue;
-    const bool stopped = process_state_ && process_state_(it->second.host, it->second.pid) == 'T';
-    if (blamed < 0 || (stopped && !blamed_stopped) ||
-        (stopped == blamed_stopped && p.progressed_at < ranks_[blamed].progressed_at)) {
-      blamed = r;
-      blamed_stopped = stopped;
+    if (blamed < 0 || p.progressed_at < ranks_[blamed].progressed_at) blamed = r;
+  }
+  if (blamed >= 0 && process_state_) {
+    for (const auto& [r, p] : ranks_) {
+      const auto it = beats.find(r);
+      if (it == beats.end() || final_phase_name(it->second.phase)) continue;
+      if (process_state_(it->second.host, it->second.pid) == 'T') {
+        blamed = r;
+        blamed_stopped = true;
+        break;
+      }
     }
   }
   if (blamed >= 0) {
