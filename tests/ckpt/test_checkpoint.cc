@@ -105,6 +105,24 @@ TEST(Checkpoint, StagingIsASnapshot) {
   EXPECT_TRUE(same_bytes(Checkpoint(dir.path()).load_full("t"), t));
 }
 
+// A pause set for the next save (the trainer's kill-during-save injection) leaves the save in flight
+// alone: it commits at its own pace. Reading the options live from the background thread made the
+// save in flight sleep for the new pause (a 2-rank kill-during-save then hung in the next save).
+TEST(Checkpoint, APauseForTheNextSaveLeavesTheSaveInFlightAlone) {
+  TempDir dir;
+  // The deferred snapshot (the trainer's default) copies 16 MB on the background thread before it
+  // writes, so the pause below is set while that save is still in flight.
+  Tensor t = patterned({4 << 20}, DType::f32, 4);
+  CheckpointWriter w(dir.path(), {.snapshot = Snapshot::deferred});
+  w.save(1, {{"t", t, {}, {}}}, json::object());
+  w.set_test_pause_before_commit_ms(5000);
+  const auto t0 = std::chrono::steady_clock::now();
+  w.wait();
+  // Without the pause the save takes well under a second here; with it, at least 5 s.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.5);
+  EXPECT_EQ(read_latest(dir.path()), dir.path() / "step_0000001");
+}
+
 TEST(Checkpoint, BackgroundErrorIsRaisedOnNextCall) {
   TempDir dir;
   CheckpointWriter w(dir.path());

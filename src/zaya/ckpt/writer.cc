@@ -386,16 +386,19 @@ double CheckpointWriter::save(int64_t step, const std::vector<SaveItem>& items, 
   pending_ = SaveStats{
       .step = step, .wait_previous_s = waited, .snapshot_s = snap, .barrier_s = barrier_s, .stall_s = seconds_since(t0)};
   thread_done_.store(false);
-  thread_ = std::thread([this, step, deferred, pieces = std::move(pieces), copied = std::move(copied)]() mutable {
+  // The save in flight keeps the options it started with: a later set_test_pause_before_commit_ms
+  // is for the saves after it (reading options_ from this thread would also race with that write).
+  thread_ = std::thread([this, step, deferred, options = options_, pieces = std::move(pieces),
+                         copied = std::move(copied)]() mutable {
     if (deferred) {
       parallel_copy(pieces);  // a throw here cannot happen (plain memcpy); the promise is always set
       copied.set_value();
     }
     try {
       const auto tw = std::chrono::steady_clock::now();
-      pending_.bytes = write_save(run_dir_, step, staged_, staged_state_, options_, /*in_child=*/false, &pending_.gather_s);
+      pending_.bytes = write_save(run_dir_, step, staged_, staged_state_, options, /*in_child=*/false, &pending_.gather_s);
       pending_.write_s = seconds_since(tw);
-      log_saved(pending_, options_);
+      log_saved(pending_, options);
     } catch (...) {
       error_ = std::current_exception();
     }
