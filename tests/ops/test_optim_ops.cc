@@ -3,11 +3,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "ops/device_dispatch.h"
 #include "ops/gradcheck.h"
 #include "zaya/core/threads.h"
+#include "zaya/ops/grad_wire.h"
 #include "zaya/ops/optim_ops.h"
 
 namespace zaya::ops {
@@ -123,6 +125,43 @@ TEST(AdamW, SubnormalMomentsAreStoredAsZero) {
 // The optimizer fronts handed CUDA tensors (host memory labelled CUDA: device_dispatch.h) name the
 // argument on another device; where no GPU is present their CUDA kernels (cuda/optim_ops.cu) say
 // so naming the op, before anything is launched (with a GPU, test_optim_cuda.cc runs them).
+// The bf16 weights of mixed precision: every element becomes the nearest bf16 (ties to even, the
+// rule of the hardware conversions), computed here from the bits; a second rounding changes nothing,
+// and the values then convert to bf16 and back exactly (what makes the bf16 parameter gather lossless).
+TEST(RoundToBf16, NearestEvenIdempotentAndExactOnTheWire) {
+  const float one_ulp = std::ldexp(1.0f, -7);  // bf16's spacing in [1, 2)
+  std::vector<float> v = {1.0f, 1.0f + one_ulp / 2,  // a tie: down to the even 1.0
+                          1.0f + 1.5f * one_ulp,     // a tie: up to the even 1 + 2 ulp
+                          1.0f + one_ulp / 2 + std::ldexp(1.0f, -20), -3.14159f, 0.0f, -0.0f, 1e-40f,
+                          std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(), 3.4e38f};
+  Tensor x = Tensor::empty({static_cast<int64_t>(v.size())}, DType::f32);
+  std::memcpy(x.data<float>(), v.data(), v.size() * sizeof(float));
+  round_to_bf16(x);
+  const float* r = x.data<float>();
+  EXPECT_EQ(r[0], 1.0f);
+  EXPECT_EQ(r[1], 1.0f);
+  EXPECT_EQ(r[2], 1.0f + 2 * one_ulp);
+  EXPECT_EQ(r[3], 1.0f + one_ulp);  // above the tie: up
+  EXPECT_EQ(r[4], -3.140625f);
+  EXPECT_TRUE(std::isinf(r[8]) && std::isnan(r[9]));
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &r[i], sizeof bits);
+    if (!std::isnan(r[i])) {
+      EXPECT_EQ(bits & 0xffffu, 0u) << "element " << i << " keeps bits below bf16's";
+    }
+  }
+  Tensor big = random_tensor({50001}, 9, 5.0f), once = Tensor::empty({50001}, DType::f32);
+  round_to_bf16(big);
+  once.copy_from(big);
+  round_to_bf16(big);
+  Tensor wire = Tensor::empty({50001}, DType::bf16), back = Tensor::empty({50001}, DType::f32);
+  to_bf16_wire(wire, once);
+  from_bf16_wire(back, wire, 1.0f);
+  EXPECT_EQ(std::memcmp(big.data<float>(), once.data<float>(), 50001 * sizeof(float)), 0) << "idempotent";
+  EXPECT_EQ(std::memcmp(back.data<float>(), once.data<float>(), 50001 * sizeof(float)), 0) << "exact on the wire";
+}
+
 TEST(OptimOpsDevice, MixedDevicesNameTheArgumentAndCudaTensorsNeedAGpu) {
   test::CudaLabelled cu;
   Tensor p = cu({5, 3}), g = cu({5, 3}), m = cu({5, 3}), v = cu({5, 3});

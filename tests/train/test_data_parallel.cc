@@ -141,6 +141,44 @@ TEST_F(DataParallel, CheckpointAtTwoRanksResumesAtThreeAndOne) {
   }
 }
 
+// The parameter all-gather prefetched under the next forward (the default) against waiting for it
+// after each update: only when the step waits changes, so every loss and weight is bitwise the same.
+TEST_F(DataParallel, PrefetchedParameterGatherChangesNoBit) {
+  const TrainRun waited = train(2, "waited", 8, "f32", 6, "--set parallel.overlap_param_gather=false");
+  const TrainRun prefetched = train(2, "prefetched", 8, "f32");
+  ASSERT_EQ(waited.rc, 0) << waited.out;
+  ASSERT_EQ(prefetched.rc, 0) << prefetched.out;
+  EXPECT_NE(prefetched.out.find("prefetched under the next forward"), std::string::npos) << prefetched.out;
+  EXPECT_NE(waited.out.find("waited for after each update"), std::string::npos) << waited.out;
+  ASSERT_EQ(prefetched.losses.size(), 8u);
+  EXPECT_EQ(prefetched.losses, waited.losses);
+  EXPECT_TRUE(prefetched.params == waited.params) << "final parameters differ in some bit";
+}
+
+// Mixed precision over ranks (train.param_dtype = "bf16"): each rank keeps the fp32 masters of its
+// shard and the parameters travel in bf16, exactly (they are bf16 values). In the f64 mode 2 ranks
+// train bitwise like one, and a checkpoint of 2 ranks (whose masters come from both shards)
+// resumes at one rank bitwise on the uninterrupted run.
+TEST_F(DataParallel, Bf16WeightsOverRanksTrainTheOneRankModelAndReshard) {
+  const std::string bf16 = "--set 'train.param_dtype=\"bf16\"'";
+  const TrainRun one = train(1, "b1", 16, "f64", 6, bf16);
+  ASSERT_EQ(one.rc, 0) << one.out;
+  const TrainRun two = train(2, "b2", 16, "f64", 6, bf16);
+  ASSERT_EQ(two.rc, 0) << two.out;
+  EXPECT_NE(two.out.find("parameters gathered in bf16"), std::string::npos) << two.out;
+  ASSERT_EQ(two.losses.size(), 16u);
+  EXPECT_EQ(two.losses, one.losses);
+  EXPECT_TRUE(two.params == one.params) << "final master weights differ in some bit";
+
+  const TrainRun half = train(2, "bhalf", 8, "f64", 6, bf16);
+  ASSERT_EQ(half.rc, 0) << half.out;
+  fs::copy(root_ / "bhalf", root_ / "bresumed", fs::copy_options::recursive);
+  const TrainRun resumed = train(1, "bresumed", 16, "f64", 6, bf16 + " --resume latest");
+  ASSERT_EQ(resumed.rc, 0) << resumed.out;
+  EXPECT_EQ(resumed.losses, one.losses);
+  EXPECT_TRUE(resumed.params == one.params) << "resharded master weights differ in some bit";
+}
+
 TEST_F(DataParallel, SameWorldTwiceIsBitwiseIdenticalInF32Mode) {
   const TrainRun a = train(2, "a", 8, "f32"), b = train(2, "b", 8, "f32");
   ASSERT_EQ(a.rc, 0) << a.out;

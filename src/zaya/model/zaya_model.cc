@@ -331,21 +331,27 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   clock.part("forward: embedding");
   s.ids.copy_from(ids);
   const bool b16 = gemm_dtype_ == DType::bf16;
-  if (b16) {  // the weights may have changed since the last step: refresh their bf16 copies
-    for (int l = 0; l < L; ++l) {
-      ops::cast_to_bf16(w_gu16_[l], lp_[l].w_gu);
-      ops::cast_to_bf16(w_d16_[l], lp_[l].w_d);
-    }
-  }
+  const int norm = param_index("model.norm.weight");
   // x⁰ = (Embed[t] + b_in) ⊙ g_in: bias first, then scale, no √H.
+  need_params(0, layer_ranges_.empty() ? offsets_[norm] : layer_ranges_[0].first);
   ops::embedding_forward(s.emb, ids, param_views_[0]);
   ops::scale_bias_forward(s.xs[0], s.emb, param("model.input_hidden_states_bias"),
                           param("model.input_hidden_states_scale"));
   const bool need_backward = targets.defined() && for_backward;
   clock.stop();  // the layers time their own parts
-  for (int l = 0; l < L; ++l) layer_forward(l);
+  for (int l = 0; l < L; ++l) {
+    if (param_need_ || b16) clock.part("forward: the layer's weights (all-gather wait, bf16 copies)");
+    need_params(layer_ranges_[l].first, layer_ranges_[l].second);
+    if (b16) {  // the weights may have changed since the last step: refresh their bf16 copies
+      ops::cast_to_bf16(w_gu16_[l], lp_[l].w_gu);
+      ops::cast_to_bf16(w_d16_[l], lp_[l].w_d);
+    }
+    clock.stop();
+    layer_forward(l);
+  }
   clock.part("forward: final norm, LM head, loss (and its backward)");
-  ops::rmsnorm_forward(s.hf, s.rstd_f, s.xs[L], param("model.norm.weight"), static_cast<float>(cfg_.rms_norm_eps));
+  need_params(offsets_[norm], offsets_[norm] + specs_[norm].shape.numel());
+  ops::rmsnorm_forward(s.hf, s.rstd_f, s.xs[L], param_views_[norm], static_cast<float>(cfg_.rms_norm_eps));
   have_backward_ = false;
   if (!targets.defined()) return 0;
   Tensor tg = targets.reshape(Shape{N});

@@ -130,6 +130,13 @@ class ZayaModel {
   // The ranges backward reports to `ready`, in the order it reports them (the same every backward):
   // what a data-parallel bucket plan is built from.
   std::vector<std::pair<int64_t, int64_t>> ready_order() const;
+  // Called by every forward with each flat parameter range [begin, end) just before the forward
+  // first reads it, in forward order: the embedding and the input scale and bias, the layers from
+  // the first to the last, then the final norm — ready_order() reversed, so the same ranges. Where
+  // ZeRO-1's parameter all-gather, prefetched under the next forward, waits for the buckets a range
+  // needs (train/grad_sync.h). Null: none.
+  using ParamNeedFn = std::function<void(int64_t begin, int64_t end)>;
+  void set_param_need(ParamNeedFn need) { param_need_ = std::move(need); }
   // Layer l's parameters as one flat range [begin, end) (they are contiguous in the buffers).
   std::pair<int64_t, int64_t> layer_range(int l) const { return layer_ranges_.at(static_cast<size_t>(l)); }
 
@@ -223,6 +230,10 @@ class ZayaModel {
   std::vector<int32_t> counts_host_;  // [L, E] tokens per expert of the last forward, on the host
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // each layer's flat parameter range
   const GradReadyFn* ready_ = nullptr;  // the running backward's callback, or null
+  ParamNeedFn param_need_;
+  void need_params(int64_t begin, int64_t end) const {
+    if (param_need_ && begin < end) param_need_(begin, end);
+  }
   std::unique_ptr<ScratchActs> scratch_;
   size_t saved_per_layer_ = 0, kept_per_layer_ = 0;
   bool recompute_ = false;

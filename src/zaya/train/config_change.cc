@@ -11,7 +11,10 @@ const std::vector<std::string>& safe_config_keys() {
       "ckpt.snapshot",      "data.tokenizer",  "data.val",        "parallel.bucket_mb",
       "parallel.cp",
       // The same run on another device: the same math, rounded in other orders (not bitwise).
-      "parallel.device",    "parallel.timeout_s", "train.eval_every",
+      "parallel.device",
+      // Changes when the step waits for the parameters, not their values.
+      "parallel.overlap_param_gather",
+      "parallel.timeout_s", "train.eval_every",
       "train.eval_samples", "train.heartbeat", "train.init_from", "train.inject", "train.log_every",
       "train.max_skipped_steps", "train.mfu_peak", "train.mfu_peak_flops", "train.out_dir", "train.progress",
       "train.recompute",    "train.steps",

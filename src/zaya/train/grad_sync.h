@@ -9,7 +9,15 @@
 // place — each rank receives the sum over ranks of the bucket's intersection with its range — and
 // backward continues. After backward, finish() waits for the buckets and leaves in the owned range
 // the mean gradient over every rank's micro-batches. The optimizer updates the owned range, and
-// gather_params() all-gathers every rank's updated range in place.
+// the parameter all-gather sends every rank's updated range to every rank, over the same buckets in
+// forward order: start_param_gather() issues them all, and with prefetching
+// (parallel.overlap_param_gather) the next forward waits for each bucket only when it first reads
+// it (need_params, the model's ParamNeedFn), so the gather runs under the forward. Without
+// prefetching settle_params() waits for every bucket right away. Either way the values are the
+// same: prefetching moves only when the step waits.
+//
+// The parameters travel in f32, or in bf16 when they are bf16 values (train.param_dtype = "bf16",
+// train/master_weights.h): half the bytes, and exact.
 //
 // What travels (GradReduce):
 //   f32  the model's f32 gradient buffer, summed over micro-batches in f32, reduced in f32.
@@ -45,8 +53,12 @@ struct SyncTimes {
   double exposed_s = 0;  // ... of which the step waited: after backward, and inside the
                          // communicator's calls during backward
   double hidden_s = 0;   // the rest: communication that ran while backward computed
-  double gather_s = 0;   // the parameter all-gather
   int buckets = 0;
+  // The parameter all-gather this step's forward used (the previous update's): the time it was in
+  // flight, and of that the time the step waited for it (inside the forward, or all of it without
+  // prefetching).
+  double gather_s = 0;
+  double gather_exposed_s = 0;
   double hidden_fraction() const { return comm_s > 0 ? hidden_s / comm_s : 0.0; }
 };
 
@@ -55,8 +67,10 @@ class GradientSync {
   // `dp` is the data-parallel communicator (its size is the plan's rank count); params and grads
   // the model's flat f32 buffers; `ready_order` the model's report order, which must tile the
   // buffers exactly.
+  // `param_wire`: f32, or bf16 when every parameter is a bf16 value (the gather is then exact).
   GradientSync(dist::Communicator& dp, const optim::ShardPlan& plan, const Tensor& params, const Tensor& grads,
-               std::vector<std::pair<int64_t, int64_t>> ready_order, GradReduce mode, int64_t bucket_elements);
+               std::vector<std::pair<int64_t, int64_t>> ready_order, GradReduce mode, int64_t bucket_elements,
+               DType param_wire = DType::f32);
 
   // The callback for the backward of one micro-batch (`last`: the step's last one). Bucket
   // reductions start from inside it.
@@ -66,8 +80,14 @@ class GradientSync {
   // Waits for every bucket; the owned range of grads becomes the mean over `micro_batches_total`
   // micro-batches (every rank's). The rest of grads is left unspecified (the optimizer zeroes it).
   void finish(int64_t micro_batches_total);
-  // Every rank's updated range to every rank (after the optimizer step).
-  void gather_params();
+  // Every rank's updated range to every rank (after the optimizer step): issues the gather of every
+  // bucket. need_params(begin, end) waits for the buckets that hold any of [begin, end) (the model
+  // calls it before it reads a range); settle_params() waits for all of them. Until a bucket was
+  // waited for, its parameters outside the owned range must not be read.
+  void start_param_gather();
+  void need_params(int64_t begin, int64_t end);
+  void settle_params();
+  bool params_pending() const { return next_gather_wait_ < gathers_.size(); }
 
   const SyncTimes& times() const { return times_; }
   GradReduce mode() const { return mode_; }
@@ -76,13 +96,14 @@ class GradientSync {
   // Extra memory this sync holds (the fp64 accumulator or the bf16 wire buffer), bytes.
   int64_t buffer_bytes() const;
   // Bytes one rank sends per step in theory: reduce-scatter and all-gather each move (N−1)/N of
-  // the buffer in the wire's and f32's element size.
+  // the buffer in their wires' element sizes.
   double bytes_per_step() const;
 
  private:
   void on_ready(int64_t begin, int64_t end, bool last);
   void start_bucket(const dist::Bucket& b);
   void poll();
+  void wait_gather(size_t g);
   std::vector<size_t> counts_of(int64_t begin, int64_t end) const;
 
   dist::Communicator& dp_;
@@ -92,7 +113,8 @@ class GradientSync {
   std::vector<std::pair<int64_t, int64_t>> order_;
   std::vector<dist::Bucket> buckets_;
   Tensor wide_;  // f64 [P] (f64 mode)
-  Tensor wire_;  // bf16 [P] (bf16 mode)
+  Tensor wire_;  // bf16 [P]: the bf16 gradient wire and the bf16 parameter wire (never at once)
+  DType param_wire_ = DType::f32;
   size_t next_report_ = 0;
   size_t next_bucket_ = 0;
   struct InFlight {
@@ -101,6 +123,12 @@ class GradientSync {
     bool complete = false;
   };
   std::vector<InFlight> flights_;
+  // The parameter gather: one per bucket, in forward order (buckets_ reversed); the first
+  // next_gather_wait_ were waited for.
+  std::vector<InFlight> gathers_;
+  size_t next_gather_wait_ = 0;
+  std::chrono::steady_clock::time_point gather_issued_;
+  double gather_waited_s_ = 0;
   std::chrono::steady_clock::time_point backward_end_;
   double blocked_s_ = 0;  // spent inside start and test calls during the last backward
   SyncTimes times_;

@@ -15,10 +15,17 @@ std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m) {
   return items;
 }
 
-std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m, optim::ShardRange range, bool with_replicated) {
+std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m, optim::ShardRange range, bool with_replicated,
+                                         const Tensor& values) {
   const int64_t P = m.params_flat().numel();
   if (range.end < 0) range.end = P;
-  if (range.begin == 0 && range.end == P && with_replicated) return weight_items(m);
+  if (values.defined())
+    ZAYA_CHECK(values.dtype() == DType::f32 && values.numel() == range.end - range.begin, "weight_items: values ",
+               values.str(), " for the range [", range.begin, ", ", range.end, ")");
+  else if (range.begin == 0 && range.end == P && with_replicated)
+    return weight_items(m);
+  const Tensor& source = values.defined() ? values : m.params_flat();
+  const int64_t shift = values.defined() ? range.begin : 0;
   std::vector<ckpt::SaveItem> items;
   const std::vector<std::pair<std::string, Tensor>> weights = m.weights();
   for (size_t i = 0; i < m.specs().size(); ++i) {
@@ -27,7 +34,7 @@ std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m, optim::Shard
     const int64_t lo = std::max(off, range.begin) - off, hi = std::min(off + n, range.end) - off;
     if (hi <= lo) continue;
     optim::RowBox box = optim::row_box(spec.shape, lo, hi, spec.name);
-    items.push_back({spec.name, m.params_flat().window(off + lo, Shape::of(box.shape)), std::move(box.global),
+    items.push_back({spec.name, source.window(off + lo - shift, Shape::of(box.shape)), std::move(box.global),
                      std::move(box.offsets)});
   }
   if (with_replicated)

@@ -21,8 +21,11 @@ namespace zaya::train {
 std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m);
 // One data-parallel rank's share of them: the rows of each parameter inside `range` of the flat
 // buffer (whole rows of the leading dimension, as the ZeRO-1 shard plan cuts), and the balancing
-// biases (the same on every rank) only `with_replicated`.
-std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m, optim::ShardRange range, bool with_replicated);
+// biases (the same on every rank) only `with_replicated`. `values`, when defined: f32 [end − begin],
+// the values of the range to save instead of the model's (the fp32 master weights of a run with
+// bf16 weights, train/master_weights.h).
+std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m, optim::ShardRange range, bool with_replicated,
+                                         const Tensor& values = {});
 // Copies parameters and balancing biases from a checkpoint into `m` (same config).
 void load_weights(const ckpt::Checkpoint& c, model::ZayaModel& m);
 // The model config stored in a checkpoint's state ("model_config", transformers schema).

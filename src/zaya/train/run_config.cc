@@ -61,6 +61,7 @@ TrainConfig read_train(ConfigReader& r) {
   r.get("train.progress", t.progress);
   r.get("train.init_from", t.init_from);
   r.get("train.gemm_dtype", t.gemm_dtype);
+  r.get("train.param_dtype", t.param_dtype);
   r.get("train.recompute", t.recompute);
   r.get("train.max_skipped_steps", t.max_skipped_steps);
   r.get("train.heartbeat", t.heartbeat);
@@ -91,6 +92,8 @@ TrainConfig read_train(ConfigReader& r) {
        ">= 0 (FLOP/s per rank; 0: from train.mfu_peak)", std::to_string(t.mfu_peak_flops));
   need(t.gemm_dtype == "f32" || t.gemm_dtype == "bf16", r.file(), "train.gemm_dtype", "\"f32\" or \"bf16\"",
        "\"" + t.gemm_dtype + "\"");
+  need(t.param_dtype == "f32" || t.param_dtype == "bf16", r.file(), "train.param_dtype", "\"f32\" or \"bf16\"",
+       "\"" + t.param_dtype + "\"");
   return t;
 }
 
@@ -116,6 +119,7 @@ ParallelConfig read_parallel(ConfigReader& r) {
   r.get("parallel.cp", p.cp);
   r.get("parallel.bucket_mb", p.bucket_mb);
   r.get("parallel.grad_reduce", p.grad_reduce);
+  r.get("parallel.overlap_param_gather", p.overlap_param_gather);
   r.get("parallel.timeout_s", p.timeout_s);
   need(p.device == "cpu" || p.device == "cuda", r.file(), "parallel.device", "\"cpu\" or \"cuda\"",
        "\"" + p.device + "\"");

@@ -42,6 +42,11 @@ struct TrainConfig {
   // Input precision of the expert and LM-head GEMMs: "f32", or "bf16" (bf16 copies of their
   // inputs, f32 accumulation; everything else stays f32: docs/model.md, "bf16 GEMMs").
   std::string gemm_dtype = "f32";
+  // The weights the model computes with: "f32", or "bf16" (mixed precision as ZAYA1 trained: the
+  // model's weights are rounded to bf16 after every update while the optimizer keeps fp32 master
+  // weights, sharded under ZeRO-1; the parameter all-gather then moves bf16, exactly.
+  // train/master_weights.h, docs/train.md "Precision").
+  std::string param_dtype = "f32";
   // Activation recomputation (ZayaModel::set_recompute): keep only each layer's input and re-run
   // its forward in the backward, for about one layer's saved activations instead of all of them
   // at the cost of L − 1 layer forwards per step; bitwise the same training.
@@ -86,6 +91,9 @@ struct ParallelConfig {
   // How gradients are summed over micro-batches and ranks (train/grad_sync.h): "f32", "bf16"
   // (half the bytes on the wire) or "f64" (order-independent: N ranks train bitwise like one).
   std::string grad_reduce = "f32";
+  // The parameter all-gather after each update runs under the next forward, which waits for each
+  // bucket only when it first reads it (train/grad_sync.h). The values are the same either way.
+  bool overlap_param_gather = true;
   // A collective that has not completed after this long names the ranks that never arrived and
   // stops every rank.
   double timeout_s = 300;

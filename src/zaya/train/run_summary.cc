@@ -42,8 +42,16 @@ void Trainer::print_summary() const {
     log_info(plan_.str());
     log_info(sync_->plan_str());
   }
+  if (sync_)
+    log_info("parameter all-gather: ", master_ ? "bf16 (the weights are bf16 values: exact)" : "f32", ", ",
+             cfg_.parallel.overlap_param_gather ? "prefetched under the next forward, bucket by bucket"
+                                                : "waited for after each update");
   log_info("memory per rank", model_->device() == Device::cpu ? "" : " (on the GPU)", ": weights ", human_bytes(4 * P),
-           " (f32), gradients ", human_bytes(4 * P),
+           master_ ? str(" (bf16 values in f32 storage) + fp32 master weights ",
+                         human_bytes(static_cast<double>(master_->bytes())),
+                         comm_->size() > 1 ? " (this rank's shard)" : "")
+                   : std::string(" (f32)"),
+           ", gradients ", human_bytes(4 * P),
            sync_ && sync_->buffer_bytes() > 0
                ? str(" + ", human_bytes(static_cast<double>(sync_->buffer_bytes())), " ",
                      grad_reduce_name(sync_->mode()), " reduction buffer")

@@ -90,7 +90,8 @@ nlohmann::json step_record(const StepResult& r, int64_t step, int64_t tokens, do
                             {"hidden", r.time.sync.hidden_s},
                             {"exposed", r.time.sync.exposed_s},
                             {"hidden_fraction", r.time.sync.hidden_fraction()},
-                            {"param_gather", r.time.sync.gather_s}};
+                            {"param_gather", r.time.sync.gather_s},
+                            {"param_gather_exposed", r.time.sync.gather_exposed_s}};
   rec["expert_entropy"] = loads.entropy;
   rec["expert_max_load"] = loads.max_load;
   rec["expert_min_load"] = loads.min_load;

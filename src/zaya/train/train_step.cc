@@ -12,8 +12,9 @@ double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 }  // namespace
 
 TrainStep::TrainStep(model::ZayaModel& model, optim::Optimizer& optimizer, dist::Communicator& comm,
-                     GradientSync* sync, int cp)
-    : model_(model), optimizer_(optimizer), comm_(comm), sync_(sync), cp_(cp) {
+                     GradientSync* sync, int cp, MasterWeights* master, bool prefetch_gather)
+    : model_(model), optimizer_(optimizer), comm_(comm), sync_(sync), cp_(cp), master_(master),
+      prefetch_gather_(prefetch_gather) {
   ZAYA_CHECK(comm_.size() == 1 || sync_, "TrainStep: a world of ", comm_.size(),
              " ranks needs a GradientSync to reduce the gradients");
   ZAYA_CHECK(cp_ >= 1 && comm_.size() % cp_ == 0 && model_.cp_size() == cp_, "TrainStep: parallel.cp = ", cp_,
@@ -94,8 +95,13 @@ StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double 
 
   r.time.checkpoint_fence = fence ? fence() : 0.0;
   const auto t_opt = Clock::now();
+  if (master_) master_->before_update();
   r.update = optimizer_.step(lr);
-  if (sync_) sync_->gather_params();
+  if (master_) master_->after_update();
+  if (sync_) {
+    sync_->start_param_gather();
+    if (!prefetch_gather_) sync_->settle_params();
+  }
   optimizer_.balance_step(r.expert_counts, lr);
   const auto end = Clock::now();
   r.time.optimizer = seconds(t_opt, end);

@@ -15,6 +15,7 @@
 #include "zaya/optim/optimizer.h"
 #include "zaya/train/batch.h"
 #include "zaya/train/grad_sync.h"
+#include "zaya/train/master_weights.h"
 
 namespace zaya::train {
 
@@ -39,9 +40,12 @@ class TrainStep {
   // dist::Mesh lays them out), over which the gradients are reduced; with cp > 1 the model must be
   // context parallel over the cp ranks of its dp group. `sync` (required when comm has more than
   // one rank) reduces the gradients and gathers the updated parameters; without it the step's
-  // gradients are this rank's alone.
+  // gradients are this rank's alone. `master` (train.param_dtype = "bf16"): the fp32 master weights
+  // of this rank's range, swapped in around the update. `prefetch_gather`: the parameter all-gather
+  // after the update is left running for the next forward to wait on (the model's ParamNeedFn must
+  // then call sync->need_params); otherwise the step waits for it.
   TrainStep(model::ZayaModel& model, optim::Optimizer& optimizer, dist::Communicator& comm,
-            GradientSync* sync = nullptr, int cp = 1);
+            GradientSync* sync = nullptr, int cp = 1, MasterWeights* master = nullptr, bool prefetch_gather = false);
 
   // `micro_batches` micro-batches from `data` (rows for this rank; the step's global batch is
   // micro_batches × the model's batch × comm.size()), then the update with learning
@@ -57,6 +61,8 @@ class TrainStep {
   dist::Communicator& comm_;
   GradientSync* sync_;
   int cp_ = 1;
+  MasterWeights* master_;
+  bool prefetch_gather_;
   BatchBuffers batch_;  // the loader's whole sequences; this cp rank's part on the model's device
 };
 

@@ -203,11 +203,16 @@ void Trainer::set_up() {
   const optim::ParamTable table = optim::ParamTable::of(*model_);
   plan_ = optim::plan_shards(table, cfg_.optim, zero().size());
   optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, table, plan_.range(zero().rank()));
+  if (t.param_dtype == "bf16")
+    master_ = std::make_unique<MasterWeights>(model_->params_flat(), plan_.range(zero().rank()));
   const GradReduce reduce = parse_grad_reduce(cfg_.parallel.grad_reduce, "parallel.grad_reduce");
   if (zero().size() > 1 || reduce == GradReduce::f64) {
     const auto bucket = static_cast<int64_t>(cfg_.parallel.bucket_mb * 1048576.0 / 4);
     sync_ = std::make_unique<GradientSync>(zero_device(), plan_, model_->params_flat(), model_->grads_flat(),
-                                           model_->ready_order(), reduce, std::max<int64_t>(bucket, 1));
+                                           model_->ready_order(), reduce, std::max<int64_t>(bucket, 1),
+                                           master_ ? DType::bf16 : DType::f32);
+    if (cfg_.parallel.overlap_param_gather)
+      model_->set_param_need([s = sync_.get()](int64_t begin, int64_t end) { s->need_params(begin, end); });
     // The clipping norm over every shard. In the f64 mode its square is rounded to f32, so that
     // the order in which the ranks' parts were summed does not reach the update.
     optimizer_->set_sum_across_ranks([this, reduce](double x) {
@@ -262,6 +267,7 @@ void Trainer::set_up() {
     log_info("initialized weights from ", src.source.string());
   }
   if (cfg_.has_recipe() && phase_ < 0) enter_phase(0, nullptr);  // a resumed run entered its phase
+  if (master_) master_->adopt();  // the full-precision values just set become the master weights
 }
 
 // One trainer per run directory: the lock comes before anything reads or writes out_dir, so a
@@ -368,7 +374,8 @@ nlohmann::json Trainer::state_json() const {
 std::vector<ckpt::SaveItem> Trainer::save_items() {
   // This rank's rows of every parameter in its ZeRO-1 range, its optimizer state, and (rank 0)
   // what every rank holds alike: the balancing biases, the counters, the balancer's moments.
-  std::vector<ckpt::SaveItem> items = weight_items(*model_, plan_.range(zero().rank()), rank0());
+  std::vector<ckpt::SaveItem> items =
+      weight_items(*model_, plan_.range(zero().rank()), rank0(), master_ ? master_->master() : Tensor{});
   for (optim::Optimizer::StatePart& p : optimizer_->state_parts())
     if (!p.replicated || rank0()) items.push_back({p.name, p.tensor, p.global_shape, p.offsets});
   return items;
@@ -632,6 +639,7 @@ TrainResult Trainer::finished_run() const {
 TrainResult Trainer::run() {
   try {
     TrainResult r = run_steps();
+    if (sync_) sync_->settle_params();  // the last update's gather: the model is whole for the caller
     beat(r.interrupted ? "stopping" : "done");
     flush_beats();
     return r;
@@ -709,7 +717,8 @@ TrainResult Trainer::run_steps() {
   last_real_update_ = step_;
   Progress progress(step_, t.steps, t.progress && !opts_.quiet);
   const int64_t L = cfg_.model.num_hidden_layers, E = cfg_.model.num_experts;
-  TrainStep train_step(*model_, *optimizer_, zero(), sync_.get(), mesh_->cp_size());
+  TrainStep train_step(*model_, *optimizer_, zero(), sync_.get(), mesh_->cp_size(), master_.get(),
+                       cfg_.parallel.overlap_param_gather);
   if (cfg_.has_recipe() && step_ == 0 && step_ < t.steps)
     announce_phase(cfg_.recipe.step_at(tokens_, t.micro_batch).batch_size, progress, metrics);
 

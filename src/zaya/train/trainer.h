@@ -26,6 +26,7 @@
 #include "zaya/train/fault_inject.h"
 #include "zaya/train/grad_sync.h"
 #include "zaya/train/heartbeat.h"
+#include "zaya/train/master_weights.h"
 #include "zaya/optim/optimizer.h"
 #include "zaya/train/progress.h"
 #include "zaya/train/run_config.h"
@@ -160,6 +161,7 @@ class Trainer {
   std::unique_ptr<ckpt::RunLock> run_lock_;
   std::unique_ptr<model::ZayaModel> model_;
   std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<MasterWeights> master_;     // train.param_dtype = "bf16": this rank's fp32 master weights
   std::unique_ptr<data::DataLoader> train_data_, val_data_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
   int64_t step_ = 0;    // optimizer steps done
