@@ -35,7 +35,7 @@ struct SimulateFlags {
   int64_t global_batch = 0;  // sequences; 0: the weak-scaling table instead
   double bucket_mb = 32;
   std::string grad_reduce = "f32", gather = "f32";
-  bool prefetch_gather = false;
+  bool prefetch_gather = true;  // the trainer's default (parallel.overlap_param_gather)
   std::string overlap_from;
   double hidden_fraction = 1;
   bool hidden_fraction_given = false;
@@ -48,6 +48,24 @@ model::ModelConfig load_model(const std::string& path, const std::vector<std::st
   if (path.size() > 5 && path.substr(path.size() - 5) == ".json") return model::ModelConfig::from_hf_json(path);
   ConfigReader r = ConfigReader::from_file(path, overrides);
   return model::ModelConfig::from_toml(r);
+}
+
+// With a TOML run config, the trainer's own settings are the defaults of the flags that model them
+// (a flag given on the command line wins): simulate the run that config launches.
+void apply_run_config(SimulateFlags& fl, const CLI::App& cmd) {
+  if (fl.model.empty() || (fl.model.size() > 5 && fl.model.substr(fl.model.size() - 5) == ".json")) return;
+  ConfigReader r = ConfigReader::from_file(fl.model, fl.overrides);
+  const auto given = [&](const char* flag) { return cmd.get_option(flag)->count() > 0; };
+  if (!given("--mbs")) r.get("train.micro_batch", fl.mbs);
+  if (!given("--seq")) r.get("train.seq_len", fl.seq);
+  if (!given("--bucket-mb")) r.get("parallel.bucket_mb", fl.bucket_mb);
+  if (!given("--grad-reduce")) r.get("parallel.grad_reduce", fl.grad_reduce);
+  if (!given("--gather") && r.has("train.param_dtype")) {
+    std::string param_dtype;
+    r.get("train.param_dtype", param_dtype);
+    fl.gather = param_dtype == "bf16" ? "bf16" : "f32";  // bf16 weights travel in bf16
+  }
+  if (!given("--prefetch-gather") && !given("--no-prefetch-gather")) r.get("parallel.overlap_param_gather", fl.prefetch_gather);
 }
 
 std::vector<sizing::SimColl> ops_of(const std::string& op) {
@@ -300,10 +318,13 @@ void add_simulate(CLI::App& app, Commands& commands) {
       ->capture_default_str();
   cmd->add_option("--grad-reduce", fl->grad_reduce, "with --global-batch: gradient wire type f32, bf16 or f64")
       ->capture_default_str();
-  cmd->add_option("--gather", fl->gather, "with --global-batch: parameter all-gather type f32 (the trainer) or bf16")
+  cmd->add_option("--gather", fl->gather,
+                  "with --global-batch: parameter all-gather type f32 or bf16 (the trainer's with train.param_dtype = "
+                  "\"bf16\")")
       ->capture_default_str();
-  cmd->add_flag("--prefetch-gather", fl->prefetch_gather,
-                "with --global-batch: the all-gather overlaps the next step's first forward (the trainer does not)");
+  cmd->add_flag("--prefetch-gather,!--no-prefetch-gather", fl->prefetch_gather,
+                "with --global-batch: the all-gather runs under the next step's first forward "
+                "(parallel.overlap_param_gather, the trainer's default)");
   cmd->add_option("--overlap-from", fl->overlap_from,
                   "with --global-batch: cap hidden communication at the median data_parallel.hidden_fraction of a "
                   "zaya train metrics.jsonl");
@@ -328,10 +349,11 @@ void add_simulate(CLI::App& app, Commands& commands) {
                         fl->hidden_fraction_given = cmd->get_option("--hidden-fraction")->count() > 0;
                         // The trainer-model flags mean nothing to the other tables: refuse them there.
                         for (const char* flag : {"--bucket-mb", "--grad-reduce", "--gather", "--prefetch-gather",
-                                                 "--overlap-from", "--hidden-fraction"})
+                                                 "--no-prefetch-gather", "--overlap-from", "--hidden-fraction"})
                           if (cmd->get_option(flag)->count() > 0 && fl->global_batch == 0)
                             throw Error("flag needs --global-batch", {.field = flag, .expected = "--model CONFIG --global-batch N"});
                         apply_preset(*fl, *cmd);
+                        apply_run_config(*fl, *cmd);
                         return run_simulate(*fl, gpn->count() > 0);
                       }});
 }

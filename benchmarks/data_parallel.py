@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Data-parallel step time on this machine: `zaya train` on the demo model at 1 and N ranks with
-the same global batch, per gradient-reduction mode, from each run's metrics.jsonl.
+the same global batch, per gradient-reduction mode, weight precision and parameter-gather overlap,
+from each run's metrics.jsonl.
 
 Prints a markdown table: median step time and its parts (forward, backward, optimizer), the
 data-parallel communication (time in flight, the part hidden behind backward, the part exposed
-after it, the parameter all-gather), and the bytes each rank sends per step in theory
-(reduce-scatter + all-gather: 2·(N−1)/N of the buffer); and the bf16 and f32 modes' loss
-trajectories against the order-independent f64 mode's (their reduction error as it reaches the
-training loss).
+after it, the parameter all-gather in flight and the part the step waited for), and the bytes each
+rank sends per step in theory (reduce-scatter + all-gather: 2·(N−1)/N of the buffer); and the
+bf16 and f32 modes' loss trajectories against the order-independent f64 mode's (their reduction
+error as it reaches the training loss).
 
     python3 benchmarks/data_parallel.py [--zaya build/cuda/zaya] [--steps 20] [--ranks 2]
 
@@ -26,8 +27,9 @@ import tempfile
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_WAIT_POLICY="PASSIVE")
 
 
-def run(zaya, ranks, threads, reduce, steps, micro, global_micro, out, bucket_mb):
-    sets = [f"parallel.bucket_mb={bucket_mb}",
+def run(zaya, ranks, threads, reduce, steps, micro, global_micro, out, bucket_mb, params="f32", overlap=True):
+    sets = [f"parallel.bucket_mb={bucket_mb}", f"train.param_dtype=\"{params}\"",
+        f"parallel.overlap_param_gather={'true' if overlap else 'false'}",
         f"train.steps={steps}", f"train.micro_batch={micro}", f"train.grad_accum={global_micro // ranks}",
         "train.eval_every=0", "train.progress=false", "ckpt.every=0", "ckpt.save_final=false",
         f"train.out_dir={out}", f"parallel.grad_reduce=\"{reduce}\"", "optim.warmup_steps=5",
@@ -65,25 +67,30 @@ def main():
     tmp = tempfile.mkdtemp(prefix="zaya_dp_bench_")
     rows, losses = [], {}
     try:
-        configs = [(1, args.threads, "f32")] + [(args.ranks, max(1, args.threads // args.ranks), m)
-                                               for m in ("f32", "bf16", "f64")]
-        for ranks, threads, mode in configs:
-            out = os.path.join(tmp, f"n{ranks}-{mode}")
-            recs, sent = run(args.zaya, ranks, threads, mode, args.steps, args.micro, global_micro, out, args.bucket_mb)
+        n, per = args.ranks, max(1, args.threads // args.ranks)
+        # (ranks, threads, gradient reduction, weights, parameter gather prefetched)
+        configs = [(1, args.threads, "f32", "f32", True), (n, per, "f32", "f32", False), (n, per, "f32", "f32", True),
+                   (n, per, "bf16", "f32", True), (n, per, "f64", "f32", True), (n, per, "bf16", "bf16", True)]
+        for ranks, threads, mode, params, overlap in configs:
+            out = os.path.join(tmp, f"n{ranks}-{mode}-{params}-{overlap}")
+            recs, sent = run(args.zaya, ranks, threads, mode, args.steps, args.micro, global_micro, out, args.bucket_mb,
+                             params, overlap)
             t = lambda k: median(recs, lambda r: r["time"][k])
             dp = lambda k: median(recs, lambda r: r.get("data_parallel", {}).get(k, 0.0))
-            rows.append((ranks, threads, mode, t("step"), t("forward"), t("backward"), t("optimizer"), dp("comm"),
-                         dp("hidden"), dp("exposed"), dp("param_gather"), sent))
-            losses[(ranks, mode)] = [r["loss"] for r in recs]
+            rows.append((ranks, threads, mode, params, "yes" if overlap and ranks > 1 else "no", t("step"),
+                         t("forward"), t("backward"), t("optimizer"), dp("comm"), dp("hidden"), dp("exposed"),
+                         dp("param_gather"), dp("param_gather_exposed"), sent))
+            if params == "f32" and overlap:
+                losses[(ranks, mode)] = [r["loss"] for r in recs]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"demo model, global batch {global_micro} x {args.micro} sequences of 256 tokens, "
           f"buckets of {args.bucket_mb} MiB, median of steps 4..{args.steps}\n")
-    print("| ranks | threads/rank | reduce | step s | forward s | backward s | optimizer s | comm s | "
-          "hidden s | exposed s | param all-gather s | MiB sent/rank/step |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| ranks | threads/rank | reduce | weights | gather prefetched | step s | forward s | backward s | "
+          "optimizer s | comm s | hidden s | exposed s | param gather s | gather waited s | MiB sent/rank/step |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print("| %d | %d | %s | %.3f | %.3f | %.3f | %.3f | %.4f | %.4f | %.4f | %.4f | %.2f |" % r)
+        print("| %d | %d | %s | %s | %s | %.3f | %.3f | %.3f | %.3f | %.4f | %.4f | %.4f | %.4f | %.4f | %.2f |" % r)
     ref = losses[(args.ranks, "f64")]
     print(f"\nLoss against the f64 mode at {args.ranks} ranks (which equals 1 rank's f64 run bitwise):\n")
     print("| reduce | max relative loss difference over the run | at the last step |")

@@ -231,6 +231,24 @@ TEST(DpScaling, CliPrintsTheTableAndRefusesBadFlags) {
                                            "--overlap-from " + metrics + model);
   ASSERT_EQ(capped.code, 0) << capped.output;
   EXPECT_NE(capped.output.find("hidden-fraction cap 0.250"), std::string::npos) << capped.output;
+  // A run config's trainer settings are the flags' defaults; a flag on the command line wins.
+  const std::string run = model +
+                          " --set train.micro_batch=4 --set 'train.param_dtype=\"bf16\"' --set "
+                          "'parallel.grad_reduce=\"bf16\"' --set parallel.bucket_mb=830 --set "
+                          "parallel.overlap_param_gather=false";
+  const auto from_config = zaya::test::run_zaya("simulate --cluster h100-ib --op none --global-batch 4096 --max-gpus 16" + run);
+  ASSERT_EQ(from_config.code, 0) << from_config.output;
+  EXPECT_NE(from_config.output.find("micro-batch 4; buckets of 830 MiB f32"), std::string::npos) << from_config.output;
+  EXPECT_NE(from_config.output.find("gradients reduced in bf16; parameters gathered in bf16, after the optimizer step"),
+            std::string::npos)
+      << from_config.output;
+  const auto flags_win = zaya::test::run_zaya(
+      "simulate --cluster h100-ib --op none --global-batch 4096 --max-gpus 16 --mbs 2 --gather f32 --prefetch-gather" + run);
+  ASSERT_EQ(flags_win.code, 0) << flags_win.output;
+  EXPECT_NE(flags_win.output.find("micro-batch 2;"), std::string::npos) << flags_win.output;
+  EXPECT_NE(flags_win.output.find("parameters gathered in f32, prefetched under the next forward"), std::string::npos)
+      << flags_win.output;
+
   const std::pair<const char*, const char*> bad[] = {
       {"--cluster tpu-pod --global-batch 4096", "--cluster"},
       {"--global-batch 4096 --hidden-fraction 1.5", "--hidden-fraction"},
