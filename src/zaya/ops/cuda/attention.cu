@@ -299,9 +299,10 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                      lse.data<float>(), Rows{B, T, nq, nkv, hd, T, 0}, /*accumulate_kv=*/false);
 }
 
-// A chunk of Tq queries at positions q_pos.. against Tk keys: the reference kernels with the key
-// offset q_pos (cuDNN's causal mask is aligned to the top-left or bottom-right corner of the score
-// matrix, and a chunk whose keys run past its last query fits neither).
+// A chunk of Tq queries at positions q_pos.. against Tk keys: the fp32 reference kernels with the
+// key offset q_pos. Not cuDNN: its SDPA runs in bf16 (context parallelism is held to the one-rank
+// fp32 results within 1e-5), takes a key offset only as a bottom-right-aligned mask (Tk = q_pos +
+// Tq), and writes dk, dv where the chunks of a rank must add into one buffer.
 void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                           int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
   reference_forward("attention_at_forward", out.data<float>(), lse.data<float>(), q.data<float>(),
