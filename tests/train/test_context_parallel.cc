@@ -83,6 +83,17 @@ double norm_rel(const std::vector<float>& a, const std::vector<float>& b) {
 // percents. Element-wise the weights are not compared: AdamW's m/√v turns the rounding noise of a
 // near-zero gradient element into an update of its own sign, so a few small weights differ by more
 // (9e-5 relative to max(|w|, 1e-3) at worst, measured) while the model is the same.
+// The validation losses a run wrote to metrics.jsonl, in order.
+std::vector<double> val_losses(const fs::path& out) {
+  std::vector<double> v;
+  std::ifstream metrics(out / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) v.push_back(j["val_loss"].get<double>());
+  }
+  return v;
+}
+
 void expect_close(const TrainRun& got, const TrainRun& ref, double tol = 1e-5) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t s = 0; s < ref.losses.size(); ++s)
@@ -111,7 +122,8 @@ TEST_F(ContextParallelTraining, CpTwoAndFourAndDpTwoByCpTwoTrainTheOneRankModel)
 // world split into cp groups). Without GPUs both ranks run on the emulated device, whose buffers
 // the MPI mesh carries: that checks the device path of context parallelism (every tensor of the
 // exchanges and the positioned attention on the device, no host round trip), not the CUDA kernels
-// or NCCL. Against one rank on the CPU, 12 steps. Tolerance: emulated, the cp tolerance above
+// or NCCL. Against one rank on the CPU, 12 steps with a validation every 6 (evaluation's forward
+// runs the cp path too). Tolerance: emulated, the cp tolerance above
 // (1e-5), since the emulated device runs the CPU kernels (its optimizer schedule adds last-bit
 // differences, far below it); on GPUs 1e-4, test_train_device.cc's bound for the GPU's other
 // summation orders (cuBLASLt, the reference attention kernels) growing through the updates.
@@ -121,9 +133,10 @@ TEST_F(ContextParallelTraining, CpTwoOnTheDeviceTrainsTheOneRankCpuModel) {
   const std::string device = " --set 'parallel.device=\"cuda\"'";
   const std::string emulate = gpus == 0 ? "ZAYA_EMULATE_CUDA=1 " : "";
   const int steps = 12;
-  const TrainRun one = train(1, 1, "cpu", steps);
+  const std::string validate = " --set 'data.val=\"" + prefix_ + "\"' --set train.eval_every=6 --set train.eval_samples=3";
+  const TrainRun one = train(1, 1, "cpu", steps, 32, validate);
   ASSERT_EQ(one.rc, 0) << one.out;
-  const TrainRun r = train(1, 2, "cp2_device", steps, 32, device, emulate);
+  const TrainRun r = train(1, 2, "cp2_device", steps, 32, validate + device, emulate);
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("memory per rank (on the GPU)"), std::string::npos) << "not the device path:\n" << r.out;
   EXPECT_NE(r.out.find("mesh dp 1 x cp 2"), std::string::npos) << r.out;
@@ -131,7 +144,12 @@ TEST_F(ContextParallelTraining, CpTwoOnTheDeviceTrainsTheOneRankCpuModel) {
     EXPECT_NE(r.out.find("the cp exchanges over nccl"), std::string::npos) << r.out;
   }
   ASSERT_EQ(r.losses.size(), static_cast<size_t>(steps));
-  expect_close(r, one, gpus == 0 ? 1e-5 : 1e-4);
+  const double tol = gpus == 0 ? 1e-5 : 1e-4;
+  expect_close(r, one, tol);
+  const std::vector<double> val = val_losses(root_ / "cp2_device"), val_one = val_losses(root_ / "cpu");
+  ASSERT_GE(val_one.size(), 2u);
+  ASSERT_EQ(val.size(), val_one.size());
+  for (size_t i = 0; i < val.size(); ++i) EXPECT_LE(rel(val[i], val_one[i]), tol) << "validation " << i + 1;
 }
 
 // 10 steps at cp = 2, saved; resumed at cp = 1 and at cp = 4 for 10 more: the losses and final
