@@ -253,6 +253,14 @@ TEST(AttentionDevice, CudaKernelsWithoutAGpuGiveAClearErrorAndMixedDevicesNameTh
     ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nq, nkv, hd);
   });
   test::expect_needs_gpu("attention_decode", [&] { ops::attention_decode(out1, q1, kc, vc, B, T, nq, nkv, hd); });
+  // The positioned forms of context parallelism: the second query at position 1 against both keys.
+  Tensor q_one = cu({B, 1, nq * hd}), out_one = cu({B, 1, nq * hd}), lse_one = cu({B, nq, 1});
+  test::expect_needs_gpu("attention_at_forward", [&] {
+    ops::attention_at_forward(out_one, lse_one, q_one, k, v, B, 1, T, 1, nq, nkv, hd);
+  });
+  test::expect_needs_gpu("attention_at_backward", [&] {
+    ops::attention_at_backward(q_one, dk, dv, out_one, q_one, k, v, out_one, lse_one, B, 1, T, 1, nq, nkv, hd);
+  });
 }
 
 }  // namespace

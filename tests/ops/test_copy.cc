@@ -1,5 +1,6 @@
 // ops::copy_block: the block lands where it should and nothing else changes; bad blocks and
-// mismatched tensors are errors naming the op and the tensor.
+// mismatched tensors are errors naming the op and the tensor; without a GPU, CUDA tensors make
+// copy_block and add_block say so (add_block's CPU arithmetic: test_attention_at.cc).
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -44,10 +45,11 @@ TEST(CopyBlock, BadBlocksAndTensorsNameTheOp) {
   EXPECT_NE(test::error_of([&] { copy_block(ints, 0, 0, src, 0, 0, 1, 1); }).find("copy_block"), std::string::npos);
   test::CudaLabelled cu;
   test::expect_mixed_devices("copy_block", "src", [&] { copy_block(dst, 0, 0, test::as_cuda(src), 0, 0, 1, 1); });
-  // Where no GPU is present the CUDA kernel (cuda/copy_cuda.cc) says so, naming the op (with a GPU,
+  // Where no GPU is present the CUDA kernel (cuda/copy.cu) says so, naming the op (with a GPU,
   // test_optim_cuda.cc copies device memory).
   if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is present: test_optim_cuda.cc runs copy_block on it";
   test::expect_needs_gpu("copy_block", [&] { copy_block(cu({4, 7}), 0, 0, cu({6, 5}), 0, 0, 1, 1); });
+  test::expect_needs_gpu("add_block", [&] { add_block(cu({4, 7}), 0, 0, cu({6, 5}), 0, 0, 1, 1); });
 }
 
 }  // namespace

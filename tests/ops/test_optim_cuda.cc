@@ -200,5 +200,16 @@ TEST(CopyCuda, BlocksAreBitwiseTheCpus) {
   }
 }
 
+// add_block (f32): one addition per element on either device, so bitwise the CPU's, with strided
+// rows on both sides; the elements outside the block keep their values.
+TEST(CopyCuda, AddBlockIsBitwiseTheCpus) {
+  ZAYA_SKIP_WITHOUT_GPU();
+  Tensor src = random_tensor({2, 3, 9}, 73), dst = random_tensor({5, 7}, 74);
+  Tensor dg = on_gpu(dst);
+  add_block(dst, 1, 2, src, 2, 3, 4, 5);
+  add_block(dg, 1, 2, on_gpu(src), 2, 3, 4, 5);
+  EXPECT_TRUE(bitwise_equal(dg, dst));
+}
+
 }  // namespace
 }  // namespace zaya::ops

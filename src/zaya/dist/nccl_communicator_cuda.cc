@@ -1,6 +1,7 @@
 // The NCCL backend: device buffers, one GPU per rank, bootstrapped over MPI (rank 0 makes the
 // unique id, MPI_Bcast shares it, every rank calls ncclCommInitRank). start_<op> enqueues the
-// operation on the communicator's stream and records a CUDA event after it; the Work's test()
+// operation on the communicator's stream, after the calling thread's compute stream's work so far
+// (the buffers are what its kernels wrote), and records a CUDA event after it; the Work's test()
 // queries that event and ncclCommGetAsyncError, and its wait() polls the same through the Watchdog
 // of the MPI backend, so that on timeout the census over MPI names the ranks that never arrived
 // and the NCCL communicator is aborted (not destroyed) when it goes away.
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "zaya/core/cuda_context.h"
 #include "zaya/core/cuda_runtime.h"
 #include "zaya/core/log.h"
 #include "zaya/dist/communicator.h"
@@ -119,6 +121,7 @@ class NcclCommunicator final : public Communicator {
     }
     for (auto& s : free_scratch_) cudaFree(s.first);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    if (compute_done_) cudaEventDestroy(compute_done_);
     if (stream_) cudaStreamDestroy(stream_);
     watchdog_.reset();
     if (!broken) MPI_Comm_free(&mpi_);
@@ -301,6 +304,7 @@ class NcclCommunicator final : public Communicator {
   Work launch(const char* what, F issue) {
     const uint64_t seq = watchdog_->begin(what);
     auto w = std::make_unique<NcclWork>(*this, seq, what);
+    wait_for_compute_stream();
     issue(*w);
     watchdog_->wait_until(seq, what, [&] { return async_done(seq, what); }, options_.timeout_s, options_.census_s);
     w->event = take_event();
@@ -314,6 +318,17 @@ class NcclCommunicator final : public Communicator {
     MPI_Request req = MPI_REQUEST_NULL;
     issue(&req);
     watchdog_->wait(seq, what, &req, 1, options_.timeout_s, options_.census_s);
+  }
+
+  // The buffers a collective reads are written by the calling thread's kernels on its compute
+  // stream (core/cuda_context.h), which this communicator's non-blocking stream is not ordered
+  // after: it waits, on the device, for what is queued there so far. (The other direction needs
+  // nothing: a caller reads a result only after the Work completed.)
+  void wait_for_compute_stream() {
+    const auto compute = static_cast<cudaStream_t>(zaya::cuda::current().stream());
+    if (!compute_done_) check_cuda(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventRecord(compute_done_, compute), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, compute_done_, 0), "cudaStreamWaitEvent");
   }
 
   cudaEvent_t take_event() {
@@ -348,6 +363,7 @@ class NcclCommunicator final : public Communicator {
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr;  // recorded on the compute stream before each operation
   std::vector<cudaEvent_t> free_events_;
   std::vector<std::pair<void*, size_t>> free_scratch_;
   std::unique_ptr<detail::Watchdog> watchdog_;

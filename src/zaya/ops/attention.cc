@@ -1,4 +1,5 @@
-// Argument checks and dispatch for attention (kernels in cpu/attention_cpu.cc).
+// Argument checks and dispatch for attention (kernels in cpu/attention_cpu.cc, cpu/attention_at_cpu.cc
+// and cuda/attention.cu).
 #include "zaya/ops/attention.h"
 
 #include "zaya/ops/checks.h"
@@ -105,6 +106,9 @@ void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
     return cpu::attention_at_fwd(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
                                  v.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd);
   }
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::attention_at_forward(out, lse, q, k, v, B, Tq, Tk, q_pos, nq, nkv, hd);
+#endif
   on.no_kernel();
 }
 
@@ -133,6 +137,10 @@ void attention_at_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                  q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                                  lse.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd);
   }
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda())
+    return cuda::attention_at_backward(dq, dk, dv, dout, q, k, v, out, lse, B, Tq, Tk, q_pos, nq, nkv, hd);
+#endif
   on.no_kernel();
 }
 

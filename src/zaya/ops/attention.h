@@ -30,7 +30,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
 // (docs/context-parallel.md). q, out [B, Tq, nq, hd]; k, v [B, Tk, nkv, hd]; lse [B, nq, Tq].
 // On the CPU a q_pos that is a multiple of 64 (a chunk aligned to the tiles) runs attention_forward's
 // tiled kernel with the offset (bitwise attention_forward at q_pos = 0, Tq = Tk); any other q_pos a
-// row-by-row kernel (cpu/attention_at_cpu.cc), equal to rounding.
+// row-by-row kernel (cpu/attention_at_cpu.cc), equal to rounding. On CUDA: the fp32 reference
+// kernels with the key offset q_pos (cuda/attention.cu), never cuDNN's bf16 SDPA.
 void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                           int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
 // dq written; dk, dv [B, Tk, nkv, hd] ACCUMULATED (+=): the chunks of one rank add their parts of

@@ -1,4 +1,4 @@
-// Argument checks and dispatch for block copies (kernels in cpu/copy_cpu.cc and cuda/copy_cuda.cc).
+// Argument checks and dispatch for block copies (kernels in cpu/copy_cpu.cc and cuda/copy.cu).
 #include "zaya/ops/copy.h"
 
 #include "zaya/ops/checks.h"
@@ -49,6 +49,9 @@ void add_block(const Tensor& dst, int64_t dst_row, int64_t dst_col, const Tensor
   check::f32(op, "dst", dst);
   if (!check_blocks(op, dst, dst_row, dst_col, src, src_row, src_col, rows, cols)) return;
   if (on.cpu()) return cpu::add_block(dst, dst_row, dst_col, src, src_row, src_col, rows, cols);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::add_block(dst, dst_row, dst_col, src, src_row, src_col, rows, cols);
+#endif
   on.no_kernel();
 }
 

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "zaya/dist/communicator.h"
+#include "zaya/dist/mesh.h"
 #include "zaya/model/context_parallel.h"
 
 namespace zaya::train {
@@ -12,10 +14,13 @@ namespace zaya::train {
 class CommContextGroup final : public model::ContextGroup {
  public:
   explicit CommContextGroup(dist::Communicator& cp) : comm_(cp) {}
+  // Over a communicator of its own (a device world's cp split).
+  explicit CommContextGroup(std::unique_ptr<dist::Communicator> cp) : owned_(std::move(cp)), comm_(*owned_) {}
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.size(); }
   void all_gather(const Tensor& recv, const Tensor& send) override;
   void reduce_scatter(const Tensor& recv, const Tensor& send) override;
+  dist::Backend backend() const { return comm_.backend(); }
   // Bytes this rank put on the wire since construction (or reset): (size − 1)/size of each
   // gathered or reduced buffer, what a ring algorithm sends per rank.
   double bytes_sent() const { return bytes_; }
@@ -23,9 +28,17 @@ class CommContextGroup final : public model::ContextGroup {
   void reset_counters() { bytes_ = 0, calls_ = 0; }
 
  private:
+  std::unique_ptr<dist::Communicator> owned_;
   dist::Communicator& comm_;
   double bytes_ = 0;
   int64_t calls_ = 0;
 };
+
+// The group the model exchanges over, for this rank of `mesh`. With a device world (NCCL over the
+// same ranks as the mesh's world: a GPU run of several ranks), that world split into the mesh's cp
+// groups, so the halos and K/V move between device buffers with no host copies; otherwise the
+// mesh's cp axis (MPI: host buffers, and the emulated device's, which are host memory).
+// Collective over the device world when there is one: every rank calls it.
+std::unique_ptr<CommContextGroup> make_context_group(dist::Mesh& mesh, dist::Communicator* device_world);
 
 }  // namespace zaya::train

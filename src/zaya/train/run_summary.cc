@@ -35,7 +35,9 @@ void Trainer::print_summary() const {
                 n.active / 1e6, n.embedding / 1e6, n.non_embedding / 1e6);
   log_info(line);
   log_info("world: ", comm_->size(), " rank", comm_->size() == 1 ? "" : "s", " (", dist::backend_name(comm_->backend()),
-           device_comm_ ? str("; the gradients over ", dist::backend_name(device_comm_->backend())) : std::string(),
+           device_comm_ ? str("; the gradients", cp_group_ ? " and the cp exchanges" : "", " over ",
+                              dist::backend_name(device_comm_->backend()))
+                        : std::string(),
            "), mesh dp ", mesh_->dp_size(), " x cp ", mesh_->cp_size(), "; ",
            rank_threads_summary(comm_->rank(), comm_->size(), num_threads()));
   if (sync_) {

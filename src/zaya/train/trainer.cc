@@ -86,10 +86,6 @@ void check_parallel(RunConfig& c) {
       throw Error(str("parallel.device = \"cuda\", but this process sees no GPU (", cuda::no_device_reason(),
                       "); use \"cpu\""),
                   {.file = c.source, .field = "parallel.device", .found = "\"cuda\""});
-    if (p.cp > 1)
-      throw Error("context parallelism on GPUs is not built yet (the attention over the gathered K/V and the "
-                  "halo's block addition have CPU kernels only); use parallel.cp = 1 on \"cuda\"",
-                  {.file = c.source, .field = "parallel.cp", .found = std::to_string(p.cp)});
   }
   // Every recipe phase's global batch must split into whole micro-batches on every rank.
   for (const optim::Phase& ph : c.recipe.phases)
@@ -189,7 +185,7 @@ void Trainer::set_up() {
                                               cfg_.parallel.device == "cuda" ? Device::cuda : Device::cpu);
   model_->init(t.seed);
   if (mesh_->cp_size() > 1) {
-    cp_group_ = std::make_unique<CommContextGroup>(mesh_->cp());
+    cp_group_ = make_context_group(*mesh_, device_comm_.get());  // on GPUs, NCCL between device buffers
     model_->set_context_parallel(cp_group_.get());
   }
   if (t.gemm_dtype == "bf16") {

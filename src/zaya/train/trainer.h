@@ -153,7 +153,7 @@ class Trainer {
   std::unique_ptr<dist::Communicator> comm_;  // the world
   std::unique_ptr<dist::Mesh> mesh_;          // dp × cp over comm_
   std::unique_ptr<dist::Communicator> device_comm_;  // NCCL over the same ranks (GPU runs of several ranks)
-  std::unique_ptr<CommContextGroup> cp_group_;  // the model's exchanges over mesh_->cp() (cp > 1)
+  std::unique_ptr<CommContextGroup> cp_group_;  // the model's exchanges over the cp axis (cp > 1)
   optim::ShardPlan plan_;                     // the ZeRO-1 ranges of the dp ranks
   std::unique_ptr<GradientSync> sync_;        // dp > 1 or parallel.grad_reduce = "f64"
   // Held from before the run directory is touched until after the last write into it (declared

@@ -2,7 +2,10 @@
 // causal grouped-query attention, q head h reading kv head ⌊h/G⌋ (G = nq/nkv), scale 1/√hd, query i
 // attending to keys j ≤ i. Two implementations of the training forward and backward (docs/cuda.md,
 // "Attention"): cuDNN's fused SDPA in bf16 (attention_cudnn_cuda.cc) and the fp32 reference kernels
-// below, which the tests compare against the CPU and the GPU check compares cuDNN against.
+// below, which the tests compare against the CPU and the GPU check compares cuDNN against. The
+// positioned forms (attention_at_*, a context-parallel rank's chunk of queries at global positions
+// q_pos.. against the gathered keys 0..Tk−1) always run the reference kernels, with the key offset
+// q_pos: query i sees keys j ≤ i + q_pos, and dk, dv are added to rather than written.
 //
 // The reference kernels give one warp to one row (a query row forward and for dq; a key row for dk
 // and dv), the lanes holding the head's dims d = lane + 32·r in registers, every score a butterfly
@@ -13,7 +16,8 @@
 // with s_j = scale·⟨q, k_j⟩. Backward from lse, with P_ij = exp(s_ij − lse_i), D_i = ⟨dO_i, O_i⟩,
 // dS_ij = P_ij·(⟨dO_i, v_j⟩ − D_i):
 //     dq_i = scale·Σ_{j≤i} dS_ij·k_j,   dk_j = scale·Σ_{h in group, i≥j} dS_ij·q_i,
-//     dv_j = Σ_{h in group, i≥j} P_ij·dO_i.
+//     dv_j = Σ_{h in group, i≥j} P_ij·dO_i
+// (with a key offset o: j ≤ i + o and i ≥ j − o).
 // Each output has one writer summing in a fixed order, so results are bitwise the same run to run.
 #include <cmath>
 #include <cstdlib>
@@ -36,8 +40,9 @@ __device__ inline float warp_sum(float v) {
 }
 
 // Where the rows are: q and out [B, Tq, nq, hd]; k and v [B, kv_rows, nkv, hd] of which query i sees
-// keys 0 .. i + key_offset (training: kv_rows = Tq, key_offset 0; decode: one query against S of
-// a cache of kv_rows = S_cap positions, key_offset S − 1).
+// keys 0 .. i + key_offset (training: kv_rows = Tq, key_offset 0; a context-parallel chunk: kv_rows
+// = Tk gathered keys, key_offset = the chunk's first position q_pos; decode: one query against S
+// of a cache of kv_rows = S_cap positions, key_offset S − 1).
 struct Rows {
   int64_t B, Tq, nq, nkv, hd, kv_rows, key_offset;
   __device__ int64_t q_at(int64_t b, int64_t i, int64_t h) const { return ((b * Tq + i) * nq + h) * hd; }
@@ -75,6 +80,12 @@ struct Reg {
 #pragma unroll
     for (int r = 0; r < kPer; ++r)
       if (lane + 32 * r < hd) row[lane + 32 * r] = x[r] * a;
+  }
+  // row += this·a
+  __device__ void add_to(float* row, float a, int64_t hd, int lane) const {
+#pragma unroll
+    for (int r = 0; r < kPer; ++r)
+      if (lane + 32 * r < hd) row[lane + 32 * r] += x[r] * a;
   }
 };
 
@@ -136,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(float* dq, const
     dor.load(dout + s.q_at(b, i, h), s.hd, lane);
     acc.fill(0.0f);
     const float L = lse[w], Di = D[w];
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = 0; j <= i + s.key_offset; ++j) {
       const float* kj = k + s.kv_at(b, j, g);
       const float p = math::attention_prob(qr.dot(kj, s.hd, lane), scale, L);
       const float ds = math::attention_dscore(p, dor.dot(v + s.kv_at(b, j, g), s.hd, lane), Di);
@@ -146,16 +157,19 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(float* dq, const
   }
 }
 
-// dk_j, dv_j of kv head g: the group's q heads in order, each over the queries i ≥ j in order.
+// dk_j, dv_j of kv head g: the group's q heads in order, each over the queries that see key j
+// (i ≥ j − key_offset) in order. `accumulate`: added to dk, dv (a context-parallel rank's chunks
+// add into one gathered buffer) rather than written.
 template <int kPer>
 __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(float* dk, float* dv, const float* dout,
                                                                   const float* q, const float* k, const float* v,
                                                                   const float* lse, const float* D, Rows s,
-                                                                  float scale) {
+                                                                  float scale, bool accumulate) {
   const int lane = threadIdx.x % 32;
   const int64_t G = s.nq / s.nkv;
-  WARP_ROWS(w, s.B * s.nkv * s.Tq) {
-    const int64_t j = w % s.Tq, g = (w / s.Tq) % s.nkv, b = w / (s.Tq * s.nkv);
+  WARP_ROWS(w, s.B * s.nkv * s.kv_rows) {
+    const int64_t j = w % s.kv_rows, g = (w / s.kv_rows) % s.nkv, b = w / (s.kv_rows * s.nkv);
+    const int64_t first_query = j > s.key_offset ? j - s.key_offset : 0;
     Reg<kPer> kr, vr, dk_acc, dv_acc;
     kr.load(k + s.kv_at(b, j, g), s.hd, lane);
     vr.load(v + s.kv_at(b, j, g), s.hd, lane);
@@ -163,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(float* dk, flo
     dv_acc.fill(0.0f);
     for (int64_t h = g * G; h < (g + 1) * G; ++h) {
       const int64_t row0 = (b * s.nq + h) * s.Tq;
-      for (int64_t i = j; i < s.Tq; ++i) {
+      for (int64_t i = first_query; i < s.Tq; ++i) {
         const float* qi = q + s.q_at(b, i, h);
         const float* doi = dout + s.q_at(b, i, h);
         const float p = math::attention_prob(kr.dot(qi, s.hd, lane), scale, lse[row0 + i]);
@@ -172,8 +186,13 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(float* dk, flo
         dk_acc.scale_add(1.0f, ds, qi, s.hd, lane);
       }
     }
-    dk_acc.store(dk + s.kv_at(b, j, g), scale, s.hd, lane);
-    dv_acc.store(dv + s.kv_at(b, j, g), 1.0f, s.hd, lane);
+    if (accumulate) {
+      dk_acc.add_to(dk + s.kv_at(b, j, g), scale, s.hd, lane);
+      dv_acc.add_to(dv + s.kv_at(b, j, g), 1.0f, s.hd, lane);
+    } else {
+      dk_acc.store(dk + s.kv_at(b, j, g), scale, s.hd, lane);
+      dv_acc.store(dv + s.kv_at(b, j, g), 1.0f, s.hd, lane);
+    }
   }
 }
 
@@ -200,9 +219,9 @@ void reference_forward(std::string_view op, float* out, float* lse, const float*
   check_launch(op);
 }
 
-void reference_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                        const float* v, const float* out, const float* lse, const Rows& s) {
-  constexpr std::string_view op = "attention_backward";
+void reference_backward(std::string_view op, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse, const Rows& s,
+                        bool accumulate_kv) {
   auto& ctx = context_for(op);
   const cudaStream_t stream = stream_of(ctx);
   const int64_t rows = s.B * s.nq * s.Tq;
@@ -211,8 +230,8 @@ void reference_backward(float* dq, float* dk, float* dv, const float* dout, cons
   with_dims_per_lane(op, s.hd, [&]<int kPer>() {
     attention_delta_kernel<kPer><<<warp_blocks(rows), kThreads, 0, stream>>>(D, dout, out, s);
     attention_dq_kernel<kPer><<<warp_blocks(rows), kThreads, 0, stream>>>(dq, dout, q, k, v, lse, D, s, scale);
-    attention_dkdv_kernel<kPer><<<warp_blocks(s.B * s.nkv * s.Tq), kThreads, 0, stream>>>(dk, dv, dout, q, k, v,
-                                                                                        lse, D, s, scale);
+    attention_dkdv_kernel<kPer><<<warp_blocks(s.B * s.nkv * s.kv_rows), kThreads, 0, stream>>>(
+        dk, dv, dout, q, k, v, lse, D, s, scale, accumulate_kv);
   });
   check_launch(op);
 }
@@ -275,9 +294,27 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     return cudnn_sdpa::backward(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
                                 q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                                 lse.data<float>(), B, T, nq, nkv, hd);
-  reference_backward(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(), q.data<float>(),
-                     k.data<float>(), v.data<float>(), out.data<float>(), lse.data<float>(),
-                     Rows{B, T, nq, nkv, hd, T, 0});
+  reference_backward("attention_backward", dq.data<float>(), dk.data<float>(), dv.data<float>(),
+                     dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                     lse.data<float>(), Rows{B, T, nq, nkv, hd, T, 0}, /*accumulate_kv=*/false);
+}
+
+// A chunk of Tq queries at positions q_pos.. against Tk keys: the fp32 reference kernels with the
+// key offset q_pos. Not cuDNN: its SDPA runs in bf16 (context parallelism is held to the one-rank
+// fp32 results within 1e-5), takes a key offset only as a bottom-right-aligned mask (Tk = q_pos +
+// Tq), and writes dk, dv where the chunks of a rank must add into one buffer.
+void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                          int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
+  reference_forward("attention_at_forward", out.data<float>(), lse.data<float>(), q.data<float>(),
+                    k.data<float>(), v.data<float>(), Rows{B, Tq, nq, nkv, hd, Tk, q_pos});
+}
+
+void attention_at_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                           int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
+  reference_backward("attention_at_backward", dq.data<float>(), dk.data<float>(), dv.data<float>(),
+                     dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                     lse.data<float>(), Rows{B, Tq, nq, nkv, hd, Tk, q_pos}, /*accumulate_kv=*/true);
 }
 
 // One query per batch row against the first S positions of a cache of S_cap: the forward kernel with

@@ -70,5 +70,11 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                         int64_t T, int64_t nq, int64_t nkv, int64_t hd);
 void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t B,
                       int64_t S, int64_t nq, int64_t nkv, int64_t hd);
+// The positioned forms (context parallelism): always the fp32 reference kernels; dk, dv accumulated.
+void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                          int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
+void attention_at_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                           int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
 
 }  // namespace zaya::ops::cuda
