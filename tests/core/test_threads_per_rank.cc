@@ -19,7 +19,7 @@
 namespace zaya {
 namespace {
 
-// Every variable the functions under test read.
+// Every variable the functions under test read, and the Slurm allocation's, which they must ignore.
 const char* const kVars[] = {"OMPI_COMM_WORLD_LOCAL_RANK",
                              "OMPI_COMM_WORLD_LOCAL_SIZE",
                              "MPI_LOCALRANKID",
@@ -98,7 +98,7 @@ TEST(LocalRanks, EachMpiLaunchersPair) {
   EXPECT_EQ(launcher_local_ranks().size, 3);
 }
 
-TEST(LocalRanks, SlurmTasksPerNodeLists) {
+TEST(LocalRanks, SlurmStepTasksPerNodeLists) {
   if (is_launcher_child()) GTEST_SKIP();
   {  // 2(x3),4: nodes 0-2 run 2 tasks, node 3 runs 4.
     Env env({{"SLURM_LOCALID", "3"},
@@ -107,23 +107,32 @@ TEST(LocalRanks, SlurmTasksPerNodeLists) {
              {"SLURM_TASKS_PER_NODE", "9"}});
     const LocalRanks l = launcher_local_ranks();
     EXPECT_EQ(l.rank, 3);
-    EXPECT_EQ(l.size, 4);  // the step's count wins over the job's
+    EXPECT_EQ(l.size, 4);  // the step's count, not the job's
     EXPECT_EQ(l.source, "SLURM_LOCALID/SLURM_STEP_TASKS_PER_NODE");
   }
   {
-    Env env({{"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"}, {"SLURM_TASKS_PER_NODE", "2(x3),4"}});
+    Env env({{"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x3),4"}});
     EXPECT_EQ(launcher_local_ranks().size, 2);
   }
   {  // no SLURM_NODEID: node 0
-    Env env({{"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "5,1"}});
+    Env env({{"SLURM_LOCALID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "5,1"}});
     EXPECT_EQ(launcher_local_ranks().size, 5);
+    EXPECT_EQ(default_threads_per_rank(), std::max(1, hardware_threads() / 5));
   }
-  {
-    Env env({{"SLURM_LOCALID", "2"}, {"SLURM_NTASKS_PER_NODE", "8"}});
+}
+
+// What `sbatch -n 2` gives its batch script (as `env` printed it there under Slurm 22.05): the
+// allocation's counts and a local id, but no job step. The script is one process, alone on its
+// host, and gets every hardware thread; before, it took the allocation's 2 tasks for its own.
+TEST(LocalRanks, ABatchScriptOutsideAStepIsAlone) {
+  if (is_launcher_child()) GTEST_SKIP();
+  for (const char* per_node : {"SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"}) {
+    Env env({{"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}, {per_node, "2"}});
     const LocalRanks l = launcher_local_ranks();
-    EXPECT_EQ(l.size, 8);
-    EXPECT_EQ(l.source, "SLURM_LOCALID/SLURM_NTASKS_PER_NODE");
-    EXPECT_EQ(default_threads_per_rank(), std::max(1, hardware_threads() / 8));
+    EXPECT_EQ(l.rank, 0) << per_node;
+    EXPECT_EQ(l.size, 1) << per_node;
+    EXPECT_EQ(l.source, "") << per_node;
+    EXPECT_EQ(default_threads_per_rank(), hardware_threads()) << per_node;
   }
 }
 
@@ -155,15 +164,17 @@ TEST(LocalRanks, MalformedVariablesAreNamed) {
        "MPI_LOCALRANKID = 2 is not a rank among MPI_LOCALNRANKS = 2"},
       {{{"MPI_LOCALRANKID", "0"}, {"MPI_LOCALNRANKS", "0"}},
        "MPI_LOCALRANKID = 0 is not a rank among MPI_LOCALNRANKS = 0"},
-      {{{"SLURM_LOCALID", "0"}}, "SLURM_LOCALID is set but none of SLURM_STEP_TASKS_PER_NODE"},
-      {{{"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "2(x3"}},
-       "SLURM_TASKS_PER_NODE: malformed repeat in '2(x3' (expected counts like 2(x3),1)"},
-      {{{"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "2,,1"}},
-       "SLURM_TASKS_PER_NODE: expected a non-negative integer from the launcher, found ''"},
-      {{{"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "4"}, {"SLURM_TASKS_PER_NODE", "2(x3),1"}},
-       "SLURM_TASKS_PER_NODE: no entry for node 4 (SLURM_NODEID) among 4 nodes"},
-      {{{"SLURM_LOCALID", "2"}, {"SLURM_TASKS_PER_NODE", "2"}},
-       "SLURM_LOCALID = 2 is not a rank among the 2 tasks on this node (SLURM_LOCALID/SLURM_TASKS_PER_NODE)"},
+      {{{"SLURM_LOCALID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x3"}},
+       "SLURM_STEP_TASKS_PER_NODE: malformed repeat in '2(x3' (expected counts like 2(x3),1)"},
+      {{{"SLURM_LOCALID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "2,,1"}},
+       "SLURM_STEP_TASKS_PER_NODE: expected a non-negative integer from the launcher, found ''"},
+      {{{"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "4"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x3),1"}},
+       "SLURM_STEP_TASKS_PER_NODE: no entry for node 4 (SLURM_NODEID) among 4 nodes"},
+      {{{"SLURM_LOCALID", "x"}, {"SLURM_STEP_TASKS_PER_NODE", "2"}},
+       "SLURM_LOCALID: expected a non-negative integer from the launcher, found 'x'"},
+      {{{"SLURM_LOCALID", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "2"}},
+       "SLURM_LOCALID = 2 is not a rank among the 2 tasks on this node "
+       "(SLURM_LOCALID/SLURM_STEP_TASKS_PER_NODE)"},
   };
   for (const Case& c : cases) {
     Env env(c.vars);
@@ -205,7 +216,14 @@ TEST(OpenMpWaitPolicy, SummaryLine) {
              {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
              {"OMP_WAIT_POLICY", "PASSIVE"}});
     EXPECT_EQ(rank_threads_summary(1, 2, 1),
-              "rank 1 of 2 (local 1 of 2 on this host), 1 thread, OpenMP passive wait");
+              "rank 1 of 2 (local 1 of 2 on this host, from OMPI_COMM_WORLD_LOCAL_RANK/OMPI_COMM_WORLD_LOCAL_SIZE), "
+              "1 thread, OpenMP passive wait");
+  }
+  {
+    Env env({{"SLURM_LOCALID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "3"}, {"OMP_WAIT_POLICY", "PASSIVE"}});
+    EXPECT_EQ(rank_threads_summary(0, 3, 1),
+              "rank 0 of 3 (local 0 of 3 on this host, from SLURM_LOCALID/SLURM_STEP_TASKS_PER_NODE), 1 thread, "
+              "OpenMP passive wait");
   }
   Env env;
   EXPECT_EQ(rank_threads_summary(0, 1, 4),

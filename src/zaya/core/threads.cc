@@ -87,27 +87,17 @@ LocalRanks launcher_local_ranks() {
                " = ", out.size);
     return out;
   }
-  // Slurm (srun): SLURM_LOCALID, and the tasks on this node from the step's per-node counts
-  // (SLURM_STEP_TASKS_PER_NODE, else the job's SLURM_TASKS_PER_NODE) at SLURM_NODEID, else the
-  // requested SLURM_NTASKS_PER_NODE.
-  if (const char* id = env("SLURM_LOCALID")) {
-    LocalRanks out{env_count("SLURM_LOCALID", id), 0, ""};
+  // Slurm: only the tasks of a job step (what srun starts) are ranks. A batch script or an salloc
+  // shell also carries SLURM_LOCALID and the allocation's SLURM_TASKS_PER_NODE, but it is one
+  // process, so without the step's SLURM_STEP_TASKS_PER_NODE the process is alone on its host.
+  // The step's per-node counts ("2(x3),1") at SLURM_NODEID give the tasks sharing this node.
+  const char* id = env("SLURM_LOCALID");
+  const char* per_node = env("SLURM_STEP_TASKS_PER_NODE");
+  if (id && per_node) {
     const char* node_text = env("SLURM_NODEID");
     const int node = node_text ? env_count("SLURM_NODEID", node_text) : 0;
-    for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
-      if (const char* v = env(name)) {
-        out.size = slurm_tasks_on_node(name, v, node);
-        out.source = str("SLURM_LOCALID/", name);
-        break;
-      }
-    if (out.source.empty()) {
-      const char* v = env("SLURM_NTASKS_PER_NODE");
-      ZAYA_CHECK(v,
-                 "SLURM_LOCALID is set but none of SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE and "
-                 "SLURM_NTASKS_PER_NODE says how many tasks share this node");
-      out.size = env_count("SLURM_NTASKS_PER_NODE", v);
-      out.source = "SLURM_LOCALID/SLURM_NTASKS_PER_NODE";
-    }
+    LocalRanks out{env_count("SLURM_LOCALID", id), slurm_tasks_on_node("SLURM_STEP_TASKS_PER_NODE", per_node, node),
+                   "SLURM_LOCALID/SLURM_STEP_TASKS_PER_NODE"};
     ZAYA_CHECK(out.size >= 1 && out.rank < out.size, "SLURM_LOCALID = ", out.rank,
                " is not a rank among the ", out.size, " tasks on this node (", out.source, ")");
     return out;
@@ -154,7 +144,8 @@ void restart_with_passive_openmp_if_oversubscribed(int threads, char** argv) {
 
 std::string rank_threads_summary(int rank, int world, int threads) {
   const LocalRanks local = launcher_local_ranks();
-  return str("rank ", rank, " of ", world, " (local ", local.rank, " of ", local.size, " on this host), ",
+  return str("rank ", rank, " of ", world, " (local ", local.rank, " of ", local.size, " on this host",
+             local.source.empty() ? "" : ", from " + local.source, "), ",
              threads, threads == 1 ? " thread" : " threads", ", OpenMP ", openmp_wait_policy(), " wait");
 }
 

@@ -19,7 +19,8 @@ int hardware_threads();
 
 // Where this process sits among the ranks the launcher started on its host, from the launcher's
 // environment (OpenMPI, MPICH/Hydra and Intel MPI, MVAPICH2, Slurm; see docs/dist.md, "Threads per
-// rank"); rank 0 of 1 without a launcher. Needs no MPI. A variable that is set but malformed, or a
+// rank"); rank 0 of 1 without a launcher. Slurm's variables count only in a job step (srun's tasks):
+// a batch script or an salloc shell is one process, alone. Needs no MPI. A variable that is set but malformed, or a
 // rank outside its size, is a zaya::Error naming the variable.
 struct LocalRanks {
   int rank = 0;        // this process's index among the ranks on this host
@@ -49,8 +50,9 @@ bool oversubscribed(int threads, const LocalRanks& local);
 // with spinning waits).
 void restart_with_passive_openmp_if_oversubscribed(int threads, char** argv);
 
-// The start-up summary's line, e.g. "rank 1 of 2 (local 1 of 2 on this host), 1 thread, OpenMP
-// passive wait".
+// The start-up summary's line, e.g. "rank 1 of 2 (local 1 of 2 on this host, from
+// SLURM_LOCALID/SLURM_STEP_TASKS_PER_NODE), 1 thread, OpenMP passive wait": the launcher's variables
+// are named so that a run shows where its threads per rank came from.
 std::string rank_threads_summary(int rank, int world, int threads);
 
 // The most threads a user may ask for: 4 × the hardware threads. More only oversubscribes the

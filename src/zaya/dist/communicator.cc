@@ -125,9 +125,13 @@ class LocalCommunicator final : public Communicator {
 }  // namespace
 
 int launcher_world_size() {
-  return env_int({"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, 1);
+  return env_int({"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}, 1);
 }
-int launcher_rank() { return env_int({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}, 0); }
+int launcher_rank() {
+  const int rank = env_int({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}, -1);
+  if (rank >= 0) return rank;
+  return std::getenv("SLURM_STEP_NUM_TASKS") ? env_int({"SLURM_PROCID"}, 0) : 0;
+}
 
 std::unique_ptr<Communicator> make_local_communicator(Options options) {
   return std::make_unique<LocalCommunicator>(options);

@@ -193,8 +193,10 @@ class Communicator {
   Options options_;
 };
 
-// The launcher's world size and rank from the environment (OpenMPI, PMIx, Slurm); 1 and 0 when
-// not launched under one. Needs no MPI init.
+// The launcher's world size and rank from the environment (OpenMPI, PMIx, PMI, Slurm); 1 and 0 when
+// not launched under one. Needs no MPI init. Slurm's world is the job step's task count
+// (SLURM_STEP_NUM_TASKS, which srun sets in each task), never the allocation's SLURM_NTASKS: a
+// batch script or an salloc shell of an N-task job carries SLURM_NTASKS = N but is one process.
 int launcher_world_size();
 int launcher_rank();
 
