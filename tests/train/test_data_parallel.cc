@@ -102,16 +102,21 @@ TEST_F(DataParallel, TwoRanksOnTheDeviceTrainTheOneRankModel) {
   const std::string device = " --set 'parallel.device=\"cuda\"'";
   const std::string emulate = gpus == 0 ? "ZAYA_EMULATE_CUDA=1 " : "";
   const int steps = 12;
-  const TrainRun one = train(1, "dev1", steps, "f64", 6, device, emulate);
-  ASSERT_EQ(one.rc, 0) << one.out;
-  const TrainRun two = train(2, "dev2", steps, "f64", 6, device, emulate);
-  ASSERT_EQ(two.rc, 0) << two.out;
-  EXPECT_NE(two.out.find("memory per rank (on the GPU)"), std::string::npos) << "not the device path:\n" << two.out;
-  ASSERT_EQ(two.losses.size(), static_cast<size_t>(steps));
-  ASSERT_EQ(two.losses.size(), one.losses.size());
-  // The f64 reduction does not depend on the split over ranks: bitwise, as on the CPU.
-  EXPECT_EQ(two.losses, one.losses);
-  EXPECT_TRUE(two.params == one.params) << "final parameters differ in some bit";
+  // f32 weights, and bf16 weights with fp32 masters (their swap, rounding and bf16 gather on the device).
+  for (const std::string weights : {"f32", "bf16"}) {
+    SCOPED_TRACE(weights);
+    const std::string flags = device + " --set 'train.param_dtype=\"" + weights + "\"'";
+    const TrainRun one = train(1, "dev1" + weights, steps, "f64", 6, flags, emulate);
+    ASSERT_EQ(one.rc, 0) << one.out;
+    const TrainRun two = train(2, "dev2" + weights, steps, "f64", 6, flags, emulate);
+    ASSERT_EQ(two.rc, 0) << two.out;
+    EXPECT_NE(two.out.find("memory per rank (on the GPU)"), std::string::npos) << "not the device path:\n" << two.out;
+    ASSERT_EQ(two.losses.size(), static_cast<size_t>(steps));
+    ASSERT_EQ(two.losses.size(), one.losses.size());
+    // The f64 reduction does not depend on the split over ranks: bitwise, as on the CPU.
+    EXPECT_EQ(two.losses, one.losses);
+    EXPECT_TRUE(two.params == one.params) << "final parameters differ in some bit";
+  }
 }
 
 // Resharding: 20 steps at N = 2, saved; resumed at N = 3 and at N = 1 (grad_accum adjusted so the
