@@ -9,6 +9,7 @@
 
 #include "cli_vocabulary.h"
 #include "commands.h"
+#include "model_source.h"
 #include "zaya/ckpt/benchmark.h"
 #include "zaya/bench/collectives.h"
 #include "zaya/bench/gemm_bench.h"
@@ -208,7 +209,13 @@ void add_bench(CLI::App& app, Commands& commands) {
                  "subdirectory is removed afterwards; default: the system temporary directory, $TMPDIR or /tmp, "
                  "which may be memory rather than disk)");
   ck->add_option("--snapshot", *ck_snap, "async writer snapshot mode(s) to measure: copy, fork, deferred or all")->capture_default_str();
-  commands.push_back({ck, [ck_size, ck_dir, ck_snap] {
+  auto ck_device = std::make_shared<std::string>("cpu");
+  ck->add_option("--device", *ck_device,
+                 "where the tensors live: cpu, or cuda (a GPU run's saves: the copy to the host is part of the "
+                 "stall; fork copies first, like copy)")
+      ->capture_default_str();
+  commands.push_back({ck, [ck_size, ck_dir, ck_snap, ck_device] {
+                        const Device device = parse_device_flag(*ck_device);
                         std::string size = *ck_size;
                         if (size.size() > 3 && size.substr(size.size() - 2) == "iB") size.resize(size.size() - 2);  // 2GiB -> 2G
                         uint64_t bytes = dist::parse_size(size, "--size");
@@ -221,9 +228,10 @@ void add_bench(CLI::App& app, Commands& commands) {
                         const std::string dir =
                             ck_dir->empty() ? std::filesystem::temp_directory_path().string() : *ck_dir;
                         std::filesystem::create_directories(dir);
-                        ckpt::CheckpointBenchResult r = ckpt::benchmark_checkpoint(bytes, dir, modes);
-                        std::printf("# zaya bench ckpt: %.2f GiB in 8 f32 tensors, directory %s\n",
-                                    static_cast<double>(r.bytes) / (1u << 30), dir.c_str());
+                        ckpt::CheckpointBenchResult r = ckpt::benchmark_checkpoint(bytes, dir, modes, device);
+                        std::printf("# zaya bench ckpt: %.2f GiB in 8 f32 tensors on %s, directory %s\n",
+                                    static_cast<double>(r.bytes) / (1u << 30), std::string(device_name(device)).c_str(),
+                                    dir.c_str());
                         std::printf("%-40s %10s %10s\n", "#", "seconds", "GB/s");
                         std::printf("%-40s %10.3f %10.3f\n", "raw sequential write + fsync", r.raw_write_s, r.raw_gbps());
                         std::printf("%-40s %10.3f %10.3f\n", "synchronous save (commit incl.)", r.sync_save_s, r.sync_gbps());

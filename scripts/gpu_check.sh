@@ -17,7 +17,8 @@
 #                                      `zaya bench collectives --backend nccl` (a world of one:
 #                                      MPI as a singleton), `zaya sysinfo`, `zaya bench gemm --backend cuda` over
 #                                      ZAYA1-base's training GEMMs (bf16 and f32), the demo model's
-#                                      training step on the GPU (`bench step`) and the op
+#                                      training step on the GPU (`bench step`), the checkpoint
+#                                      stall from device tensors (`bench ckpt --device cuda`) and the op
 #                                      benchmarks (bench_ops_*_cuda: attention, CCA, RoPE, routing,
 #                                      permutation, the fused loss); logs and the
 #                                      hardware profile go to OUTDIR
@@ -123,6 +124,9 @@ run)
     "$pack_dir/zaya" bench step --init-config configs/demo.toml --seed 1 --device cuda --gemm-dtype "$dtype" \
       --steps 20 --batch 8 --seq 512 2>&1 | tee -a "$out/sysinfo.txt" || status=1
   done
+  # A GPU run's checkpoint stall against its synchronous save: the async writer's device-to-host
+  # copy into page-locked staging (docs/train.md, "Training on a GPU").
+  "$pack_dir/zaya" bench ckpt --device cuda --size 2GiB --snapshot all 2>&1 | tee -a "$out/sysinfo.txt" || status=1
   # Op benchmarks at ZAYA1-base's shapes, one file for all (the device tool brings back 8 files):
   # the routing and permutation kernels' bandwidth and the fused LM head's TFLOP/s; attention
   # forward and backward (the reference kernels and cuDNN's SDPA), the CCA ops and RoPE.

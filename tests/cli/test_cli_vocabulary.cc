@@ -187,4 +187,18 @@ TEST(CliVocabulary, BenchHelpListsCkptAndItsDefaultDirectoryIsTemporary) {
   EXPECT_EQ(sh("ls -A " + cwd).output, "");  // nothing written where it ran
 }
 
+// A GPU run's checkpoint stall: the tensors on the device (here the emulated one, which checks that
+// every pass and save takes device tensors; the copy's speed needs a GPU: scripts/gpu_check.sh).
+TEST(CliVocabulary, BenchCkptTakesDeviceTensors) {
+  const std::string tmp = testing::TempDir() + "zaya_cli_bench_dev";
+  ASSERT_EQ(sh("rm -rf " + tmp + " && mkdir -p " + tmp).code, 0);
+  CliRun r = sh("ZAYA_EMULATE_CUDA=1 TMPDIR=" + tmp + " " + ZAYA_BINARY + " --threads 1 bench ckpt --size 1MiB --device cuda");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "8 f32 tensors on cuda")) << r.output;
+  EXPECT_TRUE(has(r, "deferred: stall / synchronous save")) << r.output;
+  CliRun bad = zaya("bench ckpt --size 1MiB --device tpu");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_TRUE(has(bad, "--device: expected cpu or cuda, found 'tpu'")) << bad.output;
+}
+
 }  // namespace

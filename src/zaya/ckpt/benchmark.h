@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "zaya/ckpt/writer.h"
+#include "zaya/core/tensor.h"
 
 namespace zaya::ckpt {
 
@@ -40,8 +41,11 @@ struct CheckpointBenchResult {
 };
 
 // Runs in a fresh subdirectory of `dir` (removed afterwards). `size_bytes` is rounded down to a
-// multiple of 4 and split over 8 f32 tensors, like a model's parameters.
+// multiple of 4 and split over 8 f32 tensors, like a model's parameters, on `device`: on a GPU the
+// saves copy the tensors to the host first (the async writer into page-locked staging), which is
+// the stall a GPU run pays against its synchronous save; the write and read passes are ops there.
 CheckpointBenchResult benchmark_checkpoint(uint64_t size_bytes, const std::filesystem::path& dir,
-                                           const std::vector<Snapshot>& snapshots = {Snapshot::copy, Snapshot::fork});
+                                           const std::vector<Snapshot>& snapshots = {Snapshot::copy, Snapshot::fork},
+                                           Device device = Device::cpu);
 
 }  // namespace zaya::ckpt
