@@ -75,7 +75,9 @@ void ZayaModel::plan_backward_side_tasks(int l) {
   const double N = static_cast<double>(B_ * T_), H = static_cast<double>(cfg_.hidden_size),
                R = static_cast<double>(cfg_.router_hidden_size), E = static_cast<double>(cfg_.num_experts);
   side_tasks_.clear();
-  side_tasks_.push_back({&ZayaModel::run_router_backward, this, l, 4.0 * N * (H * R + 2.0 * R * R + R * (E + 1.0))});
+  // + the skip passthrough's ⟨dm, w⟩ over the skipped tokens (at most N) when it is on.
+  const double skip = cfg_.skip_passthrough ? 2.0 * N * H : 0.0;
+  side_tasks_.push_back({&ZayaModel::run_router_backward, this, l, 4.0 * N * (H * R + 2.0 * R * R + R * (E + 1.0)) + skip});
   for (size_t j = 0; j < pending_wgrads_.size(); ++j)
     side_tasks_.push_back({&ZayaModel::run_pending_weight_grad, this, static_cast<int64_t>(j),
                            2.0 * N * static_cast<double>(pending_wgrads_[j].C.numel())});
