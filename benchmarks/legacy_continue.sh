@@ -39,7 +39,11 @@ done
 
 # The continued run: init_from the legacy directory itself (import-hf would write the same start
 # point as a checkpoint), a lower peak (1e-3 against 3e-3) after a short warm-up, the same data.
-cont=(--set optim.lr=1e-3 --set optim.min_lr=1e-4 --set optim.warmup_steps=15 --set train.steps="$steps_b")
+# A model read from the legacy layout has the legacy MoE's skip passthrough (docs/model.md), so the
+# continued runs' [model] says so too (A's skip bias is -1: the skip class never wins, and the
+# passthrough never acts, but init_from needs the configs to match).
+cont=(--set optim.lr=1e-3 --set optim.min_lr=1e-4 --set optim.warmup_steps=15 --set train.steps="$steps_b"
+      --set model.skip_passthrough=true)
 echo "== B: continue from the legacy layout, $steps_b steps, peak lr 1e-3"
 "$zaya" train "${common[@]}" "${cont[@]}" --set train.init_from="$out/A-legacy" \
   --set train.out_dir="$out/B" >"$out/B.log" 2>&1

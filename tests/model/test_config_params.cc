@@ -58,6 +58,27 @@ TEST(ModelConfig, HfJsonRoundTrip) {
   EXPECT_EQ(back.eos_token_id, c.eos_token_id);
 }
 
+// skip_passthrough (the legacy MoE's skip class): off by default and then absent from config.json
+// (a native model's config.json is exactly transformers' keys); on, written and read back, from
+// TOML and config.json alike, and named by differences(); a non-boolean is an error naming it.
+TEST(ModelConfig, SkipPassthroughRoundTripsAndIsNamed) {
+  ModelConfig off = zaya1_base();
+  EXPECT_FALSE(off.skip_passthrough);
+  EXPECT_EQ(off.to_hf_json().find("skip_passthrough"), std::string::npos);
+  ModelConfig on = off;
+  on.skip_passthrough = true;
+  EXPECT_TRUE(ModelConfig::from_hf_json_text(on.to_hf_json(), "roundtrip").skip_passthrough);
+  EXPECT_FALSE(ModelConfig::from_hf_json_text(off.to_hf_json(), "roundtrip").skip_passthrough);
+  EXPECT_NE(on.differences(off).find("skip_passthrough: true vs none"), std::string::npos) << on.differences(off);
+  ConfigReader r = ConfigReader::from_string("[model]\nskip_passthrough = true\n", "m.toml");
+  EXPECT_TRUE(ModelConfig::from_toml(r).skip_passthrough);
+  nlohmann::json j = nlohmann::json::parse(off.to_hf_json());
+  j["skip_passthrough"] = "yes";
+  const std::string e = zaya::test::error_of([&] { ModelConfig::from_hf_json_text(j.dump(), "config.json"); });
+  EXPECT_NE(e.find("skip_passthrough"), std::string::npos) << e;
+  EXPECT_NE(e.find("true or false"), std::string::npos) << e;
+}
+
 // What train.init_from's mismatch error lists: every differing config.json key, with both values.
 TEST(ModelConfig, DifferencesNameEveryDifferingKey) {
   ModelConfig a = zaya1_base(), b = zaya1_base();

@@ -89,6 +89,58 @@ TEST(Decode, EveryStepEqualsFullForwardOverThePrefix) {
   }
 }
 
+// With the legacy skip passthrough (ModelConfig::skip_passthrough) the decode step passes skipped
+// tokens through as the full forward does: every step equals the full forward over the prefix
+// (1e-5, as above), with the skip class winning for some tokens and its passthrough moving the
+// logits (the same model with the option off gives other logits).
+TEST(Decode, SkipPassthroughStepsEqualFullForward) {
+  ModelConfig c = make_config(kShapes[0]);
+  c.skip_passthrough = true;
+  const int64_t B = 2, total = 9, T0 = 2;
+  ZayaModel m(c, B, total);
+  randomize(m, 300);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) m.balancing_biases().select(l).data<float>()[c.num_experts] += 0.15f;
+  std::vector<int32_t> seq(static_cast<size_t>(B * total));
+  for (size_t i = 0; i < seq.size(); ++i) seq[i] = static_cast<int32_t>((i * 41 + 3) % c.vocab_size);
+  Tensor full = Tensor::empty(Shape{B * total, c.vocab_size}, DType::f32);
+  m.forward_logits(Tensor::borrow(seq.data(), Shape{B, total}, DType::i32), full);
+  int64_t skipped = 0;
+  for (const RouterStats& st : m.router_stats()) skipped += st.skipped;
+  EXPECT_GT(skipped, 0);
+  {
+    ModelConfig off = c;
+    off.skip_passthrough = false;
+    ZayaModel n(off, B, total);
+    Tensor(n.params_flat()).copy_from(m.params_flat());
+    Tensor(n.balancing_biases()).copy_from(m.balancing_biases());
+    Tensor lg = Tensor::empty(Shape{B * total, c.vocab_size}, DType::f32);
+    n.forward_logits(Tensor::borrow(seq.data(), Shape{B, total}, DType::i32), lg);
+    EXPECT_GT(rel_err(lg.data<float>(), full.data<float>(), B * total * c.vocab_size), 1e-3)
+        << "the passthrough must change the logits where the skip class wins";
+  }
+  // Row t of the full forward is position t's logits (causal: the prefix's own forward gives them).
+  auto ref = [&](int64_t t) {
+    std::vector<float> r;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* row = full.data<float>() + (b * total + t) * c.vocab_size;
+      r.insert(r.end(), row, row + c.vocab_size);
+    }
+    return r;
+  };
+  ZayaDecoder dec(m, B, total);
+  Tensor logits = Tensor::empty(Shape{B, c.vocab_size}, DType::f32);
+  std::vector<int32_t> prompt;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < T0; ++j) prompt.push_back(seq[b * total + j]);
+  dec.prefill(Tensor::borrow(prompt.data(), Shape{B, T0}, DType::i32), logits);
+  EXPECT_LE(rel_err(logits.data<float>(), ref(T0 - 1).data(), B * c.vocab_size), 1e-5) << "prefill";
+  for (int64_t t = T0; t < total; ++t) {
+    std::vector<int32_t> next{seq[t], seq[total + t]};
+    dec.step(Tensor::borrow(next.data(), Shape{B}, DType::i32), logits);
+    EXPECT_LE(rel_err(logits.data<float>(), ref(t).data(), B * c.vocab_size), 1e-5) << "position " << t;
+  }
+}
+
 TEST(Decode, RoutingIsExercised) {
   // The decode check above only means something if tokens pick different experts: count distinct
   // choices of layer 0 over a sequence for the first shape.

@@ -88,16 +88,19 @@ std::vector<int32_t> choices(const ZayaModel& m) {
 // 2e-2, i.e. ~2e-5 absolute; the O(ε²) truncation term is of the same order with ε = 1e-2 and
 // these O(1) curvatures. Hence |num − ana| ≤ 2e-3 + 2e-2·|ana|. A perturbation that flips a
 // routing decision makes the loss non-differentiable there: such samples are skipped (and counted).
-TEST(ZayaModel, GradientMatchesFiniteDifferencesForEveryParameter) {
-  ModelConfig c = tiny();
+// Returns the number of token-layer pairs the skip class won at the base point.
+int64_t expect_gradients_match_finite_differences(const ModelConfig& c, float skip_bias) {
   const int64_t B = 2, T = 6;
   ZayaModel m(c, B, T);
   randomize(m, 11);
+  if (skip_bias != 0)  // raise the skip class's balancing bias in every layer
+    for (int l = 0; l < c.num_hidden_layers; ++l) m.balancing_biases().select(l).data<float>()[c.num_experts] += skip_bias;
   Batch b = make_batch(c, B, T, 5);
   m.zero_grad();
   double loss = m.forward(b.tid, b.ttg);
   m.backward();
-  ASSERT_TRUE(std::isfinite(loss));
+  EXPECT_TRUE(std::isfinite(loss));
+  if (!std::isfinite(loss)) return 0;
   std::vector<int32_t> base_choice = choices(m);
 
   int checked = 0, skipped = 0, nonzero = 0;
@@ -106,6 +109,10 @@ TEST(ZayaModel, GradientMatchesFiniteDifferencesForEveryParameter) {
     Tensor g = m.grad(static_cast<int>(i));
     Tensor d = Tensor::empty(p.shape(), DType::f32);
     fill_normal(d, 77, i * 4096, 0.0f, 1.0f);
+    // The padding row's lookup gradient is 0 by definition (as transformers' padding_idx), not the
+    // derivative: the direction leaves that row alone (the batch looks it up at position 1).
+    if (m.specs()[i].name == "model.embed_tokens.weight")
+      std::fill_n(d.data<float>() + c.pad_token_id * c.hidden_size, c.hidden_size, 0.0f);
     double ana = 0;
     for (int64_t k = 0; k < p.numel(); ++k) ana += double(g.data<float>()[k]) * d.data<float>()[k];
     Tensor saved = p.clone();
@@ -131,6 +138,25 @@ TEST(ZayaModel, GradientMatchesFiniteDifferencesForEveryParameter) {
   }
   EXPECT_GE(checked, static_cast<int>(m.specs().size()) * 3 / 4) << "skipped " << skipped;
   EXPECT_GE(nonzero, checked / 2) << "most parameters must carry gradient in this test";
+  int64_t skip_wins = 0;
+  for (int32_t e : base_choice) skip_wins += e == c.num_experts;
+  return skip_wins;
+}
+
+TEST(ZayaModel, GradientMatchesFiniteDifferencesForEveryParameter) {
+  expect_gradients_match_finite_differences(tiny(), 0.0f);
+}
+
+// The legacy skip passthrough (ModelConfig::skip_passthrough): a skipped token's MoE output is
+// p_skip times its normalized input, so its gradient reaches the post-attention norm (and all
+// below) through both the passthrough and the router (p_skip). The skip bias is raised so that
+// the skip class wins for a good share of the tokens in every run, and loses for the rest.
+TEST(ZayaModel, GradientMatchesFiniteDifferencesWithSkipPassthrough) {
+  ModelConfig c = tiny();
+  c.skip_passthrough = true;
+  const int64_t wins = expect_gradients_match_finite_differences(c, 0.15f);
+  EXPECT_GE(wins, 4) << "the skip class must win for several tokens";
+  EXPECT_LE(wins, 2 * 2 * 6 - 4) << "and lose for several";
 }
 
 // The tied head still gives the padding row (id 0) gradient even though its lookup does not

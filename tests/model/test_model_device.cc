@@ -100,6 +100,48 @@ TEST(ModelDevice, LossAndEveryGradientMatchTheCpu) {
   }
 }
 
+// The legacy skip passthrough (ModelConfig::skip_passthrough) on the device: its forward, both of
+// its backward paths (into the normalized input, and through p_skip into the router, which runs
+// as a side task of the experts' backward) and decoding, against the CPU. The skip class's bias is
+// raised so that it wins for part of the tokens in every layer.
+TEST(ModelDevice, SkipPassthroughLossGradientsAndGenerationMatchTheCpu) {
+  ZAYA_GPU_OR_EMULATED(real);
+  const double tol = real ? 1e-4 : 0.0;  // as LossAndEveryGradientMatchTheCpu
+  ModelConfig cfg = make_config(kDims[0]);
+  cfg.skip_passthrough = true;
+  const int64_t B = 2, T = 19;
+  ZayaModel cpu(cfg, B, T), dev(cfg, B, T, Device::cuda);
+  test::randomize(cpu, 200, 1.0f);  // the router's weights unscaled: flatter probabilities, so
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l)  // a raised skip bias wins for part of the tokens
+    cpu.balancing_biases().select(l).data<float>()[cfg.num_experts] += 0.1f;
+  Tensor(dev.params_flat()).copy_from(cpu.params_flat());
+  Tensor(dev.balancing_biases()).copy_from(cpu.balancing_biases());
+  const Tensor ids = random_ids(B, T, cfg.vocab_size, 13), targets = random_ids(B, T, cfg.vocab_size, 33);
+
+  const double loss_cpu = cpu.forward(ids, targets);
+  cpu.backward();
+  const double loss_dev = dev.forward(ids.to(Device::cuda), targets.to(Device::cuda));
+  dev.backward();
+  for (const RouterStats& st : cpu.router_stats()) {
+    EXPECT_GT(st.skipped, 0) << "the skip class must win for some tokens in every layer";
+    EXPECT_LT(st.skipped, B * T) << "and lose for some";
+  }
+  EXPECT_NEAR(loss_dev, loss_cpu, tol * std::abs(loss_cpu));
+  for (size_t i = 0; i < cpu.specs().size(); ++i)
+    EXPECT_LE(rel_err(dev.grad(static_cast<int>(i)), cpu.grad(static_cast<int>(i))), tol)
+        << "gradient of " << cpu.specs()[i].name;
+
+  const Tensor one = ids.slice(0, 1);
+  ZayaModel cpu1(cfg, 1, T), dev1(cfg, 1, T, Device::cuda);
+  Tensor(cpu1.params_flat()).copy_from(cpu.params_flat());
+  Tensor(cpu1.balancing_biases()).copy_from(cpu.balancing_biases());
+  Tensor(dev1.params_flat()).copy_from(cpu.params_flat());
+  Tensor(dev1.balancing_biases()).copy_from(cpu.balancing_biases());
+  GenerateOptions opt;
+  opt.max_new = 12;
+  EXPECT_EQ(generate(dev1, one, opt), generate(cpu1, one, opt));
+}
+
 TEST(ModelDevice, LogitsAndGreedyGenerationMatchTheCpu) {
   ZAYA_GPU_OR_EMULATED(real);
   const double tol = real ? 1e-4 : 0.0;

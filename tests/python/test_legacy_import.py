@@ -411,21 +411,88 @@ def test_greedy_tokens_match_legacy_forward(tmp_path):
     assert len(set(ref)) > 1, "a constant sequence would not test the cache"
 
 
-def test_skip_class_maps_to_the_native_zero_output_and_warns(tmp_path):
-    """Where the skip class can win, the legacy model passes p_skip * input through and the native
-    model outputs 0: zaya equals the legacy forward with that term zeroed, and says so."""
+def skip_case(tmp_path):
+    """A legacy directory whose balancing biases let the skip class win, ids for which it does."""
     H, nq, nkv, hd, E, L, R, I, V, seed = CASES["nq4nkv2hd16E4L3"]
     cfg = legacy_config(H, nq, nkv, hd, E, L, R, I, V)
     W = write_legacy_dir(tmp_path / "legacy", cfg,
                          legacy_weights(H, nq, nkv, hd, E, L, R, I, V, seed + 3, skip_can_win=True))
     ids = np.random.default_rng(seed + 8).integers(1, V, 23)
+    return cfg, W, ids, E, V
+
+
+def test_skip_class_passes_through_as_in_the_legacy_forward(tmp_path):
+    """Where the skip class wins, the legacy model's MoE outputs p_skip times the token's normalized
+    input: zaya's import (skip_passthrough on) gives the legacy forward's logits and greedy tokens,
+    with no warning."""
+    cfg, W, ids, E, V = skip_case(tmp_path)
     passthrough, choices = legacy_forward(W, cfg, ids)
     zeroed, _ = legacy_forward(W, cfg, ids, skip_passthrough=False)
-    assert E in set(np.concatenate(choices).tolist()), "the case must route some token to the skip class"
+    skipped = int(sum((c == E).sum() for c in choices))
+    assert 0 < skipped < sum(len(c) for c in choices), "the skip class must win for some tokens, not all"
+    assert rel(passthrough, zeroed) > 1e-3  # the skip term moves the logits: the check below means something
     logits, res = zaya_logits(tmp_path / "legacy", ids, tmp_path)
+    assert rel(logits, passthrough) <= 1e-5, rel(logits, passthrough)
+    assert elem_rel(logits, passthrough) <= 1e-5, elem_rel(logits, passthrough)
+    assert "skip class" not in res.stderr, res.stderr
+
+    seq = list(ids[:5])
+    for _ in range(8):  # greedy decoding through the cached decode path, skip class included
+        step, ch = legacy_forward(W, cfg, np.array(seq))
+        seq.append(int(np.argmax(step[-1])))
+    assert any((c == E).any() for c in ch)
+    res = run_zaya("generate", "--model", tmp_path / "legacy", "--prompt-ids", ",".join(map(str, seq[:5])),
+                   "--max-new", 8, "--greedy", "--ignore-eos")
+    assert [int(t) for t in res.stdout.strip().split(",")] == seq[5:]
+
+
+def test_skip_class_export_warns_and_the_option_off_model_gives_the_native_zero(tmp_path):
+    """export-hf of the imported model warns that transformers' native model differs where the skip
+    class wins, and keeps skip_passthrough in config.json (zaya reads it back). Without it (zaya's
+    option off, the native behaviour) a skipped token's MoE output is 0: the legacy forward with the
+    skip term zeroed. transformers' ZayaForCausalLM goes further: its _init_weights, which
+    from_pretrained runs after loading, writes balancing_biases[-1] = -1 past the loaded value, so in
+    it the skip class never wins here and those tokens go to their best real expert (checked as the
+    legacy forward with every skip bias at -1)."""
+    cfg, W, ids, E, V = skip_case(tmp_path)
+    passthrough, _ = legacy_forward(W, cfg, ids)
+    zeroed, _ = legacy_forward(W, cfg, ids, skip_passthrough=False)
+    run_zaya("ckpt", "import-hf", tmp_path / "legacy", "--out", tmp_path / "run")
+    res = run_zaya("ckpt", "export-hf", tmp_path / "run", "--out", tmp_path / "native", "--no-tokenizer")
+    assert "OUTPUTS WILL DIFFER" in res.stderr and "skip class" in res.stderr, res.stderr
+    config = json.loads((tmp_path / "native" / "config.json").read_text())
+    assert config["skip_passthrough"] is True
+    logits, _ = zaya_logits(tmp_path / "native", ids, tmp_path)
+    assert rel(logits, passthrough) <= 1e-5, rel(logits, passthrough)
+
+    del config["skip_passthrough"]
+    (tmp_path / "native" / "config.json").write_text(json.dumps(config))
+    logits, _ = zaya_logits(tmp_path / "native", ids, tmp_path)
     assert rel(logits, zeroed) <= 1e-5, rel(logits, zeroed)
-    assert rel(logits, passthrough) > 1e-3  # the difference is real, hence the warning
-    assert "skip class" in res.stderr, res.stderr
+    assert rel(logits, passthrough) > 1e-3
+
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return
+    model = transformers.ZayaForCausalLM.from_pretrained(tmp_path / "native", torch_dtype=torch.float32)
+    model = model.double().eval()
+    model.config._experts_implementation = "eager"
+    with torch.no_grad():
+        got = model(input_ids=torch.tensor(ids)[None]).logits[0].numpy()
+    E_ = cfg["zaya_layers"][1]
+    kept = [float(model.model.layers[l].mlp.gate.balancing_biases[E_]) for l in range(len(model.model.layers))]
+    if all(b == -1.0 for b in kept):  # transformers replaced the loaded skip bias 0.02 by its init -1
+        W_init = dict(W)
+        for n in range(1, len(cfg["zaya_layers"]), 2):
+            bb = W[f"model.layers.{n}.zaya_block.router.balancing_biases"].copy()
+            bb[E_] = -1.0
+            W_init[f"model.layers.{n}.zaya_block.router.balancing_biases"] = bb
+        want, _ = legacy_forward(W_init, cfg, ids, skip_passthrough=False)
+    else:  # a transformers that keeps the loaded biases: the native zero output
+        want = zeroed
+    assert rel(got, want) <= 1e-6, (rel(got, want), kept)
 
 
 def test_import_export_loads_in_native_transformers(tmp_path):
@@ -524,6 +591,7 @@ moe_intermediate_size = {I}
 router_hidden_size = {R}
 rope_theta = 1000.0
 max_position_embeddings = 256
+skip_passthrough = true
 [data]
 train = ["{tmp_path / 'one'}"]
 [train]

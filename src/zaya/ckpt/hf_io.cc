@@ -11,6 +11,7 @@
 #include "zaya/ckpt/finite.h"
 #include "zaya/ckpt/hf_legacy.h"
 #include "zaya/ckpt/safetensors.h"
+#include "zaya/core/log.h"
 #include "zaya/model/params.h"
 
 namespace zaya::ckpt {
@@ -124,6 +125,23 @@ std::unique_ptr<model::ZayaModel> load_hf_model(const fs::path& dir, int64_t bat
 void export_hf(const model::ZayaModel& m, const fs::path& dir, DType dtype, uint64_t shard_bytes) {
   ZAYA_CHECK(dtype == DType::f32 || dtype == DType::bf16, "export_hf: dtype must be f32 or bf16, found ",
              dtype_name(dtype));
+  if (m.config().skip_passthrough) {
+    // transformers' native ZayaForCausalLM has no skip passthrough: it gives a token routed to the
+    // skip class MoE output 0. The export still writes the weights exactly (a user converting
+    // ZAYA1-base wants the native checkpoint), and says loudly where the two functions differ.
+    // config.json keeps `skip_passthrough: true`, which transformers ignores and zaya reads back.
+    const std::vector<int64_t> can_skip = skip_class_winning_layers(m);
+    if (can_skip.empty())
+      log_info("export-hf: the model has skip_passthrough on (the legacy ZAYA1 MoE), but in no layer can the skip "
+               "class win (balancing biases), so transformers' native ZayaForCausalLM computes the same outputs");
+    else
+      log_warn("export-hf: OUTPUTS WILL DIFFER in transformers. This model has skip_passthrough on (the legacy "
+               "ZAYA1 MoE, as imported from ZAYA1-base): a token whose router picks the skip class gets p_skip times "
+               "its normalized input from the MoE block, where transformers' native ZayaForCausalLM gives it 0. "
+               "In layer(s) ", layer_list(can_skip), " the balancing biases let the skip class win, so the exported "
+               "model's logits differ from zaya's for any token routed there (docs/legacy-import.md, \"The skip "
+               "class\")");
+  }
   fs::create_directories(dir);
   {
     std::ofstream out(dir / "config.json");

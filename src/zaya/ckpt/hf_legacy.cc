@@ -70,6 +70,26 @@ bool starts_with(const std::string& s, const std::string& p) { return s.compare(
 
 }  // namespace
 
+std::vector<int64_t> skip_class_winning_layers(const model::ZayaModel& m) {
+  const int64_t L = m.config().num_hidden_layers, E = m.config().num_experts;
+  Tensor beta = m.balancing_biases();
+  if (beta.device() != Device::cpu) beta = beta.to(Device::cpu);  // read on the host
+  // argmax(p + beta) picks the skip class for some probability vector iff
+  // beta_skip + 1 > max_e beta_e (p_skip = 1 is its best case).
+  std::vector<int64_t> out;
+  for (int64_t l = 0; l < L; ++l) {
+    const float* b = beta.select(l).data<float>();
+    if (static_cast<double>(b[E]) + 1.0 > static_cast<double>(*std::max_element(b, b + E))) out.push_back(l);
+  }
+  return out;
+}
+
+std::string layer_list(const std::vector<int64_t>& layers) {
+  std::ostringstream s;
+  for (size_t k = 0; k < layers.size(); ++k) s << (k ? ", " : "") << layers[k];
+  return s.str();
+}
+
 std::string legacy_tensor_name(const std::string& native, int64_t layers, int64_t expert) {
   if (native == "model.embed_tokens.weight") return native;
   if (native == "model.norm.weight") return "model.final_norm.weight";
@@ -160,23 +180,15 @@ void load_legacy_hf_weights(const fs::path& dir, const std::vector<fs::path>& fi
     ZAYA_CHECK(std::memcmp(t.raw(), m.param(0).raw(), t.nbytes()) == 0, file,
                ": lm_head.weight differs from model.embed_tokens.weight, but ZAYA1 ties them");
 
-  // The legacy MoE passes a token that chose the skip class through as p_skip times its
-  // normalized input; the native model (transformers' ZayaForCausalLM, and zaya) gives it 0. The
-  // two agree exactly when the skip class cannot win: argmax(p + beta) picks the skip class for
-  // some probability vector iff beta_skip + 1 > max_e beta_e (p_skip = 1 is the best case).
-  std::vector<int64_t> can_skip;
-  const int64_t E = c.num_experts;
-  for (int64_t l = 0; l < L; ++l) {
-    const float* b = m.balancing_biases().select(l).data<float>();
-    if (static_cast<double>(b[E]) + 1.0 > static_cast<double>(*std::max_element(b, b + E))) can_skip.push_back(l);
-  }
-  if (!can_skip.empty()) {
-    std::ostringstream layers;
-    for (size_t k = 0; k < can_skip.size(); ++k) layers << (k ? ", " : "") << can_skip[k];
-    log_warn("legacy import of ", dir.string(), ": in layer(s) ", layers.str(),
-             " the balancing biases let the skip class win; a token routed there gets MoE output 0 in zaya "
-             "(as in transformers' native ZayaForCausalLM), where the legacy model passed p_skip times its "
-             "normalized input through (docs/legacy-import.md, \"The skip class\")");
+  // Imported with skip_passthrough on (model::legacy_hf_config), the model computes the legacy
+  // MoE's skip path too. Only a model built without it (a caller's own config) differs there.
+  if (!c.skip_passthrough) {
+    const std::vector<int64_t> can_skip = skip_class_winning_layers(m);
+    if (!can_skip.empty())
+      log_warn("legacy import of ", dir.string(), ": in layer(s) ", layer_list(can_skip),
+               " the balancing biases let the skip class win; this model has skip_passthrough off, so a token "
+               "routed there gets MoE output 0, where the legacy model passed p_skip times its normalized input "
+               "through (docs/legacy-import.md, \"The skip class\")");
   }
 }
 

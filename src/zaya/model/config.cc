@@ -68,6 +68,7 @@ ModelConfig ModelConfig::from_toml(ConfigReader& r) {
   r.get("model.pad_token_id", c.pad_token_id);
   r.get("model.bos_token_id", c.bos_token_id);
   r.get("model.eos_token_id", c.eos_token_id);
+  r.get("model.skip_passthrough", c.skip_passthrough);
   int64_t experts_per_tok = 1;
   r.get("model.num_experts_per_tok", experts_per_tok);
   need(experts_per_tok == 1, r.file(), "model.num_experts_per_tok", "1 (ZAYA1 routes each token to one expert)",
@@ -138,6 +139,12 @@ ModelConfig ModelConfig::from_hf_json_text(const std::string& text, const std::s
     get_int("eos_token_id", c.eos_token_id, false);
   get_num(j, "rms_norm_eps", c.rms_norm_eps);
   get_num(j, "initializer_range", c.initializer_range);
+  // zaya's own key (transformers' ZayaConfig keeps it as an unused attribute): a model imported
+  // from the legacy layout keeps the legacy skip behaviour through zaya's checkpoints and exports.
+  if (j.contains("skip_passthrough") && !j["skip_passthrough"].is_null()) {
+    need(j["skip_passthrough"].is_boolean(), src, "skip_passthrough", "true or false", j["skip_passthrough"].dump());
+    c.skip_passthrough = j["skip_passthrough"].get<bool>();
+  }
   int64_t k = 1;
   get_int("num_experts_per_tok", k, false);
   need(k == 1, src, "num_experts_per_tok", "1", s(k));
@@ -196,6 +203,8 @@ std::string ModelConfig::to_hf_json() const {
   j["bos_token_id"] = bos_token_id;
   j["eos_token_id"] = eos_token_id;
   j["use_cache"] = true;
+  // Only when on: a native model's config.json stays exactly transformers' keys.
+  if (skip_passthrough) j["skip_passthrough"] = true;
   return j.dump(2) + "\n";
 }
 

@@ -34,6 +34,12 @@ struct ModelConfig {
   int64_t pad_token_id = 0;
   int64_t bos_token_id = 2;
   int64_t eos_token_id = 1;
+  // What the MoE block outputs for a token whose router chose the skip class (index E). false (the
+  // native behaviour of transformers' ZayaForCausalLM): 0. true (the legacy layout of Zyphra's
+  // transformers fork, in which ZAYA1-base was released): p_skip times the token's MoE input, the
+  // post-attention RMSNorm's output ("mixture of depths"). The legacy import turns it on; TOML
+  // `model.skip_passthrough`, config.json `skip_passthrough` (written only when true).
+  bool skip_passthrough = false;
 
   // Derived sizes.
   int64_t q_dim() const { return num_attention_heads * head_dim; }

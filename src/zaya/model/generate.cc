@@ -18,6 +18,7 @@
 #include "zaya/ops/dense.h"
 #include "zaya/ops/experts.h"
 #include "zaya/ops/moe.h"
+#include "zaya/ops/moe_skip.h"
 #include "zaya/ops/router_state.h"
 #include "zaya/ops/scale_bias.h"
 
@@ -167,6 +168,7 @@ void ZayaDecoder::layer_step(int l) {
   const int64_t M = ops::moe_plan(counts_, offsets_, pos_, src_, choice_, B, E);
   ops::experts_forward({xp_, gu_, act_, y_, Tensor{}, Tensor{}}, w_, src_, offsets_, {p.w_gu, p.w_d}, M);
   ops::moe_unpermute(mo_, y_, weight_, pos_, M, B, H);
+  if (c.skip_passthrough) ops::moe_skip_forward(mo_, w_, probs_, choice_, B, E, H);  // p_skip · w if skipped
   ops::residual_scale_forward(x_, mo_, xmid_, p.rs_mlp);  // x_out written over the layer input
 }
 

@@ -251,6 +251,9 @@ ModelConfig legacy_hf_config(const json& j, const std::string& src) {
   r.fixed("cca_time1", 2, "the CCA kernels zaya implements");
   r.fixed("clamp_temp", false, "zaya uses the key temperature linearly");
   r.fixed("zaya_use_mod", true, "the native router always has the skip class");
+  // The fork's skip class (zaya_use_mod, whose default there is true) passes a token through as
+  // p_skip times its normalized input: the legacy MoE's behaviour, kept (docs/legacy-import.md).
+  c.skip_passthrough = true;
   r.fixed("zaya_use_eda", true, "the native router always mixes in the previous router state");
   r.fixed("scale_residual_merge", true, "the native layer always has residual scaling");
   r.fixed("gated_linear_unit", true, "experts are SwiGLU");

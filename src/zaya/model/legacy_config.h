@@ -24,6 +24,7 @@ bool is_legacy_hf_config(const nlohmann::json& j);
 // for anything the native model cannot represent: a sliding-window layer, experts-per-token other
 // than 1, per-half-layer lists that disagree between layers or with the attention/MoE alternation,
 // disabled residual scaling, EDA or skip class, biases on linear layers, untied embeddings, ...
+// The result has skip_passthrough on: the legacy MoE's skip class (ModelConfig::skip_passthrough).
 ModelConfig legacy_hf_config(const nlohmann::json& j, const std::string& source);
 
 }  // namespace zaya::model

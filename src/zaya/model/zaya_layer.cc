@@ -1,6 +1,7 @@
 // One ZAYA1 decoder layer, forward and backward (DESIGN.md, "Layer", "CCA", "Router", "Experts"):
 //   u = RMSNorm_in(x);  a = o_proj(attention(CCA(u)));  x_mid = RS_attn(a, x);
 //   w = RMSNorm_post(x_mid);  (m, r_l) = MoE(w, r_{l−1});  x_out = RS_mlp(m, x_mid).
+// A token routed to the skip class gets m = 0, or p_skip·w with ModelConfig::skip_passthrough.
 // The backward walks the same steps in reverse; each step's comment gives the forward it undoes.
 #include <cmath>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "zaya/ops/gemm.h"
 #include "zaya/ops/gemm_many.h"
 #include "zaya/ops/moe.h"
+#include "zaya/ops/moe_skip.h"
 #include "zaya/ops/rope.h"
 #include "zaya/ops/router_state.h"
 
@@ -38,6 +40,10 @@ void ZayaModel::router_backward(int l) {
   LayerParams& g = lg_[l];
   // Router: weight = p_choice, p = softmax(out_proj(GELU(fc2(GELU(fc1(RMSNorm_R(r))))))).
   ops::moe_route_backward(s.dlogits, s.dweight, t.probs, t.choice, N, E);
+  // Skip passthrough: m[n] = p_skip·w[n] for skipped tokens, so dL/dp_skip = ⟨dm[n], w[n]⟩ enters
+  // the same softmax (s.dm is not written again before the next layer's backward).
+  if (cfg_.skip_passthrough)
+    ops::moe_skip_router_backward(s.dlogits, s.dm, t.w, t.probs, t.choice, N, E, cfg_.hidden_size);
   ops::linear_backward(s.dg2, g.outw, Tensor{}, s.dlogits, t.g2, p.outw);
   ops::gelu_backward(s.dg2, s.dg2, t.a2);
   ops::linear_backward(s.dg1, g.fc2w, g.fc2b, s.dg2, t.g1, p.fc2w);
@@ -69,7 +75,9 @@ void ZayaModel::plan_backward_side_tasks(int l) {
   const double N = static_cast<double>(B_ * T_), H = static_cast<double>(cfg_.hidden_size),
                R = static_cast<double>(cfg_.router_hidden_size), E = static_cast<double>(cfg_.num_experts);
   side_tasks_.clear();
-  side_tasks_.push_back({&ZayaModel::run_router_backward, this, l, 4.0 * N * (H * R + 2.0 * R * R + R * (E + 1.0))});
+  // + the skip passthrough's ⟨dm, w⟩ over the skipped tokens (at most N) when it is on.
+  const double skip = cfg_.skip_passthrough ? 2.0 * N * H : 0.0;
+  side_tasks_.push_back({&ZayaModel::run_router_backward, this, l, 4.0 * N * (H * R + 2.0 * R * R + R * (E + 1.0)) + skip});
   for (size_t j = 0; j < pending_wgrads_.size(); ++j)
     side_tasks_.push_back({&ZayaModel::run_pending_weight_grad, this, static_cast<int64_t>(j),
                            2.0 * N * static_cast<double>(pending_wgrads_[j].C.numel())});
@@ -142,13 +150,15 @@ void ZayaModel::layer_forward(int l, bool recomputing) {
   if (!recomputing) Tensor::borrow(counts_host_.data() + l * E, Shape{E}, DType::i32).copy_from(t.counts);
   ops::experts_forward(expert_acts(l), t.w, t.src, t.offsets, expert_weights(l), t.M);
   ops::moe_unpermute(t.m, t.y, t.weight, t.pos, t.M, N, H);  // m = p_choice · y (0 if skipped)
+  if (cfg_.skip_passthrough) ops::moe_skip_forward(t.m, t.w, t.probs, t.choice, N, E, H);  // m = p_skip · w if skipped
   if (!recomputing) ops::residual_scale_forward(s.xs[l + 1], t.m, t.x_mid, p.rs_mlp);
 }
 
 // In: s.dxa = dL/dx_out, s.drc = dL/dr_l from layer l+1 (0 for the last layer).
 // Out: s.dxa = dL/dx_in, s.drc = dL/dr_{l−1}.
 void ZayaModel::layer_backward(int l) {
-  const int64_t N = B_ * T_, H = cfg_.hidden_size, kv = cfg_.kv_dim(), C = cfg_.conv_channels();
+  const int64_t N = B_ * T_, H = cfg_.hidden_size, kv = cfg_.kv_dim(), C = cfg_.conv_channels(),
+                E = cfg_.num_experts;
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
   const ops::CcaDims dims{nq, nkv, hd};
   LayerActs& t = acts_[l];
@@ -178,6 +188,7 @@ void ZayaModel::layer_backward(int l) {
   // The layer above is complete: its pending weight gradients were the last of it.
   if (l + 1 < cfg_.num_hidden_layers) report_ready_layer(l + 1);
   ops::moe_gather_backward(s.dw, s.dxp, t.pos, t.M, N, H);  // xp = w[src]
+  if (cfg_.skip_passthrough) ops::moe_skip_input_backward(s.dw, s.dm, t.probs, t.choice, N, E, H);  // m = p_skip · w
   clock.part("backward: router");
   // h_l = W_down w + b_down; w also feeds the experts (s.dw from the gather).
   ops::linear_backward(s.dw, Tensor{}, Tensor{}, s.dr, t.w, p.w_down, {}, /*accumulate_dx=*/true);
