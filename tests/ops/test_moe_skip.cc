@@ -180,8 +180,9 @@ TEST(MoeSkip, BackwardsLeaveRoutedRowsAlone) {
                               : dx0.data<float>()[i];
       EXPECT_EQ(dx.data<float>()[i], want) << "dx accumulates on skipped rows only, at " << n;
     }
-    if (!skip)
+    if (!skip) {
       for (int64_t e = 0; e < K; ++e) EXPECT_EQ(dl.data<float>()[n * K + e], dl0.data<float>()[n * K + e]) << n;
+    }
   }
 }
 
