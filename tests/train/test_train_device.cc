@@ -98,6 +98,26 @@ TEST_F(TrainDevice, Bf16WeightsTrackTheCpu) {
   for (float w : host_flat(dev.model().params_flat())) ASSERT_EQ(to_float(to_bf16(w)), w) << "not a bf16 value";
 }
 
+// The data-parallel machinery on the device at a world of one (what one lent GPU can run): the
+// order-independent f64 reduction's gradient sync (fp64 accumulation, narrowing, bucket plan) and
+// the parameter gather, prefetched by the forward's hook, on device buffers, with bf16 weights.
+// Against the CPU's run of the same config: the fp32 bound of TrainsAsTheCpuDoes, and the bf16
+// weights' rounding flips of Bf16WeightsTrackTheCpu (2%).
+TEST_F(TrainDevice, GradientSyncOnTheDeviceTracksTheCpu) {
+  ZAYA_GPU_OR_EMULATED(real);
+  auto f64 = [&](const std::string& run, const std::string& device) {
+    return parse_run_config(toy::toy_config(prefix_, root_ / run, 10), "toy.toml",
+                            {"parallel.device=\"" + device + "\"", "parallel.grad_reduce=\"f64\"",
+                             "train.param_dtype=\"bf16\"", "train.grad_accum=2"});
+  };
+  Trainer cpu(f64("cpu", "cpu"), {.quiet = true});
+  Trainer dev(f64("dev", "cuda"), {.quiet = true});
+  const TrainResult a = cpu.run(), b = dev.run();
+  ASSERT_EQ(b.losses.size(), 10u);
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    EXPECT_NEAR(b.losses[i], a.losses[i], 2e-2 * std::abs(a.losses[i])) << "step " << i + 1;
+}
+
 TEST_F(TrainDevice, ResumeOnTheDeviceIsBitExact) {
   ZAYA_GPU_OR_EMULATED(real);
   const int total = 10, first = 5;
