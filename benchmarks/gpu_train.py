@@ -336,7 +336,10 @@ def environment(a):
                            capture_output=True, text=True)
         env["gpu"] = p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else None
     v = subprocess.run([a.zaya, "--version"], capture_output=True, text=True)
-    env["zaya_version"] = " / ".join(l.strip() for l in v.stdout.splitlines()[:4]) if v.returncode == 0 else None
+    for line in v.stdout.splitlines() if v.returncode == 0 else []:
+        key, _, value = line.partition(" ")
+        if key in ("version", "commit"):
+            env[f"zaya_{key}"] = value.strip()
     return env
 
 
@@ -350,13 +353,17 @@ def report(res):
     peak = res["peak_tflops"]
     mfu = z["tokens_per_s"] * z["flops_per_token"] / (peak * 1e12)
     L = ["## zaya against transformers on the same device", "",
-         f"Model: hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, CCA {cfg['num_attention_heads']}/"
+         f"Model: hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layer"
+         f"{'' if cfg['num_hidden_layers'] == 1 else 's'}, CCA {cfg['num_attention_heads']}/"
          f"{cfg['num_key_value_heads']} heads of {cfg['head_dim']}, {cfg['num_experts']} experts of "
          f"{cfg['moe_intermediate_size']} + skip, router {cfg['router_hidden_size']}, vocab {cfg['vocab_size']}; "
          f"batch {res['micro_batch']} x {res['seq']} tokens; device {res['env'].get('gpu') or res['env']['device']}.",
          f"zaya: {z['precision']}; transformers: bf16 parameters, torch AdamW. "
          f"Model FLOPs per token {z['flops_per_token'] / 1e9:.3f} G (zaya size's count); MFU against "
-         f"{peak:g} TFLOP/s.", "",
+         f"{peak:g} TFLOP/s.",
+         f"Run {res['env']['date_utc']} UTC; zaya {res['env'].get('zaya_version')} at commit "
+         f"{res['env'].get('zaya_commit')}; torch {e.get('torch', c.get('torch', 'n/a'))}, transformers "
+         f"{e.get('transformers', c.get('transformers', 'n/a'))}.", "",
          "| | zaya | transformers eager | transformers torch.compile |", "|---|---|---|---|"]
 
     def cell(r, key, spec, scale=1.0, suffix=""):
@@ -435,7 +442,8 @@ def plot(res, path):
     ax.set_xlim(0, 115 * max(r["share"] for r in rows))  # room for the labels
     ax.set_xlabel("share of the step (%)")
     cfg = res["config"]
-    ax.set_title(f"zaya step on {res['env'].get('gpu') or res['env']['device']}: {cfg['num_hidden_layers']} layers, "
+    ax.set_title(f"zaya step on {res['env'].get('gpu') or res['env']['device']}: {cfg['num_hidden_layers']} layer"
+                 f"{'' if cfg['num_hidden_layers'] == 1 else 's'}, "
                  f"{res['micro_batch']} x {res['seq']} tokens\n({res['sections_note']})", fontsize=9)
     ax.tick_params(axis="y", labelsize=7)
     fig.tight_layout()

@@ -46,6 +46,7 @@ def test_smoke_run_reports_every_field(tmp_path):
     z, size = res["zaya"], res["size"]
     assert res["config"]["num_hidden_layers"] == 1 and res["config"]["hidden_size"] == 128
     assert res["micro_batch"] == 2 and res["seq"] == 64 and res["peak_tflops"] == 989.0
+    assert res["env"]["zaya_commit"] and res["env"]["zaya_version"]
     assert z["precision"] == "bf16 (fp32 master weights), optimizer AdamW"
     for key in ("step_ms", "forward_ms", "backward_ms", "tokens_per_s", "flops_per_token", "peak_memory_mib"):
         assert z[key] > 0, key
