@@ -33,7 +33,8 @@ model.num_hidden_layers=L --mbs B --seq 4096 --hw h200` predicts memory with bf1
 activations; zaya holds its bf16 weights in f32 storage and its activations in f32, so its peak
 is about 20 bytes per parameter (weights, gradients, fp32 masters, AdamW's two moments) plus
 twice the printed activations. On a 141 GB H200, 8 layers (2.2B parameters) at micro-batch 1
-use about 50 GB; each further layer adds about 4.2 GB (208M parameters) plus its activations.
+take about 48 GB and each further layer about 4.7 GB (208M parameters and their activations), so
+about 24 layers fit at micro-batch 1 (docs/train.md, "Benchmark against PyTorch").
 
 Run on a GPU machine (the pinned transformers, scripts/requirements.txt, must have ZayaForCausalLM):
     python3 benchmarks/gpu_train.py --zaya build/cuda/zaya --layers 8 --micro-batch 1 --out OUTDIR
