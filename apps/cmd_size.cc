@@ -32,6 +32,7 @@ struct SizeArgs {
   bool sweep_experts = false;
   std::vector<int64_t> sweep_batches{1, 64};
   std::string sweep_json;
+  double measured_step_s = 0;
 };
 
 void add_size(CLI::App& app, Commands& commands) {
@@ -47,6 +48,9 @@ void add_size(CLI::App& app, Commands& commands) {
                 "activation recomputation (train.recompute): activations of the layer inputs + one layer, and the "
                 "time of L - 1 more layer forwards");
   cmd->add_option("--set", args->overrides, "override a config key: model.hidden_size=1024");
+  cmd->add_option("--measured-step-s", args->measured_step_s,
+                  "a measured step of this shape in seconds (`zaya bench step`'s step time for --mbs x --seq tokens): "
+                  "printed next to the --hw profile's prediction, with the ratio and both MFUs");
   cmd->add_flag("--suggest", args->suggest, "also rank nearby shapes at the same parameter budget by predicted step time");
   cmd->add_option("--budget", args->budget, "what --suggest holds fixed (±5%): total or active parameters")
       ->capture_default_str();
@@ -106,7 +110,12 @@ void add_size(CLI::App& app, Commands& commands) {
                         so.serve = args->serve;
                         ZAYA_CHECK(args->sweep_json.empty() || args->sweep_experts,
                                    "--sweep-json writes --sweep-experts' rows: add --sweep-experts");
-                        std::cout << sizing::format_size_report(sizing::size_model(c, args->run, hw));
+                        ZAYA_CHECK(args->measured_step_s == 0 || hw,
+                                   "--measured-step-s: a measured step is compared with a hardware profile's "
+                                   "prediction; add --hw (h100, h200, mi300x or a profile .json)");
+                        const sizing::SizeReport report = sizing::size_model(c, args->run, hw);
+                        std::cout << sizing::format_size_report(report);
+                        if (args->measured_step_s != 0) std::cout << sizing::format_measured_step(report, args->measured_step_s);
                         const int64_t prompt = args->prompt > 0 ? args->prompt : args->run.seq;
                         const int64_t context = args->context > 0 ? args->context : args->run.seq;
                         std::cout << sizing::format_serve_report(sizing::serve_model(

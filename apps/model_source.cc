@@ -15,13 +15,26 @@
 namespace zaya::app {
 
 std::unique_ptr<model::ZayaModel> make_model(const ModelSource& s, int64_t batch, int64_t seq,
-                                             const std::string& command) {
+                                             const std::string& command, optim::OptimizerConfig* optim) {
   ZAYA_CHECK(s.model.empty() != s.init_config.empty(), command,
              ": give exactly one of --model and --init-config");
+  ZAYA_CHECK(s.overrides.empty() || !s.init_config.empty(), command,
+             ": --set overrides keys of --init-config; it cannot change a --model");
   const Device device = parse_device_flag(s.device);
-  if (!s.model.empty()) return load_model_checked(s.model, batch, seq, command, device).model;
-  ConfigReader reader = ConfigReader::from_file(s.init_config);
+  if (!s.model.empty()) {
+    if (optim) *optim = optim::OptimizerConfig{};
+    return load_model_checked(s.model, batch, seq, command, device).model;
+  }
+  ConfigReader reader = ConfigReader::from_file(s.init_config, s.overrides);
   const model::ModelConfig config = model::ModelConfig::from_toml(reader);
+  if (optim) *optim = optim::OptimizerConfig::from_toml(reader);
+  // The config's other sections (train, data, ...) are other commands' business, so finish() does
+  // not apply; but a --set key must be one this command read.
+  for (const std::string& o : s.overrides) {
+    const std::string key = o.substr(0, o.find('='));
+    ZAYA_CHECK(reader.values().count(key) > 0, command, ": --set ", o, ": '", key, "' is not a key ", command,
+               " reads (the [model] section", optim ? " and [optim]" : "", ")");
+  }
   check_positions(config, seq, command);
   auto m = std::make_unique<model::ZayaModel>(config, batch, seq, device);
   m->init(s.seed);

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "zaya/model/zaya_model.h"
+#include "zaya/optim/config.h"
 #include "zaya/train/model_io.h"
 
 namespace zaya::app {
@@ -17,6 +19,7 @@ struct ModelSource {
   uint64_t seed = 0;
   std::string gemm_dtype = "f32";  // f32 or bf16 inputs for the expert and LM-head GEMMs
   std::string device = "cpu";      // cpu or cuda
+  std::vector<std::string> overrides;  // --set KEY=VALUE on --init-config's keys
 };
 
 // --device: where a command runs its model ("cpu" or "cuda"). A GPU that is not there is an error
@@ -24,9 +27,11 @@ struct ModelSource {
 Device parse_device_flag(const std::string& device);
 
 // A model for batches of [batch, seq] tokens; `command` names the caller in errors. seq must fit
-// the model's max_position_embeddings (checked before the activations are allocated).
+// the model's max_position_embeddings (checked before the activations are allocated). `optim`,
+// when given, also gets the [optim] section of --init-config (its defaults with --model). Every
+// --set key must be one that was read: a mistyped override is an error, not a silent default.
 std::unique_ptr<model::ZayaModel> make_model(const ModelSource& source, int64_t batch, int64_t seq,
-                                             const std::string& command);
+                                             const std::string& command, optim::OptimizerConfig* optim = nullptr);
 // A model from `path` (zaya checkpoint or transformers directory) for [batch, seq] tokens, with
 // seq checked against its max_position_embeddings before the activations for [batch, seq] are
 // allocated; `what` names the source of seq in the error ("--ids", "--seq").

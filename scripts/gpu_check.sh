@@ -18,13 +18,24 @@
 #                                      MPI as a singleton), `zaya sysinfo`, `zaya bench gemm --backend cuda` over
 #                                      ZAYA1-base's training GEMMs (bf16 and f32), the demo model's
 #                                      training step on the GPU (`bench step`), the checkpoint
-#                                      stall from device tensors (`bench ckpt --device cuda`) and the op
+#                                      stall from device tensors (`bench ckpt --device cuda`), a short
+#                                      gpu-train (8 layers, few steps, the compilation bounded;
+#                                      its tables and result line appended to sysinfo.txt, from
+#                                      which `benchmarks/gpu_train.py --replot` makes the plot) and the op
 #                                      benchmarks (bench_ops_*_cuda: attention, CCA, RoPE, routing,
 #                                      permutation, the fused loss); logs and the
 #                                      hardware profile go to OUTDIR
 #   scripts/gpu_check.sh tests [OUTDIR]
 #                                      the same without sysinfo and the GEMM tables, the NCCL
 #                                      benchmark up to 128 MB instead of 1 GB
+#   scripts/gpu_check.sh gpu-train [LAYERS [MICRO_BATCH [OUTDIR]]]
+#                                      on the GPU machine: benchmarks/gpu_train.py, zaya's
+#                                      training step on a ZAYA1-base-shaped model of LAYERS
+#                                      layers (default 8) against transformers' ZayaForCausalLM
+#                                      eager and under torch.compile on the same GPU (the
+#                                      pinned transformers from .whl/ when carried): OUTDIR gets
+#                                      gpu_train.{json,md}, gpu_train_step.png and the log
+#                                      gpu_train.txt (docs/train.md, "Benchmark against PyTorch")
 #   scripts/gpu_check.sh model-vs-hf THREADS ROUNDS [OUTDIR]
 #                                      on the GPU machine: benchmarks/model_vs_hf.py on its
 #                                      CPU (a second machine for issue #4's ratio),
@@ -43,6 +54,17 @@ cd "$(dirname "$0")/.."
 pack_dir=build/gpu_check
 # The vector extensions the -march=native binaries may use, as this machine reports them.
 cpu_flags() { grep -o -w -e avx512f -e avx512_bf16 -e amx_tile /proc/cpuinfo | sort -u | tr '\n' ' '; }
+# The transformers that scripts/requirements.txt pins, from its wheel when one was carried
+# (pip download --no-deps --only-binary=:all: -d .whl transformers==PIN); else the machine's.
+use_pinned_transformers() {
+  local pin
+  pin=$(sed -n 's/^transformers==//p' scripts/requirements.txt)
+  if compgen -G ".whl/transformers-$pin-*.whl" >/dev/null; then
+    python3 -m pip install -q --no-deps --target /tmp/zaya_hf ".whl/transformers-$pin-"*.whl
+    export PYTHONPATH="/tmp/zaya_hf:${PYTHONPATH:-}"
+  fi
+  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+}
 
 case "${1:-}" in
 pack)
@@ -74,7 +96,7 @@ pack)
     rm -rf "$pack_dir/libs" && (cd "$pack_dir" && rm -f "${names[@]}")
   du -sh "$pack_dir"
   ;;
-run | tests | model-vs-hf)
+run | tests | model-vs-hf | gpu-train)
   [[ -f "$pack_dir/libs.tar.xz" ]] || { echo "gpu_check: no $pack_dir/libs.tar.xz: run '$0 pack' where the CUDA build is, and carry $pack_dir" >&2; exit 1; }
   [[ -d "$pack_dir/libs" ]] || tar -C "$pack_dir" -xJf "$pack_dir/libs.tar.xz"
   export LD_LIBRARY_PATH="$PWD/$pack_dir/libs:${LD_LIBRARY_PATH:-}"
@@ -139,27 +161,38 @@ run)
       --ref-dim 8192 -w 3 -n 20 --name "${gpu:-gpu}-cublaslt-$dtype" --out "$out/profile-$dtype.json" 2>&1 |
       tee -a "$out/gemm.txt" || status=1
   done
+  # Last, so that a run cut by the call's limit loses only it: zaya against transformers on a
+  # ZAYA1-base-shaped model of 8 layers, cut to fit this mode: few steps, torch.compile's
+  # compilation (timed apart from its steps) bounded at 120 s, the whole at 4 minutes. No files
+  # of its own (the device tool brings back 8): its tables and result line go into sysinfo.txt,
+  # from which `benchmarks/gpu_train.py --replot sysinfo.txt --out DIR` makes the files.
+  # `gpu-train` is the full benchmark.
+  use_pinned_transformers >>"$out/sysinfo.txt" 2>&1 || status=1
+  PYTHONUNBUFFERED=1 timeout 240 python3 benchmarks/gpu_train.py --zaya "$pack_dir/zaya" --layers 8 --micro-batch 1 \
+    --steps 5 --sections-steps 1 --hf-steps 3 --hf-warmup 1 --compile-warmup 2 --hf-timeout 120 --no-plot 2>&1 |
+    tee -a "$out/sysinfo.txt" || status=1
   exit $status
+  ;;
+gpu-train)
+  layers="${2:-8}" mbs="${3:-1}" out="${4:-${OUT:-/tmp/gpu_check}}"
+  mkdir -p "$out"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$out/gpu_train.txt"
+  use_pinned_transformers >>"$out/gpu_train.txt" 2>&1
+  PYTHONUNBUFFERED=1 python3 benchmarks/gpu_train.py --zaya "$pack_dir/zaya" --layers "$layers" --micro-batch "$mbs" \
+    --hf-timeout 360 --out "$out" 2>&1 | tee -a "$out/gpu_train.txt"
   ;;
 model-vs-hf)
   threads="${2:?threads}" rounds="${3:?rounds}" out="${4:-${OUT:-/tmp/gpu_check}}"
   mkdir -p "$out"
   source scripts/env.sh
-  # The transformers that scripts/requirements.txt pins, from its wheel when one was carried
-  # (pip download --no-deps --only-binary=:all: -d .whl transformers==PIN); else the machine's.
-  pin=$(sed -n 's/^transformers==//p' scripts/requirements.txt)
-  if compgen -G ".whl/transformers-$pin-*.whl" >/dev/null; then
-    python3 -m pip install -q --no-deps --target /tmp/zaya_hf ".whl/transformers-$pin-"*.whl
-    export PYTHONPATH="/tmp/zaya_hf:${PYTHONPATH:-}"
-  fi
-  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+  use_pinned_transformers
   CUDA_VISIBLE_DEVICES= python3 benchmarks/model_vs_hf.py --zaya "$pack_dir/zaya" --threads "$threads" \
     --rounds "$rounds" 2>&1 | tee -a "$out/model_vs_hf-t$threads.txt"
   "$pack_dir/zaya" --threads "$threads" bench step --init-config configs/demo.toml --seed 1 --steps 5 \
     --batch 8 --seq 256 --sections 2>&1 | tee -a "$out/model_vs_hf-t$threads.txt"
   ;;
 *)
-  echo "usage: $0 pack | run [OUTDIR] | tests [OUTDIR] | model-vs-hf THREADS ROUNDS [OUTDIR]" >&2
+  echo "usage: $0 pack | run [OUTDIR] | tests [OUTDIR] | gpu-train [LAYERS [MICRO_BATCH [OUTDIR]]] | model-vs-hf THREADS ROUNDS [OUTDIR]" >&2
   exit 2
   ;;
 esac

@@ -1,8 +1,10 @@
 #include "zaya/sizing/size_report.h"
 
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
+#include "zaya/core/error.h"
 #include "zaya/model/params.h"
 #include "zaya/sizing/model_gemms.h"
 
@@ -146,6 +148,27 @@ std::string format_size_report(const SizeReport& r) {
   o << "sizing rules\n";
   for (const auto& rule : r.rules)
     o << "  " << (rule.ok ? "✓ " : "✗ ") << rule.rule << (rule.ok ? "" : ": " + rule.reason) << "\n";
+  return o.str();
+}
+
+std::string format_measured_step(const SizeReport& r, double measured_step_s) {
+  ZAYA_CHECK(r.hw.has_value(), "--measured-step-s: a measured step is compared with a hardware profile's "
+             "prediction; add --hw (h100, h200, mi300x or a profile .json)");
+  ZAYA_CHECK(measured_step_s > 0 && std::isfinite(measured_step_s),
+             "--measured-step-s: expected a positive number of seconds, found ", measured_step_s);
+  const double tokens = static_cast<double>(r.run.mbs * r.run.seq);
+  const double mfu = r.flops_per_token * tokens / (measured_step_s * r.hw->peak_bf16_flops);
+  char line[320];
+  std::ostringstream o;
+  std::snprintf(line, sizeof line,
+                "measured       step %.4g s against %.4g s predicted on %s (measured / predicted %.2f), "
+                "%.0f tokens/s\n",
+                measured_step_s, r.step_time_s, r.hw->name.c_str(), measured_step_s / r.step_time_s,
+                tokens / measured_step_s);
+  o << line;
+  std::snprintf(line, sizeof line, "               mfu %.1f%% measured, %.1f%% predicted, of %.3g TFLOP/s\n", 100 * mfu,
+                100 * r.mfu, r.hw->peak_bf16_flops / 1e12);
+  o << line;
   return o.str();
 }
 

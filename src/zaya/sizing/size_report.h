@@ -52,5 +52,10 @@ struct SizeReport {
 
 SizeReport size_model(const model::ModelConfig& c, const RunShape& run, const std::optional<HardwareProfile>& hw);
 std::string format_size_report(const SizeReport& r);
+// A measured step of the report's shape (`zaya bench step`'s step time, one rank's micro-batch of
+// run.mbs × run.seq tokens) next to the profile's prediction: both times, their ratio and both
+// MFUs, so a profile can be checked against the kernels it stands for. Needs r.hw (a zaya::Error
+// says so) and a positive time.
+std::string format_measured_step(const SizeReport& r, double measured_step_s);
 
 }  // namespace zaya::sizing
