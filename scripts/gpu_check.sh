@@ -16,7 +16,9 @@
 #                                      in FLOP/s), the NCCL backend's tests and
 #                                      `zaya bench collectives --backend nccl` (a world of one:
 #                                      MPI as a singleton), `zaya sysinfo`, `zaya bench gemm --backend cuda` over
-#                                      ZAYA1-base's training GEMMs (bf16 and f32), the demo model's
+#                                      ZAYA1-base's training GEMMs (bf16 and f32) with its experts
+#                                      op at 1-256 tokens per call (the profile's experts_table,
+#                                      which prices decode's experts: docs/sizing.md), the demo model's
 #                                      training step on the GPU (`bench step`), the checkpoint
 #                                      stall from device tensors (`bench ckpt --device cuda`) and the op
 #                                      benchmarks (bench_ops_*_cuda: attention, CCA, RoPE, routing,
@@ -25,6 +27,12 @@
 #   scripts/gpu_check.sh tests [OUTDIR]
 #                                      the same without sysinfo and the GEMM tables, the NCCL
 #                                      benchmark up to 128 MB instead of 1 GB
+#   scripts/gpu_check.sh decode-calibration [OUTDIR]
+#                                      on the GPU machine: the decode model against `zaya generate
+#                                      --device cuda` (benchmarks/decode_calibration.sh with DEVICE=cuda
+#                                      on ZAYA1-base at batches 1, 8, 32; the bandwidth is the card's
+#                                      datasheet figure unless MEMBW is set); summary.txt,
+#                                      predicted.txt, measured.txt and profile.json go to OUTDIR
 #   scripts/gpu_check.sh model-vs-hf THREADS ROUNDS [OUTDIR]
 #                                      on the GPU machine: benchmarks/model_vs_hf.py on its
 #                                      CPU (a second machine for issue #4's ratio),
@@ -74,7 +82,7 @@ pack)
     rm -rf "$pack_dir/libs" && (cd "$pack_dir" && rm -f "${names[@]}")
   du -sh "$pack_dir"
   ;;
-run | tests | model-vs-hf)
+run | tests | model-vs-hf | decode-calibration)
   [[ -f "$pack_dir/libs.tar.xz" ]] || { echo "gpu_check: no $pack_dir/libs.tar.xz: run '$0 pack' where the CUDA build is, and carry $pack_dir" >&2; exit 1; }
   [[ -d "$pack_dir/libs" ]] || tar -C "$pack_dir" -xJf "$pack_dir/libs.tar.xz"
   export LD_LIBRARY_PATH="$PWD/$pack_dir/libs:${LD_LIBRARY_PATH:-}"
@@ -136,10 +144,24 @@ run)
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
   for dtype in bf16 f32; do
     "$pack_dir/zaya" bench gemm --backend cuda --dtype "$dtype" --shapes model:configs/zaya1-base.toml \
-      --ref-dim 8192 -w 3 -n 20 --name "${gpu:-gpu}-cublaslt-$dtype" --out "$out/profile-$dtype.json" 2>&1 |
+      --ref-dim 8192 -w 3 -n 20 --experts-tokens 1,2,4,8,16,32,64,128,256 \
+      --name "${gpu:-gpu}-cublaslt-$dtype" --out "$out/profile-$dtype.json" 2>&1 |
       tee -a "$out/gemm.txt" || status=1
   done
   exit $status
+  ;;
+decode-calibration)
+  out="${2:-${OUT:-/tmp/gpu_check}}"
+  mkdir -p "$out"
+  # zaya bench membw measures the host: the device's bandwidth is the datasheet's (MEMBW overrides).
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+  case "$gpu" in h100) bw=3.35e12 ;; h200) bw=4.8e12 ;; *) bw="" ;; esac
+  membw="${MEMBW:-$bw}"
+  [[ -n "$membw" ]] || { echo "gpu_check: no datasheet bandwidth for '$gpu': set MEMBW (bytes/s)" >&2; exit 2; }
+  raw=$(mktemp -d)  # every raw output; the device tool brings back 8 files, so four are copied
+  ZAYA="$pack_dir/zaya" DEVICE=cuda MEMBW="$membw" CFG=configs/zaya1-base.toml \
+    benchmarks/decode_calibration.sh "$raw" "$(nproc)" "1 8 32" 2>&1 | tee "$out/decode_calibration.txt"
+  cp "$raw/summary.txt" "$raw/predicted.txt" "$raw/measured.txt" "$raw/profile.json" "$out/"
   ;;
 model-vs-hf)
   threads="${2:?threads}" rounds="${3:?rounds}" out="${4:-${OUT:-/tmp/gpu_check}}"
@@ -159,7 +181,7 @@ model-vs-hf)
     --batch 8 --seq 256 --sections 2>&1 | tee -a "$out/model_vs_hf-t$threads.txt"
   ;;
 *)
-  echo "usage: $0 pack | run [OUTDIR] | tests [OUTDIR] | model-vs-hf THREADS ROUNDS [OUTDIR]" >&2
+  echo "usage: $0 pack | run [OUTDIR] | tests [OUTDIR] | decode-calibration [OUTDIR] | model-vs-hf THREADS ROUNDS [OUTDIR]" >&2
   exit 2
   ;;
 esac
