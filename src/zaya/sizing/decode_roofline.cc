@@ -79,8 +79,8 @@ ForwardGemms forward_gemms(const model::ModelConfig& c, int64_t rows, int64_t he
 }
 
 // What the serving report says about how the decode rows price the experts.
-std::string experts_pricing(const model::ModelConfig& c, const HardwareProfile& hw, const ServeOptions& o,
-                            const std::vector<DecodeStep>& decode) {
+// (A fitting entry prices every batch: measured_experts_seconds extrapolates past the measured counts.)
+std::string experts_pricing(const model::ModelConfig& c, const HardwareProfile& hw, const ServeOptions& o) {
   const std::string shape = std::to_string(c.num_experts) + " experts of H " + std::to_string(c.hidden_size) +
                             ", I " + std::to_string(c.moe_intermediate_size) + " at " +
                             std::to_string(o.weight_bytes) + "-byte weights";
@@ -94,8 +94,7 @@ std::string experts_pricing(const model::ModelConfig& c, const HardwareProfile& 
         experts_weight_bytes(x.weight_dtype) == o.weight_bytes)
       tokens += (tokens.empty() ? "" : ", ") + std::to_string(x.tokens);
   if (tokens.empty()) return "roofline (the profile's experts_table has no entry for " + shape + ")";
-  const bool all = std::all_of(decode.begin(), decode.end(), [](const DecodeStep& s) { return s.experts_measured; });
-  return std::string(all ? "" : "some rows ") + "measured: ops::experts_forward of " + shape +
+  return "measured: ops::experts_forward of " + shape +
          " from the profile's experts_table (tokens " + tokens +
          "); step = max(mem, comp) of the rest + experts";
 }
@@ -157,10 +156,10 @@ DecodeStep decode_step(const model::ModelConfig& c, int64_t batch, int64_t conte
     // The experts op as the profile measured it (top-1 only: the measurement routes one expert per
     // token): its wall time already holds its weights' streaming and its FLOPs, so it is taken out
     // of the roofline and added to the rest's max(memory, compute) (the ops run one after another).
-    const double measured = o.top_k == 1 && o.measured_experts ? measured_experts_seconds(*hw, c.num_experts, c.hidden_size,
-                                                                    c.moe_intermediate_size, o.weight_bytes,
-                                                                    d(batch), s.distinct_experts)
-                                         : -1;
+    double measured = -1;
+    if (o.top_k == 1 && o.measured_experts)
+      measured = measured_experts_seconds(*hw, c.num_experts, c.hidden_size, c.moe_intermediate_size, o.weight_bytes,
+                                          d(batch), s.distinct_experts);
     if (measured >= 0) {
       s.experts_measured = true;
       s.experts_s = d(c.num_hidden_layers) * measured;
@@ -218,7 +217,7 @@ ServeReport serve_model(const model::ModelConfig& c, int64_t prompt, int64_t con
     r.hw_name = hw->name;
     const double room = hw->memory_bytes - r.all_weight_bytes;
     r.max_batch = room > 0 ? static_cast<int64_t>(room / r.cache.total()) : 0;
-    r.experts_pricing = experts_pricing(c, *hw, o, r.decode);
+    r.experts_pricing = experts_pricing(c, *hw, o);
   }
   return r;
 }
