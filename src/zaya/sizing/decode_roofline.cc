@@ -286,9 +286,9 @@ std::string format_serve_report(const ServeReport& r) {
     o << line;
   }
   if (r.has_hw) {
-    std::snprintf(line, sizeof line, "  step = max(mem, comp): each sequence's latency per token; weights held %.2f GiB; %lld sequences of %lld "
-                  "positions fit beside them\n", r.all_weight_bytes / gib, static_cast<long long>(r.max_batch),
-                  static_cast<long long>(r.context));
+    std::snprintf(line, sizeof line, "  step = max(mem, comp)%s: each sequence's latency per token; weights held %.2f GiB; %lld sequences of %lld "
+                  "positions fit beside them\n", experts_column ? " + experts" : "", r.all_weight_bytes / gib,
+                  static_cast<long long>(r.max_batch), static_cast<long long>(r.context));
     o << line;
     o << "  experts: " << r.experts_pricing << "\n";
   }
