@@ -127,14 +127,17 @@ TEST(ExpertsBench, CommandLineWritesTheTableAndSizePricesDecodeWithIt) {
   std::filesystem::create_directories(dir);
   const std::string cfg = dir + "/tiny.toml", prof = dir + "/profile.json";
   std::filesystem::remove(prof);
-  std::ofstream(cfg) << "[model]\nvocab_size = 512\nhidden_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 2\n"
-                        "num_key_value_heads = 1\nhead_dim = 32\nnum_experts = 4\nmoe_intermediate_size = 64\n"
-                        "router_hidden_size = 32\nmax_position_embeddings = 256\n";
+  std::ofstream(cfg)
+      << "[model]\nvocab_size = 512\nhidden_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 2\n"
+         "num_key_value_heads = 1\nhead_dim = 32\nnum_experts = 4\nmoe_intermediate_size = 64\n"
+         "router_hidden_size = 32\nmax_position_embeddings = 256\n";
   const std::string zaya = std::string(ZAYA_BINARY) + " --threads 1";
   int status = 0;
-  std::string out = run(zaya + " bench gemm --shapes model:" + cfg +
-                            " --tokens 2 --dtype f32 --ref-dim 0 -w 0 -n 1 --experts-tokens 1,2 --experts-bytes 1M --out " + prof,
-                        &status);
+  std::string out =
+      run(zaya + " bench gemm --shapes model:" + cfg +
+              " --tokens 2 --dtype f32 --ref-dim 0 -w 0 -n 1 --experts-tokens 1,2 --experts-bytes 1M --out " +
+              prof,
+          &status);
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("2 experts-op entries"), std::string::npos) << out;
   const sizing::HardwareProfile p = sizing::load_profile(prof);
@@ -145,14 +148,18 @@ TEST(ExpertsBench, CommandLineWritesTheTableAndSizePricesDecodeWithIt) {
   sizing::HardwareProfile q = p;
   q.memory_bandwidth = 10e9;
   sizing::save_profile(q, prof);
-  out = run(zaya + " size --model " + cfg + " --hw " + prof + " --seq 32 --decode-batches 1,2 --weight-bytes 4 --cache-bytes 4",
+  out = run(zaya + " size --model " + cfg + " --hw " + prof +
+                " --seq 32 --decode-batches 1,2 --weight-bytes 4 --cache-bytes 4",
             &status);
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("experts: measured: ops::experts_forward of 4 experts of H 64, I 64 at 4-byte weights"),
-            std::string::npos) << out;
-  out = run(zaya + " size --model " + cfg + " --hw " + prof + " --seq 32 --decode-batches 1 --weight-bytes 2", &status);
+            std::string::npos)
+      << out;
+  out = run(zaya + " size --model " + cfg + " --hw " + prof + " --seq 32 --decode-batches 1 --weight-bytes 2",
+            &status);
   ASSERT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("experts: roofline (the profile's experts_table has no entry"), std::string::npos) << out;
+  EXPECT_NE(out.find("experts: roofline (the profile's experts_table has no entry"), std::string::npos)
+      << out;
   // --experts-tokens needs a model's shapes.
   out = run(zaya + " bench gemm --sweep --min-dim 8 --max-dim 8 --experts-tokens 1", &status);
   EXPECT_NE(status, 0);

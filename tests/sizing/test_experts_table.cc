@@ -67,9 +67,11 @@ TEST(ExpertsTable, RoundTripsThroughTheProfileJson) {
 }
 
 TEST(ExpertsTable, BadEntriesNameTheField) {
-  const std::string head = R"({"peak_bf16_flops": 1, "memory_bytes": 1, "memory_bandwidth": 1, "experts_table": )";
-  const std::string good = R"({"tokens": 8, "experts": 8, "experts_hit": 8, "hidden": 64, "intermediate": 32, )"
-                           R"("weight_dtype": "f32", "seconds": 0.001})";
+  const std::string head =
+      R"({"peak_bf16_flops": 1, "memory_bytes": 1, "memory_bandwidth": 1, "experts_table": )";
+  const std::string good =
+      R"({"tokens": 8, "experts": 8, "experts_hit": 8, "hidden": 64, "intermediate": 32, )"
+      R"("weight_dtype": "f32", "seconds": 0.001})";
   auto field_of = [&](const std::string& table) -> std::string {
     try {
       load_profile(write("zaya_experts_bad.json", head + table + "}"));
@@ -81,22 +83,38 @@ TEST(ExpertsTable, BadEntriesNameTheField) {
   EXPECT_EQ(field_of("[" + good + "]"), "(accepted)");
   EXPECT_EQ(field_of(R"({"tokens": 1})"), "experts_table");
   EXPECT_EQ(field_of("[" + good + ", 3]"), "experts_table[1]");
-  EXPECT_EQ(field_of(R"([{"experts": 8, "experts_hit": 1, "hidden": 64, "intermediate": 32, "weight_dtype": "f32", "seconds": 1}])"),
-            "experts_table[0].tokens");
-  EXPECT_EQ(field_of(R"([{"tokens": 0, "experts": 8, "experts_hit": 1, "hidden": 64, "intermediate": 32, "weight_dtype": "f32", "seconds": 1}])"),
-            "experts_table[0].tokens");
-  EXPECT_EQ(field_of(R"([{"tokens": 4, "experts": 8, "experts_hit": 5, "hidden": 64, "intermediate": 32, "weight_dtype": "f32", "seconds": 1}])"),
-            "experts_table[0].experts_hit");  // more experts hit than tokens
-  EXPECT_EQ(field_of(R"([{"tokens": 16, "experts": 8, "experts_hit": 9, "hidden": 64, "intermediate": 32, "weight_dtype": "f32", "seconds": 1}])"),
-            "experts_table[0].experts_hit");  // more than the layer has
-  EXPECT_EQ(field_of(R"([{"tokens": 4, "experts": 8, "experts_hit": 4, "hidden": 64.5, "intermediate": 32, "weight_dtype": "f32", "seconds": 1}])"),
-            "experts_table[0].hidden");
-  EXPECT_EQ(field_of(R"([{"tokens": 4, "experts": 8, "experts_hit": 4, "hidden": 64, "intermediate": 32, "weight_dtype": "f16", "seconds": 1}])"),
-            "experts_table[0].weight_dtype");
-  EXPECT_EQ(field_of(R"([{"tokens": 4, "experts": 8, "experts_hit": 4, "hidden": 64, "intermediate": 32, "weight_dtype": "f32", "seconds": 0}])"),
-            "experts_table[0].seconds");
-  EXPECT_EQ(field_of(R"([{"tokens": 4, "experts": 8, "experts_hit": 4, "hidden": 64, "intermediate": 32, "weight_dtype": "f32"}])"),
-            "experts_table[0].seconds");
+  EXPECT_EQ(
+      field_of(
+          R"([{"experts": 8, "experts_hit": 1, "hidden": 64, "intermediate": 32, "weight_dtype": "f32", "seconds": 1}])"),
+      "experts_table[0].tokens");
+  EXPECT_EQ(
+      field_of(
+          R"([{"tokens": 0, "experts": 8, "experts_hit": 1, "hidden": 64, "intermediate": 32, "weight_dtype": "f32", "seconds": 1}])"),
+      "experts_table[0].tokens");
+  EXPECT_EQ(
+      field_of(
+          R"([{"tokens": 4, "experts": 8, "experts_hit": 5, "hidden": 64, "intermediate": 32, "weight_dtype": "f32", "seconds": 1}])"),
+      "experts_table[0].experts_hit");  // more experts hit than tokens
+  EXPECT_EQ(
+      field_of(
+          R"([{"tokens": 16, "experts": 8, "experts_hit": 9, "hidden": 64, "intermediate": 32, "weight_dtype": "f32", "seconds": 1}])"),
+      "experts_table[0].experts_hit");  // more than the layer has
+  EXPECT_EQ(
+      field_of(
+          R"([{"tokens": 4, "experts": 8, "experts_hit": 4, "hidden": 64.5, "intermediate": 32, "weight_dtype": "f32", "seconds": 1}])"),
+      "experts_table[0].hidden");
+  EXPECT_EQ(
+      field_of(
+          R"([{"tokens": 4, "experts": 8, "experts_hit": 4, "hidden": 64, "intermediate": 32, "weight_dtype": "f16", "seconds": 1}])"),
+      "experts_table[0].weight_dtype");
+  EXPECT_EQ(
+      field_of(
+          R"([{"tokens": 4, "experts": 8, "experts_hit": 4, "hidden": 64, "intermediate": 32, "weight_dtype": "f32", "seconds": 0}])"),
+      "experts_table[0].seconds");
+  EXPECT_EQ(
+      field_of(
+          R"([{"tokens": 4, "experts": 8, "experts_hit": 4, "hidden": 64, "intermediate": 32, "weight_dtype": "f32"}])"),
+      "experts_table[0].seconds");
 }
 
 // The lookup: seconds per hit expert per token count, log-interpolated between counts, held below,
@@ -105,7 +123,9 @@ TEST(ExpertsTable, LookupInterpolatesInLogTokensAndScalesByDistinctExperts) {
   HardwareProfile p = cpu_like();
   // tokens 1: 4 ms per expert; tokens 4: 4 experts hit in 24 ms, 6 ms each; two runs at 4 averaged.
   p.experts_table = {point(1, 1, 4e-3), point(4, 4, 20e-3), point(4, 4, 28e-3), point(4, 4, 1.0, "bf16")};
-  auto at = [&](double tokens, double distinct) { return measured_experts_seconds(p, 8, 1024, 1024, 4, tokens, distinct); };
+  auto at = [&](double tokens, double distinct) {
+    return measured_experts_seconds(p, 8, 1024, 1024, 4, tokens, distinct);
+  };
   EXPECT_DOUBLE_EQ(at(1, 1), 4e-3);
   EXPECT_DOUBLE_EQ(at(4, 4), 24e-3);  // the bf16 entry is another dtype: not averaged in
   EXPECT_DOUBLE_EQ(at(4, 3.5), 3.5 * 6e-3);
@@ -179,10 +199,13 @@ TEST(ExpertsTable, WithoutAFittingEntryDecodeIsTheRooflineExactly) {
   EXPECT_NE(none.find("experts: roofline (the profile has no experts_table"), std::string::npos) << none;
   EXPECT_EQ(none.find("experts (ms)"), std::string::npos) << none;
   const std::string miss = format_serve_report(serve_model(c, 16, 32, {1, 8}, &other, o));
-  EXPECT_NE(miss.find("has no entry for 8 experts of H 1024, I 1024 at 4-byte weights"), std::string::npos) << miss;
+  EXPECT_NE(miss.find("has no entry for 8 experts of H 1024, I 1024 at 4-byte weights"), std::string::npos)
+      << miss;
   const std::string hit = format_serve_report(serve_model(c, 16, 32, {1, 8}, &fits, o));
   EXPECT_NE(hit.find("experts (ms)"), std::string::npos) << hit;
-  EXPECT_NE(hit.find("experts: measured: ops::experts_forward of 8 experts of H 1024, I 1024"), std::string::npos) << hit;
+  EXPECT_NE(hit.find("experts: measured: ops::experts_forward of 8 experts of H 1024, I 1024"),
+            std::string::npos)
+      << hit;
 }
 
 }  // namespace

@@ -16,8 +16,9 @@
 namespace zaya::bench {
 
 void ExpertsBenchOptions::validate() const {
-  ZAYA_CHECK(experts >= 1 && hidden >= 1 && intermediate >= 1, "--experts-tokens: the model's experts must have positive ",
-             "E, H and I, found E ", experts, ", H ", hidden, ", I ", intermediate);
+  ZAYA_CHECK(experts >= 1 && hidden >= 1 && intermediate >= 1,
+             "--experts-tokens: the model's experts must have positive ", "E, H and I, found E ", experts,
+             ", H ", hidden, ", I ", intermediate);
   ZAYA_CHECK(!tokens.empty(), "--experts-tokens: give at least one token count");
   for (int64_t t : tokens) ZAYA_CHECK(t >= 1, "--experts-tokens: token counts must be >= 1, found ", t);
   if (dtype != DType::f32 && dtype != DType::bf16)
@@ -76,7 +77,8 @@ Routing make_routing(int64_t tokens, int64_t E, int64_t first, Device device) {
   for (int64_t e = 0; e < E; ++e) o[e + 1] = o[e] + static_cast<int32_t>(rows[static_cast<size_t>(e)]);
   // Token t went to expert (first + t) mod E: list each expert's tokens in order.
   std::vector<int32_t> fill(o, o + E);
-  for (int64_t t = 0; t < tokens; ++t) s[fill[static_cast<size_t>((first + t) % E)]++] = static_cast<int32_t>(t);
+  for (int64_t t = 0; t < tokens; ++t)
+    s[fill[static_cast<size_t>((first + t) % E)]++] = static_cast<int32_t>(t);
   if (device == Device::cpu) return {off, src};
   return {off.to(device), src.to(device)};
 }
@@ -99,7 +101,7 @@ std::vector<sizing::ExpertsPoint> run_experts_bench(const ExpertsBenchOptions& o
   auto f32 = [&](Shape s) { return Tensor::zeros(s, DType::f32, o.device); };
   auto bf = [&](Shape s) { return b16 ? Tensor::zeros(s, DType::bf16, o.device) : Tensor{}; };
   const ops::ExpertActs acts{f32({max_tokens, H}), f32({max_tokens, 2 * I}), f32({max_tokens, I}),
-                             f32({max_tokens, H}),  bf({max_tokens, H}),      bf({max_tokens, I})};
+                             f32({max_tokens, H}), bf({max_tokens, H}),      bf({max_tokens, I})};
   const std::string dtype_name = b16 ? "bf16" : "f32";
   std::vector<sizing::ExpertsPoint> rows;
   for (int64_t T : o.tokens) {
@@ -116,7 +118,8 @@ std::vector<sizing::ExpertsPoint> run_experts_bench(const ExpertsBenchOptions& o
     const Tensor xt = x.slice(0, T);
     auto run_pass = [&](int64_t pass) {
       const Routing& r = routing(pass);
-      for (int64_t l = 0; l < L; ++l) ops::experts_forward(acts, xt, r.src, r.offsets, layers[static_cast<size_t>(l)], T);
+      for (int64_t l = 0; l < L; ++l)
+        ops::experts_forward(acts, xt, r.src, r.offsets, layers[static_cast<size_t>(l)], T);
       if (o.device == Device::cuda) cuda::synchronize();
     };
     int64_t pass = 0;
@@ -131,13 +134,14 @@ std::vector<sizing::ExpertsPoint> run_experts_bench(const ExpertsBenchOptions& o
     rows.push_back({T, E, hit, H, I, dtype_name, median(per_call)});
   }
   char line[200];
-  std::snprintf(line, sizeof line,
-                "# experts op (ops::experts_forward): %lld experts of H %lld, I %lld, %s weights, %s; %lld layers "
-                "(%.0f MiB) cycled so no call finds its weights in cache\n",
-                static_cast<long long>(E), static_cast<long long>(H), static_cast<long long>(I), dtype_name.c_str(),
-                o.device == Device::cuda ? "cuda" : "cpu", static_cast<long long>(L),
-                static_cast<double>(L) * static_cast<double>(E) * 3.0 * static_cast<double>(H) * static_cast<double>(I) *
-                    static_cast<double>(dtype_size(o.dtype)) / (1 << 20));
+  std::snprintf(
+      line, sizeof line,
+      "# experts op (ops::experts_forward): %lld experts of H %lld, I %lld, %s weights, %s; %lld layers "
+      "(%.0f MiB) cycled so no call finds its weights in cache\n",
+      static_cast<long long>(E), static_cast<long long>(H), static_cast<long long>(I), dtype_name.c_str(),
+      o.device == Device::cuda ? "cuda" : "cpu", static_cast<long long>(L),
+      static_cast<double>(L) * static_cast<double>(E) * 3.0 * static_cast<double>(H) *
+          static_cast<double>(I) * static_cast<double>(dtype_size(o.dtype)) / (1 << 20));
   out << line << format_experts_table(rows);
   return rows;
 }
@@ -149,9 +153,10 @@ std::string format_experts_table(const std::vector<sizing::ExpertsPoint>& rows) 
                 "us/hit expert", "weight GB/s");
   o << line;
   for (const auto& r : rows) {
-    std::snprintf(line, sizeof line, " %-7lld %6lld %9.2f %12.1f %14.1f %12.2f\n", static_cast<long long>(r.tokens),
-                  static_cast<long long>(r.experts_hit), r.rows_per_expert(), 1e6 * r.seconds,
-                  1e6 * r.seconds / static_cast<double>(r.experts_hit), r.weight_bytes() / r.seconds / 1e9);
+    std::snprintf(line, sizeof line, " %-7lld %6lld %9.2f %12.1f %14.1f %12.2f\n",
+                  static_cast<long long>(r.tokens), static_cast<long long>(r.experts_hit),
+                  r.rows_per_expert(), 1e6 * r.seconds, 1e6 * r.seconds / static_cast<double>(r.experts_hit),
+                  r.weight_bytes() / r.seconds / 1e9);
     o << line;
   }
   return o.str();
@@ -164,8 +169,10 @@ void merge_experts_table(sizing::HardwareProfile& p, const std::vector<sizing::E
              x.intermediate == r.intermediate && x.weight_dtype == r.weight_dtype;
     };
     auto it = std::find_if(p.experts_table.begin(), p.experts_table.end(), same);
-    if (it != p.experts_table.end()) *it = r;
-    else p.experts_table.push_back(r);
+    if (it != p.experts_table.end())
+      *it = r;
+    else
+      p.experts_table.push_back(r);
   }
 }
 

@@ -27,9 +27,9 @@ struct ExpertsBenchOptions {
   std::vector<int64_t> tokens;                        // rows per call to time, each >= 1
   DType dtype = DType::f32;                           // the weights: f32, or bf16 (f32 accumulation)
   Device device = Device::cpu;
-  int warmup = 2, repeats = 5;       // passes over the layers: untimed, then timed (median)
+  int warmup = 2, repeats = 5;           // passes over the layers: untimed, then timed (median)
   double min_bytes = 512.0 * (1 << 20);  // the layers' weights together, far past any cache
-  void validate() const;             // throws zaya::Error naming the flag
+  void validate() const;                 // throws zaya::Error naming the flag
 };
 // E, H, I from a model config.
 ExpertsBenchOptions experts_bench_options(const model::ModelConfig& c, std::vector<int64_t> tokens);
