@@ -12,6 +12,7 @@
 #include "model_source.h"
 #include "zaya/ckpt/benchmark.h"
 #include "zaya/bench/collectives.h"
+#include "zaya/bench/experts_bench.h"
 #include "zaya/bench/gemm_bench.h"
 #include "zaya/bench/sysinfo.h"
 #include "zaya/core/config.h"
@@ -45,8 +46,9 @@ std::string describe(const CollectivesFlags& f) {
 }
 
 struct GemmFlags {
-  std::string shapes, dtype = "bf16", backend = "cpu", out, membw, name;
+  std::string shapes, dtype = "bf16", backend = "cpu", out, membw, name, experts_bytes = "512M";
   std::vector<std::string> overrides;
+  std::vector<int64_t> experts_tokens;
   bool sweep = false;
   int64_t tokens = 4096, min_dim = 64, max_dim = 2048, ref_dim = 2048;
   int warmup = 2, repeats = 5;
@@ -55,6 +57,7 @@ struct GemmFlags {
 
 int run_gemm(const GemmFlags& fl) {
   bench::GemmBenchOptions o;
+  bench::ExpertsBenchOptions experts;  // with --experts-tokens: the model's experts op as decode runs it
   o.dtype = fl.dtype == "bf16" ? DType::bf16 : DType::f32;  // dtype_vocabulary() admits only these two
   o.backend = fl.backend;
   o.warmup = fl.warmup;
@@ -74,18 +77,32 @@ int run_gemm(const GemmFlags& fl) {
       c = model::ModelConfig::from_toml(r);
     }
     o.cases = bench::model_gemm_cases(c, fl.tokens, fl.ref_dim);
+    experts = bench::experts_bench_options(c, fl.experts_tokens);
   } else {
     o.cases = bench::sweep_gemm_cases(fl.min_dim, fl.max_dim);
   }
   o.validate();
+  if (!fl.experts_tokens.empty()) {
+    if (fl.shapes.empty())
+      throw Error("--experts-tokens times a model's experts op", {.field = "--experts-tokens", .expected = "--shapes model:CONFIG"});
+    experts.dtype = o.dtype;
+    experts.device = fl.backend == "cuda" ? Device::cuda : Device::cpu;
+    experts.warmup = fl.warmup;
+    experts.repeats = fl.repeats;
+    experts.min_bytes = static_cast<double>(dist::parse_size(fl.experts_bytes, "--experts-bytes"));
+    experts.validate();
+  }
   // Inputs of the profile are checked before the (long) timing runs.
   sizing::HardwareProfile base;
   if (!fl.out.empty() && std::filesystem::exists(fl.out)) base = sizing::load_profile(fl.out);  // extend, keep other fields
   double membw = fl.membw.empty() ? 0 : bench::membw_from_json(fl.membw);
 
   auto rows = bench::run_gemm_bench(o, std::cout);
+  std::vector<sizing::ExpertsPoint> experts_rows;
+  if (!fl.experts_tokens.empty()) experts_rows = bench::run_experts_bench(experts, std::cout);
   if (fl.out.empty()) return 0;
   sizing::HardwareProfile p = bench::profile_from_gemm(rows, o.dtype, base, fl.peak);
+  bench::merge_experts_table(p, experts_rows);
   if (!fl.name.empty()) p.name = fl.name;
   if (p.name.empty()) p.name = "measured-" + fl.backend;
   if (membw > 0) p.memory_bandwidth = membw;
@@ -94,9 +111,11 @@ int run_gemm(const GemmFlags& fl) {
   if (p.gpus_per_node <= 0) p.gpus_per_node = 1;
   p.source = "zaya bench gemm (" + fl.backend + ", " + fl.dtype + (fl.sweep ? ", sweep" : ", " + fl.shapes) + ")" +
              (fl.membw.empty() ? "" : " + zaya bench membw (" + fl.membw + ")") +
+             (experts_rows.empty() ? "" : " + the experts op at --experts-tokens") +
              (fl.peak > 0 ? "; peak from --peak" : "; peak = best measured GEMM");
   sizing::save_profile(p, fl.out);
   std::cout << "# wrote " << fl.out << " (" << p.gemm_table.size() << " GEMM shapes";
+  if (!p.experts_table.empty()) std::cout << ", " << p.experts_table.size() << " experts-op entries";
   if (p.memory_bandwidth <= 0) std::cout << "; memory_bandwidth unknown: pass --membw FILE from `zaya bench membw --json`";
   std::cout << ")\n";
   return 0;
@@ -175,6 +194,14 @@ void add_bench(CLI::App& app, Commands& commands) {
   gemm->add_option("--membw", gf->membw, "a `zaya bench membw --json` file: the profile's memory_bandwidth");
   gemm->add_option("--peak", gf->peak, "datasheet peak FLOP/s for the profile (default: the best measured)");
   gemm->add_option("--name", gf->name, "profile name");
+  gemm->add_option("--experts-tokens", gf->experts_tokens,
+                   "also time the model's experts op (ops::experts_forward) at these tokens per call, comma-separated "
+                   "(decode's batch sizes): the profile's experts_table")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  gemm->add_option("--experts-bytes", gf->experts_bytes,
+                   "weights the experts timing cycles through (layers of the model's experts), past the caches")
+      ->capture_default_str();
   commands.push_back({gemm, [gf] { return run_gemm(*gf); }});
 
   auto mf = std::make_shared<MembwFlags>();

@@ -16,7 +16,9 @@
 #                                      in FLOP/s), the NCCL backend's tests and
 #                                      `zaya bench collectives --backend nccl` (a world of one:
 #                                      MPI as a singleton), `zaya sysinfo`, `zaya bench gemm --backend cuda` over
-#                                      ZAYA1-base's training GEMMs (bf16 and f32), the demo model's
+#                                      ZAYA1-base's training GEMMs (bf16 and f32) with its experts
+#                                      op at 1-256 tokens per call (the profile's experts_table,
+#                                      which prices decode's experts: docs/sizing.md), the demo model's
 #                                      training step on the GPU (`bench step`), the checkpoint
 #                                      stall from device tensors (`bench ckpt --device cuda`), a short
 #                                      gpu-train (8 layers, few steps, the compilation bounded;
@@ -36,6 +38,12 @@
 #                                      pinned transformers from .whl/ when carried): OUTDIR gets
 #                                      gpu_train.{json,md}, gpu_train_step.png and the log
 #                                      gpu_train.txt (docs/train.md, "Benchmark against PyTorch")
+#   scripts/gpu_check.sh decode-calibration [OUTDIR]
+#                                      on the GPU machine: the decode model against `zaya generate
+#                                      --device cuda` (benchmarks/decode_calibration.sh with DEVICE=cuda
+#                                      on ZAYA1-base at batches 1, 8, 32; the bandwidth is the card's
+#                                      datasheet figure unless MEMBW is set); summary.txt,
+#                                      predicted.txt, measured.txt and profile.json go to OUTDIR
 #   scripts/gpu_check.sh model-vs-hf THREADS ROUNDS [OUTDIR]
 #                                      on the GPU machine: benchmarks/model_vs_hf.py on its
 #                                      CPU (a second machine for issue #4's ratio),
@@ -96,7 +104,7 @@ pack)
     rm -rf "$pack_dir/libs" && (cd "$pack_dir" && rm -f "${names[@]}")
   du -sh "$pack_dir"
   ;;
-run | tests | model-vs-hf | gpu-train)
+run | tests | model-vs-hf | gpu-train | decode-calibration)
   [[ -f "$pack_dir/libs.tar.xz" ]] || { echo "gpu_check: no $pack_dir/libs.tar.xz: run '$0 pack' where the CUDA build is, and carry $pack_dir" >&2; exit 1; }
   [[ -d "$pack_dir/libs" ]] || tar -C "$pack_dir" -xJf "$pack_dir/libs.tar.xz"
   export LD_LIBRARY_PATH="$PWD/$pack_dir/libs:${LD_LIBRARY_PATH:-}"
@@ -122,7 +130,7 @@ run | tests)
   "$pack_dir/test_model" --gtest_filter='ModelDevice.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   "$pack_dir/test_train" --gtest_filter='TrainDevice.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   "$pack_dir/bench_ops_gemm_cuda" --benchmark_min_time=0.2 2>&1 | tee -a "$out/ops_bench.txt" || status=1
-  "$pack_dir/test_bench" --gtest_filter='GemmBench.*' 2>&1 | tee -a "$out/tests.txt" || status=1
+  "$pack_dir/test_bench" --gtest_filter='GemmBench.*:ExpertsBench.TimesTheExpertsOpOnTheDevice' 2>&1 | tee -a "$out/tests.txt" || status=1
   # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon; the tests start it
   # in a child process of their own), its plugins and texts from the pack.
   export OMPI_MCA_mca_base_component_path="$PWD/$pack_dir/libs/openmpi" OPAL_PKGDATADIR="$PWD/$pack_dir/libs/openmpi-data"
@@ -158,7 +166,8 @@ run)
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
   for dtype in bf16 f32; do
     "$pack_dir/zaya" bench gemm --backend cuda --dtype "$dtype" --shapes model:configs/zaya1-base.toml \
-      --ref-dim 8192 -w 3 -n 20 --name "${gpu:-gpu}-cublaslt-$dtype" --out "$out/profile-$dtype.json" 2>&1 |
+      --ref-dim 8192 -w 3 -n 20 --experts-tokens 1,2,4,8,16,32,64,128,256 \
+      --name "${gpu:-gpu}-cublaslt-$dtype" --out "$out/profile-$dtype.json" 2>&1 |
       tee -a "$out/gemm.txt" || status=1
   done
   # Last, so that a run cut by the call's limit loses only it: zaya against transformers on a
@@ -181,6 +190,19 @@ gpu-train)
   PYTHONUNBUFFERED=1 python3 benchmarks/gpu_train.py --zaya "$pack_dir/zaya" --layers "$layers" --micro-batch "$mbs" \
     --hf-timeout 360 --out "$out" 2>&1 | tee -a "$out/gpu_train.txt"
   ;;
+decode-calibration)
+  out="${2:-${OUT:-/tmp/gpu_check}}"
+  mkdir -p "$out"
+  # zaya bench membw measures the host: the device's bandwidth is the datasheet's (MEMBW overrides).
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | awk '{print tolower($2)}')
+  case "$gpu" in h100) bw=3.35e12 ;; h200) bw=4.8e12 ;; *) bw="" ;; esac
+  membw="${MEMBW:-$bw}"
+  [[ -n "$membw" ]] || { echo "gpu_check: no datasheet bandwidth for '$gpu': set MEMBW (bytes/s)" >&2; exit 2; }
+  raw=$(mktemp -d)  # every raw output; the device tool brings back 8 files, so four are copied
+  ZAYA="$pack_dir/zaya" DEVICE=cuda MEMBW="$membw" CFG=configs/zaya1-base.toml \
+    benchmarks/decode_calibration.sh "$raw" "$(nproc)" "1 8 32" 2>&1 | tee "$out/decode_calibration.txt"
+  cp "$raw/summary.txt" "$raw/predicted.txt" "$raw/measured.txt" "$raw/profile.json" "$out/"
+  ;;
 model-vs-hf)
   threads="${2:?threads}" rounds="${3:?rounds}" out="${4:-${OUT:-/tmp/gpu_check}}"
   mkdir -p "$out"
@@ -192,7 +214,7 @@ model-vs-hf)
     --batch 8 --seq 256 --sections 2>&1 | tee -a "$out/model_vs_hf-t$threads.txt"
   ;;
 *)
-  echo "usage: $0 pack | run [OUTDIR] | tests [OUTDIR] | gpu-train [LAYERS [MICRO_BATCH [OUTDIR]]] | model-vs-hf THREADS ROUNDS [OUTDIR]" >&2
+  echo "usage: $0 pack | run [OUTDIR] | tests [OUTDIR] | gpu-train [LAYERS [MICRO_BATCH [OUTDIR]]] | decode-calibration [OUTDIR] | model-vs-hf THREADS ROUNDS [OUTDIR]" >&2
   exit 2
   ;;
 esac

@@ -39,16 +39,21 @@ void check_options(const model::ModelConfig& c, const ServeOptions& o) {
              "], found ", o.top_k);
 }
 
-// Seconds of the forward GEMMs of `rows` tokens with `distinct` experts hit per layer (each at
-// rows·k/distinct rows), the head at `head_rows`, at the profile's rates.
-double forward_gemm_seconds(const model::ModelConfig& c, int64_t rows, int64_t head_rows, double distinct, int64_t k,
-                            const HardwareProfile& hw, double* gemm_flops) {
+// The forward GEMMs of `rows` tokens with `distinct` experts hit per layer (each at rows·k/distinct
+// rows), the head at `head_rows`, at the profile's rates: seconds and FLOPs of all of them, and the
+// expert GEMMs' share of each.
+struct ForwardGemms {
+  double seconds = 0, flops = 0;
+  double expert_seconds = 0, expert_flops = 0;
+};
+ForwardGemms forward_gemms(const model::ModelConfig& c, int64_t rows, int64_t head_rows, double distinct, int64_t k,
+                           const HardwareProfile& hw) {
   const int64_t L = c.num_hidden_layers, H = c.hidden_size, R = c.router_hidden_size, I = c.moe_intermediate_size;
-  double t = 0, f = 0;
+  ForwardGemms g;
   auto add = [&](int64_t m, int64_t n, int64_t kk, double count) {
     const double fl = 2.0 * d(m) * d(n) * d(kk) * count;
-    f += fl;
-    t += fl / gemm_rate_at_shape(hw, m, n, kk);
+    g.flops += fl;
+    g.seconds += fl / gemm_rate_at_shape(hw, m, n, kk);
   };
   add(rows, c.q_dim() + 2 * c.kv_dim(), H, d(L));
   add(rows, H, c.q_dim(), d(L));
@@ -61,14 +66,37 @@ double forward_gemm_seconds(const model::ModelConfig& c, int64_t rows, int64_t h
   const int64_t m_e = std::max<int64_t>(1, std::llround(per));
   auto add_expert = [&](int64_t n, int64_t kk) {
     const double fl = 2.0 * per * d(n) * d(kk) * distinct * d(L);
-    f += fl;
-    t += fl / gemm_rate_at_shape(hw, m_e, n, kk);
+    const double t = fl / gemm_rate_at_shape(hw, m_e, n, kk);
+    g.flops += fl;
+    g.seconds += t;
+    g.expert_flops += fl;
+    g.expert_seconds += t;
   };
   add_expert(2 * I, H);
   add_expert(H, I);
   add(head_rows, c.vocab_size, H, 1.0);
-  *gemm_flops = f;
-  return t;
+  return g;
+}
+
+// What the serving report says about how the decode rows price the experts.
+// (A fitting entry prices every batch: measured_experts_seconds extrapolates past the measured counts.)
+std::string experts_pricing(const model::ModelConfig& c, const HardwareProfile& hw, const ServeOptions& o) {
+  const std::string shape = std::to_string(c.num_experts) + " experts of H " + std::to_string(c.hidden_size) +
+                            ", I " + std::to_string(c.moe_intermediate_size) + " at " +
+                            std::to_string(o.weight_bytes) + "-byte weights";
+  if (hw.experts_table.empty())
+    return "roofline (the profile has no experts_table; `zaya bench gemm --experts-tokens` measures one)";
+  if (!o.measured_experts) return "roofline (shapes compared: one pricing for all)";
+  if (o.top_k != 1) return "roofline (the profile's experts_table is measured at top-1; this is top-" + std::to_string(o.top_k) + ")";
+  std::string tokens;
+  for (const auto& x : hw.experts_table)
+    if (x.experts == c.num_experts && x.hidden == c.hidden_size && x.intermediate == c.moe_intermediate_size &&
+        experts_weight_bytes(x.weight_dtype) == o.weight_bytes)
+      tokens += (tokens.empty() ? "" : ", ") + std::to_string(x.tokens);
+  if (tokens.empty()) return "roofline (the profile's experts_table has no entry for " + shape + ")";
+  return "measured: ops::experts_forward of " + shape +
+         " from the profile's experts_table (tokens " + tokens +
+         "); step = max(mem, comp) of the rest + experts";
 }
 
 }  // namespace
@@ -120,14 +148,28 @@ DecodeStep decode_step(const model::ModelConfig& c, int64_t batch, int64_t conte
   const double attention = 4.0 * d(batch) * d(c.num_hidden_layers) * d(context) * d(c.q_dim());
   s.flops = 2.0 * d(batch) * decode_params_per_token(c, o.top_k) + attention;
   if (hw) {
-    s.memory_s = s.bytes() / hw->memory_bandwidth;
-    double gemm_flops = 0;
-    s.compute_s = forward_gemm_seconds(c, batch, batch, s.distinct_experts, o.top_k, *hw, &gemm_flops);
+    const ForwardGemms g = forward_gemms(c, batch, batch, s.distinct_experts, o.top_k, *hw);
     // Attention: each kv head's G query rows against the cache, a [G, ctx, hd] product per head.
-    s.compute_s += attention / gemm_rate(*hw, c.group_size(), context, c.head_dim);
+    const double attention_s = attention / gemm_rate(*hw, c.group_size(), context, c.head_dim);
     // What is neither (norms, conv, scales) at the large-GEMM rate: a few percent at most.
-    s.compute_s += std::max(0.0, s.flops - gemm_flops - attention) / hw->achievable_flops;
-    s.step_s = std::max(s.memory_s, s.compute_s);
+    const double other_s = std::max(0.0, s.flops - g.flops - attention) / hw->achievable_flops;
+    // The experts op as the profile measured it (top-1 only: the measurement routes one expert per
+    // token): its wall time already holds its weights' streaming and its FLOPs, so it is taken out
+    // of the roofline and added to the rest's max(memory, compute) (the ops run one after another).
+    double measured = -1;
+    if (o.top_k == 1 && o.measured_experts)
+      measured = measured_experts_seconds(*hw, c.num_experts, c.hidden_size, c.moe_intermediate_size, o.weight_bytes,
+                                          d(batch), s.distinct_experts);
+    if (measured >= 0) {
+      s.experts_measured = true;
+      s.experts_s = d(c.num_hidden_layers) * measured;
+      s.memory_s = (s.bytes() - s.weights.experts) / hw->memory_bandwidth;
+      s.compute_s = (g.seconds - g.expert_seconds) + attention_s + other_s;
+    } else {
+      s.memory_s = s.bytes() / hw->memory_bandwidth;
+      s.compute_s = g.seconds + attention_s + other_s;
+    }
+    s.step_s = std::max(s.memory_s, s.compute_s) + s.experts_s;
   }
   return s;
 }
@@ -145,10 +187,9 @@ Prefill prefill_cost(const model::ModelConfig& c, int64_t prompt, const Hardware
   p.flops = 2.0 * d(prompt) * (decode_params_per_token(c, o.top_k) - head) + 2.0 * head + attention;
   if (hw) {
     p.memory_s = p.bytes / hw->memory_bandwidth;
-    double gemm_flops = 0;
-    p.compute_s = forward_gemm_seconds(c, prompt, 1, p.distinct_experts, o.top_k, *hw, &gemm_flops);
-    p.compute_s += attention / gemm_rate(*hw, prompt, prompt, c.head_dim);
-    p.compute_s += std::max(0.0, p.flops - gemm_flops - attention) / hw->achievable_flops;
+    const ForwardGemms g = forward_gemms(c, prompt, 1, p.distinct_experts, o.top_k, *hw);
+    p.compute_s = g.seconds + attention / gemm_rate(*hw, prompt, prompt, c.head_dim);
+    p.compute_s += std::max(0.0, p.flops - g.flops - attention) / hw->achievable_flops;
     p.time_s = std::max(p.memory_s, p.compute_s);
   }
   return p;
@@ -176,9 +217,18 @@ ServeReport serve_model(const model::ModelConfig& c, int64_t prompt, int64_t con
     r.hw_name = hw->name;
     const double room = hw->memory_bytes - r.all_weight_bytes;
     r.max_batch = room > 0 ? static_cast<int64_t>(room / r.cache.total()) : 0;
+    r.experts_pricing = experts_pricing(c, *hw, o);
   }
   return r;
 }
+
+namespace {
+std::string fixed3(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", v);
+  return b;
+}
+}  // namespace
 
 std::string format_serve_report(const ServeReport& r) {
   std::ostringstream o;
@@ -208,21 +258,39 @@ std::string format_serve_report(const ServeReport& r) {
   std::snprintf(line, sizeof line, "decode         at %lld positions per sequence%s\n", static_cast<long long>(r.context),
                 r.has_hw ? "" : no_times.c_str());
   o << line;
-  std::snprintf(line, sizeof line, "  %6s %8s %12s %12s %10s %10s %10s %10s %12s %7s\n", "batch", "experts", "weights",
-                "kv+state", "GFLOP", "mem (ms)", "comp (ms)", "step (ms)", "tokens/s", "bound");
+  // The experts column appears only when a row prices the experts by the profile's measurement, so
+  // the report of a profile without one reads as before.
+  const bool experts_column =
+      std::any_of(r.decode.begin(), r.decode.end(), [](const DecodeStep& s) { return s.experts_measured; });
+  if (experts_column)
+    std::snprintf(line, sizeof line, "  %6s %8s %12s %12s %10s %10s %10s %12s %10s %12s %7s\n", "batch", "experts",
+                  "weights", "kv+state", "GFLOP", "mem (ms)", "comp (ms)", "experts (ms)", "step (ms)", "tokens/s",
+                  "bound");
+  else
+    std::snprintf(line, sizeof line, "  %6s %8s %12s %12s %10s %10s %10s %10s %12s %7s\n", "batch", "experts", "weights",
+                  "kv+state", "GFLOP", "mem (ms)", "comp (ms)", "step (ms)", "tokens/s", "bound");
   o << line;
   for (const auto& s : r.decode) {
-    std::snprintf(line, sizeof line, "  %6lld %8.2f %8.2f GiB %8.2f GiB %10.2f %10.3f %10.3f %10.3f %12.1f %7s\n",
-                  static_cast<long long>(s.batch), s.distinct_experts, s.weights.total() / gib,
-                  (s.kv_bytes + s.state_bytes) / gib, s.flops / 1e9, 1e3 * s.memory_s, 1e3 * s.compute_s,
-                  1e3 * s.step_s, s.tokens_per_s(), r.has_hw ? (s.memory_bound() ? "memory" : "compute") : "-");
+    const char* bound = r.has_hw ? s.bound() : "-";
+    if (experts_column)
+      std::snprintf(line, sizeof line, "  %6lld %8.2f %8.2f GiB %8.2f GiB %10.2f %10.3f %10.3f %12s %10.3f %12.1f %7s\n",
+                    static_cast<long long>(s.batch), s.distinct_experts, s.weights.total() / gib,
+                    (s.kv_bytes + s.state_bytes) / gib, s.flops / 1e9, 1e3 * s.memory_s, 1e3 * s.compute_s,
+                    s.experts_measured ? fixed3(1e3 * s.experts_s).c_str() : "roofline", 1e3 * s.step_s,
+                    s.tokens_per_s(), bound);
+    else
+      std::snprintf(line, sizeof line, "  %6lld %8.2f %8.2f GiB %8.2f GiB %10.2f %10.3f %10.3f %10.3f %12.1f %7s\n",
+                    static_cast<long long>(s.batch), s.distinct_experts, s.weights.total() / gib,
+                    (s.kv_bytes + s.state_bytes) / gib, s.flops / 1e9, 1e3 * s.memory_s, 1e3 * s.compute_s,
+                    1e3 * s.step_s, s.tokens_per_s(), bound);
     o << line;
   }
   if (r.has_hw) {
-    std::snprintf(line, sizeof line, "  step = max(mem, comp): each sequence's latency per token; weights held %.2f GiB; %lld sequences of %lld "
-                  "positions fit beside them\n", r.all_weight_bytes / gib, static_cast<long long>(r.max_batch),
-                  static_cast<long long>(r.context));
+    std::snprintf(line, sizeof line, "  step = max(mem, comp)%s: each sequence's latency per token; weights held %.2f GiB; %lld sequences of %lld "
+                  "positions fit beside them\n", experts_column ? " + experts" : "", r.all_weight_bytes / gib,
+                  static_cast<long long>(r.max_batch), static_cast<long long>(r.context));
     o << line;
+    o << "  experts: " << r.experts_pricing << "\n";
   }
   return o.str();
 }

@@ -5,6 +5,7 @@
 // byte and FLOP counts against the model's own parameters and the decoder's cache tensors.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,6 +28,10 @@ struct ServeOptions {
   // Experts each token runs (a sizing-only knob for the MoE-width sweep; zaya's model is top-1).
   // A token's FLOPs count k experts; the distinct experts per layer use k in the formula above.
   int64_t top_k = 1;
+  // Price the experts by the profile's experts_table when it has this shape (DecodeStep). Off where
+  // shapes are compared (--suggest, --sweep-experts): the table holds the original shape only, and
+  // one row measured against others modelled would rank the pricing, not the shapes.
+  bool measured_experts = true;
 };
 
 // The weights a decode step reads, split by what they are; bytes at o.weight_bytes.
@@ -62,10 +67,20 @@ struct DecodeStep {
   double kv_bytes = 0, state_bytes = 0;  // the batch's K/V cache read and CCA state read + written
   double flops = 0;  // 2·B·decode_params_per_token + attention 4·B·L·ctx·nq·hd (scores and values)
   double memory_s = 0, compute_s = 0;   // bytes / bandwidth; FLOPs at the GEMM rates
-  double step_s = 0;                    // max of the two: one new token per sequence
+  // With a profile whose experts_table has this expert shape (measured_experts_seconds), the experts
+  // op is priced by that measurement instead: experts_s = L · its seconds per layer, and memory_s
+  // and compute_s cover the rest of the step (the experts' bytes and FLOPs taken out).
+  bool experts_measured = false;
+  double experts_s = 0;
+  double step_s = 0;  // max(memory_s, compute_s) + experts_s: one new token per sequence
   double bytes() const { return weights.total() + kv_bytes + state_bytes; }
   double tokens_per_s() const { return step_s > 0 ? static_cast<double>(batch) / step_s : 0; }
   bool memory_bound() const { return memory_s >= compute_s; }
+  // "memory" or "compute" (the larger roofline term), or "experts" when the measured experts op
+  // takes longer than the rest of the step's roofline.
+  const char* bound() const {
+    return experts_s > std::max(memory_s, compute_s) ? "experts" : memory_bound() ? "memory" : "compute";
+  }
 };
 // One decode step of `batch` sequences each at `context` positions. Times are 0 without a profile.
 DecodeStep decode_step(const model::ModelConfig& c, int64_t batch, int64_t context, const HardwareProfile* hw,
@@ -93,6 +108,9 @@ struct ServeReport {
   int64_t max_batch = 0;           // sequences whose caches fit beside the weights (0 without a profile)
   bool has_hw = false;
   std::string hw_name;
+  // How the decode rows price the experts: the measured experts op (the profile's experts_table)
+  // or the roofline, and why not the measurement when the profile has a table that does not fit.
+  std::string experts_pricing;
 };
 ServeReport serve_model(const model::ModelConfig& c, int64_t prompt, int64_t context,
                         const std::vector<int64_t>& batches, const HardwareProfile* hw, const ServeOptions& o);

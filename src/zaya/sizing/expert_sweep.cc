@@ -56,6 +56,7 @@ std::vector<ExpertSweepRow> sweep_experts(const model::ModelConfig& c, const Run
                                                      d(3 * width + 2 * m.hidden_size) * 2.0;
     ServeOptions so = o.serve;
     so.top_k = k;
+    so.measured_experts = false;  // every shape priced alike (ServeOptions)
     for (int64_t b : o.decode_batches) r.decode.push_back(decode_step(m, b, context, &hw, so));
     r.serve_weight_bytes = decode_weight_bytes(m, d(experts), so).total();
     rows.push_back(std::move(r));

@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "zaya/core/error.h"
 #include "zaya/core/peak_flops.h"
@@ -31,6 +32,61 @@ HardwareProfile builtin_profile(const std::string& name) {
   for (const auto& n : builtin_profile_names()) names += (names.empty() ? "" : ", ") + n;
   throw Error("unknown hardware profile", {.field = "--hw", .expected = names + " or a profile .json", .found = name});
 }
+
+double ExpertsPoint::weight_bytes() const {
+  const double h = static_cast<double>(hidden), i = static_cast<double>(intermediate);
+  return static_cast<double>(experts_hit) * 3.0 * h * i * static_cast<double>(experts_weight_bytes(weight_dtype));
+}
+
+int64_t experts_weight_bytes(const std::string& weight_dtype) {
+  if (weight_dtype == "f32") return 4;
+  if (weight_dtype == "bf16") return 2;
+  return 0;
+}
+
+namespace {
+
+// The experts_table of a profile JSON; every error names the entry and its field.
+std::vector<ExpertsPoint> parse_experts_table(const nlohmann::json& t, const std::string& path) {
+  if (!t.is_array())
+    throw Error("wrong type", {.file = path, .field = "experts_table", .expected = "an array", .found = t.dump()});
+  std::vector<ExpertsPoint> out;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const auto& e = t[i];
+    const std::string where = "experts_table[" + std::to_string(i) + "]";
+    if (!e.is_object()) throw Error("wrong type", {.file = path, .field = where, .expected = "an object", .found = e.dump()});
+    ExpertsPoint x;
+    auto count = [&](const char* key, int64_t& v) {
+      if (!e.contains(key) || !e[key].is_number_integer() || e[key].get<int64_t>() < 1)
+        throw Error("missing or invalid field", {.file = path, .field = where + "." + key, .expected = "an integer >= 1",
+                                                 .found = e.contains(key) ? e[key].dump() : "nothing"});
+      v = e[key].get<int64_t>();
+    };
+    count("tokens", x.tokens);
+    count("experts", x.experts);
+    count("experts_hit", x.experts_hit);
+    count("hidden", x.hidden);
+    count("intermediate", x.intermediate);
+    if (x.experts_hit > x.experts || x.experts_hit > x.tokens)
+      throw Error("invalid experts entry", {.file = path, .field = where + ".experts_hit",
+                                            .expected = "at most experts (" + std::to_string(x.experts) + ") and tokens (" +
+                                                        std::to_string(x.tokens) + ")",
+                                            .found = std::to_string(x.experts_hit)});
+    if (!e.contains("weight_dtype") || !e["weight_dtype"].is_string() ||
+        experts_weight_bytes(e["weight_dtype"].get<std::string>()) == 0)
+      throw Error("missing or invalid field", {.file = path, .field = where + ".weight_dtype", .expected = "\"f32\" or \"bf16\"",
+                                               .found = e.contains("weight_dtype") ? e["weight_dtype"].dump() : "nothing"});
+    x.weight_dtype = e["weight_dtype"].get<std::string>();
+    if (!e.contains("seconds") || !e["seconds"].is_number() || !(e["seconds"].get<double>() > 0))
+      throw Error("missing or invalid field", {.file = path, .field = where + ".seconds", .expected = "a number > 0",
+                                               .found = e.contains("seconds") ? e["seconds"].dump() : "nothing"});
+    x.seconds = e["seconds"].get<double>();
+    out.push_back(x);
+  }
+  return out;
+}
+
+}  // namespace
 
 HardwareProfile load_profile(const std::string& path) {
   std::ifstream in(path);
@@ -85,6 +141,7 @@ HardwareProfile load_profile(const std::string& path) {
       p.gemm_table.push_back(g);
     }
   }
+  if (j.contains("experts_table")) p.experts_table = parse_experts_table(j["experts_table"], path);
   return p;
 }
 
@@ -104,6 +161,13 @@ std::string profile_to_json(const HardwareProfile& p) {
     nlohmann::json t = nlohmann::json::array();
     for (const auto& g : p.gemm_table) t.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"flops_per_s", g.flops_per_s}});
     j["gemm_table"] = t;
+  }
+  if (!p.experts_table.empty()) {
+    nlohmann::json t = nlohmann::json::array();
+    for (const auto& x : p.experts_table)
+      t.push_back({{"tokens", x.tokens}, {"experts", x.experts}, {"experts_hit", x.experts_hit}, {"hidden", x.hidden},
+                   {"intermediate", x.intermediate}, {"weight_dtype", x.weight_dtype}, {"seconds", x.seconds}});
+    j["experts_table"] = t;
   }
   return j.dump(2) + "\n";
 }
@@ -141,6 +205,42 @@ double gemm_rate_at_shape(const HardwareProfile& p, int64_t m, int64_t n, int64_
   for (const auto& g : p.gemm_table)
     if (g.m == m && g.n == n && g.k == k) sum += g.flops_per_s, ++count;
   return count > 0 ? sum / count : gemm_rate(p, m, n, k);
+}
+
+double measured_experts_seconds(const HardwareProfile& p, int64_t experts, int64_t hidden, int64_t intermediate,
+                                int64_t weight_bytes, double tokens, double distinct) {
+  // Per token count: the mean seconds per hit expert, and the rows per expert it was measured at.
+  std::map<double, std::tuple<double, double, int>> by_tokens;  // tokens -> (sum s/hit, sum rows, count)
+  for (const auto& x : p.experts_table) {
+    if (x.experts != experts || x.hidden != hidden || x.intermediate != intermediate ||
+        experts_weight_bytes(x.weight_dtype) != weight_bytes)
+      continue;
+    auto& [s, rows, n] = by_tokens[static_cast<double>(x.tokens)];
+    s += x.seconds / static_cast<double>(x.experts_hit);
+    rows += x.rows_per_expert();
+    n += 1;
+  }
+  if (by_tokens.empty() || !(tokens > 0) || !(distinct > 0)) return -1;
+  std::vector<std::tuple<double, double, double>> pts;  // (tokens, seconds per hit expert, rows per expert)
+  for (const auto& [t, v] : by_tokens) {
+    const auto& [s, rows, n] = v;
+    pts.push_back({t, s / n, rows / n});
+  }
+  double per_expert = 0;
+  if (tokens <= std::get<0>(pts.front())) {
+    per_expert = std::get<1>(pts.front());
+  } else if (tokens >= std::get<0>(pts.back())) {
+    // Rows per expert as the measurement routes them (round-robin over min(tokens, E)), so the
+    // factor is 1 at the largest measured count.
+    const auto& [t, s, rows] = pts.back();
+    per_expert = s * std::max(1.0, (tokens / std::min(tokens, static_cast<double>(experts))) / rows);
+  } else {
+    auto hi = std::upper_bound(pts.begin(), pts.end(), tokens, [](double v, const auto& q) { return v < std::get<0>(q); });
+    auto lo = hi - 1;
+    const double f = std::log(tokens / std::get<0>(*lo)) / std::log(std::get<0>(*hi) / std::get<0>(*lo));
+    per_expert = std::get<1>(*lo) + f * (std::get<1>(*hi) - std::get<1>(*lo));
+  }
+  return distinct * per_expert;
 }
 
 HardwareProfile resolve_profile(const std::string& s) {

@@ -57,7 +57,9 @@ std::vector<Suggestion> suggest_shapes(const model::ModelConfig& c, const RunSha
       return;  // e.g. heads not divisible by kv heads
     }
     const double ratio = static_cast<double>(budgeted(m, o.budget)) / target;
-    Suggestion s{m, size_model(m, run, hw), ratio, original, decode_step(m, o.decode_batch, context, &hw, o.serve), 0};
+    ServeOptions serve = o.serve;
+    serve.measured_experts = false;  // every candidate priced alike (ServeOptions)
+    Suggestion s{m, size_model(m, run, hw), ratio, original, decode_step(m, o.decode_batch, context, &hw, serve), 0};
     if (!original && (std::abs(ratio - 1) > o.tolerance || !hard_rules_pass(s.report))) return;
     out.push_back(std::move(s));
   };
