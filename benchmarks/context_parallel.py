@@ -9,9 +9,13 @@ Prints markdown tables:
     context-parallel exchanges, metrics.jsonl "context_parallel") against what the same exchanges
     would send for a full multi-head K/V of the same hidden size (H per token instead of CCA's nkv·hd);
   - median step time and tokens/s at cp = 1 and 2, with the threads split so both use the same
-    cores (cp = 2: two ranks of threads/2).
+    cores (cp = 2: two ranks of threads/2);
+  - at cp = 2, the two attention schedules (parallel.cp_overlap = true / false): the exchange time
+    rank 0 spent blocked per layer (the trainer's counter: inside the exchanges' start and wait
+    calls, what compute did not hide, waiting for the other rank included) and the step time.
+    --schedules runs only this comparison.
 
-    python3 benchmarks/context_parallel.py [--zaya build/cuda/zaya] [--seq 2048] [--steps 6]
+    python3 benchmarks/context_parallel.py [--zaya build/cuda/zaya] [--seq 2048] [--steps 6] [--schedules]
 
 Needs the demo's data (scripts/demo.sh prepares data/pydocs_*).
 """
@@ -28,8 +32,8 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
-def run(zaya, cp, threads, seq, steps, out):
-    sets = [f"train.steps={steps}", "train.micro_batch=1", "train.grad_accum=1", f"train.seq_len={seq}",
+def run(zaya, cp, threads, seq, steps, out, extra=()):
+    sets = list(extra) + [f"train.steps={steps}", "train.micro_batch=1", "train.grad_accum=1", f"train.seq_len={seq}",
             "train.eval_every=0", "train.progress=false", "ckpt.every=0", "ckpt.save_final=false",
             f"train.out_dir={out}", "optim.warmup_steps=2", f"parallel.cp={cp}", "model.max_position_embeddings=" +
             str(max(seq, 4096))]
@@ -59,10 +63,13 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--schedules", action="store_true", help="only the cp = 2 overlapped/blocking comparison")
     a = ap.parse_args()
     m = demo_shape()
     L, nq, nkv, hd = m["num_hidden_layers"], m["num_attention_heads"], m["num_key_value_heads"], m["head_dim"]
     H = m["hidden_size"]  # full multi-head attention's K (and V) per token: H = heads · head_dim
+    if a.schedules:
+        return schedules(a, L)
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cp in (1, 2, 4):
@@ -93,6 +100,22 @@ def main():
             continue  # oversubscribed on this machine's two cores: its time says nothing
         t = statistics.median(r["time"]["step"] for r in recs[2:])
         print(f"| {cp} | {cp} x {threads} | {t:.2f} s | {a.seq / t:.0f} |")
+
+
+def schedules(a, L):
+    """cp = 2 with each attention schedule: blocked exchange time per layer and step time."""
+    threads = max(1, a.threads // 2)
+    print(f"cp = 2 (2 ranks x {threads} threads), one sequence of {a.seq} tokens, {a.steps} steps "
+          f"(the first two left out)\n")
+    print("| schedule | exchange blocked per layer (rank 0, median step) | of which per step | median step | tokens/s |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, flag in (("blocking", "false"), ("overlapped", "true")):
+            recs, _ = run(a.zaya, 2, threads, a.seq, a.steps, os.path.join(tmp, name), [f"parallel.cp_overlap={flag}"])
+            recs = recs[2:]
+            blocked = statistics.median(r["context_parallel"]["blocked_s"] for r in recs)
+            t = statistics.median(r["time"]["step"] for r in recs)
+            print(f"| {name} | {1e3 * blocked / L:.2f} ms | {1e3 * blocked:.1f} ms | {t:.2f} s | {a.seq / t:.0f} |")
 
 
 if __name__ == "__main__":
