@@ -13,9 +13,10 @@ Prints markdown tables:
   - at cp = 2, the two attention schedules (parallel.cp_overlap = true / false): the exchange time
     rank 0 spent blocked per layer (the trainer's counter: inside the exchanges' start and wait
     calls, what compute did not hide, waiting for the other rank included) and the step time.
-    --schedules runs only this comparison.
+    --schedules runs only this comparison, alternating the two --repeats times.
 
-    python3 benchmarks/context_parallel.py [--zaya build/cuda/zaya] [--seq 2048] [--steps 6] [--schedules]
+    python3 benchmarks/context_parallel.py [--zaya build/cuda/zaya] [--seq 2048] [--steps 6]
+                                           [--schedules [--repeats 3]]
 
 Needs the demo's data (scripts/demo.sh prepares data/pydocs_*).
 """
@@ -64,6 +65,7 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--schedules", action="store_true", help="only the cp = 2 overlapped/blocking comparison")
+    ap.add_argument("--repeats", type=int, default=3, help="--schedules: alternations of the two schedules")
     a = ap.parse_args()
     m = demo_shape()
     L, nq, nkv, hd = m["num_hidden_layers"], m["num_attention_heads"], m["num_key_value_heads"], m["head_dim"]
@@ -103,19 +105,29 @@ def main():
 
 
 def schedules(a, L):
-    """cp = 2 with each attention schedule: blocked exchange time per layer and step time."""
+    """cp = 2 with each attention schedule, alternated --repeats times (the machine's load drifts
+    between runs): blocked exchange time per layer and step time, per run and their medians."""
     threads = max(1, a.threads // 2)
-    print(f"cp = 2 (2 ranks x {threads} threads), one sequence of {a.seq} tokens, {a.steps} steps "
-          f"(the first two left out)\n")
-    print("| schedule | exchange blocked per layer (rank 0, median step) | of which per step | median step | tokens/s |")
+    print(f"cp = 2 (2 ranks x {threads} threads), one sequence of {a.seq} tokens, {a.steps} steps per run "
+          f"(the first two left out), the schedules alternated {a.repeats} times\n")
+    print("| run | schedule | exchange blocked per layer (rank 0, median step) | median step | tokens/s |")
     print("|---|---|---|---|---|")
+    got = {"blocking": [], "overlapped": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, flag in (("blocking", "false"), ("overlapped", "true")):
-            recs, _ = run(a.zaya, 2, threads, a.seq, a.steps, os.path.join(tmp, name), [f"parallel.cp_overlap={flag}"])
-            recs = recs[2:]
-            blocked = statistics.median(r["context_parallel"]["blocked_s"] for r in recs)
-            t = statistics.median(r["time"]["step"] for r in recs)
-            print(f"| {name} | {1e3 * blocked / L:.2f} ms | {1e3 * blocked:.1f} ms | {t:.2f} s | {a.seq / t:.0f} |")
+        for i in range(a.repeats):
+            for name, flag in (("blocking", "false"), ("overlapped", "true")):
+                out = os.path.join(tmp, f"{name}{i}")
+                recs, _ = run(a.zaya, 2, threads, a.seq, a.steps, out, [f"parallel.cp_overlap={flag}"])
+                recs = recs[2:]
+                blocked = statistics.median(r["context_parallel"]["blocked_s"] for r in recs) / L
+                t = statistics.median(r["time"]["step"] for r in recs)
+                got[name].append((blocked, t))
+                print(f"| {i + 1} | {name} | {1e3 * blocked:.1f} ms | {t:.2f} s | {a.seq / t:.0f} |", flush=True)
+    print("\n| schedule | median blocked per layer | median step |")
+    print("|---|---|---|")
+    for name, rows in got.items():
+        print(f"| {name} | {1e3 * statistics.median(b for b, _ in rows):.1f} ms | "
+              f"{statistics.median(t for _, t in rows):.2f} s |")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,12 @@
 // K/V per layer), each unit's attention backward adds into the full dK, dV, which a reduce-scatter
 // returns to the ranks that own the keys; the ext conv and value-shift backward give each unit's
 // halo gradient, which an all-gather hands to the rank whose tokens the halo was.
+//
+// That is CpSchedule::blocking. CpSchedule::overlapped (the default) splits step 4 at each unit's
+// start: the unit against its own keys while the K/V gathers are in flight, then against the keys
+// before it, merged by log-sum-exp; in backward the gather is issued when the layer's backward
+// starts (ZayaModel::layer_backward) and the keys-before half's reduce-scatter runs under the
+// own-keys half (docs/context-parallel.md, "Overlap").
 #include "zaya/model/context_parallel.h"
 
 #include <cstring>
