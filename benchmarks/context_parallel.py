@@ -9,9 +9,14 @@ Prints markdown tables:
     context-parallel exchanges, metrics.jsonl "context_parallel") against what the same exchanges
     would send for a full multi-head K/V of the same hidden size (H per token instead of CCA's nkv·hd);
   - median step time and tokens/s at cp = 1 and 2, with the threads split so both use the same
-    cores (cp = 2: two ranks of threads/2).
+    cores (cp = 2: two ranks of threads/2);
+  - at cp = 2, the two attention schedules (parallel.cp_overlap = true / false): the exchange time
+    rank 0 spent blocked per layer (the trainer's counter: inside the exchanges' start and wait
+    calls, what compute did not hide, waiting for the other rank included) and the step time.
+    --schedules runs only this comparison, alternating the two --repeats times.
 
     python3 benchmarks/context_parallel.py [--zaya build/cuda/zaya] [--seq 2048] [--steps 6]
+                                           [--schedules [--repeats 3]]
 
 Needs the demo's data (scripts/demo.sh prepares data/pydocs_*).
 """
@@ -28,8 +33,8 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
-def run(zaya, cp, threads, seq, steps, out):
-    sets = [f"train.steps={steps}", "train.micro_batch=1", "train.grad_accum=1", f"train.seq_len={seq}",
+def run(zaya, cp, threads, seq, steps, out, extra=()):
+    sets = list(extra) + [f"train.steps={steps}", "train.micro_batch=1", "train.grad_accum=1", f"train.seq_len={seq}",
             "train.eval_every=0", "train.progress=false", "ckpt.every=0", "ckpt.save_final=false",
             f"train.out_dir={out}", "optim.warmup_steps=2", f"parallel.cp={cp}", "model.max_position_embeddings=" +
             str(max(seq, 4096))]
@@ -59,10 +64,14 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--schedules", action="store_true", help="only the cp = 2 overlapped/blocking comparison")
+    ap.add_argument("--repeats", type=int, default=3, help="--schedules: alternations of the two schedules")
     a = ap.parse_args()
     m = demo_shape()
     L, nq, nkv, hd = m["num_hidden_layers"], m["num_attention_heads"], m["num_key_value_heads"], m["head_dim"]
     H = m["hidden_size"]  # full multi-head attention's K (and V) per token: H = heads · head_dim
+    if a.schedules:
+        return schedules(a, L)
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cp in (1, 2, 4):
@@ -93,6 +102,32 @@ def main():
             continue  # oversubscribed on this machine's two cores: its time says nothing
         t = statistics.median(r["time"]["step"] for r in recs[2:])
         print(f"| {cp} | {cp} x {threads} | {t:.2f} s | {a.seq / t:.0f} |")
+
+
+def schedules(a, L):
+    """cp = 2 with each attention schedule, alternated --repeats times (the machine's load drifts
+    between runs): blocked exchange time per layer and step time, per run and their medians."""
+    threads = max(1, a.threads // 2)
+    print(f"cp = 2 (2 ranks x {threads} threads), one sequence of {a.seq} tokens, {a.steps} steps per run "
+          f"(the first two left out), the schedules alternated {a.repeats} times\n")
+    print("| run | schedule | exchange blocked per layer (rank 0, median step) | median step | tokens/s |")
+    print("|---|---|---|---|---|")
+    got = {"blocking": [], "overlapped": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(a.repeats):
+            for name, flag in (("blocking", "false"), ("overlapped", "true")):
+                out = os.path.join(tmp, f"{name}{i}")
+                recs, _ = run(a.zaya, 2, threads, a.seq, a.steps, out, [f"parallel.cp_overlap={flag}"])
+                recs = recs[2:]
+                blocked = statistics.median(r["context_parallel"]["blocked_s"] for r in recs) / L
+                t = statistics.median(r["time"]["step"] for r in recs)
+                got[name].append((blocked, t))
+                print(f"| {i + 1} | {name} | {1e3 * blocked:.1f} ms | {t:.2f} s | {a.seq / t:.0f} |", flush=True)
+    print("\n| schedule | median blocked per layer | median step |")
+    print("|---|---|---|")
+    for name, rows in got.items():
+        print(f"| {name} | {1e3 * statistics.median(b for b, _ in rows):.1f} ms | "
+              f"{statistics.median(t for _, t in rows):.2f} s |")
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ run | tests)
   "$pack_dir/test_core" --gtest_filter='CudaRuntime.*:CudaContext.*:Philox.*:Tensor.*' 2>&1 | tee "$out/tests.txt" || status=1
   # The CUDA op kernels against the CPU ops (tests/ops/test_*_cuda.cc), their shared per-element
   # math, and the fronts' device checks (which skip their no-GPU halves here).
-  "$pack_dir/test_ops" --gtest_filter='DenseCuda.*:ScaleBiasCuda.*:EdaCuda.*:MoeCuda.*:MoeSkipCuda.*:MoeSkipDevice.*:CrossEntropyCuda.*:ElementwiseMath.*:LossMath.*:DenseDevice.*:RouterStateDevice.*:MoeDevice.*:CrossEntropyDevice.*:SequenceMath.*:RopeCuda.*:CcaCuda.*:AttentionCuda.*:AttentionAtCuda.*:RopeDevice.*:CcaDevice.*:AttentionDevice.*' \
+  "$pack_dir/test_ops" --gtest_filter='DenseCuda.*:ScaleBiasCuda.*:EdaCuda.*:MoeCuda.*:MoeSkipCuda.*:MoeSkipDevice.*:CrossEntropyCuda.*:ElementwiseMath.*:LossMath.*:DenseDevice.*:RouterStateDevice.*:MoeDevice.*:CrossEntropyDevice.*:SequenceMath.*:RopeCuda.*:CcaCuda.*:AttentionCuda.*:AttentionAtCuda.*:*AttentionPrefixOnDevice.*:RopeDevice.*:CcaDevice.*:AttentionDevice.*' \
     2>&1 | tee -a "$out/tests.txt" || status=1
   # The GEMM, linear, experts, optimizer, Newton–Schulz and copy kernels against the CPU ops
   # (tests/ops/test_{gemm,experts,optim}_cuda.cc) and their fronts' device checks.

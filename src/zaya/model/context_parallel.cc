@@ -20,6 +20,12 @@
 // K/V per layer), each unit's attention backward adds into the full dK, dV, which a reduce-scatter
 // returns to the ranks that own the keys; the ext conv and value-shift backward give each unit's
 // halo gradient, which an all-gather hands to the rank whose tokens the halo was.
+//
+// That is CpSchedule::blocking. CpSchedule::overlapped (the default) splits step 4 at each unit's
+// start: the unit against its own keys while the K/V gathers are in flight, then against the keys
+// before it, merged by log-sum-exp; in backward the gather is issued when the layer's backward
+// starts (ZayaModel::layer_backward) and the keys-before half's reduce-scatter runs under the
+// own-keys half (docs/context-parallel.md, "Overlap").
 #include "zaya/model/context_parallel.h"
 
 #include <cstring>
@@ -82,11 +88,16 @@ int64_t ZayaModel::cp_chunk_start(int64_t seg) const {
 
 // kfull, vfull [B·S, kv] ← the group's post-RoPE K and V of layer l, in sequence order.
 void ZayaModel::cp_gather_kv(int l) {
-  const int64_t K = cp_->size(), c = T_ / 2, N = B_ * T_;
   const LayerActs& t = acts_[static_cast<size_t>(l)];
   CpScratch& x = scratch_->cp;
   cp_->all_gather(x.kg, t.kr);
   cp_->all_gather(x.vg, t.v);
+  cp_place_kv();
+}
+
+void ZayaModel::cp_place_kv() {
+  const int64_t K = cp_->size(), c = T_ / 2, N = B_ * T_;
+  CpScratch& x = scratch_->cp;
   for (int64_t r = 0; r < K; ++r)
     for (int64_t b = 0; b < B_; ++b)
       for (int64_t seg = 0; seg < 2; ++seg) {
@@ -139,6 +150,9 @@ void ZayaModel::cp_attention_forward(int l) {
     ops::copy_block(s.conv, u * c, 0, x.conv_ext, u * (c + 2) + 2, 0, c, C);
     ops::copy_block(t.v, u * c, 0, x.v_ext, u * (c + 2) + 2, 0, c, kv);
   }
+  // Overlapped: V is final here; its gather runs under the q/k path.
+  Exchange gather_v;
+  if (cp_schedule_ == CpSchedule::overlapped) gather_v = cp_->start_all_gather(x.vg, t.v);
   // 3. Mean skip → QK norm → RoPE per unit, at the unit's global positions.
   for (int64_t u = 0; u < 2 * B_; ++u) {
     const int64_t start = cp_chunk_start(u % 2);
@@ -147,6 +161,11 @@ void ZayaModel::cp_attention_forward(int l) {
     const auto rows = [&](const Tensor& a) { return a.slice(u * c, (u + 1) * c); };
     ops::cca_qk_forward(rows(t.qr), rows(t.kr), rows(t.qpre), rows(t.kpre), rows(s.conv), rows(t.z), p.temp,
                         rope, 1, c, dims);
+  }
+  if (cp_schedule_ == CpSchedule::overlapped) {
+    Exchange gather_k = cp_->start_all_gather(x.kg, t.kr);
+    cp_attention_overlapped(l, gather_k, gather_v);
+    return;
   }
   // 4. Attention against the gathered keys.
   cp_gather_kv(l);
@@ -158,18 +177,104 @@ void ZayaModel::cp_attention_forward(int l) {
   }
 }
 
-// In: s.datt. Out: s.dz (mean skip + conv, halo gradients from the next chunks' owners included),
-// s.dvcd, and the layer's temperature and conv weight gradients (this rank's part).
-void ZayaModel::cp_attention_backward(int l) {
-  const int64_t K = cp_->size(), c = T_ / 2, N = B_ * T_, kv = cfg_.kv_dim(), C = cfg_.conv_channels();
+// Step 4 under CpSchedule::overlapped, with the K and V gathers in flight: each unit against its
+// own keys (causal, at q_pos 0 of its own rows: no exchange needed), polling the gathers between
+// units; then, once they complete, against the keys before the unit ([0, p_seg), every one
+// visible), merged into the first half by log-sum-exp. The unit at position 0 has no keys before it.
+void ZayaModel::cp_attention_overlapped(int l, Exchange& gather_k, Exchange& gather_v) {
+  const int64_t c = T_ / 2, nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
+  LayerActs& t = acts_[static_cast<size_t>(l)];
+  CpScratch& x = scratch_->cp;
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    const auto rows = [&](const Tensor& a) { return a.slice(u * c, (u + 1) * c); };
+    ops::attention_at_forward(rows(t.att), t.lse.slice(u, u + 1), rows(t.qr), rows(t.kr), rows(t.v), 1, c, c, 0, nq,
+                              nkv, hd);
+    gather_k.test();
+    gather_v.test();
+  }
+  gather_k.wait();
+  gather_v.wait();
+  cp_place_kv();
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    const int64_t b = u / 2, start = cp_chunk_start(u % 2);
+    if (start == 0) continue;
+    const auto rows = [&](const Tensor& a) { return a.slice(u * c, (u + 1) * c); };
+    ops::attention_prefix_forward(rows(x.att_pre), x.lse_pre.slice(u, u + 1), rows(t.qr),
+                                  x.kfull.slice(b * S_, b * S_ + start), x.vfull.slice(b * S_, b * S_ + start), 1, c,
+                                  start, nq, nkv, hd);
+    ops::attention_merge(rows(t.att), t.lse.slice(u, u + 1), rows(x.att_pre), x.lse_pre.slice(u, u + 1), 1, c, nq, hd);
+  }
+}
+
+// Backward's K/V gather for layer l, issued when the layer's backward starts (t.kr and t.v are final
+// then: saved, or just recomputed) so that it runs under the experts' and out projection's backward.
+void ZayaModel::cp_start_kv_gather(int l) {
+  const LayerActs& t = acts_[static_cast<size_t>(l)];
+  CpScratch& x = scratch_->cp;
+  cp_kv_gather_[0] = cp_->start_all_gather(x.kg, t.kr);
+  cp_kv_gather_[1] = cp_->start_all_gather(x.vg, t.v);
+  cp_kv_gather_layer_ = l;
+}
+
+// Attention's backward under CpSchedule::overlapped; the rest of cp_attention_backward is shared.
+// The keys-before half first (its dK, dV belong to other ranks' keys, and to this rank's early
+// chunk for its late one), so that their reduce-scatter runs while the own-keys half computes; the
+// own keys' gradients are then added to what the reduce-scatter brought. dq accumulates both halves.
+void ZayaModel::cp_attention_backward_overlapped(int l) {
+  const int64_t K = cp_->size(), c = T_ / 2, N = B_ * T_, kv = cfg_.kv_dim();
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
-  const ops::CcaDims dims{nq, nkv, hd};
   LayerActs& t = acts_[static_cast<size_t>(l)];
   ScratchActs& s = *scratch_;
   CpScratch& x = s.cp;
-  const LayerParams& p = lp_[static_cast<size_t>(l)];
-  LayerParams& g = lg_[static_cast<size_t>(l)];
-  // Attention: every unit adds its keys' gradients into the full dK, dV; the owners get their sum.
+  ZAYA_ASSERT(cp_kv_gather_layer_ == l);
+  cp_kv_gather_[0].wait();
+  cp_kv_gather_[1].wait();
+  cp_kv_gather_layer_ = -1;
+  cp_place_kv();
+  s.dqr.zero_();
+  x.dkfull.zero_();
+  x.dvfull.zero_();
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    const int64_t b = u / 2, start = cp_chunk_start(u % 2);
+    if (start == 0) continue;
+    const auto rows = [&](const Tensor& a) { return a.slice(u * c, (u + 1) * c); };
+    ops::attention_prefix_backward(rows(s.dqr), x.dkfull.slice(b * S_, b * S_ + start),
+                                   x.dvfull.slice(b * S_, b * S_ + start), rows(s.datt), rows(t.qr),
+                                   x.kfull.slice(b * S_, b * S_ + start), x.vfull.slice(b * S_, b * S_ + start),
+                                   rows(t.att), t.lse.slice(u, u + 1), 1, c, start, nq, nkv, hd);
+  }
+  for (int64_t r = 0; r < K; ++r)
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t seg = 0; seg < 2; ++seg) {
+        const int64_t dst = r * N + (2 * b + seg) * c, src = b * S_ + zigzag_chunk(r, seg, K) * c;
+        ops::copy_block(x.dkg, dst, 0, x.dkfull, src, 0, c, kv);
+        ops::copy_block(x.dvg, dst, 0, x.dvfull, src, 0, c, kv);
+      }
+  Exchange scatter_k = cp_->start_reduce_scatter(s.dkr, x.dkg), scatter_v = cp_->start_reduce_scatter(s.dv, x.dvg);
+  x.dk_own.zero_();
+  x.dv_own.zero_();
+  for (int64_t u = 0; u < 2 * B_; ++u) {
+    const auto rows = [&](const Tensor& a) { return a.slice(u * c, (u + 1) * c); };
+    ops::attention_at_backward(rows(s.dqr), rows(x.dk_own), rows(x.dv_own), rows(s.datt), rows(t.qr), rows(t.kr),
+                               rows(t.v), rows(t.att), t.lse.slice(u, u + 1), 1, c, c, 0, nq, nkv, hd,
+                               /*accumulate_dq=*/true);
+    scatter_k.test();
+    scatter_v.test();
+  }
+  scatter_k.wait();
+  scatter_v.wait();
+  ops::add_block(s.dkr, 0, 0, x.dk_own, 0, 0, N, kv);
+  ops::add_block(s.dv, 0, 0, x.dv_own, 0, 0, N, kv);
+}
+
+// Attention's backward under CpSchedule::blocking: every unit adds its keys' gradients into the
+// full dK, dV; the owners get their sum.
+void ZayaModel::cp_attention_backward_blocking(int l) {
+  const int64_t K = cp_->size(), c = T_ / 2, N = B_ * T_, kv = cfg_.kv_dim();
+  const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
+  LayerActs& t = acts_[static_cast<size_t>(l)];
+  ScratchActs& s = *scratch_;
+  CpScratch& x = s.cp;
   cp_gather_kv(l);
   x.dkfull.zero_();
   x.dvfull.zero_();
@@ -190,6 +295,24 @@ void ZayaModel::cp_attention_backward(int l) {
       }
   cp_->reduce_scatter(s.dkr, x.dkg);
   cp_->reduce_scatter(s.dv, x.dvg);
+}
+
+// In: s.datt. Out: s.dz (mean skip + conv, halo gradients from the next chunks' owners included),
+// s.dvcd, and the layer's temperature and conv weight gradients (this rank's part).
+void ZayaModel::cp_attention_backward(int l) {
+  const int64_t K = cp_->size(), c = T_ / 2, kv = cfg_.kv_dim(), C = cfg_.conv_channels();
+  const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
+  const ops::CcaDims dims{nq, nkv, hd};
+  LayerActs& t = acts_[static_cast<size_t>(l)];
+  ScratchActs& s = *scratch_;
+  CpScratch& x = s.cp;
+  const LayerParams& p = lp_[static_cast<size_t>(l)];
+  LayerParams& g = lg_[static_cast<size_t>(l)];
+  if (cp_schedule_ == CpSchedule::overlapped) {
+    cp_attention_backward_overlapped(l);
+  } else {
+    cp_attention_backward_blocking(l);
+  }
   // RoPE, QK norm, mean skip per unit: dconv, and dz's mean-skip part.
   for (int64_t u = 0; u < 2 * B_; ++u) {
     const int64_t start = cp_chunk_start(u % 2);

@@ -83,6 +83,10 @@ struct CpScratch {
   Tensor kg, vg, kfull, vfull;    // post-RoPE K and V: gathered, then in sequence order
   Tensor dkfull, dvfull, dkg, dvg;  // their gradients, in sequence order, then rank-major to scatter
   Tensor hgrad, hgrad_all;        // halo gradients [B·2·2, C + kv], gathered
+  // CpSchedule::overlapped: each chunk's attention over the keys before it [N, nq·hd] and its lse
+  // [2B, nq, c], merged into the own-keys half; the own keys' dK, dV [N, kv], added after the
+  // reduce-scatter of the rest.
+  Tensor att_pre, lse_pre, dk_own, dv_own;
 };
 
 // Temporaries shared by all layers: forward splits and the backward's gradient buffers.

@@ -167,6 +167,8 @@ void ZayaModel::layer_backward(int l) {
   LayerParams& g = lg_[l];
   const Tensor& x = s.xs[l];
   SectionClock clock(*this);
+  // Context parallel, overlapped: attention's K/V gather runs under the experts' backward.
+  if (cp_ && cp_schedule_ == CpSchedule::overlapped) cp_start_kv_gather(l);
 
   // x_out = RS_mlp(m, x_mid)
   clock.part("backward: experts, residual (+ side tasks)");

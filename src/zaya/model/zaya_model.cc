@@ -196,8 +196,9 @@ void ZayaModel::set_rope_theta(double theta) {
   rope_ = ops::make_rope_table(cfg_.head_dim, cfg_.partial_rotary_factor, cfg_.rope_theta, S_, device_);
 }
 
-void ZayaModel::set_context_parallel(ContextGroup* group) {
+void ZayaModel::set_context_parallel(ContextGroup* group, CpSchedule schedule) {
   cp_ = group && group->size() > 1 ? group : nullptr;
+  cp_schedule_ = schedule;
   set_batch_shape(B_, S_);
 }
 
@@ -303,6 +304,10 @@ void ZayaModel::plan() {
       c.z_ext = a({ext, C}); c.conv_ext = a({ext, C}); c.dz_ext = a({ext, C}); c.vcd_ext = a({ext, kv}); c.v_ext = a({ext, kv});
       for (Tensor* g : {&c.kg, &c.vg, &c.dkg, &c.dvg}) *g = a({K * N, kv});
       for (Tensor* g : {&c.kfull, &c.vfull, &c.dkfull, &c.dvfull}) *g = a({B_ * S, kv});
+      if (cp_schedule_ == CpSchedule::overlapped) {  // the keys-before half, before its merge
+        c.att_pre = a({N, q}); c.lse_pre = a({2 * B_, nq, T_ / 2});
+        c.dk_own = a({N, kv}); c.dv_own = a({N, kv});
+      }
     }
     if (b16) {
       s.dy16 = a({N, H}, DType::bf16); s.dgu16 = a({N, 2 * I}, DType::bf16);

@@ -66,7 +66,9 @@ class ZayaModel {
   // the group runs forward and backward together. The group must outlive the model or the next
   // call. Re-plans the arena (allocates). At cp = 1 (or null) the model is the plain single-device
   // one, bit for bit.
-  void set_context_parallel(ContextGroup* group);
+  // `schedule`: how attention meets the K/V exchange (CpSchedule, context_parallel.h).
+  void set_context_parallel(ContextGroup* group, CpSchedule schedule = CpSchedule::overlapped);
+  CpSchedule cp_schedule() const { return cp_schedule_; }
   int cp_size() const { return cp_ ? cp_->size() : 1; }
   // Switches the RoPE base θ (a training recipe's context-extension phase): config().rope_theta
   // and the rotation table change; parameters, gradients and the arena do not.
@@ -194,6 +196,11 @@ class ZayaModel {
   void cp_attention_forward(int l);
   void cp_attention_backward(int l);
   void cp_gather_kv(int l);
+  void cp_place_kv();                  // the gathered K/V (kg, vg) into sequence order (kfull, vfull)
+  void cp_attention_overlapped(int l, Exchange& gather_k, Exchange& gather_v);  // forward's step 4
+  void cp_attention_backward_overlapped(int l);
+  void cp_attention_backward_blocking(int l);
+  void cp_start_kv_gather(int l);      // backward's gather of layer l's K/V, issued ahead
   int64_t cp_chunk_start(int64_t seg) const;
   void head_backward_from_logits(const ops::CrossEntropyResult& res, const Tensor& targets);
   ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
@@ -212,6 +219,9 @@ class ZayaModel {
   Device device_ = Device::cpu;
   int64_t B_ = 0, T_ = 0, S_ = 0;  // T_ tokens per row on this rank, S_ in the sequence
   ContextGroup* cp_ = nullptr;       // null or a group of one: no context parallelism
+  CpSchedule cp_schedule_ = CpSchedule::overlapped;
+  Exchange cp_kv_gather_[2];         // backward's K and V gathers in flight (overlapped schedule)
+  int cp_kv_gather_layer_ = -1;      // the layer they gather
   std::vector<ParamSpec> specs_;
   std::map<std::string, int> index_;
   std::vector<int64_t> offsets_;  // element offset of each parameter in the flat buffers

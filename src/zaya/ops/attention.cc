@@ -114,7 +114,8 @@ void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
 
 void attention_at_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q,
                            const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, int64_t B,
-                           int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
+                           int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd,
+                           bool accumulate_dq) {
   constexpr std::string_view op = "attention_at_backward";
   const OpDevice on(op, {{"dq", dq},
                          {"dk", dk},
@@ -132,14 +133,90 @@ void attention_at_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
     if (q_pos % cpu::attention_tiled_block == 0)
       return cpu::attention_tiled_bwd(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
                                       q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                                      lse.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd, /*accumulate_kv=*/true);
+                                      lse.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd, /*accumulate_kv=*/true,
+                                      /*key_end=*/-1, accumulate_dq);
     return cpu::attention_at_bwd(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
                                  q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                                 lse.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd);
+                                 lse.data<float>(), B, Tq, Tk, q_pos, nq, nkv, hd, /*key_end=*/-1, accumulate_dq);
   }
 #if defined(ZAYA_HAVE_CUDA)
   if (on.cuda())
-    return cuda::attention_at_backward(dq, dk, dv, dout, q, k, v, out, lse, B, Tq, Tk, q_pos, nq, nkv, hd);
+    return cuda::attention_at_backward(dq, dk, dv, dout, q, k, v, out, lse, B, Tq, Tk, q_pos, nq, nkv, hd,
+                                       accumulate_dq);
+#endif
+  on.no_kernel();
+}
+
+void attention_prefix_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                              int64_t B, int64_t Tq, int64_t Tk, int64_t nq, int64_t nkv, int64_t hd) {
+  constexpr std::string_view op = "attention_prefix_forward";
+  const OpDevice on(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
+  check_heads(op, B, Tq, nq, nkv, hd);
+  check::positive(op, "Tk", Tk);
+  check_forward_tensors(op, out, lse, q, k, v, B, Tq, Tk, nq, nkv, hd);
+  // The queries sit at position Tk, past every key: key_end = Tk bounds them.
+  if (on.cpu()) {
+    if (Tk % cpu::attention_tiled_block == 0)
+      return cpu::attention_tiled_fwd(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
+                                      v.data<float>(), B, Tq, Tk, /*q_pos=*/Tk, nq, nkv, hd, /*key_end=*/Tk);
+    return cpu::attention_at_fwd(out.data<float>(), lse.data<float>(), q.data<float>(), k.data<float>(),
+                                 v.data<float>(), B, Tq, Tk, /*q_pos=*/Tk, nq, nkv, hd, /*key_end=*/Tk);
+  }
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::attention_prefix_forward(out, lse, q, k, v, B, Tq, Tk, nq, nkv, hd);
+#endif
+  on.no_kernel();
+}
+
+void attention_prefix_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t nq, int64_t nkv,
+                               int64_t hd) {
+  constexpr std::string_view op = "attention_prefix_backward";
+  const OpDevice on(op, {{"dq", dq},
+                         {"dk", dk},
+                         {"dv", dv},
+                         {"dout", dout},
+                         {"q", q},
+                         {"k", k},
+                         {"v", v},
+                         {"out", out},
+                         {"lse", lse}});
+  check_heads(op, B, Tq, nq, nkv, hd);
+  check::positive(op, "Tk", Tk);
+  check_forward_tensors(op, out, lse, q, k, v, B, Tq, Tk, nq, nkv, hd);
+  check_gradient_tensors(op, dq, dk, dv, dout, B, Tq, Tk, nq, nkv, hd);
+  if (on.cpu()) {
+    if (Tk % cpu::attention_tiled_block == 0)
+      return cpu::attention_tiled_bwd(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
+                                      q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                      lse.data<float>(), B, Tq, Tk, /*q_pos=*/Tk, nq, nkv, hd,
+                                      /*accumulate_kv=*/true, /*key_end=*/Tk, /*accumulate_q=*/true);
+    return cpu::attention_at_bwd(dq.data<float>(), dk.data<float>(), dv.data<float>(), dout.data<float>(),
+                                 q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                 lse.data<float>(), B, Tq, Tk, /*q_pos=*/Tk, nq, nkv, hd, /*key_end=*/Tk,
+                                 /*accumulate_q=*/true);
+  }
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::attention_prefix_backward(dq, dk, dv, dout, q, k, v, out, lse, B, Tq, Tk, nq, nkv, hd);
+#endif
+  on.no_kernel();
+}
+
+void attention_merge(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b, const Tensor& lse_b, int64_t B,
+                     int64_t T, int64_t nq, int64_t hd) {
+  constexpr std::string_view op = "attention_merge";
+  const OpDevice on(op, {{"out_a", out_a}, {"lse_a", lse_a}, {"out_b", out_b}, {"lse_b", lse_b}});
+  check_heads(op, B, T, nq, nq, hd);
+  check::rows(op, "out_a", out_a, B, T, nq * hd);
+  check::rows(op, "out_b", out_b, B, T, nq * hd);
+  check::exact(op, "lse_a", lse_a, Shape{B, nq, T});
+  check::exact(op, "lse_b", lse_b, Shape{B, nq, T});
+  if (on.cpu())
+    return cpu::attention_merge(out_a.data<float>(), lse_a.data<float>(), out_b.data<float>(), lse_b.data<float>(),
+                                B, T, nq, hd);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::attention_merge(out_a, lse_a, out_b, lse_b, B, T, nq, hd);
 #endif
   on.no_kernel();
 }

@@ -74,4 +74,17 @@ ZAYA_HD inline float qk_norm_proj(float tau, float x_dot_dy, float norm) { retur
 ZAYA_HD inline float attention_prob(float score, float scale, float lse) { return expf(score * scale - lse); }
 ZAYA_HD inline float attention_dscore(float p, float dp, float d) { return p * (dp - d); }
 
+// Merging two partial attentions of one query over disjoint key sets (online softmax): with their
+// log-sum-exps a, b the merged one is L = m + log(e^(a−m) + e^(b−m)), m = max(a, b), and the output
+// is wa·Oa + wb·Ob with wa = e^(a−m)/s, wb = e^(b−m)/s, s the sum. A part with no keys has lse −∞
+// and weight 0 (both −∞: no keys at all, which callers never merge).
+struct SoftmaxMerge {
+  float lse, wa, wb;
+};
+ZAYA_HD inline SoftmaxMerge softmax_merge(float a, float b) {
+  const float m = fmaxf(a, b), ea = expf(a - m), eb = expf(b - m), s = ea + eb;
+  return {m + logf(s), ea / s, eb / s};
+}
+ZAYA_HD inline float softmax_merge_out(const SoftmaxMerge& w, float oa, float ob) { return mul(w.wa, oa) + mul(w.wb, ob); }
+
 }  // namespace zaya::ops::math

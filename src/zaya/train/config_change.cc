@@ -10,6 +10,8 @@ const std::vector<std::string>& safe_config_keys() {
       "ckpt.every",         "ckpt.keep_every", "ckpt.keep_last",  "ckpt.save_final",
       "ckpt.snapshot",      "data.tokenizer",  "data.val",        "parallel.bucket_mb",
       "parallel.cp",
+      // How the step's attention meets the K/V exchange: the same math, merged in another order.
+      "parallel.cp_overlap",
       // The same run on another device: the same math, rounded in other orders (not bitwise).
       "parallel.device",
       // Changes when the step waits for the parameters, not their values.

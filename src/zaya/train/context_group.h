@@ -18,20 +18,27 @@ class CommContextGroup final : public model::ContextGroup {
   explicit CommContextGroup(std::unique_ptr<dist::Communicator> cp) : owned_(std::move(cp)), comm_(*owned_) {}
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.size(); }
-  void all_gather(const Tensor& recv, const Tensor& send) override;
-  void reduce_scatter(const Tensor& recv, const Tensor& send) override;
+  // The communicator's start_all_gather / start_reduce_scatter; the Exchange holds its Work.
+  model::Exchange start_all_gather(const Tensor& recv, const Tensor& send) override;
+  model::Exchange start_reduce_scatter(const Tensor& recv, const Tensor& send) override;
   dist::Backend backend() const { return comm_.backend(); }
   // Bytes this rank put on the wire since construction (or reset): (size − 1)/size of each
   // gathered or reduced buffer, what a ring algorithm sends per rank.
   double bytes_sent() const { return bytes_; }
   int64_t calls() const { return calls_; }
-  void reset_counters() { bytes_ = 0, calls_ = 0; }
+  // Seconds this rank spent blocked on the exchanges since construction (or reset): inside their
+  // start and wait calls, the exchange time compute did not hide (a blocking exchange's whole
+  // time, waiting for the slowest rank included). test() polls are not counted.
+  double blocked_seconds() const { return blocked_s_; }
+  void reset_counters() { bytes_ = 0, calls_ = 0, blocked_s_ = 0; }
 
  private:
+  class Pending;
   std::unique_ptr<dist::Communicator> owned_;
   dist::Communicator& comm_;
   double bytes_ = 0;
   int64_t calls_ = 0;
+  double blocked_s_ = 0;
 };
 
 // The group the model exchanges over, for this rank of `mesh`. With a device world (NCCL over the

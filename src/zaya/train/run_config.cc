@@ -117,6 +117,7 @@ ParallelConfig read_parallel(ConfigReader& r) {
   r.get("parallel.device", p.device);
   r.get("parallel.dp", p.dp);
   r.get("parallel.cp", p.cp);
+  r.get("parallel.cp_overlap", p.cp_overlap);
   r.get("parallel.bucket_mb", p.bucket_mb);
   r.get("parallel.grad_reduce", p.grad_reduce);
   r.get("parallel.overlap_param_gather", p.overlap_param_gather);

@@ -85,6 +85,10 @@ struct ParallelConfig {
   std::string device = "cpu";  // "cpu" or "cuda" (one GPU per rank)
   int64_t dp = 0;              // data-parallel ranks; 0: the world size / cp
   int64_t cp = 1;              // context-parallel ranks per data-parallel replica
+  // With cp > 1: attention's K/V exchange overlapped with the chunks' own-keys attention and merged
+  // by log-sum-exp (true), or gathered before one pass over all keys (false); the two agree within
+  // fp32 rounding (docs/context-parallel.md, "Overlap").
+  bool cp_overlap = true;
   // Gradient bucket size for the data-parallel reductions, in MiB: buckets are reduced as soon as
   // backward fills them, while it goes on.
   double bucket_mb = 32;

@@ -186,7 +186,8 @@ void Trainer::set_up() {
   model_->init(t.seed);
   if (mesh_->cp_size() > 1) {
     cp_group_ = make_context_group(*mesh_, device_comm_.get());  // on GPUs, NCCL between device buffers
-    model_->set_context_parallel(cp_group_.get());
+    model_->set_context_parallel(cp_group_.get(), cfg_.parallel.cp_overlap ? model::CpSchedule::overlapped
+                                                                           : model::CpSchedule::blocking);
   }
   if (t.gemm_dtype == "bf16") {
     model_->set_gemm_dtype(DType::bf16);
@@ -741,7 +742,9 @@ TrainResult Trainer::run_steps() {
       rec["seq_len"] = model_->seq_len();
     }
     if (cp_group_) {  // rank 0's context-parallel traffic this step (every cp rank sends the same)
-      rec["context_parallel"] = {{"bytes_sent", cp_group_->bytes_sent()}, {"exchanges", cp_group_->calls()}};
+      rec["context_parallel"] = {{"bytes_sent", cp_group_->bytes_sent()},
+                                 {"exchanges", cp_group_->calls()},
+                                 {"blocked_s", cp_group_->blocked_seconds()}};
     }
     metrics.write(rec);
     char extra[96];

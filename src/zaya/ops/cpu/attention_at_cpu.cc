@@ -28,7 +28,8 @@ constexpr int64_t kRowBlock = 16;  // queries per forward task: their key rows s
 
 // One task per (batch row, query head, block of 16 queries), the blocks with the most keys first.
 void attention_at_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
-                      int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
+                      int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd, int64_t key_end) {
+  if (key_end < 0) key_end = q_pos + Tq;
   const int64_t G = nq / nkv, rk = nkv * hd, nblk = (Tq + kRowBlock - 1) / kRowBlock;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel
@@ -40,7 +41,7 @@ void attention_at_fwd(float* out, float* lse, const float* q, const float* k, co
       const float* kb = k + b * Tk * rk + hk * hd;  // key j at kb + j·rk
       const float* vb = v + b * Tk * rk + hk * hd;
       for (int64_t i = qb * kRowBlock; i < std::min(Tq, (qb + 1) * kRowBlock); ++i) {
-        const int64_t nk = q_pos + i + 1;  // causal: keys j ≤ q_pos + i
+        const int64_t nk = std::min(key_end, q_pos + i + 1);  // causal: keys j ≤ q_pos + i
         const float* qi = q + ((b * Tq + i) * nq + h) * hd;
         float mx = -INFINITY;
         for (int64_t j = 0; j < nk; ++j) {
@@ -66,7 +67,8 @@ void attention_at_fwd(float* out, float* lse, const float* q, const float* k, co
 // order, so the result is bitwise the same for any thread count.
 void attention_at_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                       const float* v, const float* out, const float* lse, int64_t B, int64_t Tq, int64_t Tk,
-                      int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
+                      int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd, int64_t key_end, bool accumulate_q) {
+  if (key_end < 0) key_end = q_pos + Tq;
   const int64_t G = nq / nkv, rk = nkv * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel
@@ -81,7 +83,7 @@ void attention_at_bwd(float* dq, float* dk, float* dv, const float* dout, const 
       float* dvb = dv + b * Tk * rk + hk * hd;
       for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
         for (int64_t i = 0; i < Tq; ++i) {
-          const int64_t nk = q_pos + i + 1, row = (b * Tq + i) * nq + h;
+          const int64_t nk = std::min(key_end, q_pos + i + 1), row = (b * Tq + i) * nq + h;
           const float* qi = q + row * hd;
           const float* doi = dout + row * hd;
           const float D = dotf(doi, out + row * hd, hd), L = lse[(b * nq + h) * Tq + i];
@@ -91,7 +93,7 @@ void attention_at_bwd(float* dq, float* dk, float* dv, const float* dout, const 
             ds[static_cast<size_t>(j)] = scale * math::attention_dscore(pj, dotf(doi, vb + j * rk, hd), D);
           }
           float* dqi = dq + row * hd;
-          std::fill_n(dqi, hd, 0.0f);
+          if (!accumulate_q) std::fill_n(dqi, hd, 0.0f);
           for (int64_t j = 0; j < nk; ++j) {
             const float dsj = ds[static_cast<size_t>(j)];
             axpyf(dqi, dsj, kb + j * rk, hd);
@@ -100,6 +102,20 @@ void attention_at_bwd(float* dq, float* dk, float* dv, const float* dout, const 
           }
         }
     }
+  }
+}
+
+// Per row: the merged lse and the two weights (math::softmax_merge), then the output as their sum.
+void attention_merge(float* out_a, float* lse_a, const float* out_b, const float* lse_b, int64_t B, int64_t T,
+                     int64_t nq, int64_t hd) {
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < B * T * nq; ++row) {
+    const int64_t h = row % nq, i = (row / nq) % T, b = row / (nq * T), l = (b * nq + h) * T + i;
+    const math::SoftmaxMerge w = math::softmax_merge(lse_a[l], lse_b[l]);
+    float* oa = out_a + row * hd;
+    const float* ob = out_b + row * hd;
+    for (int64_t d = 0; d < hd; ++d) oa[d] = math::softmax_merge_out(w, oa[d], ob[d]);
+    lse_a[l] = w.lse;
   }
 }
 

@@ -240,7 +240,9 @@ void attention_fwd(float* out, float* lse, const float* q, const float* k, const
 // query block's row in q and out, g0 = q_pos + i0 its position among the keys. At q_pos = 0,
 // Tq = Tk the two are one, and this is attention_fwd bit for bit.
 void attention_tiled_fwd(float* out, float* lse, const float* q, const float* k, const float* v, int64_t B,
-                         int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
+                         int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd,
+                         int64_t key_end) {
+  if (key_end < 0) key_end = q_pos + Tq;
   const int64_t G = nq / nkv, nblk = (Tq + kBlock - 1) / kBlock, rq = nq * hd, rk = nkv * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel
@@ -258,8 +260,9 @@ void attention_tiled_fwd(float* out, float* lse, const float* q, const float* k,
       const float* qblk = q + ((b * Tq + i0) * nq + h) * hd;
       std::fill(m.begin(), m.end(), -INFINITY);
       std::fill(l.begin(), l.end(), 0.0f);
-      for (int64_t c0 = 0; c0 < g0 + ni; c0 += kChunk) {
-        const int64_t nk = std::min(kChunk, g0 + ni - c0);  // keys in this chunk
+      const int64_t kend = std::min(g0 + ni, key_end);  // the keys this block sees
+      for (int64_t c0 = 0; c0 < kend; c0 += kChunk) {
+        const int64_t nk = std::min(kChunk, kend - c0);  // keys in this chunk
         const int64_t nfull = std::min(nk, g0 - c0);        // of them before the diagonal block
         for (int64_t j = 0; j < nk; j += kBlock)
           load_block(Kt + j, kChunkLd, nullptr, kb_, c0 + j, std::min(kBlock, nk - j), nkv, hk, hd);
@@ -325,10 +328,12 @@ void attention_bwd(float* dq, float* dk, float* dv, const float* dout, const flo
 // attention_bwd bit for bit.
 void attention_tiled_bwd(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                          const float* v, const float* out, const float* lse, int64_t B, int64_t Tq, int64_t Tk,
-                         int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd, bool accumulate_kv) {
+                         int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd, bool accumulate_kv,
+                         int64_t key_end, bool accumulate_q) {
   const int64_t T = Tq;  // query rows: D, lse, dq, dout, out, q
   const int64_t G = nq / nkv, nblk = (T + kBlock - 1) / kBlock, rq = nq * hd, rk = nkv * hd;
-  const int64_t nkb = (q_pos + Tq + kBlock - 1) / kBlock, kend = q_pos + Tq;  // the keys any query sees
+  const int64_t kend = key_end < 0 ? q_pos + Tq : std::min(q_pos + Tq, key_end);  // the keys any query sees
+  const int64_t nkb = (kend + kBlock - 1) / kBlock;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // D [B, nq, T]: O(T) scratch, like lse.
   std::vector<float> D(static_cast<size_t>(B * nq * T));
@@ -387,8 +392,9 @@ void attention_tiled_bwd(float* dq, float* dk, float* dv, const float* dout, con
             const bool first = !accumulate_kv && h == hk * G && diag;
             mm(dvb, rk, P.data(), 1, kBlock, dOb.data(), hd, nj, hd, ni, !first, k_from);
             mm(dkb, rk, dS.data(), 1, kBlock, Qb.data(), hd, nj, hd, ni, !first, k_from);
-            // dQ += dS·K; these dQ rows' first product is key block 0's, which writes them.
-            mm(dq + row0 * hd, rq, dS.data(), kBlock, 1, Kb.data(), hd, ni, hd, kBlock, kb > 0,
+            // dQ += dS·K; these dQ rows' first product is key block 0's, which writes them (unless
+            // accumulate_q: the keys before a chunk add to the chunk's own keys' dQ).
+            mm(dq + row0 * hd, rq, dS.data(), kBlock, 1, Kb.data(), hd, ni, hd, kBlock, kb > 0 || accumulate_q,
                diag ? Causal::k_le_row : Causal::none);
           }
         }

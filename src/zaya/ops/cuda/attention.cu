@@ -40,7 +40,7 @@ __device__ inline float warp_sum(float v) {
 }
 
 // Where the rows are: q and out [B, Tq, nq, hd]; k and v [B, kv_rows, nkv, hd] of which query i sees
-// keys 0 .. i + key_offset (training: kv_rows = Tq, key_offset 0; a context-parallel chunk: kv_rows
+// keys 0 .. min(i + key_offset, kv_rows − 1) (training: kv_rows = Tq, key_offset 0; a context-parallel chunk: kv_rows
 // = Tk gathered keys, key_offset = the chunk's first position q_pos; decode: one query against S
 // of a cache of kv_rows = S_cap positions, key_offset S − 1).
 struct Rows {
@@ -48,6 +48,9 @@ struct Rows {
   __device__ int64_t q_at(int64_t b, int64_t i, int64_t h) const { return ((b * Tq + i) * nq + h) * hd; }
   __device__ int64_t kv_at(int64_t b, int64_t j, int64_t g) const { return ((b * kv_rows + j) * nkv + g) * hd; }
   __device__ int64_t group(int64_t h) const { return h / (nq / nkv); }
+  // Query i's last key: causal at the offset, and never past the kv_rows that exist (a key_offset
+  // ≥ kv_rows makes every key visible: the keys before a chunk, attention_prefix_*).
+  __device__ int64_t last_key(int64_t i) const { return min(i + key_offset, kv_rows - 1); }
 };
 
 // A head row in registers: lane holds dims lane, lane + 32, ... (kPer of them, hd ≤ 32·kPer).
@@ -106,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(float* out,
     qr.load(q + s.q_at(b, i, h), s.hd, lane);
     acc.fill(0.0f);
     float m = -INFINITY, l = 0.0f;
-    for (int64_t j = 0; j <= i + s.key_offset; ++j) {
+    for (int64_t j = 0; j <= s.last_key(i); ++j) {
       const float sj = qr.dot(k + s.kv_at(b, j, g), s.hd, lane) * scale;
       const float m_new = fmaxf(m, sj);
       const float alpha = expf(m - m_new);  // 0 for the first key (m = −∞)
@@ -138,7 +141,8 @@ __global__ void __launch_bounds__(kThreads) attention_delta_kernel(float* D, con
 template <int kPer>
 __global__ void __launch_bounds__(kThreads) attention_dq_kernel(float* dq, const float* dout, const float* q,
                                                                 const float* k, const float* v, const float* lse,
-                                                                const float* D, Rows s, float scale) {
+                                                                const float* D, Rows s, float scale,
+                                                                bool accumulate) {
   const int lane = threadIdx.x % 32;
   WARP_ROWS(w, s.B * s.nq * s.Tq) {
     const int64_t i = w % s.Tq, h = (w / s.Tq) % s.nq, b = w / (s.Tq * s.nq), g = s.group(h);
@@ -147,13 +151,16 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(float* dq, const
     dor.load(dout + s.q_at(b, i, h), s.hd, lane);
     acc.fill(0.0f);
     const float L = lse[w], Di = D[w];
-    for (int64_t j = 0; j <= i + s.key_offset; ++j) {
+    for (int64_t j = 0; j <= s.last_key(i); ++j) {
       const float* kj = k + s.kv_at(b, j, g);
       const float p = math::attention_prob(qr.dot(kj, s.hd, lane), scale, L);
       const float ds = math::attention_dscore(p, dor.dot(v + s.kv_at(b, j, g), s.hd, lane), Di);
       acc.scale_add(1.0f, ds, kj, s.hd, lane);
     }
-    acc.store(dq + s.q_at(b, i, h), scale, s.hd, lane);
+    if (accumulate)
+      acc.add_to(dq + s.q_at(b, i, h), scale, s.hd, lane);
+    else
+      acc.store(dq + s.q_at(b, i, h), scale, s.hd, lane);
   }
 }
 
@@ -221,7 +228,7 @@ void reference_forward(std::string_view op, float* out, float* lse, const float*
 
 void reference_backward(std::string_view op, float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse, const Rows& s,
-                        bool accumulate_kv) {
+                        bool accumulate_kv, bool accumulate_q = false) {
   auto& ctx = context_for(op);
   const cudaStream_t stream = stream_of(ctx);
   const int64_t rows = s.B * s.nq * s.Tq;
@@ -229,7 +236,8 @@ void reference_backward(std::string_view op, float* dq, float* dk, float* dv, co
   const float scale = attention_scale(s.hd);
   with_dims_per_lane(op, s.hd, [&]<int kPer>() {
     attention_delta_kernel<kPer><<<warp_blocks(rows), kThreads, 0, stream>>>(D, dout, out, s);
-    attention_dq_kernel<kPer><<<warp_blocks(rows), kThreads, 0, stream>>>(dq, dout, q, k, v, lse, D, s, scale);
+    attention_dq_kernel<kPer><<<warp_blocks(rows), kThreads, 0, stream>>>(dq, dout, q, k, v, lse, D, s, scale,
+                                                                           accumulate_q);
     attention_dkdv_kernel<kPer><<<warp_blocks(s.B * s.nkv * s.kv_rows), kThreads, 0, stream>>>(
         dk, dv, dout, q, k, v, lse, D, s, scale, accumulate_kv);
   });
@@ -311,10 +319,64 @@ void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
 
 void attention_at_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                            const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                           int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd) {
+                           int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd,
+                           bool accumulate_dq) {
   reference_backward("attention_at_backward", dq.data<float>(), dk.data<float>(), dv.data<float>(),
                      dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                     lse.data<float>(), Rows{B, Tq, nq, nkv, hd, Tk, q_pos}, /*accumulate_kv=*/true);
+                     lse.data<float>(), Rows{B, Tq, nq, nkv, hd, Tk, q_pos}, /*accumulate_kv=*/true, accumulate_dq);
+}
+
+// Every query against every one of Tk keys: the reference kernels with a key offset of Tk (each
+// query's last key is then kv_rows − 1); dq, dk, dv added to.
+void attention_prefix_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                              const Tensor& v, int64_t B, int64_t Tq, int64_t Tk, int64_t nq, int64_t nkv,
+                              int64_t hd) {
+  reference_forward("attention_prefix_forward", out.data<float>(), lse.data<float>(), q.data<float>(),
+                    k.data<float>(), v.data<float>(), Rows{B, Tq, nq, nkv, hd, Tk, Tk});
+}
+
+void attention_prefix_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t nq, int64_t nkv,
+                               int64_t hd) {
+  reference_backward("attention_prefix_backward", dq.data<float>(), dk.data<float>(), dv.data<float>(),
+                     dout.data<float>(), q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                     lse.data<float>(), Rows{B, Tq, nq, nkv, hd, Tk, Tk}, /*accumulate_kv=*/true,
+                     /*accumulate_q=*/true);
+}
+
+namespace {
+// One thread per output element: its row's merge weights (math::softmax_merge, recomputed per
+// element from the unchanged lse), then the weighted sum. The lse rows are merged by a second
+// kernel, after every element has read them.
+__global__ void attention_merge_out_kernel(float* out_a, const float* lse_a, const float* out_b, const float* lse_b,
+                                           int64_t T, int64_t nq, int64_t hd, int64_t n) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = e / hd, h = row % nq, i = (row / nq) % T, b = row / (nq * T), l = (b * nq + h) * T + i;
+    const math::SoftmaxMerge w = math::softmax_merge(lse_a[l], lse_b[l]);
+    out_a[e] = math::softmax_merge_out(w, out_a[e], out_b[e]);
+  }
+}
+__global__ void attention_merge_lse_kernel(float* lse_a, const float* lse_b, int64_t n) {
+  for (int64_t l = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; l < n;
+       l += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    lse_a[l] = math::softmax_merge(lse_a[l], lse_b[l]).lse;
+}
+}  // namespace
+
+void attention_merge(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b, const Tensor& lse_b, int64_t B,
+                     int64_t T, int64_t nq, int64_t hd) {
+  constexpr std::string_view op = "attention_merge";
+  auto& ctx = context_for(op);
+  const cudaStream_t stream = stream_of(ctx);
+  const int64_t n = B * T * nq * hd, rows = B * T * nq;
+  attention_merge_out_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out_a.data<float>(), lse_a.data<float>(),
+                                                                     out_b.data<float>(), lse_b.data<float>(), T, nq,
+                                                                     hd, n);
+  attention_merge_lse_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(lse_a.data<float>(), lse_b.data<float>(),
+                                                                        rows);
+  check_launch(op);
 }
 
 // One query per batch row against the first S positions of a cache of S_cap: the forward kernel with

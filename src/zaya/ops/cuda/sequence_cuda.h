@@ -75,6 +75,16 @@ void attention_at_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
                           int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
 void attention_at_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                            const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                           int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd);
+                           int64_t B, int64_t Tq, int64_t Tk, int64_t q_pos, int64_t nq, int64_t nkv, int64_t hd,
+                           bool accumulate_dq);
+// Every query against every key (the keys before a chunk); dq, dk, dv accumulated.
+void attention_prefix_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                              const Tensor& v, int64_t B, int64_t Tq, int64_t Tk, int64_t nq, int64_t nkv, int64_t hd);
+void attention_prefix_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                               const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                               const Tensor& lse, int64_t B, int64_t Tq, int64_t Tk, int64_t nq, int64_t nkv,
+                               int64_t hd);
+void attention_merge(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b, const Tensor& lse_b, int64_t B,
+                     int64_t T, int64_t nq, int64_t hd);
 
 }  // namespace zaya::ops::cuda
