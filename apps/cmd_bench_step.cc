@@ -164,7 +164,8 @@ void add_bench_step(CLI::App& bench, Commands& commands) {
   cmd->add_option("--init-config", f->source.init_config,
                   "instead of --model: a TOML run config ([model]) to init from");
   cmd->add_option("--seed", f->source.seed, "init seed with --init-config")->capture_default_str();
-  cmd->add_option("--gemm-dtype", f->source.gemm_dtype, "f32 or bf16 inputs for the expert and LM-head GEMMs")
+  cmd->add_option("--gemm-dtype", f->source.gemm_dtype,
+                  "f32 or bf16 inputs for the weight GEMMs (experts, projections, LM head)")
       ->transform(dtype_vocabulary())
       ->capture_default_str();
   cmd->add_option("--device", f->source.device, "cpu or cuda")->capture_default_str();
