@@ -120,7 +120,8 @@ TEST(ModelDevice, Bf16GemmsLossAndEveryGradientMatchTheCpu) {
     Tensor(dev.balancing_biases()).copy_from(cpu.balancing_biases());
     cpu.set_gemm_dtype(DType::bf16);
     dev.set_gemm_dtype(DType::bf16);
-    const Tensor ids = random_ids(B, T, cfg.vocab_size, 41 + k), targets = random_ids(B, T, cfg.vocab_size, 61 + k);
+    const Tensor ids = random_ids(B, T, cfg.vocab_size, 41 + k),
+                 targets = random_ids(B, T, cfg.vocab_size, 61 + k);
     const double loss_cpu = cpu.forward(ids, targets);
     cpu.backward();
     const double loss_dev = dev.forward(ids.to(Device::cuda), targets.to(Device::cuda));

@@ -137,7 +137,8 @@ TEST(Recompute, ArenaShrinksByWhatThePlanSays) {
       // bf16 GEMMs, their bf16 copies: 2 bytes more per element).
       const double kept = 4.0 * static_cast<double>(N * (c.router_hidden_size + 1));
       const double u_att_bytes = gemm == DType::bf16 ? 6.0 : 4.0;
-      const double second_u_att = L > 1 ? u_att_bytes * static_cast<double>(N * (c.hidden_size + c.q_dim())) : 0.0;
+      const double second_u_att =
+          L > 1 ? u_att_bytes * static_cast<double>(N * (c.hidden_size + c.q_dim())) : 0.0;
       const double predicted =
           static_cast<double>(without) - static_cast<double>(L - 1) * (layer - kept) + second_u_att;
       EXPECT_EQ(static_cast<double>(with), predicted);

@@ -322,11 +322,12 @@ void ZayaModel::plan() {
     }
     if (b16) {
       s.dy16 = a({N, H}, DType::bf16); s.dgu16 = a({N, 2 * I}, DType::bf16);
-      s.dout_proj16 = a({N, H}, DType::bf16); s.dz16 = a({N, C}, DType::bf16); s.dvcd16 = a({N, kv}, DType::bf16);
+      s.dout_proj16 = a({N, H}, DType::bf16); s.dz16 = a({N, C}, DType::bf16);
+      s.dvcd16 = a({N, kv}, DType::bf16);
       s.dlogits16 = a({N, E + 1}, DType::bf16);
       for (Tensor* g : {&s.dg2_16, &s.dg1_16, &s.dr16}) *g = a({N, R}, DType::bf16);
       s.hf16 = a({N, H}, DType::bf16);
-      s.g16 = a({N * std::min(V, ops::CrossEntropyOptions{}.chunk)}, DType::bf16);  // one loss chunk's gradient
+      s.g16 = a({N * std::min(V, ops::CrossEntropyOptions{}.chunk)}, DType::bf16);  // a loss chunk's G
     }
   };
   run();
