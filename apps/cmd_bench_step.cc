@@ -256,7 +256,8 @@ void add_bench_step(CLI::App& bench, Commands& commands) {
   cmd->add_option("--set", f->source.overrides,
                   "override a key of --init-config ([model], and [optim] with --optimizer): "
                   "model.num_hidden_layers=8 (repeatable)");
-  cmd->add_option("--gemm-dtype", f->source.gemm_dtype, "f32 or bf16 inputs for the expert and LM-head GEMMs")
+  cmd->add_option("--gemm-dtype", f->source.gemm_dtype,
+                  "f32 or bf16 inputs for the weight GEMMs (experts, projections, LM head)")
       ->transform(dtype_vocabulary())
       ->capture_default_str();
   cmd->add_option("--param-dtype", f->param_dtype,

@@ -174,7 +174,8 @@ void add_forward(CLI::App& app, Commands& commands) {
                   "shard the export (model-0000i-of-0000n + index.json) above this many bytes")
       ->capture_default_str();
   cmd->add_option("--device", args->source.device, "cpu or cuda")->capture_default_str();
-  cmd->add_option("--gemm-dtype", args->source.gemm_dtype, "f32 or bf16 inputs for the expert and LM-head GEMMs")
+  cmd->add_option("--gemm-dtype", args->source.gemm_dtype,
+                  "f32 or bf16 inputs for the weight GEMMs (experts, projections, LM head)")
       ->transform(dtype_vocabulary())
       ->capture_default_str();
   // The benchmark flags forward used to take: accepted (hidden) only to say where they went.

@@ -17,7 +17,7 @@ namespace zaya::app {
 struct ModelSource {
   std::string model, init_config;
   uint64_t seed = 0;
-  std::string gemm_dtype = "f32";  // f32 or bf16 inputs for the expert and LM-head GEMMs
+  std::string gemm_dtype = "f32";  // f32 or bf16 inputs for the weight GEMMs (experts, projections, LM head)
   std::string device = "cpu";      // cpu or cuda
   std::vector<std::string> overrides;  // --set KEY=VALUE on --init-config's keys
 };

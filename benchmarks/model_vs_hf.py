@@ -8,8 +8,8 @@ Both models start from their own random init (routing is input-dependent on both
 temperature init is 0, zaya's 1 — neither changes the FLOPs).
 
 Prints tokens/s of each, the ratio, phase times and zaya's activation arena per step; also zaya
-with --gemm-dtype bf16 (expert and LM-head GEMMs on bf16 copies, f32 accumulation; the attention
-projections, attention, conv and router stay fp32).
+with --gemm-dtype bf16 (every weight GEMM, experts, attention and router projections and the LM
+head, on bf16 copies, f32 accumulation; attention, conv, norms and softmax stay fp32).
 
 The three measurements run interleaved for --rounds rounds (zaya fp32, zaya bf16, transformers in
 each) and the ratios are taken per round and as the median: on a shared VM whose speed drifts

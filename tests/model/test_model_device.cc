@@ -142,6 +142,44 @@ TEST(ModelDevice, SkipPassthroughLossGradientsAndGenerationMatchTheCpu) {
   EXPECT_EQ(generate(dev1, one, opt), generate(cpu1, one, opt));
 }
 
+// bf16 GEMM inputs (set_gemm_dtype) on both devices, with a chunked loss in one config (V = 9000 >
+// the loss's 8192-column chunk). On a GPU the devices round the same f32 values to bf16 unless their
+// f32 inputs differ in the last bits (other summation orders), which moves a rounding by one bf16 ulp
+// at most: the bf16-against-fp32 bound of test_model_bf16.cc (4·√G·2^-8 per tensor, G = 16·L + 3
+// GEMMs on a gradient's path) bounds the difference. Both assume the devices route alike (asserted:
+// a near-tie in the router's logits could flip a token on a GPU). The emulated device runs the CPU
+// kernels: bitwise.
+TEST(ModelDevice, Bf16GemmsLossAndEveryGradientMatchTheCpu) {
+  ZAYA_GPU_OR_EMULATED(real);
+  const int64_t B = 2, T = 19;
+  const Dims dims[] = {kDims[1], {4, 2, 16, 4, 2, 16, 24, 32, 9000}};
+  for (size_t k = 0; k < std::size(dims); ++k) {
+    const ModelConfig cfg = make_config(dims[k]);
+    const double tol = real ? 4.0 * std::sqrt(16.0 * cfg.num_hidden_layers + 3.0) / 256.0 : 0.0;
+    ZayaModel cpu(cfg, B, T), dev(cfg, B, T, Device::cuda);
+    randomize(cpu, 200 + k);
+    Tensor(dev.params_flat()).copy_from(cpu.params_flat());
+    Tensor(dev.balancing_biases()).copy_from(cpu.balancing_biases());
+    cpu.set_gemm_dtype(DType::bf16);
+    dev.set_gemm_dtype(DType::bf16);
+    const Tensor ids = random_ids(B, T, cfg.vocab_size, 41 + k),
+                 targets = random_ids(B, T, cfg.vocab_size, 61 + k);
+    const double loss_cpu = cpu.forward(ids, targets);
+    cpu.backward();
+    const double loss_dev = dev.forward(ids.to(Device::cuda), targets.to(Device::cuda));
+    dev.backward();
+    std::vector<int64_t> counts_cpu, counts_dev;
+    cpu.add_expert_counts(counts_cpu);
+    dev.add_expert_counts(counts_dev);
+    ASSERT_EQ(counts_dev, counts_cpu) << "config " << k << ": the devices route differently";
+    EXPECT_NEAR(loss_dev, loss_cpu, tol * std::abs(loss_cpu)) << "config " << k;
+    for (size_t i = 0; i < cpu.specs().size(); ++i) {
+      const double e = rel_err(dev.grad(static_cast<int>(i)), cpu.grad(static_cast<int>(i)));
+      EXPECT_LE(e, tol) << "config " << k << ", gradient of " << cpu.specs()[i].name;
+    }
+  }
+}
+
 TEST(ModelDevice, LogitsAndGreedyGenerationMatchTheCpu) {
   ZAYA_GPU_OR_EMULATED(real);
   const double tol = real ? 1e-4 : 0.0;

@@ -133,9 +133,12 @@ TEST(Recompute, ArenaShrinksByWhatThePlanSays) {
       m.set_recompute(true);
       const size_t with = m.activation_bytes();
       // The plan: layers 1..L−1 give up their saved activations and keep only r [N, R] f32 and
-      // their choice [N] i32; the odd layers' u [N, H] and att [N, q] take one buffer each.
+      // their choice [N] i32; the odd layers' u [N, H] and att [N, q] take one buffer each (and, with
+      // bf16 GEMMs, their bf16 copies: 2 bytes more per element).
       const double kept = 4.0 * static_cast<double>(N * (c.router_hidden_size + 1));
-      const double second_u_att = L > 1 ? 4.0 * static_cast<double>(N * (c.hidden_size + c.q_dim())) : 0.0;
+      const double u_att_bytes = gemm == DType::bf16 ? 6.0 : 4.0;
+      const double second_u_att =
+          L > 1 ? u_att_bytes * static_cast<double>(N * (c.hidden_size + c.q_dim())) : 0.0;
       const double predicted =
           static_cast<double>(without) - static_cast<double>(L - 1) * (layer - kept) + second_u_att;
       EXPECT_EQ(static_cast<double>(with), predicted);

@@ -265,6 +265,10 @@ TEST(CrossEntropyDevice, CudaKernelsWithoutAGpuGiveAClearErrorAndMixedDevicesNam
   expect_needs_gpu("cross_entropy_tied_forward", [&] { cross_entropy_tied_forward(lse, H, E, targets, ws, opt); });
   expect_needs_gpu("cross_entropy_tied_forward_backward",
                    [&] { cross_entropy_tied_forward_backward(dH, dE, lse, H, E, targets, ws, opt); });
+  Tensor H16 = cu({n, h}, DType::bf16), E16 = cu({vocab, h}, DType::bf16), g16 = cu({n * vocab}, DType::bf16);
+  expect_needs_gpu("cross_entropy_tied_forward_backward_bf16", [&] {
+    cross_entropy_tied_forward_backward_bf16(dH, dE, lse, H16, E16, targets, ws, g16, opt);
+  });
   expect_needs_gpu("cross_entropy_logits_forward", [&] { cross_entropy_logits_forward(lse, logits, targets); });
   expect_needs_gpu("cross_entropy_logits_backward", [&] { cross_entropy_logits_backward(logits, lse, targets, n); });
 }

@@ -16,6 +16,7 @@
 //   test_dense_cuda.cc). This assumes fp32 GEMMs (fp32 compute, no TF32) on the device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -114,6 +115,44 @@ TEST(CrossEntropyCuda, TiedHeadMatchesTheCpuForEveryChunking) {
                         d0 = test::to_f64(dE0);
     for (size_t i = 0; i < de.size(); ++i) de[i] -= d0[i], de_g[i] -= d0[i];
     EXPECT_LT(test::rel_error(de_g, de), 1e-4);
+  }
+}
+
+// The tied head with bf16 GEMM inputs, chunked and with one chunk. Loss and lse as the f32 head's
+// (the bf16 products are exact in f32 on both devices, which accumulate in f32). dh and dE: each
+// device rounds its own G to bf16, and where the two G differ in their last f32 bits a rounding may
+// go the other way: at most one bf16 ulp (2^-8 relative) on some elements, so 2^-8 bounds the
+// norm-wise difference even if every element flipped, plus the f32 head's 1e-4 for the rest.
+TEST(CrossEntropyCuda, TiedHeadWithBf16InputsMatchesTheCpu) {
+  ZAYA_SKIP_WITHOUT_GPU();
+  const int64_t hd = 40;
+  Tensor h16 = random_tensor({kRows, hd}, 61, 0.5f, DType::bf16);
+  Tensor E16 = random_tensor({kVocab, hd}, 62, 0.5f, DType::bf16);
+  Tensor tg = targets_for(kRows, kVocab), h_g = on_gpu(h16), E_g = on_gpu(E16), tg_g = on_gpu(tg);
+  for (int64_t chunk : {int64_t{256}, int64_t{4096}}) {
+    SCOPED_TRACE(chunk);
+    const CrossEntropyOptions opt{.chunk = chunk};
+    const int64_t ws_elems = cross_entropy_workspace_elems(kRows, kVocab, opt);
+    const int64_t g_elems = kRows * std::min(chunk, kVocab);
+    Tensor ws = Tensor::empty({ws_elems}, DType::f32), ws_g = gpu_empty({ws_elems});
+    Tensor g16 = Tensor::empty({g_elems}, DType::bf16), g16_g = gpu_empty({g_elems}, DType::bf16);
+    Tensor lse = Tensor::empty({kRows}, DType::f32), lse_g = gpu_empty({kRows});
+    Tensor dE0 = random_tensor({kVocab, hd}, 63);
+    Tensor dh = random_tensor({kRows, hd}, 64), dE = dE0.clone();
+    Tensor dh_g = on_gpu(dh), dE_g = on_gpu(dE0);
+    const CrossEntropyResult r =
+        cross_entropy_tied_forward_backward_bf16(dh, dE, lse, h16, E16, tg, ws, g16, opt);
+    const CrossEntropyResult rg =
+        cross_entropy_tied_forward_backward_bf16(dh_g, dE_g, lse_g, h_g, E_g, tg_g, ws_g, g16_g, opt);
+    EXPECT_EQ(rg.count, r.count);
+    EXPECT_NEAR(rg.loss, r.loss, 1e-6 * std::fabs(r.loss));
+    EXPECT_LT(rel_diff(lse_g, lse), 1e-6);
+    constexpr double kTol = 1.0 / 256 + 1e-4;
+    EXPECT_LT(rel_diff(dh_g, dh), kTol);
+    std::vector<double> de = test::to_f64(dE), de_g = test::to_f64(dE_g.to(Device::cpu)),
+                        d0 = test::to_f64(dE0);
+    for (size_t i = 0; i < de.size(); ++i) de[i] -= d0[i], de_g[i] -= d0[i];
+    EXPECT_LT(test::rel_error(de_g, de), kTol);
   }
 }
 

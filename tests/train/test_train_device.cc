@@ -61,7 +61,7 @@ TEST_F(TrainDevice, TrainsAsTheCpuDoes) {
   EXPECT_EQ(dev.model().params_flat().device(), Device::cuda);
 }
 
-// bf16 GEMM inputs (the expert and LM-head GEMMs): 50 steps on the device track the CPU's. The two
+// bf16 GEMM inputs (the weight GEMMs): 50 steps on the device track the CPU's. The two
 // devices round the same f32 values to bf16, but the f32 values already differ in their last bits
 // (sums in other orders), so a rounding falls the other way now and then (one bf16 step, 2^-8
 // relative, in a few elements); those differences stay in the noise of training: 2% relative per

@@ -81,7 +81,7 @@ TEST_F(TrainerTest, ResumeIsBitExact) {
   }
 }
 
-// train.gemm_dtype = "bf16": the expert and LM-head GEMMs on bf16 inputs. The run must learn as
+// train.gemm_dtype = "bf16": the weight GEMMs on bf16 inputs. The run must learn as
 // the f32 one does (the same 1.0-nat drop in 30 steps as LossDecreases), differ from it (the switch
 // reaches the model), and resume bit for bit like any run.
 TEST_F(TrainerTest, Bf16GemmsLearnAndResumeBitExact) {

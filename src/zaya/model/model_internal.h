@@ -68,6 +68,11 @@ struct LayerActs {
   Tensor xp, gu, act, y;          // experts: gathered input, [g; v], SiLU(g)⊙v, output (permuted)
   Tensor m;                       // MoE output (RS_mlp's h)
   Tensor xp16, act16;             // bf16 GEMM path: bf16 copies of xp and act (the GEMM inputs)
+  // bf16 GEMM path: the dense projections' inputs in bf16 (their forward and weight-gradient GEMMs
+  // read these). u, att and w stay f32 besides (the cached decoder reads u, the attention's
+  // backward att, the experts' gather w); zr, g1 and g2 feed only their GEMMs, so in this mode
+  // their f32 fields are views of one shared scratch row block and only the bf16 copies are kept.
+  Tensor u16, att16, w16, zr16, g1_16, g2_16;
   // Context parallelism: each chunk's halo, the two positions before it [B·2·2, C + nkv·hd]
   // (z's columns, then [vc | vd]; zeros before the sequence), as the conv and value shift saw it.
   Tensor halo;
@@ -99,6 +104,11 @@ struct ScratchActs {
   Tensor dxa, dxb, dxmid, dtmp, dm, dy, dweight, dact, dgu, dxp, dw, dlogits, dg2, dg1, dzr, dr, drc;
   Tensor dout_proj, datt, dqr, dkr, dv, dconv, dz, dvcd, du;
   Tensor dy16, dgu16, hf16, g16;  // bf16 GEMM path: bf16 copies of GEMM inputs
+  // bf16 GEMM path: the dense projections' output gradients rounded to bf16 (linear_backward's dy
+  // workspace). dout_proj16, dz16 and dvcd16 are read again by the pending weight gradients, as
+  // their f32 sources are; the router's are its own (its backward may run beside the experts').
+  Tensor dout_proj16, dz16, dvcd16, dlogits16, dg2_16, dg1_16, dr16;
+  Tensor router_f32;  // [N, R]: zr, g1 and g2 in f32 before their bf16 copies (bf16 path)
   CpScratch cp;
 };
 

@@ -32,23 +32,49 @@ namespace zaya::model {
 // result depends on which or how many threads run it. Layer 0's pending gradients run at the end of
 // backward(). A side task's cost is its FLOPs; the router's counts its GEMMs (dx and dW of W_down,
 // fc1, fc2, out_proj).
+// The bf16 GEMM path (set_gemm_dtype): every dense projection of the layer, forward and both
+// backward GEMMs, takes bf16 copies of its weight (dense16_, cast once per forward) and of its
+// input activation (cast as the forward makes it, saved for the weight gradient); its output
+// gradient is cast into a bf16 workspace by linear_backward. Outputs, biases and bias gradients
+// stay f32.
+void ZayaModel::cast_dense_weights(int l) {
+  const LayerParams& p = lp_[static_cast<size_t>(l)];
+  const DenseWeights16& w = dense16_[static_cast<size_t>(l)];
+  ops::cast_to_bf16(w.w_qkv, p.w_qkv);
+  ops::cast_to_bf16(w.w_o, p.w_o);
+  ops::cast_to_bf16(w.w_down, p.w_down);
+  ops::cast_to_bf16(w.fc1w, p.fc1w);
+  ops::cast_to_bf16(w.fc2w, p.fc2w);
+  ops::cast_to_bf16(w.outw, p.outw);
+}
+
+ZayaModel::DenseGemms ZayaModel::dense_gemms(int l) const {
+  const LayerActs& t = acts_[static_cast<size_t>(l)];
+  const LayerParams& p = lp_[static_cast<size_t>(l)];
+  if (gemm_dtype_ != DType::bf16)
+    return {p.w_qkv, p.w_o, p.w_down, p.fc1w, p.fc2w, p.outw, t.u, t.att, t.w, t.zr, t.g1, t.g2};
+  const DenseWeights16& w = dense16_[static_cast<size_t>(l)];
+  return {w.w_qkv, w.w_o, w.w_down, w.fc1w, w.fc2w, w.outw, t.u16, t.att16, t.w16, t.zr16, t.g1_16, t.g2_16};
+}
+
 void ZayaModel::router_backward(int l) {
   const int64_t N = B_ * T_, E = cfg_.num_experts;
   LayerActs& t = acts_[l];
   ScratchActs& s = *scratch_;
   const LayerParams& p = lp_[l];
   LayerParams& g = lg_[l];
+  const DenseGemms d = dense_gemms(l);
   // Router: weight = p_choice, p = softmax(out_proj(GELU(fc2(GELU(fc1(RMSNorm_R(r))))))).
   ops::moe_route_backward(s.dlogits, s.dweight, t.probs, t.choice, N, E);
   // Skip passthrough: m[n] = p_skip·w[n] for skipped tokens, so dL/dp_skip = ⟨dm[n], w[n]⟩ enters
   // the same softmax (s.dm is not written again before the next layer's backward).
   if (cfg_.skip_passthrough)
     ops::moe_skip_router_backward(s.dlogits, s.dm, t.w, t.probs, t.choice, N, E, cfg_.hidden_size);
-  ops::linear_backward(s.dg2, g.outw, Tensor{}, s.dlogits, t.g2, p.outw);
+  ops::linear_backward(s.dg2, g.outw, Tensor{}, s.dlogits, d.g2, d.outw, s.dlogits16);
   ops::gelu_backward(s.dg2, s.dg2, t.a2);
-  ops::linear_backward(s.dg1, g.fc2w, g.fc2b, s.dg2, t.g1, p.fc2w);
+  ops::linear_backward(s.dg1, g.fc2w, g.fc2b, s.dg2, d.g1, d.fc2w, s.dg2_16);
   ops::gelu_backward(s.dg1, s.dg1, t.a1);
-  ops::linear_backward(s.dzr, g.fc1w, g.fc1b, s.dg1, t.zr, p.fc1w);
+  ops::linear_backward(s.dzr, g.fc1w, g.fc1b, s.dg1, d.zr, d.fc1w, s.dg1_16);
   ops::rmsnorm_backward(s.dr, g.w_rn, s.dzr, t.r, p.w_rn, t.rstd_r);
   // + dL/dr_l through layer l+1's EDA; then this layer's EDA (layers ≥ 1): ds_l and the carry.
   if (l > 0)
@@ -57,7 +83,7 @@ void ZayaModel::router_backward(int l) {
     ops::eda_backward(s.dr, s.drc, Tensor{}, Tensor{}, Tensor{});
   // h_l = W_down w + b_down: the parameters' gradients here; dL/dw (+= dr·W_down) waits for the
   // experts' scatter into s.dw (layer_backward).
-  ops::linear_backward(Tensor{}, g.w_down, g.b_down, s.dr, t.w, p.w_down);
+  ops::linear_backward(Tensor{}, g.w_down, g.b_down, s.dr, d.w, d.w_down, s.dr16);
 }
 
 void ZayaModel::run_router_backward(void* model, int64_t l) {
@@ -99,17 +125,20 @@ void ZayaModel::layer_forward(int l, bool recomputing) {
   ScratchActs& s = *scratch_;
   const LayerParams& p = lp_[l];
   const Tensor& x = s.xs[l];
+  const bool b16 = gemm_dtype_ == DType::bf16;
   SectionClock clock(*this);
 
   // --- attention -------------------------------------------------------------------------
   clock.part("forward: input norm, qkv projection");
   ops::rmsnorm_forward(t.u, t.rstd_in, x, p.w_in, eps);
+  if (b16) ops::cast_to_bf16(t.u16, t.u);
+  const DenseGemms d = dense_gemms(l);
   // u·[W_q; W_k; W_vc; W_vd]ᵀ as one product per consumer, each on its rows of the fused weight
   // and into its own contiguous buffer: z = concat(q̃, k̃) (the conv's input, whose rows the mean
   // skip reads too) and [vc | vd] (the value shift's). One product into [N, C + kv] and a copy of
   // its column slices moved 8 MiB per layer for nothing.
-  ops::linear_forward(t.z, t.u, p.w_qkv.slice(0, C), Tensor{});
-  ops::linear_forward(s.vcd, t.u, p.w_qkv.slice(C, C + kv), Tensor{});
+  ops::linear_forward(t.z, d.u, d.w_qkv.slice(0, C), Tensor{});
+  ops::linear_forward(s.vcd, d.u, d.w_qkv.slice(C, C + kv), Tensor{});
   if (cp_) {
     clock.part("forward: CCA and attention, context parallel");
     cp_attention_forward(l);
@@ -123,20 +152,25 @@ void ZayaModel::layer_forward(int l, bool recomputing) {
     ops::attention_forward(t.att, t.lse, t.qr, t.kr, t.v, B_, T_, nq, nkv, hd);
   }
   clock.part("forward: out projection, residual");
-  ops::linear_forward(t.o, t.att, p.w_o, Tensor{});
+  if (b16) ops::cast_to_bf16(t.att16, t.att);
+  ops::linear_forward(t.o, d.att, d.w_o, Tensor{});
   ops::residual_scale_forward(t.x_mid, t.o, x, p.rs_attn);
 
   // --- router ----------------------------------------------------------------------------
   clock.part("forward: router");
   ops::rmsnorm_forward(t.w, t.rstd_post, t.x_mid, p.w_post, eps);
-  ops::linear_forward(t.r, t.w, p.w_down, p.b_down);  // h_l = W_down w + b_down
+  if (b16) ops::cast_to_bf16(t.w16, t.w);
+  ops::linear_forward(t.r, d.w, d.w_down, p.b_down);  // h_l = W_down w + b_down
   if (l > 0) ops::eda_forward(t.r, acts_[l - 1].r, p.s_eda);  // EDA: r_l = h_l + s_l ⊙ r_{l−1}
   ops::rmsnorm_forward(t.zr, t.rstd_r, t.r, p.w_rn, eps);
-  ops::linear_forward(t.a1, t.zr, p.fc1w, p.fc1b);
+  if (b16) ops::cast_to_bf16(t.zr16, t.zr);
+  ops::linear_forward(t.a1, d.zr, d.fc1w, p.fc1b);
   ops::gelu_forward(t.g1, t.a1);
-  ops::linear_forward(t.a2, t.g1, p.fc2w, p.fc2b);
+  if (b16) ops::cast_to_bf16(t.g1_16, t.g1);
+  ops::linear_forward(t.a2, d.g1, d.fc2w, p.fc2b);
   ops::gelu_forward(t.g2, t.a2);
-  ops::linear_forward(s.logits, t.g2, p.outw, Tensor{});
+  if (b16) ops::cast_to_bf16(t.g2_16, t.g2);
+  ops::linear_forward(s.logits, d.g2, d.outw, Tensor{});
   Tensor beta = beta_.select(l);
   ops::moe_route(t.probs, t.choice, t.weight, s.logits, beta, N, E);
 
@@ -166,6 +200,8 @@ void ZayaModel::layer_backward(int l) {
   const LayerParams& p = lp_[l];
   LayerParams& g = lg_[l];
   const Tensor& x = s.xs[l];
+  const bool b16 = gemm_dtype_ == DType::bf16;
+  const DenseGemms d = dense_gemms(l);
   SectionClock clock(*this);
   // Context parallel, overlapped: attention's K/V gather runs under the experts' backward.
   if (cp_ && cp_schedule_ == CpSchedule::overlapped) cp_start_kv_gather(l);
@@ -193,15 +229,16 @@ void ZayaModel::layer_backward(int l) {
   if (cfg_.skip_passthrough) ops::moe_skip_input_backward(s.dw, s.dm, t.probs, t.choice, N, E, H);  // m = p_skip · w
   clock.part("backward: router");
   // h_l = W_down w + b_down; w also feeds the experts (s.dw from the gather).
-  ops::linear_backward(s.dw, Tensor{}, Tensor{}, s.dr, t.w, p.w_down, {}, /*accumulate_dx=*/true);
+  ops::linear_backward(s.dw, Tensor{}, Tensor{}, s.dr, d.w, d.w_down, s.dr16, /*accumulate_dx=*/true);
   // w = RMSNorm_post(x_mid); x_mid also feeds the residual (s.dxmid holds that path's gradient).
   ops::rmsnorm_backward(s.dxmid, g.w_post, s.dw, t.x_mid, p.w_post, t.rstd_post, /*accumulate_dx=*/true);
 
   // x_mid = RS_attn(o, x)
   clock.part("backward: out projection, residual");
   ops::residual_scale_backward(s.dout_proj, s.dxb, g.rs_attn, s.dxmid, t.o, x, p.rs_attn);
-  ops::linear_backward(s.datt, Tensor{}, Tensor{}, s.dout_proj, t.att, p.w_o);
-  pending_wgrads_.push_back({s.dout_proj, t.att, g.w_o});  // dW_o, pending
+  ops::linear_backward(s.datt, Tensor{}, Tensor{}, s.dout_proj, d.att, d.w_o, s.dout_proj16);
+  // dW_o, pending; on the bf16 path from the dy copy linear_backward just made.
+  pending_wgrads_.push_back({b16 ? s.dout_proj16 : s.dout_proj, d.att, g.w_o});
   if (cp_) {
     clock.part("backward: attention and CCA, context parallel");
     cp_attention_backward(l);
@@ -218,11 +255,12 @@ void ZayaModel::layer_backward(int l) {
   clock.part("backward: qkv projection, input norm");
   // The forward's two products on row blocks of W_qkv: their weight gradients are the same row
   // blocks of g.w_qkv, and du sums the two.
-  ops::linear_backward(s.du, Tensor{}, Tensor{}, s.dz, t.u, p.w_qkv.slice(0, C));
-  ops::linear_backward(s.du, Tensor{}, Tensor{}, s.dvcd, t.u, p.w_qkv.slice(C, C + kv), {},
+  ops::linear_backward(s.du, Tensor{}, Tensor{}, s.dz, d.u, d.w_qkv.slice(0, C), s.dz16);
+  ops::linear_backward(s.du, Tensor{}, Tensor{}, s.dvcd, d.u, d.w_qkv.slice(C, C + kv), s.dvcd16,
                        /*accumulate_dx=*/true);
-  pending_wgrads_.push_back({s.dz, t.u, g.w_qkv.slice(0, C)});  // their weight gradients, pending
-  pending_wgrads_.push_back({s.dvcd, t.u, g.w_qkv.slice(C, C + kv)});
+  // Their weight gradients, pending.
+  pending_wgrads_.push_back({b16 ? s.dz16 : s.dz, d.u, g.w_qkv.slice(0, C)});
+  pending_wgrads_.push_back({b16 ? s.dvcd16 : s.dvcd, d.u, g.w_qkv.slice(C, C + kv)});
   ops::rmsnorm_backward(s.dxb, g.w_in, s.du, x, p.w_in, t.rstd_in, /*accumulate_dx=*/true);  // + the residual path
   std::swap(s.dxa, s.dxb);  // s.dxa = dL/dx_in
 }

@@ -208,11 +208,15 @@ void ZayaModel::set_gemm_dtype(DType dtype) {
   gemm_dtype_ = dtype;
   w_gu16_.clear();
   w_d16_.clear();
+  dense16_.clear();
   emb16_ = Tensor{};
   if (dtype == DType::bf16) {
+    auto copy16 = [&](const Tensor& w) { return Tensor::empty(w.shape(), DType::bf16, device_); };
     for (const LayerParams& p : lp_) {
-      w_gu16_.push_back(Tensor::empty(p.w_gu.shape(), DType::bf16, device_));
-      w_d16_.push_back(Tensor::empty(p.w_d.shape(), DType::bf16, device_));
+      w_gu16_.push_back(copy16(p.w_gu));
+      w_d16_.push_back(copy16(p.w_d));
+      dense16_.push_back({copy16(p.w_qkv), copy16(p.w_o), copy16(p.w_down), copy16(p.fc1w), copy16(p.fc2w),
+                          copy16(p.outw)});
     }
     emb16_ = Tensor::empty(param_views_[0].shape(), DType::bf16, device_);
   }
@@ -248,7 +252,9 @@ void ZayaModel::plan() {
     ScratchActs& s = *scratch_;
     s.xs.clear();
     for (int64_t l = 0; l <= L; ++l) s.xs.push_back(a({N, H}));
-    Tensor u_odd, att_odd;  // recompute: the odd layers' u and att
+    Tensor u_odd, att_odd, u16_odd, att16_odd;  // recompute: the odd layers' u and att (and bf16 copies)
+    // bf16 path: zr, g1 and g2 are f32 only on their way to their bf16 copies (model_internal.h).
+    s.router_f32 = b16 ? a({N, R}) : Tensor{};
     for (int64_t l = 0; l < L; ++l) {
       LayerActs& t = acts_[l];
       if (recompute_ && l > 0) {
@@ -258,13 +264,16 @@ void ZayaModel::plan() {
         // routing choice (router_choice()). u and att alternate between two buffers because the
         // weight gradients of layer l+1's projections (dW_o from att, dW_qkv from u) are still
         // pending while layer l is recomputed (zaya_layer.cc, "Backward scheduling").
-        if (l == 1) { u_odd = a({N, H}); att_odd = a({N, q}); }
+        if (l == 1) {
+          u_odd = a({N, H}); att_odd = a({N, q});
+          if (b16) { u16_odd = a({N, H}, DType::bf16); att16_odd = a({N, q}, DType::bf16); }
+        }
         const size_t before = counted;
         t = acts_[0];
         t.r = a({N, R});
         t.choice = a({N}, DType::i32);
         if (l == 1) kept_bytes = counted - before;
-        if (l % 2 == 1) { t.u = u_odd; t.att = att_odd; }
+        if (l % 2 == 1) { t.u = u_odd; t.att = att_odd; t.u16 = u16_odd; t.att16 = att16_odd; }
         continue;
       }
       size_t before = counted;
@@ -275,8 +284,15 @@ void ZayaModel::plan() {
       t.lse = cp_ ? a({2 * B_, nq, T_ / 2}) : a({B_, nq, T_});  // cp: one [nq, c] block per chunk
       t.o = a({N, H}); t.x_mid = a({N, H});
       t.rstd_post = a({N}); t.w = a({N, H});
-      t.r = a({N, R}); t.rstd_r = a({N}); t.zr = a({N, R});
-      t.a1 = a({N, R}); t.g1 = a({N, R}); t.a2 = a({N, R}); t.g2 = a({N, R});
+      t.r = a({N, R}); t.rstd_r = a({N});
+      t.a1 = a({N, R}); t.a2 = a({N, R});
+      if (b16) {
+        t.zr = t.g1 = t.g2 = s.router_f32;
+        t.u16 = a({N, H}, DType::bf16); t.att16 = a({N, q}, DType::bf16); t.w16 = a({N, H}, DType::bf16);
+        t.zr16 = a({N, R}, DType::bf16); t.g1_16 = a({N, R}, DType::bf16); t.g2_16 = a({N, R}, DType::bf16);
+      } else {
+        t.zr = a({N, R}); t.g1 = a({N, R}); t.g2 = a({N, R});
+      }
       t.probs = a({N, E + 1}); t.choice = a({N}, DType::i32); t.weight = a({N});
       t.counts = a({E}, DType::i32); t.offsets = a({E + 1}, DType::i32);
       t.pos = a({N}, DType::i32); t.src = a({N}, DType::i32);
@@ -311,7 +327,12 @@ void ZayaModel::plan() {
     }
     if (b16) {
       s.dy16 = a({N, H}, DType::bf16); s.dgu16 = a({N, 2 * I}, DType::bf16);
-      if (V <= ops::CrossEntropyOptions{}.chunk) { s.hf16 = a({N, H}, DType::bf16); s.g16 = a({N, V}, DType::bf16); }
+      s.dout_proj16 = a({N, H}, DType::bf16); s.dz16 = a({N, C}, DType::bf16);
+      s.dvcd16 = a({N, kv}, DType::bf16);
+      s.dlogits16 = a({N, E + 1}, DType::bf16);
+      for (Tensor* g : {&s.dg2_16, &s.dg1_16, &s.dr16}) *g = a({N, R}, DType::bf16);
+      s.hf16 = a({N, H}, DType::bf16);
+      s.g16 = a({N * std::min(V, ops::CrossEntropyOptions{}.chunk)}, DType::bf16);  // a loss chunk's G
     }
   };
   run();
@@ -350,6 +371,7 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
     if (b16) {  // the weights may have changed since the last step: refresh their bf16 copies
       ops::cast_to_bf16(w_gu16_[l], lp_[l].w_gu);
       ops::cast_to_bf16(w_d16_[l], lp_[l].w_d);
+      cast_dense_weights(l);
     }
     clock.stop();
     layer_forward(l);
@@ -363,10 +385,12 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   ops::CrossEntropyResult res;
   if (need_backward) {
     // The head's gradient into the tied embedding is accumulated here, in the same pass.
-    if (b16 && cfg_.vocab_size <= ops::CrossEntropyOptions{}.chunk) {
-      res = head_forward_bf16(tg);
-      head_backward_from_logits(res, tg);
-    } else {  // one chunk covers V: the op keeps exp(logits) from its forward for its backward
+    if (b16) {  // bf16 copies of the GEMM inputs: the embedding may have changed since the last step
+      ops::cast_to_bf16(s.hf16, s.hf);
+      ops::cast_to_bf16(emb16_, param_views_[0]);
+      res = ops::cross_entropy_tied_forward_backward_bf16(s.dh, grad_views_[0], s.lse_ce, s.hf16, emb16_, tg,
+                                                          s.ce_ws, s.g16);
+    } else {
       res = ops::cross_entropy_tied_forward_backward(s.dh, grad_views_[0], s.lse_ce, s.hf, param_views_[0], tg,
                                                      s.ce_ws);
     }
@@ -375,34 +399,6 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
     res = ops::cross_entropy_tied_forward(s.lse_ce, s.hf, param_views_[0], tg, s.ce_ws);
   }
   return res.loss;
-}
-
-// The bf16 head when one chunk covers the vocabulary (head_forward_bf16 left the [N, V] logits in the
-// workspace): G = (softmax − onehot)/count in place, dh = G·E, dE += Gᵀ·h with bf16 GEMM inputs.
-void ZayaModel::head_backward_from_logits(const ops::CrossEntropyResult& res, const Tensor& targets) {
-  ScratchActs& s = *scratch_;
-  const int64_t N = B_ * T_, V = cfg_.vocab_size;
-  if (res.count == 0) {  // nothing to learn from: zero dh, leave dE alone
-    s.dh.zero_();
-    return;
-  }
-  Tensor g = s.ce_ws.window(0, Shape{N, V});
-  ops::cross_entropy_logits_backward(g, s.lse_ce, targets, res.count, ops::CrossEntropyOptions{}.ignore_index);
-  ops::cast_to_bf16(s.g16, g);  // hf16 and emb16_ were made by head_forward_bf16
-  ops::gemm(s.dh, s.g16, ops::Trans::N, emb16_, ops::Trans::N, 1.0f, 0.0f);
-  ops::gemm(grad_views_[0], s.g16, ops::Trans::T, s.hf16, ops::Trans::N, 1.0f, 1.0f);
-}
-
-// The fused loss's single-chunk forward with bf16 GEMM inputs: logits = bf16(hf)·bf16(E)ᵀ (f32
-// accumulation) into the workspace, then the loss and each row's logsumexp from them in fp32.
-ops::CrossEntropyResult ZayaModel::head_forward_bf16(const Tensor& targets) {
-  ScratchActs& s = *scratch_;
-  const int64_t N = B_ * T_, V = cfg_.vocab_size;
-  ops::cast_to_bf16(s.hf16, s.hf);
-  ops::cast_to_bf16(emb16_, param_views_[0]);
-  Tensor logits = s.ce_ws.window(0, Shape{N, V});
-  ops::gemm(logits, s.hf16, ops::Trans::N, emb16_, ops::Trans::T);
-  return ops::cross_entropy_logits_forward(s.lse_ce, logits, targets, ops::CrossEntropyOptions{}.ignore_index);
 }
 
 void ZayaModel::forward_logits(const Tensor& ids, const Tensor& logits) {

@@ -74,10 +74,12 @@ class ZayaModel {
   // and the rotation table change; parameters, gradients and the arena do not.
   void set_rope_theta(double theta);
 
-  // GEMM inputs of the training step: f32 (default, exact fp32 math) or bf16 (the expert GEMMs and,
-  // when one loss chunk covers the vocabulary, the LM-head GEMMs take bf16 copies of their weights
-  // and inputs, refreshed every forward; f32 accumulation and outputs; the residual stream, norms,
-  // attention, router and softmax stay fp32). Re-plans the arena (allocates).
+  // GEMM inputs of the training step: f32 (default, exact fp32 math) or bf16 (every weight GEMM: the
+  // experts', the attention projections' (qkv, o), the router's (down, fc1, fc2, out) and the tied
+  // LM head's in the training forward and backward take bf16 copies of their weights and inputs,
+  // refreshed every forward; f32 accumulation and outputs; the residual stream, norms, attention,
+  // softmax and loss stay fp32; a forward without backward keeps the head f32). Re-plans the arena
+  // (allocates).
   void set_gemm_dtype(DType dtype);
   DType gemm_dtype() const { return gemm_dtype_; }
 
@@ -202,8 +204,6 @@ class ZayaModel {
   void cp_attention_backward_blocking(int l);
   void cp_start_kv_gather(int l);      // backward's gather of layer l's K/V, issued ahead
   int64_t cp_chunk_start(int64_t seg) const;
-  void head_backward_from_logits(const ops::CrossEntropyResult& res, const Tensor& targets);
-  ops::CrossEntropyResult head_forward_bf16(const Tensor& targets);
   ops::ExpertWeights expert_weights(int l) const;  // the GEMM weights: f32, or their bf16 copies
   ops::ExpertActs expert_acts(int l) const;
   void router_backward(int l);
@@ -252,6 +252,18 @@ class ZayaModel {
   // bf16 weight copies for the bf16 GEMM path (empty in f32 mode): per-layer expert stacks, embedding.
   std::vector<Tensor> w_gu16_, w_d16_;
   Tensor emb16_;
+  // bf16 copies of each layer's dense projection weights (bf16 GEMM path; refreshed every forward).
+  struct DenseWeights16 {
+    Tensor w_qkv, w_o, w_down, fc1w, fc2w, outw;
+  };
+  std::vector<DenseWeights16> dense16_;
+  void cast_dense_weights(int l);
+  // Layer l's dense-projection GEMM operands: weights and saved inputs, f32 or their bf16 copies.
+  struct DenseGemms {
+    Tensor w_qkv, w_o, w_down, fc1w, fc2w, outw;
+    Tensor u, att, w, zr, g1, g2;
+  };
+  DenseGemms dense_gemms(int l) const;
   bool time_sections_ = false;
   std::vector<SectionTime> sections_;
 };

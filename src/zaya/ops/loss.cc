@@ -13,10 +13,12 @@
 namespace zaya::ops {
 namespace {
 
+// h and E are both `gemm_dtype`: f32, or bf16 for the bf16 GEMM path.
 void check_tied_args(std::string_view op, const Tensor& h, const Tensor& E, const Tensor& targets,
-                     const Tensor& lse, const Tensor& workspace, const CrossEntropyOptions& opt) {
-  check::f32(op, "h", h);
-  check::f32(op, "E", E);
+                     const Tensor& lse, const Tensor& workspace, const CrossEntropyOptions& opt,
+                     DType gemm_dtype = DType::f32) {
+  check::dtype(op, "h", h, gemm_dtype);
+  check::dtype(op, "E", E, gemm_dtype);
   ZAYA_CHECK(h.ndim() == 2, op, ": h must be [N, H], found ", h.str());
   ZAYA_CHECK(E.ndim() == 2 && E.size(1) == h.size(1), op, ": E must be [V, ", h.size(1), "] to match h ",
              h.shape().str(), ", found ", E.shape().str());
@@ -86,6 +88,39 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const T
   if (on.cpu()) return cpu::cross_entropy_tied_forward_backward(dh, dE, lse, h, E, targets, workspace, opt);
 #if defined(ZAYA_HAVE_CUDA)
   if (on.cuda()) return cuda::cross_entropy_tied_forward_backward(dh, dE, lse, h, E, targets, workspace, opt);
+#endif
+  on.no_kernel();
+}
+
+CrossEntropyResult cross_entropy_tied_forward_backward_bf16(const Tensor& dh, const Tensor& dE,
+                                                            const Tensor& lse, const Tensor& h16,
+                                                            const Tensor& E16, const Tensor& targets,
+                                                            const Tensor& workspace, const Tensor& g16,
+                                                            const CrossEntropyOptions& opt) {
+  constexpr std::string_view op = "cross_entropy_tied_forward_backward_bf16";
+  const OpDevice on(op, {{"h16", h16},
+                         {"E16", E16},
+                         {"targets", targets},
+                         {"dh", dh},
+                         {"dE", dE},
+                         {"lse", lse},
+                         {"workspace", workspace},
+                         {"g16", g16}});
+  check_tied_args(op, h16, E16, targets, lse, workspace, opt, DType::bf16);
+  check::f32(op, "dh", dh);
+  check::same_shape(op, "dh", dh, "h16", h16);
+  check::f32(op, "dE", dE);
+  check::same_shape(op, "dE", dE, "E16", E16);
+  check::dtype(op, "g16", g16, DType::bf16);
+  const int64_t need = h16.size(0) * std::min(opt.chunk, E16.size(0));
+  ZAYA_CHECK(g16.numel() >= need, op, ": g16 has ", g16.numel(),
+             " elements, needs N x min(chunk, V) = ", need);
+  if (on.cpu())
+    return cpu::cross_entropy_tied_forward_backward_bf16(dh, dE, lse, h16, E16, targets, workspace, g16, opt);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda())
+    return cuda::cross_entropy_tied_forward_backward_bf16(dh, dE, lse, h16, E16, targets, workspace, g16,
+                                                          opt);
 #endif
   on.no_kernel();
 }

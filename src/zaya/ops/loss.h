@@ -48,6 +48,22 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const T
                                                        const Tensor& workspace,
                                                        const CrossEntropyOptions& opt = {});
 
+// The tied head with bf16 GEMM inputs (the model's bf16 GEMM mode): the same loss, lse, dh and dE,
+// with every chunk's logits GEMM h·E[v0:v0+c]ᵀ and both backward GEMMs (dh (+)= G·E[v0:v0+c],
+// dE[v0:v0+c] += Gᵀ·h) taking bf16 inputs and accumulating in f32; the row statistics, softmax,
+// loss and lse stay f32. h16 [N, H] and E16 [V, H] are the caller's bf16 copies of the final hidden
+// states and the embedding (ops::cast_to_bf16); dh [N, H] written and dE [V, H] accumulated are f32.
+// g16 (bf16, at least N·min(chunk, V) elements, its contents the op's own) receives each chunk's
+// gradient G = (softmax − onehot)/count rounded to bf16, the backward GEMMs' left operand. Nothing
+// is kept from the forward but the logits when one chunk covers V; the rows' math and order are
+// cross_entropy_logits_forward's and cross_entropy_logits_backward's (with one chunk: the same bits
+// as those two ops on the bf16-made logits). The workspace is the f32 op's.
+CrossEntropyResult cross_entropy_tied_forward_backward_bf16(const Tensor& dh, const Tensor& dE,
+                                                            const Tensor& lse, const Tensor& h16,
+                                                            const Tensor& E16, const Tensor& targets,
+                                                            const Tensor& workspace, const Tensor& g16,
+                                                            const CrossEntropyOptions& opt = {});
+
 // The loss from logits [N, V] the caller made itself (the model's bf16 head GEMM): lse [N] receives
 // each row's logsumexp, the logits are left as they are; N i32 targets (any shape), each in [0, V)
 // or ignore_index. Same row math and order as the fused forward's single chunk.

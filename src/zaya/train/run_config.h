@@ -39,8 +39,9 @@ struct TrainConfig {
   std::string out_dir = "runs/demo";  // metrics.jsonl and checkpoints
   bool progress = true;               // progress bar when stderr is a terminal
   std::string init_from;              // start from these weights (zaya checkpoint or transformers dir)
-  // Input precision of the expert and LM-head GEMMs: "f32", or "bf16" (bf16 copies of their
-  // inputs, f32 accumulation; everything else stays f32: docs/model.md, "bf16 GEMMs").
+  // Input precision of the weight GEMMs (experts, attention and router projections, the LM head):
+  // "f32", or "bf16" (bf16 copies of their inputs, f32 accumulation; everything else stays f32:
+  // docs/model.md, "bf16 GEMMs").
   std::string gemm_dtype = "f32";
   // The weights the model computes with: "f32", or "bf16" (mixed precision as ZAYA1 trained: the
   // model's weights are rounded to bf16 after every update while the optimizer keeps fp32 master

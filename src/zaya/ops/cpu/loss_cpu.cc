@@ -10,6 +10,7 @@
 #include "zaya/ops/cpu/gemm_cpu.h"
 #include "zaya/ops/cpu/seq_vec.h"
 #include "zaya/ops/cpu/tied_head_cpu.h"
+#include "zaya/ops/dense.h"
 #include "zaya/ops/gemm.h"
 #include "zaya/ops/loss_math.h"
 
@@ -19,6 +20,7 @@ namespace {
 struct Dims {
   int64_t n, h, vocab, chunk;
   bool fused;  // the kept-exps case on the fused head: decided once per call (dims_of)
+  bool keep;   // the forward keeps exp(logit − max) for the backward (keeps_exps)
 };
 
 std::atomic<bool> g_fused_head{true};  // cross_entropy_use_fused_head
@@ -39,7 +41,8 @@ int64_t logits_area(int64_t n, int64_t vocab, int64_t chunk) {
 // The call's dims, after the targets' range check (they are read here, on the host).
 Dims dims_of(const char* op, const Tensor& h, const Tensor& E, const Tensor& targets, const CrossEntropyOptions& opt) {
   Dims d{h.size(0), h.size(1), E.size(0), std::min(opt.chunk, E.size(0)),
-         fused_head_fits(E.size(0), opt.chunk) && g_fused_head.load(std::memory_order_relaxed)};
+         fused_head_fits(E.size(0), opt.chunk) && g_fused_head.load(std::memory_order_relaxed),
+         /*keep=*/opt.chunk >= E.size(0)};
   const int32_t* t = targets.data<int32_t>();
   for (int64_t i = 0; i < d.n; ++i)
     ZAYA_CHECK(t[i] == opt.ignore_index || (t[i] >= 0 && t[i] < d.vocab), op, ": target ", t[i], " at row ", i,
@@ -66,9 +69,10 @@ using cpu::kTinyProbability;
 static_assert(kTinyProbability == math::kTinyProbability, "the CUDA kernels flush at the CPU's threshold");
 constexpr cpu::FlushBelow flush_tiny{kTinyProbability};
 
-// When one chunk covers the vocabulary, the forward keeps what the backward needs instead of making
-// it again: the workspace's logits become e = exp(logit − row max) in place and `sum` holds Σ_j e.
-bool keeps_exps(const Dims& d) { return d.chunk == d.vocab; }
+// When one chunk covers the vocabulary, the f32 forward keeps what the backward needs instead of
+// making it again: the workspace's logits become e = exp(logit − row max) in place and `sum` holds
+// Σ_j e. (The bf16 head keeps the logits themselves: its backward rounds G, not e, to bf16.)
+bool keeps_exps(const Dims& d) { return d.keep; }
 
 // The fused head's products in cpu::gemm_time_stats (the step's GEMM share): `products` [N × V × H]
 // products that ran since t0.
@@ -248,6 +252,58 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const T
     Tensor e_chunk = E.slice(v0, v0 + c);
     ops::gemm(dh, g, Trans::N, e_chunk, Trans::N, 1.0f, v0 == 0 ? 0.0f : 1.0f);
     ops::gemm(dE.slice(v0, v0 + c), g, Trans::T, h, Trans::N, 1.0f, 1.0f);
+  }
+  return r;
+}
+
+namespace {
+
+// The chunk's logits made into G = (softmax − onehot)/count in place, rows whose target is ignored
+// zeroed: cross_entropy_logits_backward's row math, on vocabulary columns [v0, v0 + c).
+void logits_to_grad(float* gp, const float* lse, const int32_t* tgt, int64_t n, int64_t c, int64_t v0,
+                    float inv_count, int32_t ignore_index) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = gp + i * c;
+    if (tgt[i] == ignore_index) {
+      std::fill_n(row, c, 0.0f);
+      continue;
+    }
+    for (int64_t j = 0; j < c; ++j) row[j] = flush_tiny(cpu::expf_fast(row[j] - lse[i])) * inv_count;
+    if (tgt[i] >= v0 && tgt[i] < v0 + c) row[tgt[i] - v0] -= inv_count;
+  }
+}
+
+}  // namespace
+
+// The f32 op's row-major path with bf16 GEMM operands: no fused head (its kernels are f32) and no
+// kept exps (the backward needs G itself in bf16). With one chunk the forward's logits are still in
+// the workspace for the backward; with several, each chunk's are made again.
+CrossEntropyResult cross_entropy_tied_forward_backward_bf16(const Tensor& dh, const Tensor& dE,
+                                                            const Tensor& lse, const Tensor& h16,
+                                                            const Tensor& E16, const Tensor& targets,
+                                                            const Tensor& workspace, const Tensor& g16,
+                                                            const CrossEntropyOptions& opt) {
+  Dims d = dims_of("cross_entropy_tied_forward_backward_bf16", h16, E16, targets, opt);
+  d.fused = false;
+  d.keep = false;
+  const CrossEntropyResult r = forward_impl(h16, E16, targets, lse, workspace, opt, d);
+  if (r.count == 0) {  // nothing to learn from: zero dh, leave dE alone, no 0/0
+    std::fill_n(dh.data<float>(), dh.numel(), 0.0f);
+    return r;
+  }
+  const float inv_count = 1.0f / static_cast<float>(r.count);
+  const bool one_chunk = d.chunk == d.vocab;
+  for (int64_t v0 = 0; v0 < d.vocab; v0 += d.chunk) {
+    const int64_t c = std::min(d.chunk, d.vocab - v0);
+    const Tensor g =
+        one_chunk ? workspace.window(0, Shape{d.n, c}) : chunk_logits(h16, E16, workspace, d, v0, c);
+    logits_to_grad(g.data<float>(), lse.data<float>(), targets.data<int32_t>(), d.n, c, v0, inv_count,
+                   opt.ignore_index);
+    const Tensor g_bf16 = g16.window(0, Shape{d.n, c});
+    ops::cast_to_bf16(g_bf16, g);
+    ops::gemm(dh, g_bf16, Trans::N, E16.slice(v0, v0 + c), Trans::N, 1.0f, v0 == 0 ? 0.0f : 1.0f);
+    ops::gemm(dE.slice(v0, v0 + c), g_bf16, Trans::T, h16, Trans::N, 1.0f, 1.0f);
   }
   return r;
 }

@@ -20,6 +20,11 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const T
                                                        const Tensor& E, const Tensor& targets,
                                                        const Tensor& workspace,
                                                        const CrossEntropyOptions& opt);
+CrossEntropyResult cross_entropy_tied_forward_backward_bf16(const Tensor& dh, const Tensor& dE,
+                                                            const Tensor& lse, const Tensor& h16,
+                                                            const Tensor& E16, const Tensor& targets,
+                                                            const Tensor& workspace, const Tensor& g16,
+                                                            const CrossEntropyOptions& opt);
 CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits,
                                                 const Tensor& targets, int32_t ignore_index);
 void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,

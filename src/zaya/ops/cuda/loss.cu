@@ -8,18 +8,21 @@
 //   forward, at the end   lse = max + log Σ; loss = mean over counted rows (finish_kernel)
 //   backward, per chunk   the chunk's logits again (kept instead when one chunk covers V),
 //                         g = (softmax − onehot)/count in place           (grad_kernel)
+//                         [bf16 head: g rounded into g16]                 (ops::cast_to_bf16)
 //                         dh (+)= g·E[v0:v0+c], dE[v0:v0+c] += gᵀ·h       (ops::gemm)
+// The bf16 head runs the same steps with h and E bf16 copies: every GEMM takes bf16 inputs and
+// accumulates in f32 (cuBLASLt through ops::gemm); the row kernels are the f32 op's.
 //
 // Workspace (f32): [N, c] chunk logits, then Σexp [N] and the target logits [N] (the front sizes it
 // with the CPU's formula, which is at least this); the running max lives in lse, as on the CPU.
 // Deterministic: block reductions in fixed orders, no atomics; the loss is a double sum in a fixed
 // order.
-#include "zaya/ops/cuda/loss_cuda.h"
-
 #include <climits>
 #include <cmath>
 
 #include "zaya/ops/cuda/launch.cuh"
+#include "zaya/ops/cuda/loss_cuda.h"
+#include "zaya/ops/dense.h"
 #include "zaya/ops/gemm.h"
 #include "zaya/ops/loss_math.h"
 
@@ -206,13 +209,16 @@ CrossEntropyResult cross_entropy_tied_forward(const Tensor& lse, const Tensor& h
   return tied_forward(op, ctx, lse, h, E, targets, workspace, opt, tied_dims(h, E, opt));
 }
 
+namespace {
+
+// The tied head's forward and backward, with f32 GEMM operands (g16 undefined) or bf16 ones (h, E
+// bf16; each chunk's gradient rounded into g16 for the two backward GEMMs).
 // d loss / d logit[n, v] = (softmax[n, v] − [v == t_n]) / count for counted rows, 0 for ignored:
 // dh = G·E chunk by chunk (the first chunk writes), dE += Gᵀ·h.
-CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const Tensor& dE, const Tensor& lse,
-                                                       const Tensor& h, const Tensor& E,
-                                                       const Tensor& targets, const Tensor& workspace,
-                                                       const CrossEntropyOptions& opt) {
-  constexpr std::string_view op = "cross_entropy_tied_forward_backward";
+CrossEntropyResult tied_forward_backward(std::string_view op, const Tensor& dh, const Tensor& dE,
+                                         const Tensor& lse, const Tensor& h, const Tensor& E,
+                                         const Tensor& targets, const Tensor& workspace, const Tensor& g16,
+                                         const CrossEntropyOptions& opt) {
   auto& ctx = context_for(op);
   const TiedDims d = tied_dims(h, E, opt);
   const CrossEntropyResult r = tied_forward(op, ctx, lse, h, E, targets, workspace, opt, d);
@@ -232,10 +238,34 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const T
     grad_kernel<<<grad_grid(d.n, c), kThreads, 0, stream_of(ctx)>>>(
         g.data<float>(), lse.data<float>(), targets.data<int32_t>(), d.n, c, v0, inv_count, opt.ignore_index);
     check_launch(op);
+    if (g16.defined()) {
+      const Tensor g_bf16 = g16.window(0, Shape{d.n, c});
+      ops::cast_to_bf16(g_bf16, g);
+      g = g_bf16;
+    }
     ops::gemm(dh, g, Trans::N, e_chunk, Trans::N, 1.0f, v0 == 0 ? 0.0f : 1.0f);
     ops::gemm(dE.slice(v0, v0 + c), g, Trans::T, h, Trans::N, 1.0f, 1.0f);
   }
   return r;
+}
+
+}  // namespace
+
+CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const Tensor& dE, const Tensor& lse,
+                                                       const Tensor& h, const Tensor& E,
+                                                       const Tensor& targets, const Tensor& workspace,
+                                                       const CrossEntropyOptions& opt) {
+  return tied_forward_backward("cross_entropy_tied_forward_backward", dh, dE, lse, h, E, targets, workspace,
+                               Tensor{}, opt);
+}
+
+CrossEntropyResult cross_entropy_tied_forward_backward_bf16(const Tensor& dh, const Tensor& dE,
+                                                            const Tensor& lse, const Tensor& h16,
+                                                            const Tensor& E16, const Tensor& targets,
+                                                            const Tensor& workspace, const Tensor& g16,
+                                                            const CrossEntropyOptions& opt) {
+  return tied_forward_backward("cross_entropy_tied_forward_backward_bf16", dh, dE, lse, h16, E16, targets,
+                               workspace, g16, opt);
 }
 
 CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits,
