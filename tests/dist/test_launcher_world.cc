@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "scoped_env.h"
 #include "communicator_test_util.h"
 #include "zaya/dist/communicator.h"
 
@@ -25,27 +26,8 @@ const char* const kVars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PM
                              "SLURM_NPROCS",         "SLURM_LOCALID",        "SLURM_TASKS_PER_NODE"};
 
 // Clears those variables for one test, sets `vars`, and puts the old values back afterwards.
-class Env {
- public:
-  explicit Env(const std::map<std::string, std::string>& vars = {}) {
-    for (const char* v : kVars) {
-      const char* old = std::getenv(v);
-      saved_[v] = old ? std::optional<std::string>(old) : std::nullopt;
-      unsetenv(v);
-    }
-    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
-  }
-  ~Env() {
-    for (const auto& [k, v] : saved_) {
-      if (v)
-        setenv(k.c_str(), v->c_str(), 1);
-      else
-        unsetenv(k.c_str());
-    }
-  }
-
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
+struct Env : test::ScopedEnv {
+  explicit Env(const std::map<std::string, std::string>& vars = {}) : ScopedEnv(kVars, vars) {}
 };
 
 TEST(LauncherWorld, WithoutALauncherAWorldOfOne) {
