@@ -21,15 +21,13 @@ Prints markdown tables:
 Needs the demo's data (scripts/demo.sh prepares data/pydocs_*).
 """
 import argparse
-import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_WAIT_POLICY="PASSIVE")
+from demo_train import train_demo
+
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
@@ -38,16 +36,8 @@ def run(zaya, cp, threads, seq, steps, out, extra=()):
             "train.eval_every=0", "train.progress=false", "ckpt.every=0", "ckpt.save_final=false",
             f"train.out_dir={out}", "optim.warmup_steps=2", f"parallel.cp={cp}", "model.max_position_embeddings=" +
             str(max(seq, 4096))]
-    cmd = ([] if cp == 1 else ["mpirun", "--oversubscribe", "-np", str(cp)]) + [
-        zaya, "--threads", str(threads), "train", "--config", "configs/demo.toml"]
-    for s in sets:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
-    log = p.stdout + p.stderr
+    log, recs = train_demo(zaya, cp, threads, sets, out)
     act = re.search(r"activations ([0-9.]+) (B|KiB|MiB|GiB)", log)
-    recs = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
     return recs, float(act.group(1)) * UNITS[act.group(2)]
 
 

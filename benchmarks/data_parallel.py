@@ -15,16 +15,13 @@ error as it reaches the training loss).
 Needs the demo's data (scripts/demo.sh prepares data/pydocs_*).
 """
 import argparse
-import json
 import os
 import re
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_WAIT_POLICY="PASSIVE")
+from demo_train import train_demo
 
 
 def run(zaya, ranks, threads, reduce, steps, micro, global_micro, out, bucket_mb, params="f32", overlap=True):
@@ -34,16 +31,8 @@ def run(zaya, ranks, threads, reduce, steps, micro, global_micro, out, bucket_mb
         "train.eval_every=0", "train.progress=false", "ckpt.every=0", "ckpt.save_final=false",
         f"train.out_dir={out}", f"parallel.grad_reduce=\"{reduce}\"", "optim.warmup_steps=5",
     ]
-    cmd = ([] if ranks == 1 else ["mpirun", "--oversubscribe", "-np", str(ranks)]) + [
-        zaya, "--threads", str(threads), "train", "--config", "configs/demo.toml"]
-    for s in sets:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
-    log = p.stdout + p.stderr
+    log, recs = train_demo(zaya, ranks, threads, sets, out)
     sent = re.search(r"([0-9.]+) MiB sent per rank per step", log)
-    recs = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
     return recs, float(sent.group(1)) if sent else 0.0
 
 

@@ -23,9 +23,7 @@ routing decision, a missing term) moves results at the 1e-2 level or more and fa
 
 Run: ZAYA_BINARY=build/cuda/zaya .venv/bin/python -m pytest tests/python/test_hf_parity.py
 """
-import os
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,18 +33,7 @@ from safetensors.torch import load_file
 transformers = pytest.importorskip("transformers")
 from transformers import ZayaConfig, ZayaForCausalLM  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def zaya_binary():
-    env = os.environ.get("ZAYA_BINARY")
-    if env:
-        return env
-    for cand in ("build/cuda/zaya", "build/cpu/zaya", "build/model/zaya"):
-        p = ROOT / cand
-        if p.exists():
-            return str(p)
-    pytest.skip("no zaya binary: set ZAYA_BINARY")
+from zaya_bin import zaya_binary  # noqa: E402
 
 
 # (nq, nkv, hd, E, L, R, I, H, V, T, seed)

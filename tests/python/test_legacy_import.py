@@ -23,7 +23,6 @@ Run: ZAYA_BINARY=build/cuda/zaya .venv/bin/python -m pytest tests/python/test_le
 """
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
@@ -31,18 +30,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def zaya_binary():
-    env = os.environ.get("ZAYA_BINARY")
-    if env:
-        return env
-    for cand in ("build/cuda/zaya", "build/cpu/zaya", "build/model/zaya"):
-        p = ROOT / cand
-        if p.exists():
-            return str(p)
-    pytest.skip("no zaya binary: set ZAYA_BINARY")
+from zaya_bin import zaya_binary  # noqa: E402
 
 
 def run_zaya(*args):

@@ -52,34 +52,34 @@ void check_rows_4byte(const char* what, const Tensor& t, int64_t B, int64_t T) {
   ZAYA_CHECK(t.device() == Device::cpu && dtype_size(t.dtype()) == 4 && t.numel() == B * T, what,
              ": expected ", B * T, " contiguous 4-byte host elements [", B, ", ", T, "], found ", t.str());
 }
+
+// Copies between whole rows [B, S] and one rank's zigzag part [B, 2c], in either direction.
+void zigzag_copy(const char* what, const Tensor& rows, const Tensor& part, int64_t rank, int64_t cp, bool to_part) {
+  ZAYA_CHECK(rows.ndim() == 2, what, ": rows must be [B, S], found ", rows.str());
+  const int64_t B = rows.size(0), S = rows.size(1), c = zigzag_chunk_len(S, cp);
+  ZAYA_CHECK(rank >= 0 && rank < cp, what, ": rank ", rank, " outside [0, ", cp, ")");
+  check_rows_4byte(str(what, ": rows").c_str(), rows, B, S);
+  check_rows_4byte(str(what, to_part ? ": out" : ": part").c_str(), part, B, 2 * c);
+  auto* whole = static_cast<char*>(rows.raw());
+  auto* mine = static_cast<char*>(part.raw());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t seg = 0; seg < 2; ++seg) {
+      char* w = whole + 4 * (b * S + zigzag_chunk(rank, seg, cp) * c);
+      char* m = mine + 4 * (b * 2 * c + seg * c);
+      if (to_part)
+        std::memcpy(m, w, static_cast<size_t>(4 * c));
+      else
+        std::memcpy(w, m, static_cast<size_t>(4 * c));
+    }
+}
 }  // namespace
 
 void zigzag_select(const Tensor& out, const Tensor& rows, int64_t rank, int64_t cp) {
-  ZAYA_CHECK(rows.ndim() == 2, "zigzag_select: rows must be [B, S], found ", rows.str());
-  const int64_t B = rows.size(0), S = rows.size(1), c = zigzag_chunk_len(S, cp);
-  ZAYA_CHECK(rank >= 0 && rank < cp, "zigzag_select: rank ", rank, " outside [0, ", cp, ")");
-  check_rows_4byte("zigzag_select: rows", rows, B, S);
-  check_rows_4byte("zigzag_select: out", out, B, 2 * c);
-  const auto* src = static_cast<const char*>(rows.raw());
-  auto* dst = static_cast<char*>(out.raw());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t seg = 0; seg < 2; ++seg)
-      std::memcpy(dst + 4 * (b * 2 * c + seg * c), src + 4 * (b * S + zigzag_chunk(rank, seg, cp) * c),
-                  static_cast<size_t>(4 * c));
+  zigzag_copy("zigzag_select", rows, out, rank, cp, /*to_part=*/true);
 }
 
 void zigzag_place(const Tensor& rows, const Tensor& part, int64_t rank, int64_t cp) {
-  ZAYA_CHECK(rows.ndim() == 2, "zigzag_place: rows must be [B, S], found ", rows.str());
-  const int64_t B = rows.size(0), S = rows.size(1), c = zigzag_chunk_len(S, cp);
-  ZAYA_CHECK(rank >= 0 && rank < cp, "zigzag_place: rank ", rank, " outside [0, ", cp, ")");
-  check_rows_4byte("zigzag_place: rows", rows, B, S);
-  check_rows_4byte("zigzag_place: part", part, B, 2 * c);
-  const auto* src = static_cast<const char*>(part.raw());
-  auto* dst = static_cast<char*>(rows.raw());
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t seg = 0; seg < 2; ++seg)
-      std::memcpy(dst + 4 * (b * S + zigzag_chunk(rank, seg, cp) * c), src + 4 * (b * 2 * c + seg * c),
-                  static_cast<size_t>(4 * c));
+  zigzag_copy("zigzag_place", rows, part, rank, cp, /*to_part=*/false);
 }
 
 int64_t ZayaModel::cp_chunk_start(int64_t seg) const {
