@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "device_or_emulated.h"
 #include "ops/device_dispatch.h"
 #include "zaya/core/cuda_runtime.h"
 #include "ops/gradcheck.h"
@@ -156,6 +157,51 @@ TEST(Embedding, OutOfRangeIdNamesIdAndVocab) {
     }
     EXPECT_THROW(embedding_backward(E, y, ids, -1), Error);
   }
+}
+
+// A bf16 table (the model's bf16 weights) gives exactly the f32 op on the table widened element by
+// element with core's to_float: a gather plus an exact conversion, so bitwise equal (tolerance 0).
+TEST(Embedding, Bf16TableIsTheF32OpOnTheWidenedTableBitwise) {
+  for (auto [vocab, h, n] : {std::tuple<int64_t, int64_t, int64_t>{11, 70, 9}, {1, 1, 3}, {300, 33, 257}}) {
+    SCOPED_TRACE(testing::Message() << "V " << vocab << " H " << h << " N " << n);
+    Tensor E16 = random_tensor({vocab, h}, 31, 2.0f, DType::bf16);
+    // Values a conversion could get wrong: ±0, ±inf, a NaN, the smallest subnormal, the largest finite.
+    const uint16_t special[] = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc1, 0x0001, 0x7f7f};
+    for (size_t k = 0; k < std::size(special) && static_cast<int64_t>(k) < E16.numel(); ++k)
+      E16.data<bf16>()[k * 5 % E16.numel()].bits = special[k];
+    Tensor E = Tensor::empty({vocab, h}, DType::f32);
+    for (int64_t i = 0; i < E.numel(); ++i) E.data<float>()[i] = to_float(E16.data<bf16>()[i]);
+    Tensor ids = Tensor::empty({n}, DType::i32);
+    for (int64_t i = 0; i < n; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 7 + 3) % vocab);  // repeats
+    Tensor y16 = random_tensor({n, h}, 32), y = random_tensor({n, h}, 33);  // garbage: y is written
+    embedding_forward(y16, ids, E16);
+    embedding_forward(y, ids, E);
+    EXPECT_EQ(0, std::memcmp(y16.raw(), y.raw(), y.nbytes()));
+  }
+  Tensor E16 = random_tensor({11, 4}, 34, 1.0f, DType::bf16), y = Tensor::empty({2, 4}, DType::f32);
+  Tensor ids = Tensor::empty({2}, DType::i32);
+  ids.data<int32_t>()[0] = 2;
+  ids.data<int32_t>()[1] = 11;
+  const std::string msg = test::error_of([&] { embedding_forward(y, ids, E16); });
+  EXPECT_NE(msg.find("token id 11 at position 1 is outside the vocabulary [0, 11)"), std::string::npos) << msg;
+}
+
+TEST(Embedding, WrongDtypesAndShapesAreNamed) {
+  Tensor ids = Tensor::zeros({3}, DType::i32), y = Tensor::empty({3, 4}, DType::f32);
+  EXPECT_EQ(test::error_of([&] { embedding_forward(y, ids, Tensor::zeros({5, 4}, DType::f64)); }),
+            "embedding_forward: E must be f32 or bf16, found f64[5, 4] cpu");
+  EXPECT_EQ(test::error_of([&] { embedding_forward(y, ids, Tensor::zeros({5, 4}, DType::i32)); }),
+            "embedding_forward: E must be f32 or bf16, found i32[5, 4] cpu");
+  Tensor E16 = Tensor::zeros({5, 4}, DType::bf16);
+  EXPECT_EQ(test::error_of([&] { embedding_forward(Tensor::empty({3, 4}, DType::bf16), ids, E16); }),
+            "embedding_forward: y must be f32, found bf16[3, 4] cpu");
+  EXPECT_NE(test::error_of([&] { embedding_forward(y, ids, Tensor::zeros({20}, DType::bf16)); })
+                .find("embedding_forward: E must be [V, H]"),
+            std::string::npos);
+  const std::string wrong_y = test::error_of([&] { embedding_forward(Tensor::empty({3, 5}, DType::f32), ids, E16); });
+  EXPECT_NE(wrong_y.find("embedding_forward: y"), std::string::npos) << wrong_y;
+  EXPECT_NE(wrong_y.find("[3, 4]"), std::string::npos) << wrong_y;
+  EXPECT_NE(wrong_y.find("[3, 5]"), std::string::npos) << wrong_y;
 }
 
 // ------------------------------------------------------------------------------------------ rmsnorm
@@ -477,6 +523,9 @@ TEST(DenseDevice, CudaKernelsWithoutAGpuGiveAClearError) {
   expect_needs_gpu("swiglu_forward", [&] { swiglu_forward(y, gu); });
   expect_needs_gpu("swiglu_backward", [&] { swiglu_backward(dgu, dy, gu); });
   expect_needs_gpu("cast_to_bf16", [&] { cast_to_bf16(x16, x); });
+  expect_needs_gpu("cast_to_f32", [&] { cast_to_f32(x, x16); });
+  Tensor E16 = as_cuda(Tensor::zeros({16, f}, DType::bf16));
+  expect_needs_gpu("embedding_forward", [&] { embedding_forward(y, ids, E16); });
   expect_needs_gpu("softmax_forward", [&] { softmax_forward(y, x); });
   expect_needs_gpu("softmax_backward", [&] { softmax_backward(dx, dy, y); });
   Tensor W = as_cuda(random_tensor({f, f}, 5)), dW = as_cuda(random_tensor({f, f}, 6));
@@ -495,10 +544,41 @@ TEST(DenseDevice, MixedDevicesAreRejectedNamingTheArgument) {
   expect_mixed_devices("rmsnorm_forward", "w", [&] { rmsnorm_forward(y, rstd, as_cuda(x), w, 1e-6f); });
   expect_mixed_devices("linear_forward", "W", [&] { linear_forward(y, x, as_cuda(W), {}); });
   expect_mixed_devices("silu_forward", "y", [&] { silu_forward(as_cuda(y), x); });
+  Tensor x16 = Tensor::zeros({n, f}, DType::bf16), ids = Tensor::zeros({n}, DType::i32);
+  expect_mixed_devices("cast_to_f32", "dst", [&] { cast_to_f32(as_cuda(y), x16); });
+  expect_mixed_devices("embedding_forward", "E", [&] { embedding_forward(y, ids, as_cuda(x16)); });
   // The whole message: the op, the argument and both tensors with their devices.
   EXPECT_EQ(test::error_of([&] { silu_forward(y, as_cuda(x)); }),
             "silu_forward: y is f32[4, 8] cpu, but x is f32[4, 8] cuda: every tensor of one call must be on the "
             "same device");
+}
+
+// The bf16-table embedding and cast_to_f32 on Device::cuda tensors: on a GPU the CUDA kernels, else
+// the emulated device (docs/cuda.md), whose fronts must dispatch them to the CPU kernels. Both are
+// exact (a gather and a widening), so the device's result is the CPU's bit for bit on either.
+TEST(DenseDevice, Bf16TableEmbeddingAndCastToF32OnTheDeviceAreBitwiseTheCpus) {
+  ZAYA_GPU_OR_EMULATED(real);
+  struct EmulationOff {  // other tests of this binary expect no device when there is none
+    bool on;
+    ~EmulationOff() {
+      if (on) cuda::set_emulated(false);
+    }
+  } off{!real};
+  const int64_t vocab = 13, h = 37, n = 40;
+  Tensor ids = Tensor::empty({n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 5) % vocab);
+  Tensor E16 = random_tensor({vocab, h}, 51, 2.0f, DType::bf16);
+  Tensor y = Tensor::empty({n, h}, DType::f32), y_dev = Tensor::empty({n, h}, DType::f32, Device::cuda);
+  embedding_forward(y, ids, E16);
+  embedding_forward(y_dev, ids.to(Device::cuda), E16.to(Device::cuda));
+  const Tensor y_back = y_dev.to(Device::cpu);
+  EXPECT_EQ(0, std::memcmp(y_back.raw(), y.raw(), y.nbytes()));
+
+  Tensor wide = Tensor::empty({vocab * h}, DType::f32), wide_dev = Tensor::empty({vocab * h}, DType::f32, Device::cuda);
+  cast_to_f32(wide, E16);
+  cast_to_f32(wide_dev, E16.to(Device::cuda));
+  const Tensor wide_back = wide_dev.to(Device::cpu);
+  EXPECT_EQ(0, std::memcmp(wide_back.raw(), wide.raw(), wide.nbytes()));
 }
 
 TEST(CastToBf16, RoundsEveryElementToNearestEven) {
@@ -533,6 +613,37 @@ TEST(CastToBf16, RoundsEveryElementToNearestEven) {
   }
   EXPECT_THROW(cast_to_bf16(Tensor::empty({10}, DType::bf16), x), Error);
   EXPECT_THROW(cast_to_bf16(Tensor::empty({37, 29}, DType::f32), x), Error);
+}
+
+// Every one of the 65536 bf16 bit patterns, in whole 16-element blocks and a tail: the widening is
+// exact (each result's bits are the source's followed by 16 zeros) and cast_to_bf16 gives the source
+// back, a signalling NaN coming back quiet as to_bf16 makes it. Tolerance 0: both are exact.
+TEST(CastToF32, WidensExactlyAndCastToBf16GivesTheSourceBack) {
+  const int64_t n = 65536 + 8;  // the last 8 repeat patterns 0..7, in a tail shorter than 16
+  Tensor src = Tensor::empty({n}, DType::bf16);
+  for (int64_t i = 0; i < n; ++i) src.data<bf16>()[i].bits = static_cast<uint16_t>(i & 0xffff);
+  Tensor wide = random_tensor({8, n / 8}, 41);  // another shape, same element count; garbage: written
+  cast_to_f32(wide, src);
+  Tensor back = Tensor::empty({n}, DType::bf16);
+  cast_to_bf16(back, wide);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t b = src.data<bf16>()[i].bits;
+    ASSERT_EQ(std::bit_cast<uint32_t>(wide.data<float>()[i]), uint32_t{b} << 16) << std::hex << "bits 0x" << b;
+    const bool signalling_nan = (b & 0x7fffu) > 0x7f80u && (b & 0x0040u) == 0;
+    ASSERT_EQ(back.data<bf16>()[i].bits, signalling_nan ? (b | 0x0040u) : b) << std::hex << "bits 0x" << b;
+  }
+}
+
+TEST(CastToF32, WrongDtypesAndSizesAreNamed) {
+  Tensor src = Tensor::zeros({4, 6}, DType::bf16);
+  EXPECT_EQ(test::error_of([&] { cast_to_f32(Tensor::empty({24}, DType::f32), Tensor::zeros({24}, DType::f32)); }),
+            "cast_to_f32: src must be bf16, found f32[24] cpu");
+  EXPECT_EQ(test::error_of([&] { cast_to_f32(Tensor::empty({24}, DType::bf16), src); }),
+            "cast_to_f32: dst must be f32, found bf16[24] cpu");
+  EXPECT_EQ(test::error_of([&] { cast_to_f32(Tensor::empty({5, 5}, DType::f32), src); }),
+            "cast_to_f32: dst f32[5, 5] cpu must have as many elements as src bf16[4, 6] cpu");
+  EXPECT_NE(test::error_of([&] { cast_to_f32(Tensor::empty({24}, DType::f32), Tensor{}); }).find("cast_to_f32: src"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -14,7 +14,8 @@
 //   chunked on both devices but the chunk lengths differ (64 rows here; 256 in the CPU's EDA, none
 //   in its scale-bias), and a sum whose terms cancel has a relative error up to ~N ulp of its
 //   largest term over its size (√N smaller): 1e-4 leaves room for N = 300 rows.
-// - exact: copies, gathers and sums in the same order (embedding), and the shared bf16 rounding.
+// - exact: copies, gathers and sums in the same order (embedding, its bf16 table too), and the shared
+//   bf16 rounding and widening.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -194,6 +195,33 @@ TEST(DenseCuda, EmbeddingMatchesTheCpuExactlyWithPaddingAndRepeatedIds) {
     embedding_backward(dEg, on_gpu(dy), on_gpu(ids), pad);
     EXPECT_TRUE(bitwise_equal(dEg, dE)) << "padding_idx " << pad;
   }
+}
+
+TEST(DenseCuda, EmbeddingWithABf16TableIsBitwiseTheCpus) {
+  SKIP_WITHOUT_GPU();
+  // A gather and core's exact widening on both devices: the same bits. A NaN and an infinity included.
+  const int64_t vocab = 17, n = 200;
+  Tensor ids = Tensor::empty({n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % vocab);  // repeats
+  Tensor E16 = random_tensor({vocab, F}, 26, 2.0f, DType::bf16);
+  E16.data<bf16>()[3].bits = 0x7fc1;
+  E16.data<bf16>()[F + 5].bits = 0xff80;
+  Tensor y = Tensor::empty({n, F}, DType::f32), yg = Tensor::empty({n, F}, DType::f32, Device::cuda);
+  embedding_forward(y, ids, E16);
+  embedding_forward(yg, on_gpu(ids), on_gpu(E16));
+  EXPECT_TRUE(bitwise_equal(yg, y));
+}
+
+TEST(DenseCuda, CastToF32IsBitwiseTheCpus) {
+  SKIP_WITHOUT_GPU();
+  // Every bf16 bit pattern; both devices shift the bits (core's to_float): the same bits.
+  const int64_t n = 65536;
+  Tensor src = Tensor::empty({n}, DType::bf16);
+  for (int64_t i = 0; i < n; ++i) src.data<bf16>()[i].bits = static_cast<uint16_t>(i);
+  Tensor dst = Tensor::empty({256, 256}, DType::f32), dst_g = Tensor::empty({256, 256}, DType::f32, Device::cuda);
+  cast_to_f32(dst, src);
+  cast_to_f32(dst_g, on_gpu(src));
+  EXPECT_TRUE(bitwise_equal(dst_g, dst));
 }
 
 TEST(DenseCuda, EmbeddingIdOutsideTheVocabularyGivesANanRow) {

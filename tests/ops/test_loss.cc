@@ -260,12 +260,16 @@ TEST(CrossEntropyDevice, CudaKernelsWithoutAGpuGiveAClearErrorAndMixedDevicesNam
   Tensor targets_cpu = Tensor::zeros({n}, DType::i32);
   test::expect_mixed_devices("cross_entropy_tied_forward", "targets",
                              [&] { cross_entropy_tied_forward(lse, H, E, targets_cpu, ws, opt); });
+  Tensor H16 = cu({n, h}, DType::bf16), E16 = cu({vocab, h}, DType::bf16), g16 = cu({n * vocab}, DType::bf16);
+  test::expect_mixed_devices("cross_entropy_tied_forward_bf16", "targets",
+                             [&] { cross_entropy_tied_forward_bf16(lse, H16, E16, targets_cpu, ws, opt); });
   if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is present: test_loss_cuda.cc runs these ops on it";
   using test::expect_needs_gpu;
   expect_needs_gpu("cross_entropy_tied_forward", [&] { cross_entropy_tied_forward(lse, H, E, targets, ws, opt); });
   expect_needs_gpu("cross_entropy_tied_forward_backward",
                    [&] { cross_entropy_tied_forward_backward(dH, dE, lse, H, E, targets, ws, opt); });
-  Tensor H16 = cu({n, h}, DType::bf16), E16 = cu({vocab, h}, DType::bf16), g16 = cu({n * vocab}, DType::bf16);
+  expect_needs_gpu("cross_entropy_tied_forward_bf16",
+                   [&] { cross_entropy_tied_forward_bf16(lse, H16, E16, targets, ws, opt); });
   expect_needs_gpu("cross_entropy_tied_forward_backward_bf16", [&] {
     cross_entropy_tied_forward_backward_bf16(dH, dE, lse, H16, E16, targets, ws, g16, opt);
   });

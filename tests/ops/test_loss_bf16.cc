@@ -1,15 +1,19 @@
 // The tied head with bf16 GEMM inputs (cross_entropy_tied_forward_backward_bf16) against the closed
 // form in float64 on the same bf16-rounded h and E, for chunkings that do and do not divide V and
 // one chunk covering V; with one chunk, bitwise the materialized-logits ops on bf16-made logits
-// (what the model's bf16 head was before the op existed); bad arguments named.
+// (what the model's bf16 head was before the op existed); its forward alone
+// (cross_entropy_tied_forward_bf16) bitwise its forward; bad arguments named.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "device_or_emulated.h"
 #include "ops/gradcheck.h"
 #include "ops/loss_reference.h"
+#include "test_util.h"
+#include "zaya/core/cuda_runtime.h"
 #include "zaya/core/error.h"
 #include "zaya/ops/dense.h"
 #include "zaya/ops/gemm.h"
@@ -146,6 +150,145 @@ TEST(CrossEntropyBf16, EveryTargetIgnoredZeroesDhAndLeavesDe) {
   EXPECT_EQ(r.loss, 0.0);
   for (double x : to_f64(dh)) EXPECT_EQ(x, 0.0);
   EXPECT_TRUE(same_bits(dE, dE0));
+}
+
+// The forward alone (evaluation with bf16 weights) against the forward-backward's forward: the same
+// code path on the same inputs, so the loss, count and lse must agree bit for bit (tolerance 0).
+// Shapes: chunks that do and do not divide V (several chunks, the online logsumexp carried across
+// them), one chunk covering V (the forward-backward keeps its logits there), one row, a vocabulary
+// of one, ignored targets, every target ignored. dh and dE are not compared: this op has none.
+TEST(CrossEntropyBf16, ForwardAloneIsTheForwardBackwardsLossAndLseBitwise) {
+  struct Case {
+    int64_t n, hd, vocab, chunk;
+  };
+  const Case cases[] = {{kRows, kHidden, kVocab, 256}, {kRows, kHidden, kVocab, 300},
+                        {kRows, kHidden, kVocab, kVocab}, {kRows, kHidden, kVocab, 8192},
+                        {1, 8, 7, 3}, {17, 24, 50, 16}, {9, 16, 1, 4}};
+  uint64_t seed = 90;
+  for (const Case& c : cases) {
+    for (bool all_ignored : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "N " << c.n << " H " << c.hd << " V " << c.vocab << " chunk " << c.chunk
+                                      << (all_ignored ? " every target ignored" : ""));
+      std::vector<int32_t> t(c.n);
+      for (int64_t i = 0; i < c.n; ++i)
+        t[i] = all_ignored || (i % 4 == 2) ? -100 : static_cast<int32_t>((i * 389 + 5) % c.vocab);
+      if (!all_ignored) t[0] = static_cast<int32_t>(c.vocab - 1);
+      Tensor h16 = random_tensor({c.n, c.hd}, ++seed, 0.5f, DType::bf16);
+      Tensor E16 = random_tensor({c.vocab, c.hd}, ++seed, 0.5f, DType::bf16), tg = make_targets(t);
+      const CrossEntropyOptions opt{.chunk = c.chunk};
+      const int64_t ws_elems = cross_entropy_workspace_elems(c.n, c.vocab, opt);
+      Tensor ws = random_tensor({ws_elems}, ++seed), lse = random_tensor({c.n}, ++seed);  // garbage in both
+      const CrossEntropyResult f = cross_entropy_tied_forward_bf16(lse, h16, E16, tg, ws, opt);
+
+      Tensor ws_fb = Tensor::empty({ws_elems}, DType::f32), lse_fb = Tensor::empty({c.n}, DType::f32);
+      Tensor g16 = Tensor::empty({c.n * std::min(c.chunk, c.vocab)}, DType::bf16);
+      Tensor dh = Tensor::empty({c.n, c.hd}, DType::f32), dE = Tensor::zeros({c.vocab, c.hd}, DType::f32);
+      const CrossEntropyResult fb =
+          cross_entropy_tied_forward_backward_bf16(dh, dE, lse_fb, h16, E16, tg, ws_fb, g16, opt);
+      EXPECT_EQ(f.count, fb.count);
+      EXPECT_EQ(f.loss, fb.loss);
+      EXPECT_TRUE(same_bits(lse, lse_fb));
+      if (all_ignored) {
+        EXPECT_EQ(f.count, 0);
+        EXPECT_EQ(f.loss, 0.0);
+      } else {
+        EXPECT_GT(f.count, 0);
+        if (c.vocab > 1) EXPECT_GT(f.loss, 0.1);  // random logits over ≥ 7 columns: far from a sure guess
+      }
+    }
+  }
+}
+
+// The forward alone against the closed form on the same bf16 inputs, so that the bitwise agreement
+// above cannot hide a forward both ops got wrong. Bounds as in MatchesTheClosedFormOnTheRoundedInputs.
+TEST(CrossEntropyBf16, ForwardAloneMatchesTheClosedForm) {
+  const std::vector<int32_t> t = targets();
+  Tensor h16 = random_tensor({kRows, kHidden}, 97, 0.5f, DType::bf16);
+  Tensor E16 = random_tensor({kVocab, kHidden}, 98, 0.5f, DType::bf16), tg = make_targets(t);
+  Vec lse_ref;
+  const double loss_ref =
+      loss_test::ce_reference(to_f64(h16), to_f64(E16), t, kRows, kHidden, kVocab, &lse_ref);
+  const CrossEntropyOptions opt{.chunk = 256};
+  Tensor ws = Tensor::empty({cross_entropy_workspace_elems(kRows, kVocab, opt)}, DType::f32);
+  Tensor lse = Tensor::empty({kRows}, DType::f32);
+  const CrossEntropyResult r = cross_entropy_tied_forward_bf16(lse, h16, E16, tg, ws, opt);
+  EXPECT_NEAR(r.loss, loss_ref, 1e-5 * std::fabs(loss_ref));
+  EXPECT_LT(test::rel_error(lse, lse_ref), 1e-6);
+}
+
+TEST(CrossEntropyBf16, ForwardAloneBadArgumentsAreNamed) {
+  const int64_t n = 4, hd = 8, v = 20;
+  const CrossEntropyOptions opt{.chunk = 8};
+  Tensor h16 = random_tensor({n, hd}, 84, 1.0f, DType::bf16), E16 = random_tensor({v, hd}, 85, 1.0f, DType::bf16);
+  Tensor tg = make_targets({1, 2, 3, 19});
+  Tensor ws = Tensor::empty({cross_entropy_workspace_elems(n, v, opt)}, DType::f32);
+  Tensor lse = Tensor::empty({n}, DType::f32);
+  auto message = [&](const Tensor& l, const Tensor& h, const Tensor& E, const Tensor& t, const Tensor& w) {
+    return test::error_of([&] { cross_entropy_tied_forward_bf16(l, h, E, t, w, opt); });
+  };
+  EXPECT_EQ(message(lse, random_tensor({n, hd}, 86), E16, tg, ws),
+            "cross_entropy_tied_forward_bf16: h16 must be bf16, found f32[4, 8] cpu");
+  EXPECT_EQ(message(lse, h16, random_tensor({v, hd}, 87), tg, ws),
+            "cross_entropy_tied_forward_bf16: E16 must be bf16, found f32[20, 8] cpu");
+  EXPECT_EQ(message(lse, h16, Tensor::zeros({v, hd + 1}, DType::bf16), tg, ws),
+            "cross_entropy_tied_forward_bf16: E16 must be [V, 8] to match h16 [4, 8], found [20, 9]");
+  EXPECT_EQ(message(Tensor::empty({n}, DType::bf16), h16, E16, tg, ws),
+            "cross_entropy_tied_forward_bf16: lse must be f32, found bf16[4] cpu");
+  EXPECT_EQ(message(lse, h16, E16, Tensor::zeros({n}, DType::f32), ws),
+            "cross_entropy_tied_forward_bf16: targets must be i32, found f32[4] cpu");
+  const std::string short_targets = message(lse, h16, E16, make_targets({1, 2, 3}), ws);
+  EXPECT_NE(short_targets.find("cross_entropy_tied_forward_bf16: targets"), std::string::npos) << short_targets;
+  const std::string small_ws = message(lse, h16, E16, tg, Tensor::empty({5}, DType::f32));
+  EXPECT_NE(small_ws.find("cross_entropy_tied_forward_bf16: workspace has 5 elements, needs"), std::string::npos)
+      << small_ws;
+  EXPECT_EQ(message(lse, h16, E16, make_targets({1, 2, 20, 3}), ws),
+            "cross_entropy_tied_forward_bf16: target 20 at row 2 is outside [0, 20) and is not the ignore index -100");
+}
+
+// The forward alone on Device::cuda tensors: on a GPU the CUDA kernels, else the emulated device
+// (docs/cuda.md), whose front must dispatch it to the CPU kernel. Either way bitwise the device's own
+// forward-backward (the same path; tolerance 0). Against the CPU op: emulated, the CPU kernel itself
+// (bitwise); on a GPU, test_loss_cuda.cc's bounds for the loss and lse (1e-6: another order of the
+// row sums and CUDA's expf/logf).
+TEST(CrossEntropyDevice, Bf16ForwardAloneOnTheDeviceIsItsForwardBackwardsAndTheCpus) {
+  ZAYA_GPU_OR_EMULATED(real);
+  struct EmulationOff {  // other tests of this binary expect no device when there is none
+    bool on;
+    ~EmulationOff() {
+      if (on) cuda::set_emulated(false);
+    }
+  } off{!real};
+  const std::vector<int32_t> t = targets();
+  Tensor h16 = random_tensor({kRows, kHidden}, 99, 0.5f, DType::bf16);
+  Tensor E16 = random_tensor({kVocab, kHidden}, 100, 0.5f, DType::bf16), tg = make_targets(t);
+  const Tensor h_d = h16.to(Device::cuda), E_d = E16.to(Device::cuda), tg_d = tg.to(Device::cuda);
+  for (int64_t chunk : {int64_t{300}, kVocab}) {
+    SCOPED_TRACE(chunk);
+    const CrossEntropyOptions opt{.chunk = chunk};
+    const int64_t ws_elems = cross_entropy_workspace_elems(kRows, kVocab, opt);
+    Tensor ws = Tensor::empty({ws_elems}, DType::f32), lse = Tensor::empty({kRows}, DType::f32);
+    const CrossEntropyResult r = cross_entropy_tied_forward_bf16(lse, h16, E16, tg, ws, opt);
+    Tensor ws_d = Tensor::empty({ws_elems}, DType::f32, Device::cuda);
+    Tensor lse_d = Tensor::empty({kRows}, DType::f32, Device::cuda);
+    const CrossEntropyResult rd = cross_entropy_tied_forward_bf16(lse_d, h_d, E_d, tg_d, ws_d, opt);
+    Tensor lse_fb = Tensor::empty({kRows}, DType::f32, Device::cuda);
+    Tensor g16 = Tensor::empty({kRows * std::min(chunk, kVocab)}, DType::bf16, Device::cuda);
+    Tensor dh = Tensor::empty({kRows, kHidden}, DType::f32, Device::cuda);
+    Tensor dE = Tensor::zeros({kVocab, kHidden}, DType::f32, Device::cuda);
+    const CrossEntropyResult fb =
+        cross_entropy_tied_forward_backward_bf16(dh, dE, lse_fb, h_d, E_d, tg_d, ws_d, g16, opt);
+    EXPECT_EQ(rd.count, fb.count);
+    EXPECT_EQ(rd.loss, fb.loss);
+    EXPECT_TRUE(same_bits(lse_d.to(Device::cpu), lse_fb.to(Device::cpu)));
+    EXPECT_EQ(rd.count, r.count);
+    if (real) {
+      EXPECT_NEAR(rd.loss, r.loss, 1e-6 * std::fabs(r.loss));
+      EXPECT_LT(test::rel_error(lse_d.to(Device::cpu), to_f64(lse)), 1e-6);
+    } else {
+      EXPECT_EQ(rd.loss, r.loss);
+      EXPECT_TRUE(same_bits(lse_d.to(Device::cpu), lse));
+    }
+  }
 }
 
 TEST(CrossEntropyBf16, BadArgumentsAreNamed) {

@@ -156,6 +156,38 @@ TEST(CrossEntropyCuda, TiedHeadWithBf16InputsMatchesTheCpu) {
   }
 }
 
+// The bf16 head's forward alone: on the device bitwise the device's forward-backward (the same
+// kernels on the same inputs: tolerance 0), and against the CPU's forward alone the f32 head's
+// bounds for the loss and lse (bf16 products exact in f32, both devices accumulate in f32). Chunks
+// that divide V, that do not, and one covering it; ignored rows included (targets_for).
+TEST(CrossEntropyCuda, Bf16ForwardAloneIsItsForwardBackwardsAndMatchesTheCpu) {
+  ZAYA_SKIP_WITHOUT_GPU();
+  const int64_t hd = 40;
+  Tensor h16 = random_tensor({kRows, hd}, 65, 0.5f, DType::bf16);
+  Tensor E16 = random_tensor({kVocab, hd}, 66, 0.5f, DType::bf16);
+  Tensor tg = targets_for(kRows, kVocab), h_g = on_gpu(h16), E_g = on_gpu(E16), tg_g = on_gpu(tg);
+  for (int64_t chunk : {int64_t{250}, int64_t{256}, int64_t{4096}}) {
+    SCOPED_TRACE(chunk);
+    const CrossEntropyOptions opt{.chunk = chunk};
+    const int64_t ws_elems = cross_entropy_workspace_elems(kRows, kVocab, opt);
+    Tensor ws = Tensor::empty({ws_elems}, DType::f32), ws_g = gpu_empty({ws_elems});
+    Tensor lse = Tensor::empty({kRows}, DType::f32), lse_g = gpu_empty({kRows}), lse_fb = gpu_empty({kRows});
+    const CrossEntropyResult f = cross_entropy_tied_forward_bf16(lse, h16, E16, tg, ws, opt);
+    const CrossEntropyResult fg = cross_entropy_tied_forward_bf16(lse_g, h_g, E_g, tg_g, ws_g, opt);
+    EXPECT_EQ(fg.count, f.count);
+    EXPECT_NEAR(fg.loss, f.loss, 1e-6 * std::fabs(f.loss));
+    EXPECT_LT(rel_diff(lse_g, lse), 1e-6);
+
+    Tensor g16 = gpu_empty({kRows * std::min(chunk, kVocab)}, DType::bf16);
+    Tensor dh = gpu_empty({kRows, hd}), dE = on_gpu(Tensor::zeros({kVocab, hd}, DType::f32));
+    const CrossEntropyResult fb =
+        cross_entropy_tied_forward_backward_bf16(dh, dE, lse_fb, h_g, E_g, tg_g, ws_g, g16, opt);
+    EXPECT_EQ(fb.count, fg.count);
+    EXPECT_EQ(fb.loss, fg.loss);
+    EXPECT_TRUE(bitwise_equal(lse_fb, lse_g));
+  }
+}
+
 TEST(CrossEntropyCuda, TiedHeadWithEveryTargetIgnoredZeroesDhAndLeavesDe) {
   ZAYA_SKIP_WITHOUT_GPU();
   const int64_t n = 5, hd = 8, vocab = 33;

@@ -103,7 +103,9 @@ void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& E) {
   constexpr std::string_view op = "embedding_forward";
   const OpDevice on(op, {{"ids", ids}, {"E", E}, {"y", y}});
   check::i32(op, "ids", ids);
-  check::f32(op, "E", E);
+  check::defined(op, "E", E);
+  ZAYA_CHECK(E.dtype() == DType::f32 || E.dtype() == DType::bf16, op, ": E must be f32 or bf16, found ",
+             E.str());
   check::f32(op, "y", y);
   ZAYA_CHECK(E.ndim() == 2, op, ": E must be [V, H], found ", E.str());
   check::shape(op, "y", y, Shape{ids.numel(), E.size(1)});
@@ -302,6 +304,20 @@ void cast_to_bf16(const Tensor& dst, const Tensor& src) {
   if (on.cpu()) return cpu::cast_to_bf16(dst, src);
 #if defined(ZAYA_HAVE_CUDA)
   if (on.cuda()) return cuda::cast_to_bf16(dst, src);
+#endif
+  on.no_kernel();
+}
+
+void cast_to_f32(const Tensor& dst, const Tensor& src) {
+  constexpr std::string_view op = "cast_to_f32";
+  const OpDevice on(op, {{"src", src}, {"dst", dst}});
+  check::dtype(op, "src", src, DType::bf16);
+  check::f32(op, "dst", dst);
+  ZAYA_CHECK(dst.numel() == src.numel(), op, ": dst ", dst.str(), " must have as many elements as src ",
+             src.str());
+  if (on.cpu()) return cpu::cast_to_f32(dst, src);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cast_to_f32(dst, src);
 #endif
   on.no_kernel();
 }

@@ -25,7 +25,9 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& W, const Ten
 void linear_backward(const Tensor& dx, const Tensor& dW, const Tensor& db, const Tensor& dy, const Tensor& x,
                      const Tensor& W, const Tensor& dy_bf16 = {}, bool accumulate_dx = false);
 
-// y[n] = E[ids[n]]; ids i32 of any shape with N elements, E [V, H], y [N, H].
+// y[n] = E[ids[n]]; ids i32 of any shape with N elements, E [V, H] f32 or bf16, y [N, H] f32. A
+// bf16 table (the model's bf16 weights) gives its rows widened to f32, which is exact: y is bitwise
+// the f32 op on the widened table.
 // An id outside [0, V) throws zaya::Error naming it and V on the CPU; a CUDA kernel cannot read the
 // ids on the host, so there its row of y is NaN and the backward skips it (ops/cuda/dense_cuda.h).
 void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& E);
@@ -64,6 +66,10 @@ void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu);
 // dst = src rounded to bf16 (round to nearest even), elementwise; src f32, dst bf16 with as many
 // elements (any shapes). The operand copies of the bf16 GEMM paths (expert weights, Newton–Schulz iterates).
 void cast_to_bf16(const Tensor& dst, const Tensor& src);
+// dst = src widened to f32, elementwise and exact: each element's bits are src's followed by 16 zero
+// bits (every bf16 value is an f32 value). src bf16, dst f32 with as many elements (any shapes).
+// cast_to_bf16 of the result gives src back (a signalling NaN comes back quiet).
+void cast_to_f32(const Tensor& dst, const Tensor& src);
 
 // Row softmax in fp32 over the last dim; backward from the saved output y.
 void softmax_forward(const Tensor& y, const Tensor& x);

@@ -13,17 +13,20 @@
 namespace zaya::ops {
 namespace {
 
-// h and E are both `gemm_dtype`: f32, or bf16 for the bf16 GEMM path.
+// h and E are both `gemm_dtype`: f32, or bf16 for the bf16 GEMM path (where the ops call them h16
+// and E16, as the messages do).
 void check_tied_args(std::string_view op, const Tensor& h, const Tensor& E, const Tensor& targets,
                      const Tensor& lse, const Tensor& workspace, const CrossEntropyOptions& opt,
                      DType gemm_dtype = DType::f32) {
-  check::dtype(op, "h", h, gemm_dtype);
-  check::dtype(op, "E", E, gemm_dtype);
-  ZAYA_CHECK(h.ndim() == 2, op, ": h must be [N, H], found ", h.str());
-  ZAYA_CHECK(E.ndim() == 2 && E.size(1) == h.size(1), op, ": E must be [V, ", h.size(1), "] to match h ",
-             h.shape().str(), ", found ", E.shape().str());
+  const bool bf16_inputs = gemm_dtype == DType::bf16;
+  const std::string_view h_name = bf16_inputs ? "h16" : "h", E_name = bf16_inputs ? "E16" : "E";
+  check::dtype(op, h_name, h, gemm_dtype);
+  check::dtype(op, E_name, E, gemm_dtype);
+  ZAYA_CHECK(h.ndim() == 2, op, ": ", h_name, " must be [N, H], found ", h.str());
+  ZAYA_CHECK(E.ndim() == 2 && E.size(1) == h.size(1), op, ": ", E_name, " must be [V, ", h.size(1), "] to match ",
+             h_name, " ", h.shape().str(), ", found ", E.shape().str());
   const int64_t n = h.size(0), vocab = E.size(0);
-  ZAYA_CHECK(vocab > 0, op, ": empty vocabulary, E is ", E.shape().str());
+  ZAYA_CHECK(vocab > 0, op, ": empty vocabulary, ", E_name, " is ", E.shape().str());
   ZAYA_CHECK(opt.chunk > 0, op, ": chunk must be positive, found ", opt.chunk);
   check::i32(op, "targets", targets);
   check::shape(op, "targets", targets, Shape{n});
@@ -88,6 +91,20 @@ CrossEntropyResult cross_entropy_tied_forward_backward(const Tensor& dh, const T
   if (on.cpu()) return cpu::cross_entropy_tied_forward_backward(dh, dE, lse, h, E, targets, workspace, opt);
 #if defined(ZAYA_HAVE_CUDA)
   if (on.cuda()) return cuda::cross_entropy_tied_forward_backward(dh, dE, lse, h, E, targets, workspace, opt);
+#endif
+  on.no_kernel();
+}
+
+CrossEntropyResult cross_entropy_tied_forward_bf16(const Tensor& lse, const Tensor& h16, const Tensor& E16,
+                                                   const Tensor& targets, const Tensor& workspace,
+                                                   const CrossEntropyOptions& opt) {
+  constexpr std::string_view op = "cross_entropy_tied_forward_bf16";
+  const OpDevice on(op,
+                    {{"h16", h16}, {"E16", E16}, {"targets", targets}, {"lse", lse}, {"workspace", workspace}});
+  check_tied_args(op, h16, E16, targets, lse, workspace, opt, DType::bf16);
+  if (on.cpu()) return cpu::cross_entropy_tied_forward_bf16(lse, h16, E16, targets, workspace, opt);
+#if defined(ZAYA_HAVE_CUDA)
+  if (on.cuda()) return cuda::cross_entropy_tied_forward_bf16(lse, h16, E16, targets, workspace, opt);
 #endif
   on.no_kernel();
 }

@@ -64,6 +64,14 @@ CrossEntropyResult cross_entropy_tied_forward_backward_bf16(const Tensor& dh, co
                                                             const Tensor& workspace, const Tensor& g16,
                                                             const CrossEntropyOptions& opt = {});
 
+// The forward alone of cross_entropy_tied_forward_backward_bf16 (evaluation with bf16 weights): the
+// same loss and lse, bit for bit, from the same chunked logits GEMMs on bf16 h16 [N, H] and E16
+// [V, H] with f32 accumulation and the same f32 row statistics; no gradient and no g16. The
+// workspace is the f32 op's (its contents on return are the op's own).
+CrossEntropyResult cross_entropy_tied_forward_bf16(const Tensor& lse, const Tensor& h16, const Tensor& E16,
+                                                   const Tensor& targets, const Tensor& workspace,
+                                                   const CrossEntropyOptions& opt = {});
+
 // The loss from logits [N, V] the caller made itself (the model's bf16 head GEMM): lse [N] receives
 // each row's logsumexp, the logits are left as they are; N i32 targets (any shape), each in [0, V)
 // or ignore_index. Same row math and order as the fused forward's single chunk.

@@ -115,8 +115,17 @@ void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& E) {
   int64_t vocab = E.size(0), h = E.size(1), n = ids.numel();
   check_ids("embedding_forward", ids, vocab);
   const int32_t* id = ids.data<int32_t>();
-  const float* e = E.data<float>();
   float* out = y.data<float>();
+  if (E.dtype() == DType::bf16) {  // a bf16 table: each row widened (exact)
+    const bf16* e = E.data<bf16>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const bf16* row = e + int64_t{id[i]} * h;
+      for (int64_t j = 0; j < h; ++j) out[i * h + j] = to_float(row[j]);
+    }
+    return;
+  }
+  const float* e = E.data<float>();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) std::copy_n(e + int64_t{id[i]} * h, h, out + i * h);
 }
@@ -394,6 +403,15 @@ void cast_to_bf16(const Tensor& dst, const Tensor& src) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) b[i] = to_bf16(a[i]);
 #endif
+}
+
+// Widening is a shift of each element's bits (to_float): exact, and vectorized by the compiler.
+void cast_to_f32(const Tensor& dst, const Tensor& src) {
+  const bf16* a = src.data<bf16>();
+  float* b = dst.data<float>();
+  const int64_t n = src.numel();
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < n; ++i) b[i] = to_float(a[i]);
 }
 
 void silu_forward(const Tensor& y, const Tensor& x) {

@@ -25,6 +25,7 @@ void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
 void swiglu_forward(const Tensor& y, const Tensor& gu);
 void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu);
 void cast_to_bf16(const Tensor& dst, const Tensor& src);
+void cast_to_f32(const Tensor& dst, const Tensor& src);
 
 // How softmax_forward writes y: plain stores, or streaming (non-temporal) stores that skip the
 // write-allocate read. `automatic` (what ops::softmax_forward uses) streams only an output larger

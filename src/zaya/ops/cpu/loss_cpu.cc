@@ -274,19 +274,34 @@ void logits_to_grad(float* gp, const float* lse, const int32_t* tgt, int64_t n, 
   }
 }
 
+// The bf16 head's dims: the f32 op's row-major path with bf16 GEMM operands, so no fused head (its
+// kernels are f32) and no kept exps (the backward needs G itself in bf16). Its forward alone and its
+// forward-backward both run forward_impl with these, hence the same loss and lse bit for bit.
+Dims bf16_head_dims(const char* op, const Tensor& h16, const Tensor& E16, const Tensor& targets,
+                    const CrossEntropyOptions& opt) {
+  Dims d = dims_of(op, h16, E16, targets, opt);
+  d.fused = false;
+  d.keep = false;
+  return d;
+}
+
 }  // namespace
 
-// The f32 op's row-major path with bf16 GEMM operands: no fused head (its kernels are f32) and no
-// kept exps (the backward needs G itself in bf16). With one chunk the forward's logits are still in
-// the workspace for the backward; with several, each chunk's are made again.
+CrossEntropyResult cross_entropy_tied_forward_bf16(const Tensor& lse, const Tensor& h16, const Tensor& E16,
+                                                   const Tensor& targets, const Tensor& workspace,
+                                                   const CrossEntropyOptions& opt) {
+  const Dims d = bf16_head_dims("cross_entropy_tied_forward_bf16", h16, E16, targets, opt);
+  return forward_impl(h16, E16, targets, lse, workspace, opt, d);
+}
+
+// With one chunk the forward's logits are still in the workspace for the backward; with several,
+// each chunk's are made again.
 CrossEntropyResult cross_entropy_tied_forward_backward_bf16(const Tensor& dh, const Tensor& dE,
                                                             const Tensor& lse, const Tensor& h16,
                                                             const Tensor& E16, const Tensor& targets,
                                                             const Tensor& workspace, const Tensor& g16,
                                                             const CrossEntropyOptions& opt) {
-  Dims d = dims_of("cross_entropy_tied_forward_backward_bf16", h16, E16, targets, opt);
-  d.fused = false;
-  d.keep = false;
+  const Dims d = bf16_head_dims("cross_entropy_tied_forward_backward_bf16", h16, E16, targets, opt);
   const CrossEntropyResult r = forward_impl(h16, E16, targets, lse, workspace, opt, d);
   if (r.count == 0) {  // nothing to learn from: zero dh, leave dE alone, no 0/0
     std::fill_n(dh.data<float>(), dh.numel(), 0.0f);

@@ -25,6 +25,9 @@ CrossEntropyResult cross_entropy_tied_forward_backward_bf16(const Tensor& dh, co
                                                             const Tensor& E16, const Tensor& targets,
                                                             const Tensor& workspace, const Tensor& g16,
                                                             const CrossEntropyOptions& opt);
+CrossEntropyResult cross_entropy_tied_forward_bf16(const Tensor& lse, const Tensor& h16, const Tensor& E16,
+                                                   const Tensor& targets, const Tensor& workspace,
+                                                   const CrossEntropyOptions& opt);
 CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits,
                                                 const Tensor& targets, int32_t ignore_index);
 void cross_entropy_logits_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,

@@ -1,5 +1,6 @@
 // CUDA kernels for dense.h's per-token ops (arguments checked by the fronts in ops/dense.cc):
-// forward and backward side by side, the math written out as in cpu/dense_cpu.cc. fp32 tensors.
+// forward and backward side by side, the math written out as in cpu/dense_cpu.cc. fp32 tensors,
+// except the bf16 embedding table and the two casts.
 //
 // Elementwise ops are grid-stride loops over the elements; row ops (RMSNorm, softmax) give each row
 // one block of kThreads threads and reduce with block_sum/block_max; parameter gradients are column
@@ -31,12 +32,17 @@ int64_t rows_of(const Tensor& t) {
 // embedding: y[n] = E[ids[n]].  dE[ids[n]] += dy[n] unless ids[n] == padding_idx.
 
 namespace {
-__global__ void embedding_forward_kernel(float* y, const int32_t* ids, const float* E, int64_t n, int64_t vocab,
+// A table element as f32: itself, or a bf16 one widened (exact).
+__device__ inline float table_value(float e) { return e; }
+__device__ inline float table_value(bf16 e) { return to_float(e); }
+
+template <class T>
+__global__ void embedding_forward_kernel(float* y, const int32_t* ids, const T* E, int64_t n, int64_t vocab,
                                          int64_t h) {
   GRID_STRIDE(k, n * h) {
     const int64_t i = k / h, j = k % h;
     const int64_t id = ids[i];
-    y[k] = (id >= 0 && id < vocab) ? E[id * h + j] : NAN;
+    y[k] = (id >= 0 && id < vocab) ? table_value(E[id * h + j]) : NAN;
   }
 }
 
@@ -59,8 +65,12 @@ void embedding_forward(const Tensor& y, const Tensor& ids, const Tensor& E) {
   auto& ctx = context_for(op);
   const int64_t n = ids.numel(), vocab = E.size(0), h = E.size(1);
   if (n * h == 0) return;
-  embedding_forward_kernel<<<blocks_for(n * h), kThreads, 0, stream_of(ctx)>>>(
-      y.data<float>(), ids.data<int32_t>(), E.data<float>(), n, vocab, h);
+  if (E.dtype() == DType::bf16)
+    embedding_forward_kernel<<<blocks_for(n * h), kThreads, 0, stream_of(ctx)>>>(
+        y.data<float>(), ids.data<int32_t>(), E.data<bf16>(), n, vocab, h);
+  else
+    embedding_forward_kernel<<<blocks_for(n * h), kThreads, 0, stream_of(ctx)>>>(
+        y.data<float>(), ids.data<int32_t>(), E.data<float>(), n, vocab, h);
   check_launch(op);
 }
 
@@ -272,6 +282,10 @@ __global__ void cast_to_bf16_kernel(bf16* dst, const float* src, int64_t n) {
   GRID_STRIDE(i, n) dst[i] = to_bf16(src[i]);  // core's rounding: bitwise the CPU's
 }
 
+__global__ void cast_to_f32_kernel(float* dst, const bf16* src, int64_t n) {
+  GRID_STRIDE(i, n) dst[i] = to_float(src[i]);  // core's widening, a bit shift: bitwise the CPU's
+}
+
 template <class Kernel, class... Args>
 void elementwise(std::string_view op, int64_t n, Kernel kernel, Args... args) {
   auto& ctx = context_for(op);
@@ -315,6 +329,9 @@ void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
 
 void cast_to_bf16(const Tensor& dst, const Tensor& src) {
   elementwise("cast_to_bf16", src.numel(), cast_to_bf16_kernel, dst.data<bf16>(), src.data<float>());
+}
+void cast_to_f32(const Tensor& dst, const Tensor& src) {
+  elementwise("cast_to_f32", src.numel(), cast_to_f32_kernel, dst.data<float>(), src.data<bf16>());
 }
 
 // ---------------------------------------------------------------------------------------------

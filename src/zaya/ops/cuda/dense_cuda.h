@@ -2,7 +2,8 @@
 // ops/dense.cc check the arguments and call these for CUDA tensors. A plain C++ header (no CUDA
 // types), included only where the build has CUDA (ZAYA_HAVE_CUDA).
 //
-// fp32 tensors, as the CPU kernels take them (bf16 activations come with the GPU training step).
+// fp32 tensors, as the CPU kernels take them, except a bf16 embedding table (widened as it is read)
+// and the casts between f32 and bf16.
 // Every kernel runs on the calling thread's device context (core/cuda_context.h), never
 // synchronizes with the host and reads no tensor memory on the host; without a GPU each throws a
 // zaya::Error naming the op. Parameter gradients are summed without atomics, in orders fixed by
@@ -30,6 +31,7 @@ void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
 void swiglu_forward(const Tensor& y, const Tensor& gu);
 void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu);
 void cast_to_bf16(const Tensor& dst, const Tensor& src);
+void cast_to_f32(const Tensor& dst, const Tensor& src);
 void softmax_forward(const Tensor& y, const Tensor& x);
 void softmax_backward(const Tensor& dx, const Tensor& dy, const Tensor& y);
 

@@ -6,6 +6,7 @@
 //                         per row: chunk max, the running (max, Σexp) moved to it, Σexp of the
 //                         chunk added, the target's logit picked          (row_stats_kernel)
 //   forward, at the end   lse = max + log Σ; loss = mean over counted rows (finish_kernel)
+//                         [the forward-only ops stop here]
 //   backward, per chunk   the chunk's logits again (kept instead when one chunk covers V),
 //                         g = (softmax − onehot)/count in place           (grad_kernel)
 //                         [bf16 head: g rounded into g16]                 (ops::cast_to_bf16)
@@ -266,6 +267,16 @@ CrossEntropyResult cross_entropy_tied_forward_backward_bf16(const Tensor& dh, co
                                                             const CrossEntropyOptions& opt) {
   return tied_forward_backward("cross_entropy_tied_forward_backward_bf16", dh, dE, lse, h16, E16, targets,
                                workspace, g16, opt);
+}
+
+// The bf16 head's forward is tied_forward on bf16 h16 and E16, as in its forward-backward (ops::gemm
+// takes either dtype): the same loss and lse bit for bit.
+CrossEntropyResult cross_entropy_tied_forward_bf16(const Tensor& lse, const Tensor& h16, const Tensor& E16,
+                                                   const Tensor& targets, const Tensor& workspace,
+                                                   const CrossEntropyOptions& opt) {
+  constexpr std::string_view op = "cross_entropy_tied_forward_bf16";
+  auto& ctx = context_for(op);
+  return tied_forward(op, ctx, lse, h16, E16, targets, workspace, opt, tied_dims(h16, E16, opt));
 }
 
 CrossEntropyResult cross_entropy_logits_forward(const Tensor& lse, const Tensor& logits,
