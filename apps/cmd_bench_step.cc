@@ -37,8 +37,9 @@ struct BenchStepFlags {
   std::string param_dtype = "f32";
 };
 
-// --optimizer: the update a training step ends with, as TrainStep runs it on one rank (the master
-// weights swapped in around the optimizer's step, then the balancer on the step's expert loads),
+// --optimizer: the update a training step ends with, as TrainStep runs it on one rank (the
+// optimizer's step, on the fp32 master weights with bf16 weights, which are then rounded from
+// them; then the balancer on the step's expert loads),
 // at the config's optim.lr (no schedule: the rate does not change the work).
 struct StepUpdate {
   optim::Optimizer* optimizer = nullptr;
@@ -48,7 +49,6 @@ struct StepUpdate {
   void run(const model::ZayaModel& m) const {
     std::vector<int64_t> counts;
     m.add_expert_counts(counts);
-    if (master) master->before_update();
     optimizer->step(lr);  // also zeroes the gradients, so the step needs no zero_grad
     if (master) master->after_update();
     optimizer->balance_step(counts, lr);
@@ -261,8 +261,8 @@ void add_bench_step(CLI::App& bench, Commands& commands) {
       ->transform(dtype_vocabulary())
       ->capture_default_str();
   cmd->add_option("--param-dtype", f->param_dtype,
-                  "f32 or bf16 weights (train.param_dtype): bf16 values with fp32 master weights, which "
-                  "--optimizer updates")
+                  "f32 or bf16 weights (train.param_dtype): stored in bf16, with fp32 master weights that "
+                  "--optimizer updates; needs --gemm-dtype bf16")
       ->transform(dtype_vocabulary())
       ->capture_default_str();
   cmd->add_flag("--optimizer", f->optimizer,
@@ -293,11 +293,18 @@ void add_bench_step(CLI::App& bench, Commands& commands) {
                         check_sections_can_time(f->sections, *m);
                         std::unique_ptr<optim::Optimizer> optimizer;
                         std::unique_ptr<train::MasterWeights> master;
-                        if (f->optimizer) optimizer = std::make_unique<optim::Optimizer>(oc, optim::ParamTable::of(*m));
-                        if (f->param_dtype == "bf16") {
-                          // As the trainer: the fp32 values become the masters, the weights bf16.
-                          master = std::make_unique<train::MasterWeights>(m->params_flat(), optim::ShardRange{});
+                        ZAYA_CHECK(f->param_dtype == "f32" || m->gemm_dtype() == DType::bf16,
+                                   "--param-dtype bf16 needs --gemm-dtype bf16: the GEMMs read the bf16 weights as "
+                                   "they are stored");
+                        if (f->param_dtype == "bf16" && f->optimizer) {
+                          // As the trainer: the optimizer updates fp32 masters taken from the f32
+                          // weights, which are then stored in bf16.
+                          master = std::make_unique<train::MasterWeights>(*m, optim::ShardRange{});
+                          optimizer = std::make_unique<optim::Optimizer>(oc, master->table());
                           master->adopt();
+                        } else {
+                          if (f->optimizer) optimizer = std::make_unique<optim::Optimizer>(oc, optim::ParamTable::of(*m));
+                          if (f->param_dtype == "bf16") m->store_weights_bf16();
                         }
                         StepUpdate update{optimizer.get(), master.get(), oc.lr};
                         std::printf("bench: weights %s, optimizer %s\n",

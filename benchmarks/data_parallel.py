@@ -31,6 +31,8 @@ def run(zaya, ranks, threads, reduce, steps, micro, global_micro, out, bucket_mb
         "train.eval_every=0", "train.progress=false", "ckpt.every=0", "ckpt.save_final=false",
         f"train.out_dir={out}", f"parallel.grad_reduce=\"{reduce}\"", "optim.warmup_steps=5",
     ]
+    if params == "bf16":  # bf16 weights are read by bf16 GEMMs as stored
+        sets.append("train.gemm_dtype=\"bf16\"")
     log, recs = train_demo(zaya, ranks, threads, sets, out)
     sent = re.search(r"([0-9.]+) MiB sent per rank per step", log)
     return recs, float(sent.group(1)) if sent else 0.0

@@ -9,6 +9,7 @@
 #include "ops/device_dispatch.h"
 #include "ops/gradcheck.h"
 #include "zaya/core/threads.h"
+#include "zaya/ops/dense.h"
 #include "zaya/ops/grad_wire.h"
 #include "zaya/ops/optim_ops.h"
 
@@ -125,10 +126,16 @@ TEST(AdamW, SubnormalMomentsAreStoredAsZero) {
 // The optimizer fronts handed CUDA tensors (host memory labelled CUDA: device_dispatch.h) name the
 // argument on another device; where no GPU is present their CUDA kernels (cuda/optim_ops.cu) say
 // so naming the op, before anything is launched (with a GPU, test_optim_cuda.cc runs them).
-// The bf16 weights of mixed precision: every element becomes the nearest bf16 (ties to even, the
-// rule of the hardware conversions), computed here from the bits; a second rounding changes nothing,
-// and the values then convert to bf16 and back exactly (what makes the bf16 parameter gather lossless).
-TEST(RoundToBf16, NearestEvenIdempotentAndExactOnTheWire) {
+// The bf16 weights of mixed precision, rounded from the fp32 masters (cast_to_bf16): every element
+// becomes the nearest bf16 (ties to even, the rule of the hardware conversions), computed here from
+// the bits; rounding the widened values again changes nothing, and the gradient wire's conversions
+// carry them exactly.
+TEST(WeightRounding, NearestEvenIdempotentAndExactOnTheWire) {
+  const auto round_to_bf16 = [](const Tensor& x) {
+    Tensor b = Tensor::empty(x.shape(), DType::bf16, x.device());
+    cast_to_bf16(b, x);
+    cast_to_f32(x, b);
+  };
   const float one_ulp = std::ldexp(1.0f, -7);  // bf16's spacing in [1, 2)
   std::vector<float> v = {1.0f, 1.0f + one_ulp / 2,  // a tie: down to the even 1.0
                           1.0f + 1.5f * one_ulp,     // a tie: up to the even 1 + 2 ulp

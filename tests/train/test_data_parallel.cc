@@ -102,10 +102,11 @@ TEST_F(DataParallel, TwoRanksOnTheDeviceTrainTheOneRankModel) {
   const std::string device = " --set 'parallel.device=\"cuda\"'";
   const std::string emulate = gpus == 0 ? "ZAYA_EMULATE_CUDA=1 " : "";
   const int steps = 12;
-  // f32 weights, and bf16 weights with fp32 masters (their swap, rounding and bf16 gather on the device).
+  // f32 weights, and bf16 weights with fp32 masters (their update, rounding and bf16 gather on the device).
   for (const std::string weights : {"f32", "bf16"}) {
     SCOPED_TRACE(weights);
-    const std::string flags = device + " --set 'train.param_dtype=\"" + weights + "\"'";
+    const std::string flags = device + " --set 'train.param_dtype=\"" + weights + "\"'" +
+                              (weights == "bf16" ? " --set 'train.gemm_dtype=\"bf16\"'" : "");
     const TrainRun one = train(1, "dev1" + weights, steps, "f64", 6, flags, emulate);
     ASSERT_EQ(one.rc, 0) << one.out;
     const TrainRun two = train(2, "dev2" + weights, steps, "f64", 6, flags, emulate);
@@ -161,11 +162,11 @@ TEST_F(DataParallel, PrefetchedParameterGatherChangesNoBit) {
 }
 
 // Mixed precision over ranks (train.param_dtype = "bf16"): each rank keeps the fp32 masters of its
-// shard and the parameters travel in bf16, exactly (they are bf16 values). In the f64 mode 2 ranks
+// shard and the bf16 weights travel as stored. In the f64 mode 2 ranks
 // train bitwise like one, and a checkpoint of 2 ranks (whose masters come from both shards)
 // resumes at one rank bitwise on the uninterrupted run.
 TEST_F(DataParallel, Bf16WeightsOverRanksTrainTheOneRankModelAndReshard) {
-  const std::string bf16 = "--set 'train.param_dtype=\"bf16\"'";
+  const std::string bf16 = "--set 'train.param_dtype=\"bf16\"' --set 'train.gemm_dtype=\"bf16\"'";
   const TrainRun one = train(1, "b1", 16, "f64", 6, bf16);
   ASSERT_EQ(one.rc, 0) << one.out;
   const TrainRun two = train(2, "b2", 16, "f64", 6, bf16);

@@ -1,8 +1,8 @@
-// Mixed precision (train.param_dtype = "bf16", train/master_weights.h): the model computes with
-// bf16 weights while the optimizer updates fp32 master weights, which the checkpoints store. The
-// swap around the update on its own; then whole runs: the weights between steps are bf16 values,
-// the checkpoint's are the fp32 masters that round to them, the run tracks the f32 one, and a
-// resume continues bitwise.
+// Mixed precision (train.param_dtype = "bf16", train/master_weights.h): the model stores and
+// computes with bf16 weights while the optimizer updates fp32 master weights, which the checkpoints
+// store. The masters on their own; then whole runs: the weights are bf16, the checkpoint's values
+// are the fp32 masters that round to them, the run tracks the run with f32 weights, and a resume
+// continues bitwise.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,9 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "ops/gradcheck.h"
+#include "model/random_model.h"
 #include "train/toy.h"
 #include "zaya/ckpt/reader.h"
+#include "zaya/ops/dense.h"
+#include "zaya/optim/optimizer.h"
 #include "zaya/train/master_weights.h"
 #include "zaya/train/trainer.h"
 
@@ -25,37 +27,84 @@ namespace fs = std::filesystem;
 float bf16_value(float x) { return to_float(to_bf16(x)); }
 bool is_bf16_value(float x) { return bf16_value(x) == x; }
 
-TEST(MasterWeights, SwapsTheOwnedRangeAroundTheUpdate) {
-  Tensor params = test::random_tensor({10}, 3);
-  const std::vector<float> start = toy::flat(params);
-  MasterWeights m(params, {3, 7});
-  EXPECT_EQ(m.bytes(), 4 * 4);
-  m.adopt();
-  std::vector<float> p = toy::flat(params), master = toy::flat(m.master());
-  for (int i = 0; i < 10; ++i) EXPECT_EQ(p[i], bf16_value(start[i])) << "element " << i << " rounded";
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(master[i], start[3 + i]) << "the owned range kept whole";
-
-  m.before_update();
-  p = toy::flat(params);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(p[3 + i], start[3 + i]) << "the optimizer sees the masters";
-  // An update smaller than bf16's spacing: lost in bf16 weights, kept by the masters.
-  float* q = params.data<float>();
-  for (int i = 3; i < 7; ++i) q[i] += 1e-5f * std::abs(q[i]);
-  const std::vector<float> updated = toy::flat(params);
-  m.after_update();
-  p = toy::flat(params);
-  master = toy::flat(m.master());
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(master[i], updated[3 + i]);
-    EXPECT_EQ(p[3 + i], bf16_value(updated[3 + i]));
-  }
-  for (int i : {0, 1, 2, 7, 8, 9}) EXPECT_EQ(p[i], bf16_value(start[i])) << "outside the range: untouched";
+// The model's weights as floats, whatever their storage.
+std::vector<float> weights_of(const model::ZayaModel& m) {
+  const Tensor& w = m.params_flat();
+  if (w.dtype() == DType::f32) return toy::flat(w.to(Device::cpu));
+  Tensor wide = Tensor::empty(w.shape(), DType::f32, w.device());
+  ops::cast_to_f32(wide, w);
+  return toy::flat(wide.to(Device::cpu));
 }
 
-TEST(MasterWeights, ARangeOutsideTheBufferIsRefused) {
-  Tensor params = Tensor::zeros({10}, DType::f32);
-  EXPECT_THROW(MasterWeights(params, {4, 12}), Error);
-  EXPECT_THROW(MasterWeights(Tensor::zeros({2, 5}, DType::f32), {}), Error);
+model::ModelConfig tiny() {
+  return test::small_config({.nq = 2, .nkv = 1, .hd = 8, .E = 2, .L = 1, .R = 8, .I = 8, .H = 16, .V = 32}, 16);
+}
+
+TEST(MasterWeights, AdoptKeepsTheOwnedRangeInFp32AndStoresTheWeightsInBf16) {
+  model::ZayaModel m(tiny(), 1, 4);
+  test::randomize(m, 3);
+  m.set_gemm_dtype(DType::bf16);
+  const std::vector<float> start = toy::flat(m.params_flat());
+  const int64_t P = static_cast<int64_t>(start.size()), lo = 40, hi = 300;
+  MasterWeights mw(m, {lo, hi});
+  EXPECT_EQ(mw.bytes(), 4 * (hi - lo));
+  mw.adopt();
+  ASSERT_EQ(m.weight_dtype(), DType::bf16);
+  std::vector<float> w = weights_of(m), master = toy::flat(mw.master());
+  for (int64_t i = 0; i < P; ++i) ASSERT_EQ(w[i], bf16_value(start[i])) << "element " << i << " rounded";
+  for (int64_t i = lo; i < hi; ++i) ASSERT_EQ(master[i - lo], start[i]) << "the owned range kept whole";
+
+  // An update smaller than bf16's spacing: lost in the bf16 weights, kept by the masters.
+  float* q = mw.master().data<float>();
+  for (int64_t i = 0; i < hi - lo; ++i) q[i] += 1e-5f * std::abs(q[i]);
+  const std::vector<float> updated = toy::flat(mw.master());
+  mw.after_update();
+  w = weights_of(m);
+  for (int64_t i = lo; i < hi; ++i) ASSERT_EQ(w[i], bf16_value(updated[i - lo])) << "element " << i;
+  for (int64_t i : {int64_t{0}, lo - 1, hi, P - 1}) EXPECT_EQ(w[i], bf16_value(start[i])) << "outside: untouched";
+  EXPECT_EQ(toy::flat(mw.master()), updated) << "after_update leaves the masters as they are";
+}
+
+// The optimizer's table holds the masters from the range's first element: it updates them, never
+// the bf16 weights (which after_update then rounds from them).
+TEST(MasterWeights, TheOptimizerUpdatesTheMasters) {
+  model::ZayaModel m(tiny(), 1, 4);
+  test::randomize(m, 4);
+  m.set_gemm_dtype(DType::bf16);
+  const int64_t P = m.params_flat().numel();
+  MasterWeights mw(m, {0, P});
+  const optim::ParamTable table = mw.table();
+  EXPECT_EQ(table.params.raw(), mw.master().raw());
+  EXPECT_EQ(table.params_begin, 0);
+  optim::OptimizerConfig oc;
+  oc.lr = 1e-2;
+  optim::Optimizer opt(oc, table);
+  mw.adopt();
+  const std::vector<float> before = weights_of(m), masters = toy::flat(mw.master());
+  Tensor(m.grads_flat()).fill_(0.5);
+  opt.step(oc.lr);
+  EXPECT_EQ(weights_of(m), before) << "the step wrote the bf16 weights";
+  const std::vector<float> moved = toy::flat(mw.master());
+  size_t changed = 0;
+  for (int64_t i = 0; i < P; ++i) changed += moved[i] != masters[i];
+  EXPECT_GT(changed, static_cast<size_t>(P / 2)) << "the step did not update the masters";
+  mw.after_update();
+  const std::vector<float> w = weights_of(m);
+  for (int64_t i = 0; i < P; ++i) ASSERT_EQ(w[i], bf16_value(moved[i])) << "element " << i;
+}
+
+TEST(MasterWeights, RefusesARangeOutsideTheModelAndBf16Weights) {
+  model::ZayaModel m(tiny(), 1, 4);
+  m.init(1);
+  const int64_t P = m.params_flat().numel();
+  EXPECT_THROW(MasterWeights(m, {4, P + 1}), Error);
+  m.set_gemm_dtype(DType::bf16);
+  MasterWeights mw(m, {0, P});
+  mw.adopt();
+  EXPECT_THROW(mw.adopt(), Error) << "adopted twice: the f32 values are gone";
+  EXPECT_THROW(MasterWeights(m, {0, P}), Error) << "masters from bf16 weights";
+  EXPECT_THROW(optim::Optimizer(optim::OptimizerConfig{}, optim::ParamTable::of(m)), Error)
+      << "an optimizer updates f32 values (the masters), not the bf16 weights";
 }
 
 class MixedPrecision : public ::testing::Test {
@@ -67,9 +116,10 @@ class MixedPrecision : public ::testing::Test {
     prefix_ = toy::make_corpus(root_ / "data");
   }
   void TearDown() override { fs::remove_all(root_); }
+  // bf16 GEMMs in both precisions (bf16 weights need them): the runs differ in the weights alone.
   RunConfig config(const std::string& run, int steps, const std::string& param_dtype) {
     return parse_run_config(toy::toy_config(prefix_, root_ / run, steps), "toy.toml",
-                            {"train.param_dtype=\"" + param_dtype + "\""});
+                            {"train.param_dtype=\"" + param_dtype + "\"", "train.gemm_dtype=\"bf16\""});
   }
   fs::path root_;
   std::string prefix_;
@@ -88,10 +138,9 @@ TEST_F(MixedPrecision, WeightsAreBf16AndCheckpointsHoldTheMasters) {
   for (int s = 0; s < steps; ++s) EXPECT_NEAR(b.losses[s], a.losses[s], 1e-3 * a.losses[s]) << "step " << s + 1;
   EXPECT_LT(b.losses.back(), b.losses.front() * 0.95) << "the bf16-weight run did not learn";
 
-  const std::vector<float> weights = toy::flat(b16.model().params_flat());
-  size_t not_bf16 = 0;
-  for (float w : weights) not_bf16 += !is_bf16_value(w);
-  EXPECT_EQ(not_bf16, 0u) << "weights between steps must be bf16 values";
+  ASSERT_EQ(b16.model().weight_dtype(), DType::bf16) << "the weights are stored in bf16";
+  EXPECT_EQ(f32.model().weight_dtype(), DType::f32);
+  const std::vector<float> weights = weights_of(b16.model());
 
   // The final checkpoint holds the masters: they round to the model's weights, and most are not
   // bf16 values themselves.
@@ -122,7 +171,7 @@ TEST_F(MixedPrecision, ResumeIsBitExact) {
   const TrainResult c = resumed.run();
   ASSERT_EQ(c.losses.size(), static_cast<size_t>(total - first));
   for (int i = 0; i < total - first; ++i) EXPECT_EQ(a.losses[first + i], c.losses[i]) << "step " << first + i + 1;
-  EXPECT_EQ(toy::flat(straight.model().params_flat()), toy::flat(resumed.model().params_flat()));
+  EXPECT_EQ(weights_of(straight.model()), weights_of(resumed.model()));
   ckpt::Checkpoint x(root_ / "straight"), y(root_ / "split");
   for (const model::ParamSpec& spec : straight.model().specs())
     EXPECT_EQ(toy::flat(x.load_full(spec.name)), toy::flat(y.load_full(spec.name))) << spec.name;

@@ -28,6 +28,9 @@ ZayaDecoder::ZayaDecoder(ZayaModel& model, int64_t batch, int64_t max_len) : m_(
   const ModelConfig& c = m_.config();
   ZAYA_CHECK(batch > 0 && max_len > 0, "ZayaDecoder: batch and max_len must be positive, found [", batch, ", ",
              max_len, "]");
+  ZAYA_CHECK(m_.weight_dtype() == DType::f32,
+             "ZayaDecoder: the model's weights are stored in bf16 (a training run's); decode reads f32 weights: load "
+             "the run's checkpoint, which holds the f32 master weights");
   // Checked before the caches (B·max_len rows per layer) are allocated.
   ZAYA_CHECK(max_len <= c.max_position_embeddings, "ZayaDecoder: max_len ", max_len,
              " exceeds the model's max_position_embeddings (", c.max_position_embeddings, ")");

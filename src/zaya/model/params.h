@@ -34,6 +34,10 @@ struct ParamSpec {
   float init_value = 0;  // std for normal, the value for constant
   int layer = -1;        // -1 for global tensors
   bool is_expert() const { return role == ParamRole::expert_matrix; }
+  // The weights GEMMs read (the embedding as the tied head's): the rest feed f32 element-wise ops.
+  bool is_gemm_weight() const {
+    return role == ParamRole::matrix || role == ParamRole::expert_matrix || role == ParamRole::embedding;
+  }
 };
 
 // Every trainable parameter, in a fixed order (embedding, input scale/bias, then layer by layer,

@@ -95,17 +95,8 @@ ZayaModel::ZayaModel(const ModelConfig& config, int64_t batch, int64_t seq_len, 
     offsets_.push_back(off);
     off += specs_[i].shape.numel();
   }
-  const Shape qkv_shape{cfg_.conv_channels() + cfg_.kv_dim(), cfg_.hidden_size};
-  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
-    lp_.push_back(layer_params(cfg_, l, [&](const std::string& n) { return param(n); }));
-    lg_.push_back(layer_params(cfg_, l, [&](const std::string& n) { return grad(n); }));
-    const std::string qkv = "model.layers." + std::to_string(l) + ".self_attn.qkv_proj.";
-    const int64_t q_off = offsets_[param_index(qkv + "q_proj.weight")];
-    ZAYA_ASSERT(offsets_[param_index(qkv + "v_proj_delayed.weight")] ==
-                q_off + (cfg_.conv_channels() + cfg_.kv_dim() / 2) * cfg_.hidden_size);
-    lp_.back().w_qkv = params_.window(q_off, qkv_shape);
-    lg_.back().w_qkv = grads_.window(q_off, qkv_shape);
-  }
+  lp_ = layer_views(params_, [&](int i) { return param_views_[static_cast<size_t>(i)]; });
+  lg_ = layer_views(grads_, [&](int i) { return grad_views_[static_cast<size_t>(i)]; });
   // Each layer's parameters are contiguous (parameter_specs() lists them layer by layer): the
   // ranges the backward reports as final.
   layer_ranges_.assign(static_cast<size_t>(cfg_.num_hidden_layers), {-1, -1});
@@ -125,6 +116,107 @@ ZayaModel::ZayaModel(const ModelConfig& config, int64_t batch, int64_t seq_len, 
 }
 
 ZayaModel::~ZayaModel() = default;
+
+std::vector<LayerParams> ZayaModel::layer_views(const Tensor& flat, const std::function<Tensor(int)>& view) const {
+  const Shape qkv_shape{cfg_.conv_channels() + cfg_.kv_dim(), cfg_.hidden_size};
+  std::vector<LayerParams> out;
+  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+    out.push_back(layer_params(cfg_, l, [&](const std::string& n) {
+      const int i = param_index(n);
+      ZAYA_CHECK(i >= 0, "ZayaModel: no parameter named '", n, "'");
+      return view(i);
+    }));
+    const std::string qkv = "model.layers." + std::to_string(l) + ".self_attn.qkv_proj.";
+    const int64_t q_off = offsets_[param_index(qkv + "q_proj.weight")];
+    ZAYA_ASSERT(offsets_[param_index(qkv + "v_proj_delayed.weight")] ==
+                q_off + (cfg_.conv_channels() + cfg_.kv_dim() / 2) * cfg_.hidden_size);
+    out.back().w_qkv = flat.window(q_off, qkv_shape);
+  }
+  return out;
+}
+
+void ZayaModel::store_weights_bf16() {
+  ZAYA_CHECK(params_.dtype() == DType::f32, "ZayaModel::store_weights_bf16: the weights are stored in bf16 already");
+  ZAYA_CHECK(gemm_dtype_ == DType::bf16,
+             "ZayaModel::store_weights_bf16: bf16 weights need bf16 GEMMs (set_gemm_dtype(DType::bf16) first): the "
+             "GEMMs read the stored weights as they are");
+  // Drop every reference the model holds to the f32 weights and their bf16 copies, so that the f32
+  // buffer is freed once converted (unless the caller keeps it: the master weights of a rank that
+  // owns them all do).
+  Tensor f32 = params_;
+  params_ = Tensor{};
+  param_views_.assign(specs_.size(), Tensor{});
+  lp_.clear();
+  w_gu16_.clear();
+  w_d16_.clear();
+  dense16_.clear();
+  emb16_ = Tensor{};
+  Tensor w16;
+  if (device_ != Device::cpu && f32.storage().use_count() == 1) {
+    // Nobody else keeps it: through host memory, so that the device never holds both buffers.
+    const Tensor host = f32.to(Device::cpu);
+    f32 = Tensor{};
+    w16 = Tensor::empty(host.shape(), DType::bf16, device_);
+    const int64_t chunk = int64_t{16} << 20;  // elements per transfer: 64 MiB of f32 staging
+    Tensor staging = Tensor::empty(Shape{std::min(chunk, host.numel())}, DType::f32, device_);
+    for (int64_t at = 0; at < host.numel(); at += chunk) {
+      const int64_t n = std::min(chunk, host.numel() - at);
+      staging.window(0, Shape{n}).copy_from(host.window(at, Shape{n}));
+      ops::cast_to_bf16(w16.window(at, Shape{n}), staging.window(0, Shape{n}));
+    }
+  } else {
+    w16 = Tensor::empty(f32.shape(), DType::bf16, device_);
+    ops::cast_to_bf16(w16, f32);
+    f32 = Tensor{};
+  }
+  // The parameters f32 ops read, in runs of neighbours: one widening cast per run.
+  small_views_.assign(specs_.size(), Tensor{});
+  small_segments_.clear();
+  int64_t small = 0;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    if (specs_[i].is_gemm_weight()) continue;
+    const int64_t b = offsets_[i], e = b + specs_[i].shape.numel();
+    if (!small_segments_.empty() && small_segments_.back().end == b)
+      small_segments_.back().end = e;
+    else
+      small_segments_.push_back({b, e, small});
+    small += e - b;
+  }
+  small32_ = Tensor::empty(Shape{small}, DType::f32, device_);
+  for (const SmallSegment& g : small_segments_)
+    for (size_t i = 0; i < specs_.size(); ++i)
+      if (!specs_[i].is_gemm_weight() && offsets_[i] >= g.begin && offsets_[i] < g.end)
+        small_views_[i] = small32_.window(g.at + offsets_[i] - g.begin, specs_[i].shape);
+  params_ = w16;
+  for (size_t i = 0; i < specs_.size(); ++i) param_views_[i] = params_.window(offsets_[i], specs_[i].shape);
+  widen_small(0, params_.numel());
+  lp_ = layer_views(params_, [&](int i) { return f32_or_gemm_view(i); });
+  make_gemm_weights();
+}
+
+Tensor ZayaModel::f32_or_gemm_view(int i) const {
+  return specs_[static_cast<size_t>(i)].is_gemm_weight() ? param_views_[static_cast<size_t>(i)] : f32_param(i);
+}
+
+const Tensor& ZayaModel::f32_param(int i) const {
+  if (small_views_.empty()) return param_views_[static_cast<size_t>(i)];
+  const Tensor& t = small_views_[static_cast<size_t>(i)];
+  ZAYA_ASSERT(t.defined());  // a GEMM weight has no f32 copy in bf16 storage
+  return t;
+}
+
+void ZayaModel::widen_small(int64_t begin, int64_t end) {
+  for (const SmallSegment& g : small_segments_) {
+    const int64_t lo = std::max(begin, g.begin), hi = std::min(end, g.end);
+    if (lo < hi)
+      ops::cast_to_f32(small32_.window(g.at + lo - g.begin, Shape{hi - lo}), params_.window(lo, Shape{hi - lo}));
+  }
+}
+
+void ZayaModel::need_weights(int64_t begin, int64_t end) {
+  need_params(begin, end);
+  widen_small(begin, end);
+}
 
 int ZayaModel::param_index(const std::string& name) const {
   auto it = index_.find(name);
@@ -158,6 +250,8 @@ const LayerActs& ZayaModel::layer_acts(int l) const {
 const Tensor& ZayaModel::final_hidden() const { return scratch_->hf; }
 
 void ZayaModel::init(uint64_t seed) {
+  ZAYA_CHECK(params_.dtype() == DType::f32,
+             "ZayaModel::init: the weights are stored in bf16; initialize before store_weights_bf16()");
   // Drawn on the host into views of a host buffer (the model's own on the CPU), then copied.
   Tensor host = device_ == Device::cpu ? params_ : Tensor::zeros(params_.shape(), DType::f32);
   for (size_t i = 0; i < specs_.size(); ++i) {
@@ -205,23 +299,40 @@ void ZayaModel::set_context_parallel(ContextGroup* group, CpSchedule schedule) {
 void ZayaModel::set_gemm_dtype(DType dtype) {
   ZAYA_CHECK(dtype == DType::f32 || dtype == DType::bf16, "ZayaModel::set_gemm_dtype: expected f32 or bf16, found ",
              dtype_name(dtype));
+  ZAYA_CHECK(dtype == DType::bf16 || params_.dtype() == DType::f32,
+             "ZayaModel::set_gemm_dtype: the weights are stored in bf16 (store_weights_bf16), so the GEMMs take "
+             "them in bf16");
   gemm_dtype_ = dtype;
+  // Over f32 storage the bf16 weight copies are made by the first forward (a run that then stores
+  // its weights in bf16 never holds them); over bf16 storage the operands are the weights.
+  if (dtype == DType::bf16 && params_.dtype() == DType::bf16)
+    make_gemm_weights();
+  else
+    clear_gemm_weights();
+  plan();
+  have_backward_ = false;
+}
+
+// The bf16 GEMM path's weight operands: copies refreshed every forward over f32 storage, the
+// weights themselves over bf16 storage.
+void ZayaModel::clear_gemm_weights() {
   w_gu16_.clear();
   w_d16_.clear();
   dense16_.clear();
   emb16_ = Tensor{};
-  if (dtype == DType::bf16) {
-    auto copy16 = [&](const Tensor& w) { return Tensor::empty(w.shape(), DType::bf16, device_); };
-    for (const LayerParams& p : lp_) {
-      w_gu16_.push_back(copy16(p.w_gu));
-      w_d16_.push_back(copy16(p.w_d));
-      dense16_.push_back({copy16(p.w_qkv), copy16(p.w_o), copy16(p.w_down), copy16(p.fc1w), copy16(p.fc2w),
-                          copy16(p.outw)});
-    }
-    emb16_ = Tensor::empty(param_views_[0].shape(), DType::bf16, device_);
+}
+
+void ZayaModel::make_gemm_weights() {
+  clear_gemm_weights();
+  if (gemm_dtype_ != DType::bf16) return;
+  const bool stored = params_.dtype() == DType::bf16;
+  auto op = [&](const Tensor& w) { return stored ? w : Tensor::empty(w.shape(), DType::bf16, device_); };
+  for (const LayerParams& p : lp_) {
+    w_gu16_.push_back(op(p.w_gu));
+    w_d16_.push_back(op(p.w_d));
+    dense16_.push_back({op(p.w_qkv), op(p.w_o), op(p.w_down), op(p.fc1w), op(p.fc2w), op(p.outw)});
   }
-  plan();
-  have_backward_ = false;
+  emb16_ = op(param_views_[0]);
 }
 
 void ZayaModel::set_recompute(bool on) {
@@ -357,18 +468,20 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
   clock.part("forward: embedding");
   s.ids.copy_from(ids);
   const bool b16 = gemm_dtype_ == DType::bf16;
+  const bool stored16 = params_.dtype() == DType::bf16;  // bf16 weight storage: the GEMMs read the weights
+  if (b16 && !emb16_.defined()) make_gemm_weights();
   const int norm = param_index("model.norm.weight");
   // x⁰ = (Embed[t] + b_in) ⊙ g_in: bias first, then scale, no √H.
-  need_params(0, layer_ranges_.empty() ? offsets_[norm] : layer_ranges_[0].first);
+  need_weights(0, layer_ranges_.empty() ? offsets_[norm] : layer_ranges_[0].first);
   ops::embedding_forward(s.emb, ids, param_views_[0]);
-  ops::scale_bias_forward(s.xs[0], s.emb, param("model.input_hidden_states_bias"),
-                          param("model.input_hidden_states_scale"));
+  ops::scale_bias_forward(s.xs[0], s.emb, f32_param(param_index("model.input_hidden_states_bias")),
+                          f32_param(param_index("model.input_hidden_states_scale")));
   const bool need_backward = targets.defined() && for_backward;
   clock.stop();  // the layers time their own parts
   for (int l = 0; l < L; ++l) {
     if (param_need_ || b16) clock.part("forward: the layer's weights (all-gather wait, bf16 copies)");
-    need_params(layer_ranges_[l].first, layer_ranges_[l].second);
-    if (b16) {  // the weights may have changed since the last step: refresh their bf16 copies
+    need_weights(layer_ranges_[l].first, layer_ranges_[l].second);
+    if (b16 && !stored16) {  // the weights may have changed since the last step: refresh their bf16 copies
       ops::cast_to_bf16(w_gu16_[l], lp_[l].w_gu);
       ops::cast_to_bf16(w_d16_[l], lp_[l].w_d);
       cast_dense_weights(l);
@@ -377,8 +490,8 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
     layer_forward(l);
   }
   clock.part("forward: final norm, LM head, loss (and its backward)");
-  need_params(offsets_[norm], offsets_[norm] + specs_[norm].shape.numel());
-  ops::rmsnorm_forward(s.hf, s.rstd_f, s.xs[L], param_views_[norm], static_cast<float>(cfg_.rms_norm_eps));
+  need_weights(offsets_[norm], offsets_[norm] + specs_[norm].shape.numel());
+  ops::rmsnorm_forward(s.hf, s.rstd_f, s.xs[L], f32_param(norm), static_cast<float>(cfg_.rms_norm_eps));
   have_backward_ = false;
   if (!targets.defined()) return 0;
   Tensor tg = targets.reshape(Shape{N});
@@ -387,7 +500,7 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
     // The head's gradient into the tied embedding is accumulated here, in the same pass.
     if (b16) {  // bf16 copies of the GEMM inputs: the embedding may have changed since the last step
       ops::cast_to_bf16(s.hf16, s.hf);
-      ops::cast_to_bf16(emb16_, param_views_[0]);
+      if (!stored16) ops::cast_to_bf16(emb16_, param_views_[0]);
       res = ops::cross_entropy_tied_forward_backward_bf16(s.dh, grad_views_[0], s.lse_ce, s.hf16, emb16_, tg,
                                                           s.ce_ws, s.g16);
     } else {
@@ -395,6 +508,9 @@ double ZayaModel::forward(const Tensor& ids, const Tensor& targets, bool for_bac
                                                      s.ce_ws);
     }
     have_backward_ = true;
+  } else if (stored16) {  // no f32 embedding to read: the head's GEMMs take bf16 as in training
+    ops::cast_to_bf16(s.hf16, s.hf);
+    res = ops::cross_entropy_tied_forward_bf16(s.lse_ce, s.hf16, emb16_, tg, s.ce_ws);
   } else {
     res = ops::cross_entropy_tied_forward(s.lse_ce, s.hf, param_views_[0], tg, s.ce_ws);
   }
@@ -405,7 +521,12 @@ void ZayaModel::forward_logits(const Tensor& ids, const Tensor& logits) {
   check_shape("ZayaModel::forward_logits: logits", logits, Shape{B_ * T_, cfg_.vocab_size});
   check_dtype("ZayaModel::forward_logits: logits", logits, DType::f32);
   forward(ids, Tensor{}, false);
-  ops::gemm(logits, scratch_->hf, ops::Trans::N, param_views_[0], ops::Trans::T);
+  if (params_.dtype() == DType::bf16) {
+    ops::cast_to_bf16(scratch_->hf16, scratch_->hf);
+    ops::gemm(logits, scratch_->hf16, ops::Trans::N, emb16_, ops::Trans::T);
+  } else {
+    ops::gemm(logits, scratch_->hf, ops::Trans::N, param_views_[0], ops::Trans::T);
+  }
 }
 
 ops::ExpertWeights ZayaModel::expert_weights(int l) const {
@@ -459,7 +580,7 @@ void ZayaModel::backward(const GradReadyFn& ready) {
   SectionClock clock(*this);
   clock.part("backward: final norm");
   const int norm = param_index("model.norm.weight");
-  ops::rmsnorm_backward(s.dxa, grad_views_[norm], s.dh, s.xs[L], param_views_[norm], s.rstd_f);
+  ops::rmsnorm_backward(s.dxa, grad_views_[norm], s.dh, s.xs[L], f32_param(norm), s.rstd_f);
   report_ready(offsets_[norm], offsets_[norm] + specs_[norm].shape.numel());
   s.drc.zero_();  // the last layer's router state feeds nothing
   clock.stop();
@@ -473,8 +594,8 @@ void ZayaModel::backward(const GradReadyFn& ready) {
   clock.part("backward: embedding");
   // x⁰ = (e + b) ⊙ g, e = Embed[ids].
   ops::scale_bias_backward(s.dtmp, grad("model.input_hidden_states_bias"), grad("model.input_hidden_states_scale"),
-                           s.dxa, s.emb, param("model.input_hidden_states_bias"),
-                           param("model.input_hidden_states_scale"));
+                           s.dxa, s.emb, f32_param(param_index("model.input_hidden_states_bias")),
+                           f32_param(param_index("model.input_hidden_states_scale")));
   ops::embedding_backward(grad_views_[0], s.dtmp, s.ids, cfg_.pad_token_id);
   // The embedding and the input scale and bias: every parameter before layer 0's.
   report_ready(0, layer_ranges_.empty() ? offsets_[norm] : layer_ranges_[0].first);

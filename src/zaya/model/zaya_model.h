@@ -83,6 +83,19 @@ class ZayaModel {
   void set_gemm_dtype(DType dtype);
   DType gemm_dtype() const { return gemm_dtype_; }
 
+  // Weight storage: f32 (default) or bf16, the mixed precision ZAYA1 trained with
+  // (train.param_dtype = "bf16"; the fp32 master weights live with the optimizer,
+  // train/master_weights.h). store_weights_bf16() rounds the current values to bf16 (nearest even)
+  // into a flat bf16 buffer of the same layout and frees the f32 one: params_flat() and the
+  // parameter views are bf16 from then on, half the bytes. The weight GEMMs read the bf16 weights
+  // as they are (it needs gemm_dtype() bf16: no per-forward weight copies), the embedding lookup
+  // reads bf16 rows, and the few parameters f32 ops read (norm weights, biases, temperatures,
+  // the conv and residual-scale parameters: under 1% of a layer) are widened into a small f32
+  // copy as the forward reaches them. Gradients stay f32. One-way: init() and loads need f32
+  // storage, so a run sets its weights first; views taken before the call keep the freed buffer.
+  void store_weights_bf16();
+  DType weight_dtype() const { return params_.dtype(); }
+
   // Activation recomputation (off by default). On, the forward keeps per layer only what the
   // layers after it read (its input x^l, its router state r_l for the next layer's depth average,
   // its routing choice and counts) and one shared set of saved activations; backward() re-runs
@@ -99,7 +112,8 @@ class ZayaModel {
   // does not change the others. Balancing biases are reset to 0 (skip class −1).
   void init(uint64_t seed);
 
-  // Parameters and gradients: flat buffers and named views (HF names).
+  // Parameters and gradients: flat buffers and named views (HF names); the parameters f32 or bf16
+  // (weight_dtype()), the gradients f32.
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const Tensor& params_flat() const { return params_; }
   const Tensor& grads_flat() const { return grads_; }
@@ -258,6 +272,28 @@ class ZayaModel {
   };
   std::vector<DenseWeights16> dense16_;
   void cast_dense_weights(int l);
+  // bf16 weight storage: the parameters f32 ops read, widened (small32_; small_views_[i] is
+  // parameter i's f32 view, undefined for the GEMM weights). Each segment is a run of such
+  // parameters adjacent in the flat buffer, widened by one cast.
+  struct SmallSegment {
+    int64_t begin, end, at;  // flat range [begin, end) of the bf16 buffer, its offset in small32_
+  };
+  Tensor small32_;
+  std::vector<Tensor> small_views_;
+  std::vector<SmallSegment> small_segments_;
+  // The f32 view of parameter i for the ops that compute in f32: the parameter itself in f32
+  // storage, its widened copy in bf16 storage (not for the GEMM weights).
+  const Tensor& f32_param(int i) const;
+  // need_params, then (bf16 storage) widens the small parameters of [begin, end): every forward
+  // calls it before it first reads a range, so the widened copies follow each update and gather.
+  void need_weights(int64_t begin, int64_t end);
+  void widen_small(int64_t begin, int64_t end);  // small32_ ← the small parameters of [begin, end)
+  Tensor f32_or_gemm_view(int i) const;          // a layer view: the bf16 GEMM weight or the f32 copy
+  // Per-layer views of `flat` (the parameters or gradients), parameter i through view(i), the
+  // fused q|k|v projection as one window of `flat`.
+  std::vector<LayerParams> layer_views(const Tensor& flat, const std::function<Tensor(int)>& view) const;
+  void make_gemm_weights();
+  void clear_gemm_weights();
   // Layer l's dense-projection GEMM operands: weights and saved inputs, f32 or their bf16 copies.
   struct DenseGemms {
     Tensor w_qkv, w_o, w_down, fc1w, fc2w, outw;

@@ -62,15 +62,4 @@ void from_bf16_wire(const Tensor& dst, const Tensor& src, float scale) {
   on.no_kernel();
 }
 
-void round_to_bf16(const Tensor& x) {
-  constexpr std::string_view op = "round_to_bf16";
-  const OpDevice on(op, {{"x", x}});
-  check::f32(op, "x", x);
-  if (on.cpu()) return cpu::round_to_bf16(x);
-#if defined(ZAYA_HAVE_CUDA)
-  if (on.cuda()) return cuda::round_to_bf16(x);
-#endif
-  on.no_kernel();
-}
-
 }  // namespace zaya::ops

@@ -1,7 +1,6 @@
-// The representations data parallelism moves between ranks: the gradient's order-independent fp64
-// sum (parallel.grad_reduce = "f64") and bf16 wire format (parallel.grad_reduce = "bf16"), and the
-// bf16 weights of mixed precision (train.param_dtype = "bf16", gathered in bf16 without loss).
-// train/grad_sync.h and train/master_weights.h say when each is used.
+// The representations data parallelism moves gradients in between ranks: the order-independent
+// fp64 sum (parallel.grad_reduce = "f64") and the bf16 wire format (parallel.grad_reduce = "bf16").
+// train/grad_sync.h says when each is used.
 #pragma once
 
 #include "zaya/core/tensor.h"
@@ -17,8 +16,5 @@ void narrow_scaled(const Tensor& g, const Tensor& wide, double scale);
 // dst (bf16) = src (f32) rounded to nearest even; and back, with an f32 scale: dst = src · scale.
 void to_bf16_wire(const Tensor& dst, const Tensor& src);
 void from_bf16_wire(const Tensor& dst, const Tensor& src, float scale);
-// x = f32(bf16(x)) in place (round to nearest even, NaN kept quiet): f32 storage holding bf16
-// values, which then convert to bf16 and back exactly.
-void round_to_bf16(const Tensor& x);
 
 }  // namespace zaya::ops

@@ -30,6 +30,10 @@ Optimizer::Optimizer(const OptimizerConfig& config, const ParamTable& table, Sha
   if (range_.end < 0) range_.end = P;
   ZAYA_CHECK(0 <= range_.begin && range_.begin <= range_.end && range_.end <= P, "Optimizer: shard range [",
              range_.begin, ", ", range_.end, ") is not inside the ", P, "-element parameter buffer");
+  ZAYA_CHECK(table_.params_begin <= range_.begin && range_.end <= table_.params_begin + table_.params.numel(),
+             "Optimizer: the parameters it updates, flat elements [", table_.params_begin, ", ",
+             table_.params_begin + table_.params.numel(), "), do not hold its shard range [", range_.begin, ", ",
+             range_.end, ")");
   const std::vector<model::ParamSpec>& specs = table_.specs;
   int64_t n_adamw = 0, scratch = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -161,7 +165,7 @@ StepStats Optimizer::step(double lr) {
       const bool all = o.whole;
       const Shape n{o.last - o.first};
       const int64_t at = table_.offsets[i] + o.first;
-      ops::adamw_update(all ? table_.param(i) : table_.params.window(at, n),
+      ops::adamw_update(all ? table_.param(i) : table_.param_window(at, n),
                         m, adam_v_.window(v_offset_[i], all ? table_.specs[i].shape : n),
                         all ? table_.grad(i) : table_.grads.window(at, n), ah, step_);
     } else if (!side_by_side) {
@@ -171,7 +175,8 @@ StepStats Optimizer::step(double lr) {
       } else {  // the owned matrices of an expert stack, one by one
         for (const MuonItem& it : muon_items_)
           if (static_cast<size_t>(it.param) == i)
-            muon_update_stack(table_.param(i).select(it.matrix), table_.grad(i).select(it.matrix),
+            muon_update_stack(table_.param_window(table_.offsets[i] + it.matrix * g.rows * g.cols, Shape{g.rows, g.cols}),
+                              table_.grad(i).select(it.matrix),
                               moment1_.window(table_.offsets[i] - range_.begin + it.matrix * g.rows * g.cols,
                                               Shape{g.rows, g.cols}),
                               scratch_, mh);
@@ -213,12 +218,12 @@ void Optimizer::muon_matrices_side_by_side(MuonHyper mh, int threads) {
       const Shape& shape = table_.specs[i].shape;
       MuonHyper h = mh;
       h.weight_decay = g.weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
-      Tensor p = table_.param(i), gr = table_.grad(i);
-      // The momentum of this matrix alone: a shard may own only some of an expert stack's matrices.
+      // This matrix alone: a shard may own only some of an expert stack's matrices.
       const int64_t per = g.rows * g.cols;
-      Tensor m = moment1_.window(table_.offsets[i] + it.matrix * per - range_.begin,
-                                 shape.ndim() == 3 ? Shape{g.rows, g.cols} : shape);
-      if (shape.ndim() == 3) p = p.select(it.matrix), gr = gr.select(it.matrix);
+      const Shape one = shape.ndim() == 3 ? Shape{g.rows, g.cols} : shape;
+      Tensor p = table_.param_window(table_.offsets[i] + it.matrix * per, one), gr = table_.grad(i);
+      Tensor m = moment1_.window(table_.offsets[i] + it.matrix * per - range_.begin, one);
+      if (shape.ndim() == 3) gr = gr.select(it.matrix);
       muon_update_on_this_thread(p, gr, m, scratch, h);
     }
   }

@@ -18,13 +18,16 @@ void ParamTable::validate(const char* who) const {
   ZAYA_CHECK(params.defined() && grads.defined(), who, ": parameter table without parameter or gradient buffer");
   ZAYA_CHECK(params.dtype() == DType::f32 && grads.dtype() == DType::f32, who,
              ": parameter table buffers must be f32, found ", params.str(), " and ", grads.str());
-  ZAYA_CHECK(params.numel() == grads.numel() && params.device() == grads.device(), who, ": parameters ",
-             params.str(), " and gradients ", grads.str(), " differ in size or device");
+  ZAYA_CHECK(params.device() == grads.device(), who, ": parameters ", params.str(), " and gradients ", grads.str(),
+             " are on different devices");
+  ZAYA_CHECK(params_begin >= 0 && params_begin + params.numel() <= grads.numel(), who, ": parameters ",
+             params.str(), " from flat element ", params_begin, " run past the ", grads.numel(),
+             "-element gradient buffer");
   int64_t end = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
-    ZAYA_CHECK(offsets[i] >= end && offsets[i] + specs[i].shape.numel() <= params.numel(), who, ": parameter '",
+    ZAYA_CHECK(offsets[i] >= end && offsets[i] + specs[i].shape.numel() <= grads.numel(), who, ": parameter '",
                specs[i].name, "' at offset ", offsets[i], " overlaps the one before it or runs past the ",
-               params.numel(), "-element buffer");
+               grads.numel(), "-element buffer");
     end = offsets[i] + specs[i].shape.numel();
   }
 }

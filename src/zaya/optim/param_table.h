@@ -17,19 +17,25 @@ namespace zaya::optim {
 
 struct ParamTable {
   std::vector<model::ParamSpec> specs;
-  std::vector<int64_t> offsets;  // element offset of each parameter in `params` and `grads`
-  Tensor params;                 // flat f32 [P]
-  Tensor grads;                  // flat f32 [P], the same layout
+  std::vector<int64_t> offsets;  // element offset of each parameter in the flat layout
+  Tensor grads;                  // flat f32 [P]
+  // The f32 values the optimizer updates: the whole flat layout [P] (params_begin 0), or, with
+  // bf16 weights, the fp32 master weights of one shard's range only, params[0] being flat element
+  // params_begin (train/master_weights.h). An optimizer reads only the elements it owns.
+  Tensor params;
+  int64_t params_begin = 0;
   Tensor balancing_biases;       // [L, E+1] f32 (not trained by the loss), or undefined
 
-  int64_t numel() const { return params.numel(); }
-  Tensor param(size_t i) const { return params.window(offsets[i], specs[i].shape); }
+  int64_t numel() const { return grads.numel(); }
+  // `shape`'s elements from flat element `at` of the parameters (inside `params`).
+  Tensor param_window(int64_t at, const Shape& shape) const { return params.window(at - params_begin, shape); }
+  Tensor param(size_t i) const { return param_window(offsets[i], specs[i].shape); }
   Tensor grad(size_t i) const { return grads.window(offsets[i], specs[i].shape); }
 
-  // The table of a ZayaModel: views of its live buffers.
+  // The table of a ZayaModel: views of its live buffers (its weights must be f32).
   static ParamTable of(const model::ZayaModel& m);
   // Throws naming the first inconsistency (offsets out of order or past the buffers, a dtype or a
-  // size mismatch between params and grads).
+  // size mismatch between params and grads, params not inside the layout).
   void validate(const char* who) const;
 };
 

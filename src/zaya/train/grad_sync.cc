@@ -40,18 +40,16 @@ const char* grad_reduce_name(GradReduce r) {
 
 GradientSync::GradientSync(dist::Communicator& dp, const optim::ShardPlan& plan, const Tensor& params,
                            const Tensor& grads, std::vector<std::pair<int64_t, int64_t>> ready_order,
-                           GradReduce mode, int64_t bucket_elements, DType param_wire)
-    : dp_(dp), plan_(plan), params_(params), grads_(grads), mode_(mode), order_(std::move(ready_order)),
-      param_wire_(param_wire) {
+                           GradReduce mode, int64_t bucket_elements)
+    : dp_(dp), plan_(plan), params_(params), grads_(grads), mode_(mode), order_(std::move(ready_order)) {
   const int64_t P = grads_.numel();
-  ZAYA_CHECK(params_.dtype() == DType::f32 && grads_.dtype() == DType::f32 && params_.numel() == P,
-             "GradientSync: parameters ", params_.str(), " and gradients ", grads_.str(),
-             " must be flat f32 buffers of one size");
+  ZAYA_CHECK((params_.dtype() == DType::f32 || params_.dtype() == DType::bf16) && grads_.dtype() == DType::f32 &&
+                 params_.numel() == P && params_.ndim() == 1 && grads_.ndim() == 1,
+             "GradientSync: parameters ", params_.str(), " (f32 or bf16) and gradients ", grads_.str(),
+             " (f32) must be flat buffers of one size");
   ZAYA_CHECK(static_cast<int>(plan_.ranks.size()) == dp_.size() && plan_.numel == P, "GradientSync: a plan for ",
              plan_.ranks.size(), " ranks over ", plan_.numel, " elements, but ", dp_.size(), " ranks over ", P);
   ZAYA_CHECK(bucket_elements > 0, "GradientSync: bucket size must be positive, found ", bucket_elements);
-  ZAYA_CHECK(param_wire_ == DType::f32 || param_wire_ == DType::bf16, "GradientSync: parameters travel in f32 or bf16, not ",
-             dtype_name(param_wire_));
   // The reports must tile the buffer, or some gradient would never be reduced.
   std::vector<std::pair<int64_t, int64_t>> sorted = order_;
   std::sort(sorted.begin(), sorted.end());
@@ -64,7 +62,7 @@ GradientSync::GradientSync(dist::Communicator& dp, const optim::ShardPlan& plan,
   ZAYA_CHECK(at == P, "GradientSync: the model's gradient reports end at ", at, ", its buffer at ", P);
   buckets_ = dist::plan_buckets(order_, bucket_elements);
   if (mode_ == GradReduce::f64) wide_ = Tensor::zeros(Shape{P}, DType::f64, grads_.device());
-  if (mode_ == GradReduce::bf16 || param_wire_ == DType::bf16)
+  if (mode_ == GradReduce::bf16)
     wire_ = Tensor::zeros(Shape{P}, DType::bf16, grads_.device());
 }
 
@@ -202,24 +200,17 @@ void GradientSync::start_param_gather() {
   next_gather_wait_ = 0;
   gather_waited_s_ = 0;
   gather_issued_ = Clock::now();
-  const optim::RankShare& mine = plan_.ranks[static_cast<size_t>(dp_.rank())];
-  const Tensor& buf = param_wire_ == DType::bf16 ? wire_ : params_;
-  const size_t es = dtype_size(param_wire_);
+  const size_t es = dtype_size(params_.dtype());
   for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
     const dist::Bucket& b = *it;
     const std::vector<size_t> counts = counts_of(b.begin, b.end);
     size_t before = 0;
     for (int r = 0; r < dp_.rank(); ++r) before += counts[static_cast<size_t>(r)];
-    const int64_t own = static_cast<int64_t>(counts[static_cast<size_t>(dp_.rank())]);
-    if (param_wire_ == DType::bf16 && own > 0) {
-      const int64_t at = std::max(b.begin, mine.begin);
-      ops::to_bf16_wire(wire_.window(at, Shape{own}), params_.window(at, Shape{own}));
-    }
     // In place: this rank's block of the bucket is its own updated elements.
-    std::byte* base = static_cast<std::byte*>(buf.raw()) + static_cast<size_t>(b.begin) * es;
+    std::byte* base = static_cast<std::byte*>(params_.raw()) + static_cast<size_t>(b.begin) * es;
     InFlight f;
     f.issued = gather_issued_;
-    f.work = dp_.start_all_gather_v(base + before * es, base, counts, param_wire_);
+    f.work = dp_.start_all_gather_v(base + before * es, base, counts, params_.dtype());
     gathers_.push_back(std::move(f));
   }
 }
@@ -230,17 +221,6 @@ void GradientSync::wait_gather(size_t g) {
     f.work.wait();
     f.complete = true;
     f.done = Clock::now();
-  }
-  if (param_wire_ == DType::bf16) {
-    // The other ranks' elements only: this rank's own are already these values, and a deferred
-    // checkpoint snapshot may be reading them.
-    const dist::Bucket& b = buckets_[buckets_.size() - 1 - g];
-    const optim::RankShare& mine = plan_.ranks[static_cast<size_t>(dp_.rank())];
-    const auto expand = [&](int64_t lo, int64_t hi) {
-      if (hi > lo) ops::from_bf16_wire(params_.window(lo, Shape{hi - lo}), wire_.window(lo, Shape{hi - lo}), 1.0f);
-    };
-    expand(b.begin, std::min(b.end, mine.begin));
-    expand(std::max(b.begin, mine.end), b.end);
   }
   if (g + 1 == gathers_.size()) {
     Clock::time_point last = gather_issued_;
@@ -284,7 +264,7 @@ std::string GradientSync::plan_str() const {
                 "gradient buckets: %zu over %lld elements (largest %.2f MiB of f32), reduced in %s, parameters "
                 "gathered in %s; %.2f MiB sent per rank per step (reduce-scatter + all-gather)",
                 buckets_.size(), static_cast<long long>(grads_.numel()), static_cast<double>(largest) * 4 / 1048576.0,
-                grad_reduce_name(mode_), param_wire_ == DType::bf16 ? "bf16" : "f32", bytes_per_step() / 1048576.0);
+                grad_reduce_name(mode_), std::string(dtype_name(params_.dtype())).c_str(), bytes_per_step() / 1048576.0);
   return line;
 }
 
@@ -295,7 +275,7 @@ int64_t GradientSync::buffer_bytes() const {
 
 double GradientSync::bytes_per_step() const {
   const double N = static_cast<double>(dp_.size()), P = static_cast<double>(grads_.numel());
-  return (N - 1) / N * P * static_cast<double>(dtype_size(wire_dtype(mode_)) + dtype_size(param_wire_));
+  return (N - 1) / N * P * static_cast<double>(dtype_size(wire_dtype(mode_)) + dtype_size(params_.dtype()));
 }
 
 }  // namespace zaya::train

@@ -16,8 +16,8 @@
 // prefetching settle_params() waits for every bucket right away. Either way the values are the
 // same: prefetching moves only when the step waits.
 //
-// The parameters travel in f32, or in bf16 when they are bf16 values (train.param_dtype = "bf16",
-// train/master_weights.h): half the bytes, and exact.
+// The parameters travel as the model stores them, in place: f32, or bf16 (train.param_dtype =
+// "bf16", train/master_weights.h: half the bytes).
 //
 // What travels (GradReduce):
 //   f32  the model's f32 gradient buffer, summed over micro-batches in f32, reduced in f32.
@@ -64,13 +64,11 @@ struct SyncTimes {
 
 class GradientSync {
  public:
-  // `dp` is the data-parallel communicator (its size is the plan's rank count); params and grads
-  // the model's flat f32 buffers; `ready_order` the model's report order, which must tile the
-  // buffers exactly.
-  // `param_wire`: f32, or bf16 when every parameter is a bf16 value (the gather is then exact).
+  // `dp` is the data-parallel communicator (its size is the plan's rank count); params (f32 or
+  // bf16) and grads (f32) the model's flat buffers; `ready_order` the model's report order, which
+  // must tile the buffers exactly.
   GradientSync(dist::Communicator& dp, const optim::ShardPlan& plan, const Tensor& params, const Tensor& grads,
-               std::vector<std::pair<int64_t, int64_t>> ready_order, GradReduce mode, int64_t bucket_elements,
-               DType param_wire = DType::f32);
+               std::vector<std::pair<int64_t, int64_t>> ready_order, GradReduce mode, int64_t bucket_elements);
 
   // The callback for the backward of one micro-batch (`last`: the step's last one). Bucket
   // reductions start from inside it.
@@ -93,7 +91,7 @@ class GradientSync {
   GradReduce mode() const { return mode_; }
   // The bucket plan for the start-up summary: count, sizes, wire dtype, bytes per step.
   std::string plan_str() const;
-  // Extra memory this sync holds (the fp64 accumulator or the bf16 wire buffer), bytes.
+  // Extra memory this sync holds (the fp64 accumulator or the bf16 gradient wire), bytes.
   int64_t buffer_bytes() const;
   // Bytes one rank sends per step in theory: reduce-scatter and all-gather each move (N−1)/N of
   // the buffer in their wires' element sizes.
@@ -113,8 +111,7 @@ class GradientSync {
   std::vector<std::pair<int64_t, int64_t>> order_;
   std::vector<dist::Bucket> buckets_;
   Tensor wide_;  // f64 [P] (f64 mode)
-  Tensor wire_;  // bf16 [P]: the bf16 gradient wire and the bf16 parameter wire (never at once)
-  DType param_wire_ = DType::f32;
+  Tensor wire_;  // bf16 [P]: the bf16 gradient wire
   size_t next_report_ = 0;
   size_t next_bucket_ = 0;
   struct InFlight {

@@ -1,33 +1,46 @@
 #include "zaya/train/master_weights.h"
 
 #include "zaya/core/error.h"
-#include "zaya/ops/grad_wire.h"
+#include "zaya/ops/dense.h"
 
 namespace zaya::train {
 
-MasterWeights::MasterWeights(const Tensor& params, optim::ShardRange range) : params_(params), range_(range) {
-  ZAYA_CHECK(params_.dtype() == DType::f32 && params_.ndim() == 1, "MasterWeights: the parameters ",
-             params_.str(), " must be one flat f32 buffer");
-  if (range_.end < 0) range_.end = params_.numel();
-  ZAYA_CHECK(0 <= range_.begin && range_.begin <= range_.end && range_.end <= params_.numel(),
-             "MasterWeights: the range [", range_.begin, ", ", range_.end, ") is outside the ", params_.numel(),
-             " parameters");
-  master_ = Tensor::zeros(Shape{range_.end - range_.begin}, DType::f32, params_.device());
+MasterWeights::MasterWeights(model::ZayaModel& model, optim::ShardRange range) : model_(model), range_(range) {
+  const int64_t P = model_.grads_flat().numel();
+  ZAYA_CHECK(model_.weight_dtype() == DType::f32, "MasterWeights: the model's weights must still be f32 (the "
+             "masters are taken from them)");
+  if (range_.end < 0) range_.end = P;
+  ZAYA_CHECK(0 <= range_.begin && range_.begin <= range_.end && range_.end <= P, "MasterWeights: the range [",
+             range_.begin, ", ", range_.end, ") is outside the ", P, " parameters");
+  // A rank that owns every element keeps the model's f32 buffer itself as its masters: when the
+  // model moves to bf16 storage that buffer stays, and no second f32 copy is ever allocated.
+  if (range_.begin == 0 && range_.end == P)
+    master_ = model_.params_flat();
+  else
+    master_ = Tensor::zeros(Shape{range_.end - range_.begin}, DType::f32, model_.device());
 }
 
-Tensor MasterWeights::owned() const { return params_.window(range_.begin, Shape{range_.end - range_.begin}); }
+optim::ParamTable MasterWeights::table() const {
+  optim::ParamTable t;
+  t.specs = model_.specs();
+  for (size_t i = 0; i < t.specs.size(); ++i) t.offsets.push_back(model_.param_offset(static_cast<int>(i)));
+  t.params = master_;
+  t.params_begin = range_.begin;
+  t.grads = model_.grads_flat();
+  t.balancing_biases = model_.balancing_biases();
+  return t;
+}
 
 void MasterWeights::adopt() {
-  master_.copy_from(owned());
-  ops::round_to_bf16(params_);
+  ZAYA_CHECK(model_.weight_dtype() == DType::f32, "MasterWeights::adopt: the model's weights are bf16 already");
+  if (!master_.shares_storage_with(model_.params_flat()))
+    master_.copy_from(model_.params_flat().window(range_.begin, Shape{range_.end - range_.begin}));
+  model_.store_weights_bf16();
 }
 
-void MasterWeights::before_update() { owned().copy_from(master_); }
-
 void MasterWeights::after_update() {
-  const Tensor mine = owned();
-  master_.copy_from(mine);
-  ops::round_to_bf16(mine);
+  if (range_.end > range_.begin)
+    ops::cast_to_bf16(model_.params_flat().window(range_.begin, Shape{range_.end - range_.begin}), master_);
 }
 
 }  // namespace zaya::train

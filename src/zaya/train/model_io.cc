@@ -10,6 +10,8 @@ namespace zaya::train {
 namespace fs = std::filesystem;
 
 std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m) {
+  ZAYA_CHECK(m.weight_dtype() == DType::f32,
+             "weight_items: the model's weights are stored in bf16; a checkpoint stores the fp32 master weights");
   std::vector<ckpt::SaveItem> items;
   for (auto& [name, t] : m.weights()) items.push_back({name, t, {}, {}});
   return items;
@@ -19,6 +21,9 @@ std::vector<ckpt::SaveItem> weight_items(const model::ZayaModel& m, optim::Shard
                                          const Tensor& values) {
   const int64_t P = m.params_flat().numel();
   if (range.end < 0) range.end = P;
+  ZAYA_CHECK(values.defined() || m.weight_dtype() == DType::f32,
+             "weight_items: the model's weights are stored in bf16; a checkpoint stores the fp32 master weights, "
+             "pass them as the values");
   if (values.defined())
     ZAYA_CHECK(values.dtype() == DType::f32 && values.numel() == range.end - range.begin, "weight_items: values ",
                values.str(), " for the range [", range.begin, ", ", range.end, ")");
@@ -46,6 +51,9 @@ void load_weights(const ckpt::Checkpoint& c, model::ZayaModel& m) {
   // The checksums say the bytes are the ones written; the finiteness check says they are usable
   // (a checkpoint written from non-finite weights verifies but cannot train or evaluate).
   const std::string where = (c.dir() / "manifest.json").string();
+  ZAYA_CHECK(m.weight_dtype() == DType::f32, where,
+             ": the model's weights are stored in bf16; checkpoints load into f32 weights (before "
+             "ZayaModel::store_weights_bf16)");
   for (const auto& [name, t] : m.weights()) {
     c.load(name, t);
     ckpt::require_finite(t, name, where);

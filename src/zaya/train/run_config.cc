@@ -94,6 +94,11 @@ TrainConfig read_train(ConfigReader& r) {
        "\"" + t.gemm_dtype + "\"");
   need(t.param_dtype == "f32" || t.param_dtype == "bf16", r.file(), "train.param_dtype", "\"f32\" or \"bf16\"",
        "\"" + t.param_dtype + "\"");
+  // The weight GEMMs read the stored bf16 weights as they are.
+  need(t.param_dtype == "f32" || t.gemm_dtype == "bf16", r.file(), "train.gemm_dtype",
+       "\"bf16\" with train.param_dtype = \"bf16\" (bf16 weights are stored in bf16 and the GEMMs read them "
+       "as they are)",
+       "\"" + t.gemm_dtype + "\"");
   return t;
 }
 

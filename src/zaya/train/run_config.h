@@ -43,10 +43,10 @@ struct TrainConfig {
   // "f32", or "bf16" (bf16 copies of their inputs, f32 accumulation; everything else stays f32:
   // docs/model.md, "bf16 GEMMs").
   std::string gemm_dtype = "f32";
-  // The weights the model computes with: "f32", or "bf16" (mixed precision as ZAYA1 trained: the
-  // model's weights are rounded to bf16 after every update while the optimizer keeps fp32 master
-  // weights, sharded under ZeRO-1; the parameter all-gather then moves bf16, exactly.
-  // train/master_weights.h, docs/train.md "Precision").
+  // The weights the model stores and computes with: "f32", or "bf16" (mixed precision as ZAYA1
+  // trained: bf16 weights, rounded from fp32 master weights after every update, the masters
+  // sharded under ZeRO-1 with the optimizer state; the parameter all-gather then moves bf16.
+  // Needs gemm_dtype "bf16". train/master_weights.h, docs/train.md "Precision").
   std::string param_dtype = "f32";
   // Activation recomputation (ZayaModel::set_recompute): keep only each layer's input and re-run
   // its forward in the backward, for about one layer's saved activations instead of all of them

@@ -45,11 +45,12 @@ void Trainer::print_summary() const {
     log_info(sync_->plan_str());
   }
   if (sync_)
-    log_info("parameter all-gather: ", master_ ? "bf16 (the weights are bf16 values: exact)" : "f32", ", ",
+    log_info("parameter all-gather: ", master_ ? "bf16 (the weights as stored)" : "f32", ", ",
              cfg_.parallel.overlap_param_gather ? "prefetched under the next forward, bucket by bucket"
                                                 : "waited for after each update");
-  log_info("memory per rank", model_->device() == Device::cpu ? "" : " (on the GPU)", ": weights ", human_bytes(4 * P),
-           master_ ? str(" (bf16 values in f32 storage) + fp32 master weights ",
+  log_info("memory per rank", model_->device() == Device::cpu ? "" : " (on the GPU)", ": weights ",
+           human_bytes(static_cast<double>(model_->params_flat().nbytes())),
+           master_ ? str(" (bf16) + fp32 master weights ",
                          human_bytes(static_cast<double>(master_->bytes())),
                          comm_->size() > 1 ? " (this rank's shard)" : "")
                    : std::string(" (f32)"),

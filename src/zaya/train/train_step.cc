@@ -95,7 +95,6 @@ StepResult TrainStep::run(data::DataLoader& data, int64_t micro_batches, double 
 
   r.time.checkpoint_fence = fence ? fence() : 0.0;
   const auto t_opt = Clock::now();
-  if (master_) master_->before_update();
   r.update = optimizer_.step(lr);
   if (master_) master_->after_update();
   if (sync_) {

@@ -41,7 +41,7 @@ class TrainStep {
   // context parallel over the cp ranks of its dp group. `sync` (required when comm has more than
   // one rank) reduces the gradients and gathers the updated parameters; without it the step's
   // gradients are this rank's alone. `master` (train.param_dtype = "bf16"): the fp32 master weights
-  // of this rank's range, swapped in around the update. `prefetch_gather`: the parameter all-gather
+  // of this rank's range, which `optimizer` updates; the bf16 weights are rounded from them after it. `prefetch_gather`: the parameter all-gather
   // after the update is left running for the next forward to wait on (the model's ParamNeedFn must
   // then call sync->need_params); otherwise the step waits for it.
   TrainStep(model::ZayaModel& model, optim::Optimizer& optimizer, dist::Communicator& comm,

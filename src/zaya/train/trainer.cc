@@ -199,24 +199,11 @@ void Trainer::set_up() {
   model_->set_recompute(t.recompute);
   const optim::ParamTable table = optim::ParamTable::of(*model_);
   plan_ = optim::plan_shards(table, cfg_.optim, zero().size());
-  optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, table, plan_.range(zero().rank()));
-  if (t.param_dtype == "bf16")
-    master_ = std::make_unique<MasterWeights>(model_->params_flat(), plan_.range(zero().rank()));
-  const GradReduce reduce = parse_grad_reduce(cfg_.parallel.grad_reduce, "parallel.grad_reduce");
-  if (zero().size() > 1 || reduce == GradReduce::f64) {
-    const auto bucket = static_cast<int64_t>(cfg_.parallel.bucket_mb * 1048576.0 / 4);
-    sync_ = std::make_unique<GradientSync>(zero_device(), plan_, model_->params_flat(), model_->grads_flat(),
-                                           model_->ready_order(), reduce, std::max<int64_t>(bucket, 1),
-                                           master_ ? DType::bf16 : DType::f32);
-    if (cfg_.parallel.overlap_param_gather)
-      model_->set_param_need([s = sync_.get()](int64_t begin, int64_t end) { s->need_params(begin, end); });
-    // The clipping norm over every shard. In the f64 mode its square is rounded to f32, so that
-    // the order in which the ranks' parts were summed does not reach the update.
-    optimizer_->set_sum_across_ranks([this, reduce](double x) {
-      double sum = 0;
-      zero().all_reduce(&x, &sum, 1, DType::f64);
-      return reduce == GradReduce::f64 ? static_cast<double>(static_cast<float>(sum)) : sum;
-    });
+  if (t.param_dtype == "bf16") {  // the optimizer updates this rank's fp32 master weights
+    master_ = std::make_unique<MasterWeights>(*model_, plan_.range(zero().rank()));
+    optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, master_->table(), plan_.range(zero().rank()));
+  } else {
+    optimizer_ = std::make_unique<optim::Optimizer>(cfg_.optim, table, plan_.range(zero().rank()));
   }
 
   ckpt::WriterOptions w;
@@ -265,6 +252,22 @@ void Trainer::set_up() {
   }
   if (cfg_.has_recipe() && phase_ < 0) enter_phase(0, nullptr);  // a resumed run entered its phase
   if (master_) master_->adopt();  // the full-precision values just set become the master weights
+  const GradReduce reduce = parse_grad_reduce(cfg_.parallel.grad_reduce, "parallel.grad_reduce");
+  if (zero().size() > 1 || reduce == GradReduce::f64) {
+    // On the weights as stored from here on (bf16 ones travel in bf16).
+    const auto bucket = static_cast<int64_t>(cfg_.parallel.bucket_mb * 1048576.0 / 4);
+    sync_ = std::make_unique<GradientSync>(zero_device(), plan_, model_->params_flat(), model_->grads_flat(),
+                                           model_->ready_order(), reduce, std::max<int64_t>(bucket, 1));
+    if (cfg_.parallel.overlap_param_gather)
+      model_->set_param_need([s = sync_.get()](int64_t begin, int64_t end) { s->need_params(begin, end); });
+    // The clipping norm over every shard. In the f64 mode its square is rounded to f32, so that
+    // the order in which the ranks' parts were summed does not reach the update.
+    optimizer_->set_sum_across_ranks([this, reduce](double x) {
+      double sum = 0;
+      zero().all_reduce(&x, &sum, 1, DType::f64);
+      return reduce == GradReduce::f64 ? static_cast<double>(static_cast<float>(sum)) : sum;
+    });
+  }
 }
 
 // One trainer per run directory: the lock comes before anything reads or writes out_dir, so a

@@ -42,11 +42,4 @@ void from_bf16_wire(const Tensor& dst, const Tensor& src, float scale) {
   for (int64_t i = 0; i < n; ++i) d[i] = to_float(s[i]) * scale;
 }
 
-void round_to_bf16(const Tensor& x) {
-  float* p = x.data<float>();
-  const int64_t n = x.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) p[i] = to_float(to_bf16(p[i]));
-}
-
 }  // namespace zaya::ops::cpu

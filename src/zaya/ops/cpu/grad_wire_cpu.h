@@ -9,6 +9,5 @@ void accumulate_wide(const Tensor& wide, const Tensor& g);
 void narrow_scaled(const Tensor& g, const Tensor& wide, double scale);
 void to_bf16_wire(const Tensor& dst, const Tensor& src);
 void from_bf16_wire(const Tensor& dst, const Tensor& src, float scale);
-void round_to_bf16(const Tensor& x);
 
 }  // namespace zaya::ops::cpu

@@ -33,10 +33,6 @@ __global__ void from_bf16_kernel(float* d, const bf16* s, int64_t n, float scale
   GRID_STRIDE(i, n) d[i] = to_float(s[i]) * scale;
 }
 
-__global__ void round_to_bf16_kernel(float* x, int64_t n) {
-  GRID_STRIDE(i, n) x[i] = to_float(to_bf16(x[i]));
-}
-
 }  // namespace
 
 void accumulate_wide(const Tensor& wide, const Tensor& g) {
@@ -72,15 +68,6 @@ void from_bf16_wire(const Tensor& dst, const Tensor& src, float scale) {
   const int64_t n = src.numel();
   if (n == 0) return;
   from_bf16_kernel<<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(dst.data<float>(), src.data<bf16>(), n, scale);
-  check_launch(op);
-}
-
-void round_to_bf16(const Tensor& x) {
-  constexpr std::string_view op = "round_to_bf16";
-  auto& ctx = context_for(op);
-  const int64_t n = x.numel();
-  if (n == 0) return;
-  round_to_bf16_kernel<<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(x.data<float>(), n);
   check_launch(op);
 }
 
