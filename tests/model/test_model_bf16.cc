@@ -195,7 +195,11 @@ TEST(ModelBf16, DenseProjectionsRunOnBf16Copies) {
   EXPECT_TRUE(same(t.z, linear(t.u16, p.w_qkv.slice(0, C), Tensor{})));
   EXPECT_TRUE(same(t.att16, b16(t.att)));
   EXPECT_TRUE(same(t.o, linear(t.att16, p.w_o, Tensor{})));
-  EXPECT_TRUE(same(t.w16, b16(t.w)));
+  // w's f32 field is staging in this mode (shared by the layers: the last layer's forward wrote
+  // it), so layer 0's w16 is checked against its RMSNorm_post(x_mid) made again.
+  Tensor w = Tensor::empty(t.x_mid.shape(), DType::f32), rstd = Tensor::empty(Shape{N}, DType::f32);
+  ops::rmsnorm_forward(w, rstd, t.x_mid, p.w_post, static_cast<float>(c.rms_norm_eps));
+  EXPECT_TRUE(same(t.w16, b16(w)));
   EXPECT_TRUE(same(t.r, linear(t.w16, p.w_down, p.b_down)));  // layer 0 has no EDA term
   EXPECT_TRUE(same(t.a1, linear(t.zr16, p.fc1w, p.fc1b)));
   EXPECT_TRUE(same(t.a2, linear(t.g1_16, p.fc2w, p.fc2b)));
@@ -203,6 +207,95 @@ TEST(ModelBf16, DenseProjectionsRunOnBf16Copies) {
   Tensor y32 = Tensor::empty(t.o.shape(), DType::f32);
   ops::linear_forward(y32, t.att, p.w_o, Tensor{});
   EXPECT_FALSE(same(t.o, y32));
+}
+
+// In the bf16 mode the f32 values that only feed their bf16 copies (w without the skip
+// passthrough, the experts' xp and act, the router's zr, g1, g2) are one buffer shared by every
+// layer. The backward must read none of them: filled with NaN between the forward and the
+// backward, the loss and every gradient stay bitwise those of the untouched step (tolerance 0; a
+// read would carry NaN into some gradient). Both with the skip passthrough, whose backward reads
+// w (kept per layer then), and without.
+TEST(ModelBf16, StagedF32ActivationsAreSharedAndReadByNoBackward) {
+  for (bool passthrough : {false, true}) {
+    SCOPED_TRACE(passthrough ? "skip passthrough" : "no skip passthrough");
+    ModelConfig c = test::small_config({4, 2, 16, 4, 3, 16, 24, 32, 64}, 64);
+    c.skip_passthrough = passthrough;
+    const int64_t B = 2, T = 12, N = B * T;
+    ZayaModel m(c, B, T);
+    test::randomize(m, 17, 2.0f);
+    std::vector<int32_t> ids(N), tg(N);
+    for (int64_t i = 0; i < N; ++i) {
+      ids[i] = static_cast<int32_t>((i * 37 + 1) % c.vocab_size);
+      tg[i] = static_cast<int32_t>((i * 11 + 3) % c.vocab_size);
+    }
+    const Tensor tid = Tensor::borrow(ids.data(), Shape{B, T}, DType::i32),
+                 ttg = Tensor::borrow(tg.data(), Shape{B, T}, DType::i32);
+    auto step = [&](bool poison) {
+      m.zero_grad();
+      Step s;
+      s.loss = m.forward(tid, ttg);
+      if (poison)
+        for (int l = 0; l < c.num_hidden_layers; ++l) {
+          const LayerActs& t = m.layer_acts(l);
+          for (Tensor x : {t.xp, t.act, t.zr, t.g1, t.g2}) x.fill_(std::nan(""));
+          if (!passthrough) Tensor(t.w).fill_(std::nan(""));
+        }
+      m.backward();
+      const float* g = m.grads_flat().data<float>();
+      s.grads.assign(g, g + m.grads_flat().numel());
+      return s;
+    };
+    // f32 mode: every layer has its own.
+    for (int l = 1; l < c.num_hidden_layers; ++l)
+      for (auto f : {&LayerActs::w, &LayerActs::xp, &LayerActs::act})
+        EXPECT_NE((m.layer_acts(l).*f).raw(), (m.layer_acts(0).*f).raw()) << "layer " << l;
+    m.set_gemm_dtype(DType::bf16);
+    for (int l = 1; l < c.num_hidden_layers; ++l) {
+      EXPECT_EQ(m.layer_acts(l).xp.raw(), m.layer_acts(0).xp.raw()) << "layer " << l;
+      EXPECT_EQ(m.layer_acts(l).act.raw(), m.layer_acts(0).act.raw()) << "layer " << l;
+      EXPECT_EQ(m.layer_acts(l).w.raw() == m.layer_acts(0).w.raw(), !passthrough) << "layer " << l;
+      EXPECT_NE(m.layer_acts(l).xp16.raw(), m.layer_acts(0).xp16.raw()) << "layer " << l;
+    }
+    const Step clean = step(false), poisoned = step(true);
+    EXPECT_EQ(std::memcmp(&clean.loss, &poisoned.loss, sizeof(double)), 0);
+    ASSERT_EQ(clean.grads.size(), poisoned.grads.size());
+    for (size_t i = 0; i < m.specs().size(); ++i) {
+      const int64_t off = m.param_offset(static_cast<int>(i)), n = m.specs()[i].shape.numel();
+      EXPECT_EQ(std::memcmp(clean.grads.data() + off, poisoned.grads.data() + off, static_cast<size_t>(n) * 4), 0)
+          << m.specs()[i].name;
+    }
+  }
+}
+
+// The bf16 mode's saved bytes per layer are the f32 mode's plus the bf16 copies of the GEMM inputs
+// (u, att, w, zr, g1, g2, xp, act) less the f32 values kept only as staging for them (zr, g1, g2,
+// xp, act, and w without the skip passthrough), exactly, with recompute off and on (the one
+// shared set shrinks alike). The staging buffers are the model's, once: with recompute off, a
+// per-layer w (the passthrough's) costs L − 1 more [N, H] f32 blocks than the shared one; with it
+// on, none (layer 0's set is the shared one). N = 64 rows, so every block is a multiple of the
+// arena's 64-byte alignment and no padding blurs the sums.
+TEST(ModelBf16, SavedBytesPerLayerKeepOnlyTheBf16CopiesOfStagedInputs) {
+  const ModelConfig base = test::small_config({4, 2, 16, 4, 3, 16, 24, 32, 64}, 64);
+  const int64_t B = 2, T = 32, N = B * T, H = base.hidden_size, q = base.q_dim(), R = base.router_hidden_size,
+                I = base.moe_intermediate_size, L = base.num_hidden_layers;
+  for (bool recompute : {false, true}) {
+    size_t arena[2] = {};
+    for (bool passthrough : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "recompute " << recompute << ", skip passthrough " << passthrough);
+      ModelConfig c = base;
+      c.skip_passthrough = passthrough;
+      ZayaModel m(c, B, T);
+      m.set_recompute(recompute);
+      const double f32 = m.saved_bytes_per_token_per_layer() * static_cast<double>(N);
+      m.set_gemm_dtype(DType::bf16);
+      const double copies = 2.0 * static_cast<double>(N * (H + q + H + 3 * R + H + I));
+      const double staged = 4.0 * static_cast<double>(N * (3 * R + H + I + (passthrough ? 0 : H)));
+      EXPECT_EQ(m.saved_bytes_per_token_per_layer() * static_cast<double>(N), f32 + copies - staged);
+      arena[passthrough] = m.activation_bytes();
+    }
+    const size_t per_layer_w = recompute ? 0 : static_cast<size_t>((L - 1) * 4 * N * H);
+    EXPECT_EQ(arena[1] - arena[0], per_layer_w) << "recompute " << recompute;
+  }
 }
 
 }  // namespace

@@ -67,11 +67,15 @@ struct LayerActs {
   int64_t M = 0;                  // routed tokens
   Tensor xp, gu, act, y;          // experts: gathered input, [g; v], SiLU(g)⊙v, output (permuted)
   Tensor m;                       // MoE output (RS_mlp's h)
-  Tensor xp16, act16;             // bf16 GEMM path: bf16 copies of xp and act (the GEMM inputs)
+  // bf16 GEMM path: bf16 copies of xp and act (the GEMM inputs). The experts' backward reads these
+  // and not xp and act, so in this mode xp and act are views of shared scratch (ScratchActs).
+  Tensor xp16, act16;
   // bf16 GEMM path: the dense projections' inputs in bf16 (their forward and weight-gradient GEMMs
-  // read these). u, att and w stay f32 besides (the cached decoder reads u, the attention's
-  // backward att, the experts' gather w); zr, g1 and g2 feed only their GEMMs, so in this mode
-  // their f32 fields are views of one shared scratch row block and only the bf16 copies are kept.
+  // read these). u and att stay f32 besides (the cached decoder reads u, the attention's backward
+  // att). w is read in f32 only in the forward (the experts' gather) unless the skip passthrough's
+  // backward reads it too, so without the passthrough its f32 field is a view of shared scratch;
+  // zr, g1 and g2 feed only their GEMMs, so their f32 fields are views of one shared scratch row
+  // block. Only the bf16 copies of those are kept per layer.
   Tensor u16, att16, w16, zr16, g1_16, g2_16;
   // Context parallelism: each chunk's halo, the two positions before it [B·2·2, C + nkv·hd]
   // (z's columns, then [vc | vd]; zeros before the sequence), as the conv and value shift saw it.
@@ -109,6 +113,11 @@ struct ScratchActs {
   // their f32 sources are; the router's are its own (its backward may run beside the experts').
   Tensor dout_proj16, dz16, dvcd16, dlogits16, dg2_16, dg1_16, dr16;
   Tensor router_f32;  // [N, R]: zr, g1 and g2 in f32 before their bf16 copies (bf16 path)
+  // bf16 path: the f32 values each layer's forward makes on their way to their bf16 copies and
+  // reads no more after its forward: w [N, H] (without the skip passthrough), the experts' gathered
+  // input xp [N, H] and SwiGLU output act [N, I]. One buffer each: w is the gather's source of xp,
+  // and a backend may run an expert's gather beside another's SwiGLU.
+  Tensor w_f32, xp_f32, act_f32;
   CpScratch cp;
 };
 

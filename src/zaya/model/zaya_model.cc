@@ -364,8 +364,13 @@ void ZayaModel::plan() {
     s.xs.clear();
     for (int64_t l = 0; l <= L; ++l) s.xs.push_back(a({N, H}));
     Tensor u_odd, att_odd, u16_odd, att16_odd;  // recompute: the odd layers' u and att (and bf16 copies)
-    // bf16 path: zr, g1 and g2 are f32 only on their way to their bf16 copies (model_internal.h).
+    // bf16 path: zr, g1 and g2, the experts' xp and act, and w unless the skip passthrough's
+    // backward reads it, are f32 only on their way to their bf16 copies (model_internal.h).
     s.router_f32 = b16 ? a({N, R}) : Tensor{};
+    const bool w_staged = b16 && !cfg_.skip_passthrough;
+    s.w_f32 = w_staged ? a({N, H}) : Tensor{};
+    s.xp_f32 = b16 ? a({N, H}) : Tensor{};
+    s.act_f32 = b16 ? a({N, I}) : Tensor{};
     for (int64_t l = 0; l < L; ++l) {
       LayerActs& t = acts_[l];
       if (recompute_ && l > 0) {
@@ -394,7 +399,7 @@ void ZayaModel::plan() {
       t.att = a({N, q});
       t.lse = cp_ ? a({2 * B_, nq, T_ / 2}) : a({B_, nq, T_});  // cp: one [nq, c] block per chunk
       t.o = a({N, H}); t.x_mid = a({N, H});
-      t.rstd_post = a({N}); t.w = a({N, H});
+      t.rstd_post = a({N}); t.w = w_staged ? s.w_f32 : a({N, H});
       t.r = a({N, R}); t.rstd_r = a({N});
       t.a1 = a({N, R}); t.a2 = a({N, R});
       if (b16) {
@@ -407,7 +412,8 @@ void ZayaModel::plan() {
       t.probs = a({N, E + 1}); t.choice = a({N}, DType::i32); t.weight = a({N});
       t.counts = a({E}, DType::i32); t.offsets = a({E + 1}, DType::i32);
       t.pos = a({N}, DType::i32); t.src = a({N}, DType::i32);
-      t.xp = a({N, H}); t.gu = a({N, 2 * I}); t.act = a({N, I}); t.y = a({N, H}); t.m = a({N, H});
+      t.xp = b16 ? s.xp_f32 : a({N, H}); t.gu = a({N, 2 * I}); t.act = b16 ? s.act_f32 : a({N, I});
+      t.y = a({N, H}); t.m = a({N, H});
       if (b16) { t.xp16 = a({N, H}, DType::bf16); t.act16 = a({N, I}, DType::bf16); }
       if (cp_) t.halo = a({4 * B_, C + kv});
       if (l == 0) layer_bytes = counted - before;

@@ -23,6 +23,8 @@ struct ExpertWeights {
 // What the forward writes and the backward reads, each with at least M rows (the caller sizes them
 // for N): xp [., H] the gathered rows, gu [., 2I], act [., I], y [., H]. With bf16 weights, xp16
 // [., H] and act16 [., I] receive the bf16 copies of the GEMM inputs; otherwise leave them undefined.
+// With bf16 weights the backward reads xp16 and act16, never xp and act: those are the forward's
+// staging for the copies, and a caller may pass the same xp and act to every layer.
 struct ExpertActs {
   Tensor xp, gu, act, y;
   Tensor xp16, act16;
