@@ -35,6 +35,7 @@ struct BenchStepFlags {
   int64_t steps = 0, batch = 8, seq = 256;
   bool gemm_shapes = false, sections = false, paced = false, recompute = false, optimizer = false;
   std::string param_dtype = "f32";
+  std::string activation_dtype = "f32";
 };
 
 // --optimizer: the update a training step ends with, as TrainStep runs it on one rank (the
@@ -141,9 +142,10 @@ void run_bench(model::ZayaModel& m, int64_t steps, bool gemm_shapes, bool sectio
   }
   ZAYA_CHECK(steps > 0, "bench step --paced: input ended before the first timed step");
   const double n = static_cast<double>(steps), step = (fwd + bwd + opt) / n;
-  std::printf("bench: batch %lld x %lld tokens, %lld steps, gemm %s, loss %.4f, recompute %s\n",
+  std::printf("bench: batch %lld x %lld tokens, %lld steps, gemm %s, loss %.4f, recompute %s, saved activations %s\n",
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(steps),
-              m.gemm_dtype() == DType::bf16 ? "bf16" : "f32", loss, m.recompute() ? "on" : "off");
+              m.gemm_dtype() == DType::bf16 ? "bf16" : "f32", loss, m.recompute() ? "on" : "off",
+              m.activation_dtype() == DType::bf16 ? "bf16" : "f32");
   std::printf("bench: forward %.2f ms, backward %.2f ms, step %.2f ms\n", 1e3 * fwd / n, 1e3 * bwd / n,
               1e3 * step);
   if (update)
@@ -265,6 +267,10 @@ void add_bench_step(CLI::App& bench, Commands& commands) {
                   "--optimizer updates; needs --gemm-dtype bf16")
       ->transform(dtype_vocabulary())
       ->capture_default_str();
+  cmd->add_option("--activation-dtype", f->activation_dtype,
+                  "f32 or bf16 saved activations (train.activation_dtype); bf16 needs --gemm-dtype bf16")
+      ->transform(dtype_vocabulary())
+      ->capture_default_str();
   cmd->add_flag("--optimizer", f->optimizer,
                 "end each step with the optimizer's update as training does (clip, Muon/AdamW of --init-config's "
                 "[optim] at optim.lr, the balancer) and time it");
@@ -289,6 +295,9 @@ void add_bench_step(CLI::App& bench, Commands& commands) {
                         optim::OptimizerConfig oc;
                         auto m = make_model(f->source, f->batch, f->seq, "bench step", f->optimizer ? &oc : nullptr);
                         apply_gemm_dtype(f->source, *m);
+                        ZAYA_CHECK(f->activation_dtype == "f32" || f->activation_dtype == "bf16",
+                                   "--activation-dtype: expected f32 or bf16, found '", f->activation_dtype, "'");
+                        if (f->activation_dtype == "bf16") m->set_activation_dtype(DType::bf16);
                         m->set_recompute(f->recompute);
                         check_sections_can_time(f->sections, *m);
                         std::unique_ptr<optim::Optimizer> optimizer;

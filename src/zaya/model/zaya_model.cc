@@ -302,6 +302,9 @@ void ZayaModel::set_gemm_dtype(DType dtype) {
   ZAYA_CHECK(dtype == DType::bf16 || params_.dtype() == DType::f32,
              "ZayaModel::set_gemm_dtype: the weights are stored in bf16 (store_weights_bf16), so the GEMMs take "
              "them in bf16");
+  ZAYA_CHECK(dtype == DType::bf16 || activation_dtype_ == DType::f32,
+             "ZayaModel::set_gemm_dtype: the saved activations are bf16 (set_activation_dtype), which needs bf16 "
+             "GEMMs");
   gemm_dtype_ = dtype;
   // Over f32 storage the bf16 weight copies are made by the first forward (a run that then stores
   // its weights in bf16 never holds them); over bf16 storage the operands are the weights.
@@ -333,6 +336,16 @@ void ZayaModel::make_gemm_weights() {
     dense16_.push_back({op(p.w_qkv), op(p.w_o), op(p.w_down), op(p.fc1w), op(p.fc2w), op(p.outw)});
   }
   emb16_ = op(param_views_[0]);
+}
+
+void ZayaModel::set_activation_dtype(DType dtype) {
+  ZAYA_CHECK(dtype == DType::f32 || dtype == DType::bf16, "ZayaModel::set_activation_dtype: expected f32 or bf16, found ",
+             dtype_name(dtype));
+  ZAYA_CHECK(dtype == DType::f32 || gemm_dtype_ == DType::bf16,
+             "ZayaModel::set_activation_dtype: bf16 activations need bf16 GEMMs (set_gemm_dtype(DType::bf16) first)");
+  activation_dtype_ = dtype;
+  plan();
+  have_backward_ = false;
 }
 
 void ZayaModel::set_recompute(bool on) {

@@ -83,6 +83,14 @@ class ZayaModel {
   void set_gemm_dtype(DType dtype);
   DType gemm_dtype() const { return gemm_dtype_; }
 
+  // Saved activations: f32 (default), or bf16 (needs bf16 GEMMs): the large tensors that the
+  // backward reads in element-wise ops are saved as bf16 copies only. The forward computes from
+  // their f32 values, as in f32 mode, so the forward and the loss are unchanged; the backward reads
+  // the rounded values. The residual stream, the norms' statistics and attention's logsumexp stay
+  // f32. Which tensors: LayerActs in model_internal.h. Re-plans the arena (allocates).
+  void set_activation_dtype(DType dtype);
+  DType activation_dtype() const { return activation_dtype_; }
+
   // Weight storage: f32 (default) or bf16, the mixed precision ZAYA1 trained with
   // (train.param_dtype = "bf16"; the fp32 master weights live with the optimizer,
   // train/master_weights.h). store_weights_bf16() rounds the current values to bf16 (nearest even)
@@ -263,6 +271,7 @@ class ZayaModel {
   bool recompute_ = false;
   bool have_backward_ = false;
   DType gemm_dtype_ = DType::f32;
+  DType activation_dtype_ = DType::f32;
   // bf16 weight copies for the bf16 GEMM path (empty in f32 mode): per-layer expert stacks, embedding.
   std::vector<Tensor> w_gu16_, w_d16_;
   Tensor emb16_;

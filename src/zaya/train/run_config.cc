@@ -62,6 +62,7 @@ TrainConfig read_train(ConfigReader& r) {
   r.get("train.init_from", t.init_from);
   r.get("train.gemm_dtype", t.gemm_dtype);
   r.get("train.param_dtype", t.param_dtype);
+  r.get("train.activation_dtype", t.activation_dtype);
   r.get("train.recompute", t.recompute);
   r.get("train.max_skipped_steps", t.max_skipped_steps);
   r.get("train.heartbeat", t.heartbeat);
@@ -94,6 +95,10 @@ TrainConfig read_train(ConfigReader& r) {
        "\"" + t.gemm_dtype + "\"");
   need(t.param_dtype == "f32" || t.param_dtype == "bf16", r.file(), "train.param_dtype", "\"f32\" or \"bf16\"",
        "\"" + t.param_dtype + "\"");
+  need(t.activation_dtype == "f32" || t.activation_dtype == "bf16", r.file(), "train.activation_dtype",
+       "\"f32\" or \"bf16\"", "\"" + t.activation_dtype + "\"");
+  need(t.activation_dtype == "f32" || t.gemm_dtype == "bf16", r.file(), "train.gemm_dtype",
+       "\"bf16\" with train.activation_dtype = \"bf16\"", "\"" + t.gemm_dtype + "\"");
   // The weight GEMMs read the stored bf16 weights as they are.
   need(t.param_dtype == "f32" || t.gemm_dtype == "bf16", r.file(), "train.gemm_dtype",
        "\"bf16\" with train.param_dtype = \"bf16\" (bf16 weights are stored in bf16 and the GEMMs read them "

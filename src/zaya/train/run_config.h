@@ -48,6 +48,9 @@ struct TrainConfig {
   // sharded under ZeRO-1 with the optimizer state; the parameter all-gather then moves bf16.
   // Needs gemm_dtype "bf16". train/master_weights.h, docs/train.md "Precision").
   std::string param_dtype = "f32";
+  // Saved activations the backward reads: "f32", or "bf16" (ZayaModel::set_activation_dtype: the
+  // large ones saved as bf16 copies only; the forward is unchanged). Needs gemm_dtype "bf16".
+  std::string activation_dtype = "f32";
   // Activation recomputation (ZayaModel::set_recompute): keep only each layer's input and re-run
   // its forward in the backward, for about one layer's saved activations instead of all of them
   // at the cost of L − 1 layer forwards per step; bitwise the same training.

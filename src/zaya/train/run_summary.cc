@@ -65,6 +65,7 @@ void Trainer::print_summary() const {
            cfg_.train.micro_batch, "x", cfg_.train.seq_len, " tokens per micro-batch",
            mesh_->cp_size() > 1 ? str(", this rank's 1/", mesh_->cp_size(), " of each sequence") : std::string(),
            cfg_.train.recompute ? ", recomputed in the backward from each layer's input" : "",
+           cfg_.train.activation_dtype == "bf16" ? ", the large ones saved in bf16" : "",
            "); weight GEMMs (experts, projections, LM head) ",
            cfg_.train.gemm_dtype == "bf16" ? "bf16 inputs, f32 accumulation" : "f32");
   log_info("optimizer: ", optimizer_->summary().str());

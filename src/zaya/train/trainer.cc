@@ -196,6 +196,7 @@ void Trainer::set_up() {
           "train.gemm_dtype = \"bf16\": this CPU has no native bf16 matmul (avx512_bf16 or AMX), so "
           "the bf16 GEMMs run in f32 on widened copies, slower than train.gemm_dtype = \"f32\"");
   }
+  if (t.activation_dtype == "bf16") model_->set_activation_dtype(DType::bf16);
   model_->set_recompute(t.recompute);
   const optim::ParamTable table = optim::ParamTable::of(*model_);
   plan_ = optim::plan_shards(table, cfg_.optim, zero().size());
