@@ -3,14 +3,19 @@
 // host. A communicator that records what the sync asks of each collective, rank 0 of 2, stands in
 // for NCCL and MPI: no data moves, only the order of starts, stream waits, host waits and tests is
 // checked. The values the gather brings and the CPU path's timing are DataParallel.*'s
-// (PrefetchedParameterGatherChangesNoBit); the real NCCL stream wait is NcclWorld.*'s on a GPU.
+// (PrefetchedParameterGatherChangesNoBit); the real NCCL stream wait is NcclWorld.*'s and
+// ParamGatherWaitNccl.*'s, on a GPU (scripts/gpu_check.sh tests).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "dist/communicator_test_util.h"
+#include "zaya/core/cuda_context.h"
+#include "zaya/core/cuda_runtime.h"
 #include "zaya/core/tensor.h"
 #include "zaya/dist/communicator.h"
 #include "zaya/optim/shard_plan.h"
@@ -208,6 +213,52 @@ TEST(ParamGatherWait, AFailedGatherIsReportedBySettle) {
   f.sync->need_params(0, 10);
   EXPECT_EQ(f.journal.count("host gather 0"), 0);
   EXPECT_THROW(f.sync->settle_params(), dist::CollectiveTimeout);
+  // Named first: the later gathers, which follow it on the communicator's stream, were not waited for.
+  EXPECT_EQ(f.journal.count("host gather 1"), 0);
+}
+
+// On a GPU, over NCCL in a world of one (MPI as a singleton, in a child process as NcclWorld.*
+// starts it): need_params leaves the gather to the compute stream, a copy queued there afterwards
+// reads the parameters the gather left (at a world of one, the same values, exactly), the host
+// completes the gathers at the sync point, and the compute stream's wait is read from its CUDA
+// events. What it cannot show at a world of one is an exposed wait: the gather is a local copy.
+TEST(ParamGatherWaitNccl, TheComputeStreamWaitsForTheGatherAndItsWaitIsMeasured) {
+  if (!cuda::built_with_cuda()) GTEST_SKIP() << "this build has no CUDA (the nccl backend is not built)";
+  if (cuda::device_count() == 0 || cuda::emulated()) GTEST_SKIP() << "needs a GPU: " << cuda::no_device_reason();
+  if (dist::launcher_world_size() <= 1 && !dist::test_support::is_singleton_child()) {
+    dist::test_support::run_as_singleton_child("ParamGatherWaitNccl.TheComputeStreamWaitsForTheGatherAndItsWaitIsMeasured");
+    return;
+  }
+  auto comm = dist::make_nccl_communicator({.timeout_s = 60});
+  ASSERT_EQ(comm->size(), 1);
+  const int64_t P = int64_t{1} << 22, quarter = P / 4;
+  std::vector<float> values(static_cast<size_t>(P));
+  for (int64_t i = 0; i < P; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i % 1000) - 500.0f;
+  Tensor params = Tensor::borrow(values.data(), Shape{P}, DType::f32).to(Device::cuda);
+  Tensor grads = Tensor::zeros(Shape{P}, DType::f32, Device::cuda);
+  Tensor seen = Tensor::zeros(Shape{P}, DType::f32, Device::cuda);
+  optim::ShardPlan plan;
+  plan.numel = P;
+  plan.ranks = {{.begin = 0, .end = P}};
+  GradientSync sync(*comm, plan, params, grads,
+                    {{3 * quarter, P}, {2 * quarter, 3 * quarter}, {quarter, 2 * quarter}, {0, quarter}},
+                    GradReduce::f32, quarter);
+  sync.start_param_gather();
+  sync.need_params(0, P);
+  // The reader: a copy on the compute stream, ordered after the gathers only by their stream waits.
+  cuda::current().copy_async(seen.raw(), Device::cuda, params.raw(), Device::cuda, static_cast<size_t>(P) * 4);
+  auto ready = sync.ready_fn(true);
+  for (int64_t b = 3 * quarter; b >= 0; b -= quarter) ready(b, b + quarter);
+  sync.end_backward(true);
+  sync.finish(1);
+  EXPECT_FALSE(sync.params_pending());
+  const Tensor host = seen.to(Device::cpu);
+  const float* got = static_cast<const float*>(host.raw());
+  for (int64_t i = 0; i < P; i += 997) ASSERT_EQ(got[i], values[static_cast<size_t>(i)]) << "element " << i;
+  const SyncTimes& t = sync.times();
+  EXPECT_TRUE(std::isfinite(t.gather_exposed_s) && t.gather_exposed_s >= 0) << t.gather_exposed_s;
+  EXPECT_LT(t.gather_exposed_s, 10.0);  // a local copy of 16 MiB: anything near the timeout is wrong
+  EXPECT_TRUE(std::isfinite(t.gather_s) && t.gather_s >= 0) << t.gather_s;
 }
 
 }  // namespace

@@ -157,12 +157,11 @@ void GradientSync::finish(int64_t micro_batches_total) {
   ZAYA_CHECK(micro_batches_total > 0, "GradientSync::finish: micro-batch count must be positive, found ",
              micro_batches_total);
   // The gathers the forward left to the device, first: they were issued before the buckets, so a
-  // hung one is named as what it is. On a device they are done by now (the buckets follow them on
-  // the communicator's stream).
+  // hung one is named as what it is. The buckets follow them on the communicator's stream, so
+  // this wait is part of waiting for the buckets (counted in exposed_s below); the gathers' own
+  // exposure is the compute stream's wait, read here.
   if (gathers_on_device_ > 0) {
-    const auto t0 = Clock::now();
     complete_gathers();
-    gather_waited_s_ += seconds(t0, Clock::now());
     times_.gather_exposed_s = gather_waited_s_ + gather_stalled_s_;
   }
   for (InFlight& f : flights_)
@@ -275,7 +274,7 @@ void GradientSync::poll_gathers() {
 
 void GradientSync::complete_gathers() {
   for (size_t g = 0; g < gathers_.size(); ++g)
-    if (!gathers_[g].complete) {
+    if (gathers_[g].on_device) {
       gathers_[g].work.wait();
       gather_done(g);
     }
@@ -307,9 +306,17 @@ void GradientSync::need_params(int64_t begin, int64_t end) {
 
 void GradientSync::settle_params() {
   if (!params_pending() && gathers_on_device_ == 0) return;
-  const auto t0 = Clock::now();
-  for (; next_gather_wait_ < gathers_.size(); ++next_gather_wait_) order_gather(next_gather_wait_);
+  // Those left to the device first, as they were issued first (a hung one is named): their
+  // exposure is the compute stream's wait, not this one.
   if (gathers_on_device_ > 0) complete_gathers();
+  // The host's wait: for the gathers nothing waited for yet (all of them without prefetching).
+  const auto t0 = Clock::now();
+  for (; next_gather_wait_ < gathers_.size(); ++next_gather_wait_) {
+    InFlight& f = gathers_[next_gather_wait_];
+    if (f.complete) continue;
+    f.work.wait();
+    gather_done(next_gather_wait_);
+  }
   gather_waited_s_ += seconds(t0, Clock::now());
   times_.gather_exposed_s = gather_waited_s_ + gather_stalled_s_;
 }

@@ -118,8 +118,8 @@ class GradientSync {
   void poll();
   // The parameter gathers: order_gather(g) makes the forward's reads of bucket g wait for it (the
   // compute stream on a device, else the host); gather_done(g) records its completion on the host;
-  // poll_gathers() tests the incomplete ones; complete_gathers() waits for them on the host and
-  // reads the compute stream's waits.
+  // poll_gathers() tests the incomplete ones; complete_gathers() waits on the host for those left
+  // to the device and reads the compute stream's waits for them.
   void order_gather(size_t g);
   void gather_done(size_t g);
   void poll_gathers();
