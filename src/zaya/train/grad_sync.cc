@@ -159,17 +159,19 @@ void GradientSync::finish(int64_t micro_batches_total) {
   // The gathers the forward left to the device, first: they were issued before the buckets, so a
   // hung one is named as what it is. The buckets follow them on the communicator's stream, so
   // this wait is part of waiting for the buckets (counted in exposed_s below); the gathers' own
-  // exposure is the compute stream's wait, read here.
-  if (gathers_on_device_ > 0) {
-    complete_gathers();
-    times_.gather_exposed_s = gather_waited_s_ + gather_stalled_s_;
-  }
+  // exposure is the compute stream's wait, read once the buckets are in (by then the stream has
+  // passed the forward, where it waited).
+  if (gathers_on_device_ > 0) complete_gathers();
   for (InFlight& f : flights_)
     if (!f.complete) {
       f.work.wait();
       f.complete = true;
       f.done = Clock::now();
     }
+  if (stalls_unread_ > 0) {
+    read_stalls();
+    times_.gather_exposed_s = gather_waited_s_ + gather_stalled_s_;
+  }
   const auto all_done = Clock::now();
   // In flight: the union of the bucket spans. Exposed: what the step waited for them after
   // backward, plus the time backward spent inside the communicator's calls (a start or a test may
@@ -264,6 +266,7 @@ void GradientSync::order_gather(size_t g) {
   if (before) {
     stall_events_[2 * g + 1]->record_on(cuda::current().stream());
     f.stall_timed = true;
+    ++stalls_unread_;
   }
 }
 
@@ -278,10 +281,14 @@ void GradientSync::complete_gathers() {
       gathers_[g].work.wait();
       gather_done(g);
     }
+}
+
+void GradientSync::read_stalls() {
   // How long the compute stream stood at each wait: from the kernels before it to its release.
   for (size_t g = 0; g < gathers_.size(); ++g)
     if (gathers_[g].stall_timed) {
       gathers_[g].stall_timed = false;
+      --stalls_unread_;
       cuda::Event& after = *stall_events_[2 * g + 1];
       after.synchronize();  // passed already where the step's buckets were waited for
       gather_stalled_s_ += cuda::Event::elapsed_ms(*stall_events_[2 * g], after) / 1e3;
@@ -305,10 +312,11 @@ void GradientSync::need_params(int64_t begin, int64_t end) {
 }
 
 void GradientSync::settle_params() {
-  if (!params_pending() && gathers_on_device_ == 0) return;
+  if (!params_pending() && gathers_on_device_ == 0 && stalls_unread_ == 0) return;
   // Those left to the device first, as they were issued first (a hung one is named): their
   // exposure is the compute stream's wait, not this one.
   if (gathers_on_device_ > 0) complete_gathers();
+  if (stalls_unread_ > 0) read_stalls();
   // The host's wait: for the gathers nothing waited for yet (all of them without prefetching).
   const auto t0 = Clock::now();
   for (; next_gather_wait_ < gathers_.size(); ++next_gather_wait_) {

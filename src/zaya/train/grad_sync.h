@@ -119,11 +119,12 @@ class GradientSync {
   // The parameter gathers: order_gather(g) makes the forward's reads of bucket g wait for it (the
   // compute stream on a device, else the host); gather_done(g) records its completion on the host;
   // poll_gathers() tests the incomplete ones; complete_gathers() waits on the host for those left
-  // to the device and reads the compute stream's waits for them.
+  // to the device; read_stalls() adds the compute stream's waits for them to gather_stalled_s_.
   void order_gather(size_t g);
   void gather_done(size_t g);
   void poll_gathers();
   void complete_gathers();
+  void read_stalls();
   std::vector<size_t> counts_of(int64_t begin, int64_t end) const;
 
   dist::Communicator& dp_;
@@ -150,6 +151,7 @@ class GradientSync {
   size_t next_gather_wait_ = 0;
   size_t gathers_done_ = 0;       // complete on the host
   size_t gathers_on_device_ = 0;  // left to the device and not yet complete on the host
+  size_t stalls_unread_ = 0;      // gathers whose stall events were recorded and not yet read
   std::chrono::steady_clock::time_point gather_issued_;
   double gather_waited_s_ = 0;   // the host's waits for this gather
   double gather_stalled_s_ = 0;  // the compute stream's (device communicators)
