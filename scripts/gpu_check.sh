@@ -132,11 +132,15 @@ run | tests)
   "$pack_dir/bench_ops_gemm_cuda" --benchmark_min_time=0.2 2>&1 | tee -a "$out/ops_bench.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*:ExpertsBench.TimesTheExpertsOpOnTheDevice' 2>&1 | tee -a "$out/tests.txt" || status=1
   # The NCCL backend in a world of one: MPI as an isolated singleton (no daemon; the tests start it
-  # in a child process of their own), its plugins and texts from the pack.
+  # in a child process of their own), its plugins and texts from the pack. NcclWorld.* includes the
+  # compute stream's wait for a collective (check_compute_stream_wait); HostWaitOnTheDevice.* is the
+  # hook of a host wait through the real cudaMemcpy path.
   export OMPI_MCA_mca_base_component_path="$PWD/$pack_dir/libs/openmpi" OPAL_PKGDATADIR="$PWD/$pack_dir/libs/openmpi-data"
   export OMPI_MCA_ess_singleton_isolated=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  "$pack_dir/test_dist" --gtest_filter='LocalCommunicator.*:MpiWorldOfOne.*:NcclWorld.*' 2>&1 |
+  "$pack_dir/test_dist" --gtest_filter='LocalCommunicator.*:MpiWorldOfOne.*:NcclWorld.*:WaitOnComputeStream.*:HostWaitOnTheDevice.*' 2>&1 |
     tee -a "$out/tests.txt" || status=1
+  # The prefetched parameter gather over NCCL: the compute stream waits for it, its wait measured.
+  "$pack_dir/test_train" --gtest_filter='ParamGatherWaitNccl.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   # `tests` stops at 128 MB: up to 1 GB the two passes ran past 150-170 s limits (earlier runs).
   max_bytes=1G && [[ "$1" == tests ]] && max_bytes=128M
   for dtype in float bfloat16; do  # one file for both: the device tool brings back 8 files at most

@@ -13,6 +13,7 @@
 
 #include "communicator_test_util.h"
 #include "test_util.h"
+#include "zaya/core/cuda_context.h"
 #include "zaya/core/dtype.h"
 #include "zaya/dist/communicator.h"
 
@@ -173,6 +174,33 @@ void check_work_lifetime(Communicator& c) {
   EXPECT_TRUE(b.test());
 }
 
+// The wait of a kernel reader (Work::wait_on_compute_stream): a device backend's operation is left
+// to the compute stream (nccl) and the host returns at once; a host backend's is waited for on the
+// host. On the device the reader is a device-to-device copy queued on the compute stream right
+// after the wait, which only that wait orders after the gather (without it the copy could read the
+// receive buffer's fill, -1, though at a world of one the gather is short and such a race need not
+// show). Reading the copy back is a host wait on the device, which completes the Work on the host
+// first (its errors surface there).
+void check_compute_stream_wait(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  const size_t k = size_t{1} << 20;
+  Buf<float> mine(c, k, static_cast<float>(me + 1)), all(c, n * k, -1.0f), copied(c, n * k, -2.0f);
+  Work w = c.start_all_gather(mine.data(), all.data(), k, DType::f32);
+  const bool on_device = w.wait_on_compute_stream();
+  EXPECT_EQ(on_device, c.backend() == Backend::nccl);
+  std::vector<float> got;
+  if (on_device) {
+    cuda::current().copy_async(copied.data(), Device::cuda, all.data(), Device::cuda, n * k * sizeof(float));
+    got = copied.get();
+  } else {
+    EXPECT_TRUE(w.test());  // complete: the host waited
+    got = all.get();
+  }
+  EXPECT_TRUE(w.test());  // complete on the host by now
+  for (int j = 0; j < n; ++j)
+    for (size_t i = 0; i < k; i += 4099) ASSERT_EQ(got[j * k + i], static_cast<float>(j + 1)) << "block " << j << " element " << i;
+}
+
 }  // namespace
 
 void test_support::check_nonblocking(Communicator& c) {
@@ -181,6 +209,7 @@ void test_support::check_nonblocking(Communicator& c) {
   check_test_turns_true(c);
   check_point_to_point(c);
   check_work_lifetime(c);
+  check_compute_stream_wait(c);
   c.barrier();
 }
 

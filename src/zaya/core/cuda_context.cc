@@ -90,7 +90,10 @@ void DeviceContext::copy_async(void* dst, Device dst_device, const void* src, De
   check(cudaMemcpyAsync(dst, src, bytes, kind, as_stream(stream_)), "cudaMemcpyAsync");
 }
 
-void DeviceContext::synchronize() { check(cudaStreamSynchronize(as_stream(stream_)), "cudaStreamSynchronize"); }
+void DeviceContext::synchronize() {
+  before_host_wait();
+  check(cudaStreamSynchronize(as_stream(stream_)), "cudaStreamSynchronize");
+}
 
 #else  // CPU-only build: current() throws before a context is made; these are never reached.
 

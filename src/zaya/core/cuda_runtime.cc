@@ -98,7 +98,9 @@ Stream::~Stream() {
   if (handle_) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
 }
 void Stream::synchronize() {
-  if (handle_) check(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)), "cudaStreamSynchronize");
+  if (!handle_) return;
+  before_host_wait();
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)), "cudaStreamSynchronize");
 }
 
 Event::Event() {
@@ -110,13 +112,15 @@ Event::Event() {
 Event::~Event() {
   if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
 }
-void Event::record(const Stream& stream) {
+void Event::record(const Stream& stream) { record_on(stream.handle()); }
+void Event::record_on(void* stream) {
   if (!handle_) return;
-  check(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream.handle())),
-        "cudaEventRecord");
+  check(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream)), "cudaEventRecord");
 }
 void Event::synchronize() {
-  if (handle_) check(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)), "cudaEventSynchronize");
+  if (!handle_) return;
+  before_host_wait();
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)), "cudaEventSynchronize");
 }
 float Event::elapsed_ms(const Event& start, const Event& end) {
   float ms = 0;
@@ -155,6 +159,7 @@ Event::Event() {
 }
 Event::~Event() = default;
 void Event::record(const Stream&) {}
+void Event::record_on(void*) {}
 void Event::synchronize() {}
 float Event::elapsed_ms(const Event&, const Event&) { return 0; }
 
@@ -213,15 +218,38 @@ void free_device(void* ptr) {
   if (emulated()) std::free(ptr);
   else real_free_device(ptr);
 }
+namespace {
+thread_local HostWaitHook t_host_wait_hook = nullptr;
+thread_local bool t_in_host_wait_hook = false;
+}  // namespace
+
+void set_host_wait_hook(HostWaitHook hook) { t_host_wait_hook = hook; }
+
+void before_host_wait() {
+  // Not again from inside the hook: completing a collective polls events, it never waits here.
+  if (!t_host_wait_hook || t_in_host_wait_hook) return;
+  t_in_host_wait_hook = true;
+  try {
+    t_host_wait_hook();
+  } catch (...) {
+    t_in_host_wait_hook = false;
+    throw;
+  }
+  t_in_host_wait_hook = false;
+}
+
 void memset_device(void* ptr, int value, size_t bytes) {
+  before_host_wait();
   if (emulated()) std::memset(ptr, value, bytes);
   else real_memset_device(ptr, value, bytes);
 }
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  before_host_wait();
   if (emulated()) std::memcpy(dst, src, bytes);
   else real_copy(dst, dst_device, src, src_device, bytes);
 }
 void synchronize() {
+  before_host_wait();
   if (!emulated()) real_synchronize();
 }
 void* malloc_pinned(size_t bytes) {

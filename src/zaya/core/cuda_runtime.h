@@ -60,6 +60,20 @@ void memset_device(void* ptr, int value, size_t bytes);
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 void synchronize();
 
+// Host waits and the collectives the device waits for. A collective's Work may order the compute
+// stream after itself without the host waiting (dist::Work::wait_on_compute_stream). Should that
+// collective never complete (a peer died), the compute stream would stand still, and a host wait
+// on it would block for good, past the communicator's timeout and without naming anyone. So every
+// host wait on the device in core (copy, memset_device, synchronize, Stream/Event/DeviceContext
+// synchronize) first calls the calling thread's hook, which completes those collectives on the
+// host through their timeouts; it may throw their errors. Per thread, since the compute stream is
+// (cuda_context.h); null (nothing to do) until dist sets it. Called on the emulated device too, so
+// tests without a GPU reach it. cudaFree also waits for the device but is not hooked: it runs in
+// destructors, which must not throw.
+using HostWaitHook = void (*)();
+void set_host_wait_hook(HostWaitHook hook);
+void before_host_wait();
+
 class Stream {
  public:
   Stream();
@@ -80,6 +94,8 @@ class Event {
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
   void record(const Stream& stream);
+  // Records on a raw cudaStream_t, e.g. the compute stream (cuda::current().stream()).
+  void record_on(void* stream);
   void synchronize();
   // Milliseconds between two recorded events.
   static float elapsed_ms(const Event& start, const Event& end);

@@ -1,7 +1,9 @@
 #include "zaya/dist/communicator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "zaya/core/cuda_runtime.h"
 
@@ -28,8 +30,49 @@ Backend parse_backend(const std::string& name, const std::string& field, bool* i
   throw Error("unknown communicator backend", {.field = field, .expected = "auto, local, mpi or nccl", .found = name});
 }
 
+namespace {
+
+// The calling thread's Works left to the device and not yet completed on the host, oldest first.
+thread_local std::vector<Work::Impl*> t_device_waits;
+
+// The host-wait hook (cuda_runtime.h): completes them on the host, oldest first, each through its
+// timeout. One taken off the list before its wait, so that an error leaves the rest listed.
+void complete_device_waits() {
+  while (!t_device_waits.empty()) {
+    Work::Impl* impl = t_device_waits.front();
+    t_device_waits.erase(t_device_waits.begin());
+    impl->wait();
+  }
+}
+
+}  // namespace
+
+Work::Work(Work&& other) noexcept : impl_(std::move(other.impl_)), on_device_(other.on_device_) {
+  other.on_device_ = false;  // the list holds the Impl, which moved with impl_
+}
+
+Work& Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    forget_device_wait();
+    impl_ = std::move(other.impl_);
+    on_device_ = other.on_device_;
+    other.on_device_ = false;
+  }
+  return *this;
+}
+
+Work::~Work() { forget_device_wait(); }
+
+void Work::forget_device_wait() noexcept {
+  if (!on_device_) return;
+  on_device_ = false;
+  auto it = std::find(t_device_waits.begin(), t_device_waits.end(), impl_.get());
+  if (it != t_device_waits.end()) t_device_waits.erase(it);
+}
+
 void Work::wait() {
   if (!impl_) return;
+  forget_device_wait();  // an error surfaces here, once: the next host wait does not repeat it
   impl_->wait();
   impl_.reset();
 }
@@ -37,7 +80,20 @@ void Work::wait() {
 bool Work::test() {
   if (!impl_) return true;
   if (!impl_->test()) return false;
+  forget_device_wait();
   impl_.reset();
+  return true;
+}
+
+bool Work::wait_on_compute_stream() {
+  if (!impl_ || on_device_) return on_device_;
+  if (!impl_->order_compute_stream()) {
+    wait();
+    return false;
+  }
+  on_device_ = true;
+  t_device_waits.push_back(impl_.get());
+  cuda::set_host_wait_hook(&complete_device_waits);
   return true;
 }
 

@@ -86,6 +86,20 @@ class CollectiveTimeout : public Error {
 // throws on a broken communicator or an asynchronous backend error. Destroying a Work that has not
 // completed waits for it (errors are logged, not thrown, since a destructor cannot throw), unless
 // the communicator is already broken.
+//
+// wait_on_compute_stream() is the wait of a reader that is a kernel, not the host: it makes the
+// calling thread's compute stream (core/cuda_context.h) wait, on the device, for the operation, so
+// that kernels queued there from now on read its results, and returns at once: the host goes on
+// queueing them while the operation is in flight. That is what a device backend's operation
+// allows (nccl: a CUDA event the stream waits for). An operation that completes on the host (mpi,
+// local, the nccl backend's host barrier) is waited for there, as wait() does, and so is one
+// already complete; it returns whether the wait was left to the device. A Work left to the device
+// is still pending on the host: its failure or timeout surfaces when it is completed there, by
+// wait() or test(), by its destruction, or by the next host wait on the device (a copy to the
+// host, a synchronize), which first completes, through the timeout, every Work the calling thread
+// left to the device (cuda_runtime.h, set_host_wait_hook), so a hung collective is named rather
+// than freezing the stream the host waits on. Such a Work must be completed or destroyed on the
+// thread that called wait_on_compute_stream().
 class [[nodiscard]] Work {
  public:
   // What a backend implements; wait() and test() may be called again after completion.
@@ -94,19 +108,26 @@ class [[nodiscard]] Work {
     virtual ~Impl() = default;
     virtual bool test() = 0;
     virtual void wait() = 0;
+    // Makes the calling thread's compute stream wait for the operation on the device and returns
+    // true; false where the operation is the host's (the caller then waits for it on the host).
+    virtual bool order_compute_stream() { return false; }
   };
 
   Work() = default;
   explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-  Work(Work&&) noexcept = default;
-  Work& operator=(Work&&) noexcept = default;
-  ~Work() = default;
+  Work(Work&& other) noexcept;
+  Work& operator=(Work&& other) noexcept;
+  ~Work();
 
   void wait();
   bool test();
+  bool wait_on_compute_stream();
 
  private:
+  void forget_device_wait() noexcept;  // leaves the thread's list of Works left to the device
+
   std::unique_ptr<Impl> impl_;  // null once complete
+  bool on_device_ = false;      // left to the device by wait_on_compute_stream(), not yet complete
 };
 
 class Communicator {

@@ -45,7 +45,9 @@ ncclDataType_t nccl_type(DType t) {
 
 class NcclCommunicator;
 
-// A device operation (complete when its event has fired) or a host one over MPI (the barrier).
+// A device operation (complete when its event has fired) or a host one over MPI (the barrier). A
+// device operation's readers on the compute stream may wait for its event on the device instead
+// (Work::wait_on_compute_stream); the host still completes it later, through the watchdog.
 class NcclWork final : public Work::Impl {
  public:
   NcclWork(NcclCommunicator& comm, uint64_t seq, const char* what) : comm_(comm), seq_(seq), what_(what) {}
@@ -53,6 +55,7 @@ class NcclWork final : public Work::Impl {
 
   bool test() override;
   void wait() override;
+  bool order_compute_stream() override;
 
   cudaEvent_t event = nullptr;
   MPI_Request request = MPI_REQUEST_NULL;
@@ -406,6 +409,16 @@ bool NcclWork::test() {
   if (done_) return true;
   if (!comm_.watchdog().poll([&] { return ready(); })) return false;
   complete();
+  return true;
+}
+
+// The stream waits for the event as recorded now: the event going back to the pool and being
+// recorded again for a later operation does not move that wait (CUDA's cudaStreamWaitEvent).
+bool NcclWork::order_compute_stream() {
+  if (done_ || !event) return false;  // complete already, or the host barrier
+  comm_.watchdog().check_usable();
+  const auto compute = static_cast<cudaStream_t>(zaya::cuda::current().stream());
+  check_cuda(cudaStreamWaitEvent(compute, event, 0), "cudaStreamWaitEvent");
   return true;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "zaya/core/cuda_context.h"
 #include "zaya/core/error.h"
 #include "zaya/ops/grad_wire.h"
 #include "zaya/ops/optim_ops.h"
@@ -64,6 +65,10 @@ GradientSync::GradientSync(dist::Communicator& dp, const optim::ShardPlan& plan,
   if (mode_ == GradReduce::f64) wide_ = Tensor::zeros(Shape{P}, DType::f64, grads_.device());
   if (mode_ == GradReduce::bf16)
     wire_ = Tensor::zeros(Shape{P}, DType::bf16, grads_.device());
+  // A device communicator's gathers are waited for by the compute stream: two timing events per
+  // bucket measure that wait.
+  if (dp_.device() == Device::cuda && !cuda::emulated())
+    for (size_t i = 0; i < 2 * buckets_.size(); ++i) stall_events_.push_back(std::make_unique<cuda::Event>());
 }
 
 std::vector<size_t> GradientSync::counts_of(int64_t begin, int64_t end) const {
@@ -85,8 +90,9 @@ model::ZayaModel::GradReadyFn GradientSync::ready_fn(bool last) {
     times_.gather_s = gather_s;
     times_.gather_exposed_s = gather_exposed_s;
   }
-  // The bf16 wire carries the parameters until the forward has them all: never while gradients use it.
-  settle_params();
+  // The backward reads every parameter (on a device the kernels wait for the gather; the host
+  // completes it in finish()).
+  need_params(0, params_.numel());
   return [this, last](int64_t begin, int64_t end) { on_ready(begin, end, last); };
 }
 
@@ -132,6 +138,7 @@ void GradientSync::poll() {
       f.complete = true;
       f.done = Clock::now();
     }
+  if (gathers_on_device_ > 0) poll_gathers();
   blocked_s_ += seconds(t0, Clock::now());
 }
 
@@ -149,12 +156,22 @@ void GradientSync::end_backward(bool last) {
 void GradientSync::finish(int64_t micro_batches_total) {
   ZAYA_CHECK(micro_batches_total > 0, "GradientSync::finish: micro-batch count must be positive, found ",
              micro_batches_total);
+  // The gathers the forward left to the device, first: they were issued before the buckets, so a
+  // hung one is named as what it is. The buckets follow them on the communicator's stream, so
+  // this wait is part of waiting for the buckets (counted in exposed_s below); the gathers' own
+  // exposure is the compute stream's wait, read once the buckets are in (by then the stream has
+  // passed the forward, where it waited).
+  if (gathers_on_device_ > 0) complete_gathers();
   for (InFlight& f : flights_)
     if (!f.complete) {
       f.work.wait();
       f.complete = true;
       f.done = Clock::now();
     }
+  if (stalls_unread_ > 0) {
+    read_stalls();
+    times_.gather_exposed_s = gather_waited_s_ + gather_stalled_s_;
+  }
   const auto all_done = Clock::now();
   // In flight: the union of the bucket spans. Exposed: what the step waited for them after
   // backward, plus the time backward spent inside the communicator's calls (a start or a test may
@@ -198,7 +215,9 @@ void GradientSync::start_param_gather() {
   settle_params();
   gathers_.clear();
   next_gather_wait_ = 0;
+  gathers_done_ = 0;
   gather_waited_s_ = 0;
+  gather_stalled_s_ = 0;
   gather_issued_ = Clock::now();
   const size_t es = dtype_size(params_.dtype());
   for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) {
@@ -215,18 +234,65 @@ void GradientSync::start_param_gather() {
   }
 }
 
-void GradientSync::wait_gather(size_t g) {
+void GradientSync::gather_done(size_t g) {
   InFlight& f = gathers_[g];
-  if (!f.complete) {
-    f.work.wait();
-    f.complete = true;
-    f.done = Clock::now();
+  f.complete = true;
+  f.done = Clock::now();
+  if (f.on_device) {
+    f.on_device = false;
+    --gathers_on_device_;
   }
-  if (g + 1 == gathers_.size()) {
+  if (++gathers_done_ == gathers_.size()) {
     Clock::time_point last = gather_issued_;
     for (const InFlight& x : gathers_) last = std::max(last, x.done);
     times_.gather_s = seconds(gather_issued_, last);
   }
+}
+
+void GradientSync::order_gather(size_t g) {
+  InFlight& f = gathers_[g];
+  if (f.complete || f.on_device) return;
+  cuda::Event* before = nullptr;
+  if (!stall_events_.empty()) {
+    before = stall_events_[2 * g].get();
+    before->record_on(cuda::current().stream());
+  }
+  if (!f.work.wait_on_compute_stream()) {  // the host waited (a host backend, or already complete)
+    gather_done(g);
+    return;
+  }
+  f.on_device = true;
+  ++gathers_on_device_;
+  if (before) {
+    stall_events_[2 * g + 1]->record_on(cuda::current().stream());
+    f.stall_timed = true;
+    ++stalls_unread_;
+  }
+}
+
+void GradientSync::poll_gathers() {
+  for (size_t g = 0; g < gathers_.size(); ++g)
+    if (!gathers_[g].complete && gathers_[g].work.test()) gather_done(g);
+}
+
+void GradientSync::complete_gathers() {
+  for (size_t g = 0; g < gathers_.size(); ++g)
+    if (gathers_[g].on_device) {
+      gathers_[g].work.wait();
+      gather_done(g);
+    }
+}
+
+void GradientSync::read_stalls() {
+  // How long the compute stream stood at each wait: from the kernels before it to its release.
+  for (size_t g = 0; g < gathers_.size(); ++g)
+    if (gathers_[g].stall_timed) {
+      gathers_[g].stall_timed = false;
+      --stalls_unread_;
+      cuda::Event& after = *stall_events_[2 * g + 1];
+      after.synchronize();  // passed already where the step's buckets were waited for
+      gather_stalled_s_ += cuda::Event::elapsed_ms(*stall_events_[2 * g], after) / 1e3;
+    }
 }
 
 void GradientSync::need_params(int64_t begin, int64_t end) {
@@ -237,23 +303,30 @@ void GradientSync::need_params(int64_t begin, int64_t end) {
     const dist::Bucket& b = buckets_[buckets_.size() - 1 - g];
     if (b.begin < end && begin < b.end) upto = g + 1;
   }
-  for (; next_gather_wait_ < upto; ++next_gather_wait_) wait_gather(next_gather_wait_);
+  for (; next_gather_wait_ < upto; ++next_gather_wait_) order_gather(next_gather_wait_);
   // MPI progresses non-blocking collectives only inside MPI calls: the later buckets move on here.
-  for (size_t g = next_gather_wait_; g < gathers_.size(); ++g)
-    if (!gathers_[g].complete && gathers_[g].work.test()) {
-      gathers_[g].complete = true;
-      gathers_[g].done = Clock::now();
-    }
+  // On a device this notes which gathers have landed.
+  poll_gathers();
   gather_waited_s_ += seconds(t0, Clock::now());
-  times_.gather_exposed_s = gather_waited_s_;
+  times_.gather_exposed_s = gather_waited_s_ + gather_stalled_s_;
 }
 
 void GradientSync::settle_params() {
-  if (!params_pending()) return;
+  if (!params_pending() && gathers_on_device_ == 0 && stalls_unread_ == 0) return;
+  // Those left to the device first, as they were issued first (a hung one is named): their
+  // exposure is the compute stream's wait, not this one.
+  if (gathers_on_device_ > 0) complete_gathers();
+  if (stalls_unread_ > 0) read_stalls();
+  // The host's wait: for the gathers nothing waited for yet (all of them without prefetching).
   const auto t0 = Clock::now();
-  for (; next_gather_wait_ < gathers_.size(); ++next_gather_wait_) wait_gather(next_gather_wait_);
+  for (; next_gather_wait_ < gathers_.size(); ++next_gather_wait_) {
+    InFlight& f = gathers_[next_gather_wait_];
+    if (f.complete) continue;
+    f.work.wait();
+    gather_done(next_gather_wait_);
+  }
   gather_waited_s_ += seconds(t0, Clock::now());
-  times_.gather_exposed_s = gather_waited_s_;
+  times_.gather_exposed_s = gather_waited_s_ + gather_stalled_s_;
 }
 
 std::string GradientSync::plan_str() const {

@@ -16,6 +16,13 @@
 // prefetching settle_params() waits for every bucket right away. Either way the values are the
 // same: prefetching moves only when the step waits.
 //
+// Who waits: on a device communicator (nccl) need_params makes the compute stream wait for the
+// buckets on the GPU (dist::Work::wait_on_compute_stream) and returns at once, so the host goes on
+// queueing the forward's kernels while the gather is in flight; the host completes those gathers
+// later, through the communicator's timeout: in finish(), in settle_params(), or at the next host
+// wait on the device (a copy to the host). On host communicators (mpi, local) the host waits
+// in need_params, as the forward's reads are the host's.
+//
 // The parameters travel as the model stores them, in place: f32, or bf16 (train.param_dtype =
 // "bf16", train/master_weights.h: half the bytes).
 //
@@ -32,10 +39,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "zaya/core/cuda_runtime.h"
 #include "zaya/core/tensor.h"
 #include "zaya/dist/bucket_plan.h"
 #include "zaya/dist/communicator.h"
@@ -56,7 +65,10 @@ struct SyncTimes {
   int buckets = 0;
   // The parameter all-gather this step's forward used (the previous update's): the time it was in
   // flight, and of that the time the step waited for it (inside the forward, or all of it without
-  // prefetching).
+  // prefetching). On a device communicator the forward's kernels wait on the GPU, not the host:
+  // gather_exposed_s then adds to the host's waits the time the compute stream stood at those
+  // waits (CUDA events around each), and gather_s ends when the host saw the last bucket land
+  // (it polls at each need_params and gradient report), which can be later than it landed.
   double gather_s = 0;
   double gather_exposed_s = 0;
   double hidden_fraction() const { return comm_s > 0 ? hidden_s / comm_s : 0.0; }
@@ -80,8 +92,11 @@ class GradientSync {
   void finish(int64_t micro_batches_total);
   // Every rank's updated range to every rank (after the optimizer step): issues the gather of every
   // bucket. need_params(begin, end) waits for the buckets that hold any of [begin, end) (the model
-  // calls it before it reads a range); settle_params() waits for all of them. Until a bucket was
-  // waited for, its parameters outside the owned range must not be read.
+  // calls it before it reads a range): for the compute stream's kernels, on the device where the
+  // communicator's operations allow it, else on the host. settle_params() completes all of them on
+  // the host. Until a bucket was waited for, its parameters outside the owned range must not be
+  // read; after need_params alone, only by kernels on the calling thread's compute stream (or by
+  // host copies from the device, which wait for that stream).
   void start_param_gather();
   void need_params(int64_t begin, int64_t end);
   void settle_params();
@@ -101,7 +116,15 @@ class GradientSync {
   void on_ready(int64_t begin, int64_t end, bool last);
   void start_bucket(const dist::Bucket& b);
   void poll();
-  void wait_gather(size_t g);
+  // The parameter gathers: order_gather(g) makes the forward's reads of bucket g wait for it (the
+  // compute stream on a device, else the host); gather_done(g) records its completion on the host;
+  // poll_gathers() tests the incomplete ones; complete_gathers() waits on the host for those left
+  // to the device; read_stalls() adds the compute stream's waits for them to gather_stalled_s_.
+  void order_gather(size_t g);
+  void gather_done(size_t g);
+  void poll_gathers();
+  void complete_gathers();
+  void read_stalls();
   std::vector<size_t> counts_of(int64_t begin, int64_t end) const;
 
   dist::Communicator& dp_;
@@ -117,15 +140,24 @@ class GradientSync {
   struct InFlight {
     dist::Work work;
     std::chrono::steady_clock::time_point issued, done;
-    bool complete = false;
+    bool complete = false;     // on the host
+    bool on_device = false;    // a gather the compute stream waits for, not yet complete on the host
+    bool stall_timed = false;  // its stall events were recorded and not yet read
   };
   std::vector<InFlight> flights_;
   // The parameter gather: one per bucket, in forward order (buckets_ reversed); the first
-  // next_gather_wait_ were waited for.
+  // next_gather_wait_ were waited for (on the host, or left to the device).
   std::vector<InFlight> gathers_;
   size_t next_gather_wait_ = 0;
+  size_t gathers_done_ = 0;       // complete on the host
+  size_t gathers_on_device_ = 0;  // left to the device and not yet complete on the host
+  size_t stalls_unread_ = 0;      // gathers whose stall events were recorded and not yet read
   std::chrono::steady_clock::time_point gather_issued_;
-  double gather_waited_s_ = 0;
+  double gather_waited_s_ = 0;   // the host's waits for this gather
+  double gather_stalled_s_ = 0;  // the compute stream's (device communicators)
+  // Two timing events per gather (before and after the compute stream's wait), on a device
+  // communicator only.
+  std::vector<std::unique_ptr<cuda::Event>> stall_events_;
   std::chrono::steady_clock::time_point backward_end_;
   double blocked_s_ = 0;  // spent inside start and test calls during the last backward
   SyncTimes times_;
