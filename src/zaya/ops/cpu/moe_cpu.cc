@@ -88,8 +88,23 @@ void moe_unpermute(float* out, const float* y, const float* weight, const int32_
   }
 }
 
-void moe_unpermute_bwd(float* dy, float* dweight, const float* dout, const float* y, const float* weight,
-                       const int32_t* pos, int64_t N, int64_t H) {
+namespace {
+// dotf (seq_vec.h) with b widened from bf16 as it is read: dotf's 16 partial sums and addition
+// tree, so the bits of dotf on the widened b.
+float dotf_widened(const float* a, const bf16* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * to_float(b[i + l]);
+  for (int64_t l = 0; i < n; ++i, ++l) acc[l] += a[i] * to_float(b[i]);
+  return sum16(acc);
+}
+float dot_row(const float* a, const float* b, int64_t n) { return dotf(a, b, n); }
+float dot_row(const float* a, const bf16* b, int64_t n) { return dotf_widened(a, b, n); }
+
+template <class T>
+void unpermute_bwd(float* dy, float* dweight, const float* dout, const T* y, const float* weight, const int32_t* pos,
+                   int64_t N, int64_t H) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     if (pos[n] < 0) {
@@ -98,9 +113,20 @@ void moe_unpermute_bwd(float* dy, float* dweight, const float* dout, const float
     }
     const int64_t r = pos[n];
     const float* g = dout + n * H;
-    dweight[n] = dotf(g, y + r * H, H);
+    dweight[n] = dot_row(g, y + r * H, H);
     for (int64_t h = 0; h < H; ++h) dy[r * H + h] = weight[n] * g[h];
   }
+}
+}  // namespace
+
+void moe_unpermute_bwd(float* dy, float* dweight, const float* dout, const float* y, const float* weight,
+                       const int32_t* pos, int64_t N, int64_t H) {
+  unpermute_bwd(dy, dweight, dout, y, weight, pos, N, H);
+}
+
+void moe_unpermute_bwd(float* dy, float* dweight, const float* dout, const bf16* y, const float* weight,
+                       const int32_t* pos, int64_t N, int64_t H) {
+  unpermute_bwd(dy, dweight, dout, y, weight, pos, N, H);
 }
 
 }  // namespace zaya::ops::cpu
