@@ -36,11 +36,12 @@ Tensor widened(const Tensor& b) {
 }
 
 // inter 37: neither a multiple of the 8 or 16 lanes of the vector loops (their tails run), and
-// 2I = 74 (rows that start off a vector boundary); 129 rows spread over the threads.
+// 2I = 74 (rows that start off a vector boundary); 129 rows (one of the CPU's 256-row blocks) and
+// 600 (two whole blocks and a part).
 TEST(Bf16SavedActs, SwigluBackwardOnBf16GuIsTheF32OpOnTheWidenedGu) {
-  for (int64_t inter : {int64_t{37}, int64_t{64}}) {
-    SCOPED_TRACE(inter);
-    const int64_t n = 129;
+  for (int64_t inter : {int64_t{37}, int64_t{64}})
+  for (int64_t n : {int64_t{129}, int64_t{600}}) {
+    SCOPED_TRACE(testing::Message() << "inter " << inter << ", rows " << n);
     const Tensor gu16 = to_bf16(random_tensor({n, 2 * inter}, 3, 3.0f)), dy = random_tensor({n, inter}, 4);
     Tensor d16 = Tensor::empty({n, 2 * inter}, DType::f32), d32 = Tensor::empty({n, 2 * inter}, DType::f32);
     swiglu_backward(d16, dy, gu16);

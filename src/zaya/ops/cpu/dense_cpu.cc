@@ -513,53 +513,58 @@ void swiglu_forward(const Tensor& y, const Tensor& gu) {
 }
 
 namespace {
-// An element of gu as f32: itself, or a bf16 one widened (exact), so that the bf16 backward does
-// the f32 one's arithmetic on the widened values: the same bits.
-inline float widened(float x) { return x; }
-inline float widened(bf16 x) { return to_float(x); }
-#if ZAYA_AVX2
-inline __m256 load8_widened(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8_widened(const bf16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-#endif
+void swiglu_backward_f32(const Tensor& dgu, const Tensor& dy, const Tensor& gu);
+}  // namespace
 
-template <class T>
-void swiglu_backward_rows(float* dp, const float* gp, const T* p, int64_t n, int64_t inter) {
+// gu in bf16 (the saved copy of bf16 activations): blocks of rows widened exactly into the
+// calling thread's f32 buffer, then the f32 loop on them, so the result is the f32 op's bits on the
+// widened gu. The loop is compiled once on purpose: a second copy reading bf16 directly came out of
+// GCC with other contractions and gave other bits. 256 rows a block: 4 MiB of buffer at ZAYA1-base's
+// I = 2048, kept from call to call.
+void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
+  if (gu.dtype() != DType::bf16) return swiglu_backward_f32(dgu, dy, gu);
+  constexpr int64_t kRows = 256;
+  const int64_t n = gu.size(0), cols = gu.size(1);
+  thread_local AlignedVector<float> wide;
+  const size_t need = static_cast<size_t>(std::min(n, kRows) * cols);
+  if (wide.size() < need) wide.resize(need);
+  for (int64_t r0 = 0; r0 < n; r0 += kRows) {
+    const int64_t r1 = std::min(n, r0 + kRows);
+    const Tensor block = Tensor::borrow(wide.data(), Shape{r1 - r0, cols}, DType::f32);
+    cast_to_f32(block, gu.slice(r0, r1));
+    swiglu_backward_f32(dgu.slice(r0, r1), dy.slice(r0, r1), block);
+  }
+}
+
+namespace {
+void swiglu_backward_f32(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
+  int64_t n = gu.size(0), inter = gu.size(1) / 2;
+  const float *p = gu.data<float>(), *gp = dy.data<float>();
+  float* dp = dgu.data<float>();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const T* g = p + i * 2 * inter;
-    const T* v = g + inter;
+    const float* g = p + i * 2 * inter;
+    const float* v = g + inter;
     const float* d = gp + i * inter;
     float* dg = dp + i * 2 * inter;
     float* dv = dg + inter;
     int64_t j = 0;
 #if ZAYA_AVX2
     for (; j + 8 <= inter; j += 8) {
-      const __m256 gv = load8_widened(g + j), dj = _mm256_loadu_ps(d + j), s = sigmoid_v8(gv);
+      const __m256 gv = _mm256_loadu_ps(g + j), dj = _mm256_loadu_ps(d + j), s = sigmoid_v8(gv);
       _mm256_storeu_ps(dv + j, _mm256_mul_ps(_mm256_mul_ps(dj, gv), s));
-      _mm256_storeu_ps(dg + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dj, load8_widened(v + j)), s),
+      _mm256_storeu_ps(dg + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dj, _mm256_loadu_ps(v + j)), s),
                                              _mm256_fmadd_ps(gv, _mm256_sub_ps(_mm256_set1_ps(1.0f), s), _mm256_set1_ps(1.0f))));
     }
 #endif
     for (; j < inter; ++j) {
-      const float gj = widened(g[j]), vj = widened(v[j]);
-      float s = sigmoid(gj);
-      dv[j] = d[j] * gj * s;
-      dg[j] = d[j] * vj * s * (1.0f + gj * (1.0f - s));
+      float s = sigmoid(g[j]);
+      dv[j] = d[j] * g[j] * s;
+      dg[j] = d[j] * v[j] * s * (1.0f + g[j] * (1.0f - s));
     }
   }
 }
 }  // namespace
-
-void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
-  const int64_t n = gu.size(0), inter = gu.size(1) / 2;
-  if (gu.dtype() == DType::bf16)
-    swiglu_backward_rows(dgu.data<float>(), dy.data<float>(), gu.data<bf16>(), n, inter);
-  else
-    swiglu_backward_rows(dgu.data<float>(), dy.data<float>(), gu.data<float>(), n, inter);
-}
 
 // ---------------------------------------------------------------------------------------------
 // softmax over the last dim: y = exp(x − max) / Σ exp(x − max), exp by cpu::expf_fast (~1 ulp).

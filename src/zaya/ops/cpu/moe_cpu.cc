@@ -89,18 +89,16 @@ void moe_unpermute(float* out, const float* y, const float* weight, const int32_
 }
 
 namespace {
-// dotf (seq_vec.h) with b widened from bf16 as it is read: dotf's 16 partial sums and addition
-// tree, so the bits of dotf on the widened b.
-float dotf_widened(const float* a, const bf16* b, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * to_float(b[i + l]);
-  for (int64_t l = 0; i < n; ++i, ++l) acc[l] += a[i] * to_float(b[i]);
-  return sum16(acc);
+// ⟨a, b⟩ with b in bf16: b widened exactly into the calling thread's buffer, then dotf itself, so
+// the bits of dotf on the widened b (one compiled reduction: a copy of dotf reading bf16 could be
+// compiled to other contractions).
+float dot_row(const float* a, const bf16* b, int64_t n) {
+  thread_local AlignedVector<float> wide;
+  if (wide.size() < static_cast<size_t>(n)) wide.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) wide[static_cast<size_t>(i)] = to_float(b[i]);
+  return dotf(a, wide.data(), n);
 }
 float dot_row(const float* a, const float* b, int64_t n) { return dotf(a, b, n); }
-float dot_row(const float* a, const bf16* b, int64_t n) { return dotf_widened(a, b, n); }
 
 template <class T>
 void unpermute_bwd(float* dy, float* dweight, const float* dout, const T* y, const float* weight, const int32_t* pos,
