@@ -77,6 +77,10 @@ struct LayerActs {
   // zr, g1 and g2 feed only their GEMMs, so their f32 fields are views of one shared scratch row
   // block. Only the bf16 copies of those are kept per layer.
   Tensor u16, att16, w16, zr16, g1_16, g2_16;
+  // bf16 saved activations (set_activation_dtype), the experts' part: gu and y are f32 only for the
+  // forward (the SwiGLU and the combine read them there), views of shared scratch (ScratchActs);
+  // each layer keeps their bf16 copies, which the SwiGLU's and the combine's backwards read.
+  Tensor gu16, y16;
   // Context parallelism: each chunk's halo, the two positions before it [B·2·2, C + nkv·hd]
   // (z's columns, then [vc | vd]; zeros before the sequence), as the conv and value shift saw it.
   Tensor halo;
@@ -118,6 +122,9 @@ struct ScratchActs {
   // input xp [N, H] and SwiGLU output act [N, I]. One buffer each: w is the gather's source of xp,
   // and a backend may run an expert's gather beside another's SwiGLU.
   Tensor w_f32, xp_f32, act_f32;
+  // bf16 saved activations, the experts' part: gu [N, 2I] and y [N, H] in f32, shared by every
+  // layer's forward (each layer keeps gu16 and y16).
+  Tensor gu_f32, y_f32;
   CpScratch cp;
 };
 

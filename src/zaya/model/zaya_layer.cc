@@ -209,8 +209,8 @@ void ZayaModel::layer_backward(int l) {
   // x_out = RS_mlp(m, x_mid)
   clock.part("backward: experts, residual (+ side tasks)");
   ops::residual_scale_backward(s.dm, s.dxmid, g.rs_mlp, s.dxa, t.m, t.x_mid, p.rs_mlp);
-  // m = weight · y[pos]
-  ops::moe_unpermute_backward(s.dy, s.dweight, s.dm, t.y, t.weight, t.pos, t.M, N, H);
+  // m = weight · y[pos]; with bf16 saved activations from y's bf16 copy (t.y is shared scratch then)
+  ops::moe_unpermute_backward(s.dy, s.dweight, s.dm, t.y16.defined() ? t.y16 : t.y, t.weight, t.pos, t.M, N, H);
   // The experts, with the router's backward and the pending weight gradients as side tasks (see
   // "Backward scheduling" above), which run here when the backend did not run them beside the
   // experts.

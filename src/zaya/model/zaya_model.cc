@@ -384,6 +384,11 @@ void ZayaModel::plan() {
     s.w_f32 = w_staged ? a({N, H}) : Tensor{};
     s.xp_f32 = b16 ? a({N, H}) : Tensor{};
     s.act_f32 = b16 ? a({N, I}) : Tensor{};
+    // bf16 saved activations, the experts' part: gu and y in f32 are one buffer each for every
+    // layer's forward; a layer keeps their bf16 copies (model_internal.h).
+    const bool experts16 = activation_dtype_ == DType::bf16;
+    s.gu_f32 = experts16 ? a({N, 2 * I}) : Tensor{};
+    s.y_f32 = experts16 ? a({N, H}) : Tensor{};
     for (int64_t l = 0; l < L; ++l) {
       LayerActs& t = acts_[l];
       if (recompute_ && l > 0) {
@@ -425,9 +430,13 @@ void ZayaModel::plan() {
       t.probs = a({N, E + 1}); t.choice = a({N}, DType::i32); t.weight = a({N});
       t.counts = a({E}, DType::i32); t.offsets = a({E + 1}, DType::i32);
       t.pos = a({N}, DType::i32); t.src = a({N}, DType::i32);
-      t.xp = b16 ? s.xp_f32 : a({N, H}); t.gu = a({N, 2 * I}); t.act = b16 ? s.act_f32 : a({N, I});
-      t.y = a({N, H}); t.m = a({N, H});
+      t.xp = b16 ? s.xp_f32 : a({N, H});
+      t.gu = experts16 ? s.gu_f32 : a({N, 2 * I});
+      t.act = b16 ? s.act_f32 : a({N, I});
+      t.y = experts16 ? s.y_f32 : a({N, H});
+      t.m = a({N, H});
       if (b16) { t.xp16 = a({N, H}, DType::bf16); t.act16 = a({N, I}, DType::bf16); }
+      if (experts16) { t.gu16 = a({N, 2 * I}, DType::bf16); t.y16 = a({N, H}, DType::bf16); }
       if (cp_) t.halo = a({4 * B_, C + kv});
       if (l == 0) layer_bytes = counted - before;
     }
@@ -555,7 +564,7 @@ ops::ExpertWeights ZayaModel::expert_weights(int l) const {
 
 ops::ExpertActs ZayaModel::expert_acts(int l) const {
   const LayerActs& t = acts_[static_cast<size_t>(l)];
-  return {t.xp, t.gu, t.act, t.y, t.xp16, t.act16};
+  return {t.xp, t.gu, t.act, t.y, t.xp16, t.act16, t.gu16, t.y16};
 }
 
 void ZayaModel::report_ready(int64_t begin, int64_t end) const {

@@ -281,7 +281,7 @@ void swiglu_forward(const Tensor& y, const Tensor& gu) {
 void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
   constexpr std::string_view op = "swiglu_backward";
   const OpDevice on(op, {{"dy", dy}, {"gu", gu}, {"dgu", dgu}});
-  check::f32(op, "gu", gu);
+  ZAYA_CHECK(gu.dtype() == DType::f32 || gu.dtype() == DType::bf16, op, ": gu must be f32 or bf16, found ", gu.str());
   check::f32(op, "dy", dy);
   check::f32(op, "dgu", dgu);
   ZAYA_CHECK(gu.ndim() == 2 && gu.size(1) % 2 == 0, op, ": gu must be [N, 2I], found ", gu.str());

@@ -61,6 +61,8 @@ void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
 
 // SwiGLU on gu [N, 2I]: gate g = first I columns, value v = last I; y [N, I] = silu(g) ⊙ v.
 void swiglu_forward(const Tensor& y, const Tensor& gu);
+// dgu [N, 2I] f32 from dy [N, I] f32 and gu f32 or bf16 (the saved copy of bf16 activations): a bf16
+// gu is widened exactly as it is read, so the result is bitwise the f32 op's on the widened gu.
 void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu);
 
 // dst = src rounded to bf16 (round to nearest even), elementwise; src f32, dst bf16 with as many

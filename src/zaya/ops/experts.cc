@@ -52,6 +52,8 @@ void check_acts(std::string_view op, const ExpertActs& a, int64_t M, const Dims&
     require_rows_at_least(op, "xp16 (bf16 weights need it)", a.xp16, M, d.H, DType::bf16);
     require_rows_at_least(op, "act16 (bf16 weights need it)", a.act16, M, d.I, DType::bf16);
   }
+  if (a.gu16.defined()) require_rows_at_least(op, "gu16", a.gu16, M, 2 * d.I, DType::bf16);
+  if (a.y16.defined()) require_rows_at_least(op, "y16", a.y16, M, d.H, DType::bf16);
 }
 
 }  // namespace
@@ -61,7 +63,8 @@ void experts_forward(const ExpertActs& a, const Tensor& x, const Tensor& src, co
   constexpr std::string_view op = "experts_forward";
   const OpDevice on(op, {{"x", x},          {"src", src},     {"offsets", offsets}, {"weights.gate_up", w.gate_up},
                          {"weights.down", w.down}, {"xp", a.xp}, {"gu", a.gu},       {"act", a.act},
-                         {"y", a.y},        {"xp16", a.xp16}, {"act16", a.act16}});
+                         {"y", a.y},        {"xp16", a.xp16}, {"act16", a.act16}, {"gu16", a.gu16},
+                         {"y16", a.y16}});
   const Dims d = check_weights(op, w, "weights", "weights.down");
   check_plan(op, offsets, M, d);
   check::f32(op, "x", x);
@@ -89,7 +92,8 @@ bool experts_backward(const Tensor& dxp, const ExpertWeights& grads, const Tenso
                    {"grads.gate_up", grads.gate_up},
                    {"grads.down", grads.down}});
   for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"xp", &a.xp}, {"gu", &a.gu}, {"act", &a.act},
-                                {"y", &a.y}, {"xp16", &a.xp16}, {"act16", &a.act16}, {"dact", &scratch.dact},
+                                {"y", &a.y}, {"xp16", &a.xp16}, {"act16", &a.act16}, {"gu16", &a.gu16},
+                                {"y16", &a.y16}, {"dact", &scratch.dact},
                                 {"dgu", &scratch.dgu}, {"dy16", &scratch.dy16}, {"dgu16", &scratch.dgu16}})
     on.add(name, *t);
   const Dims d = check_weights(op, w, "weights", "weights.down");

@@ -25,9 +25,15 @@ struct ExpertWeights {
 // [., H] and act16 [., I] receive the bf16 copies of the GEMM inputs; otherwise leave them undefined.
 // With bf16 weights the backward reads xp16 and act16, never xp and act: those are the forward's
 // staging for the copies, and a caller may pass the same xp and act to every layer.
+// bf16 saved activations (optional, any weights): gu16 [., 2I] and y16 [., H] receive bf16 copies of
+// gu and y as the forward makes them; the forward still computes from the f32 values (the SwiGLU
+// reads gu, the caller's combine y). With gu16 defined the backward's SwiGLU reads gu16 (widened
+// exactly) and never gu, so gu too may be one buffer for every layer; the backward reads neither y
+// nor y16 (y16 is the combine's: moe_unpermute_backward takes it).
 struct ExpertActs {
   Tensor xp, gu, act, y;
   Tensor xp16, act16;
+  Tensor gu16, y16;
 };
 
 // The backward's temporaries: dact [., I], dgu [., 2I]; with bf16 weights also dy16 [., H] and
@@ -48,7 +54,8 @@ struct SideTask {
 };
 
 // x [N, H] the experts' input (post-attention norm output), src [N] i32 and offsets [E+1] i32 from
-// moe_plan, M the routed rows. Writes a.xp (rows < M), a.gu, a.act, a.y (and the bf16 copies).
+// moe_plan, M the routed rows. Writes a.xp (rows < M), a.gu, a.act, a.y (and the bf16 copies that
+// are defined).
 void experts_forward(const ExpertActs& a, const Tensor& x, const Tensor& src, const Tensor& offsets,
                      const ExpertWeights& w, int64_t M);
 

@@ -172,12 +172,17 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& dweight, const Tenso
       op, {{"dy", dy}, {"dweight", dweight}, {"dout", dout}, {"y", y}, {"weight", weight}, {"pos", pos}});
   check_nh(op, M, N, H);
   check::n_rows(op, "dout", dout, N, H);
-  check_permuted(op, "y", y, M, H);
+  ZAYA_CHECK(y.dtype() == DType::f32 || y.dtype() == DType::bf16, op, ": y must be f32 or bf16, found ", y.str());
+  ZAYA_CHECK(y.ndim() == 2 && y.size(1) == H && y.size(0) >= M, op, ": y has shape ", y.shape().str(),
+             ", expected [>=", M, ", ", H, "]");
   check_permuted(op, "dy", dy, M, H);
   check::exact(op, "weight", weight, Shape{N});
   check::exact(op, "dweight", dweight, Shape{N});
   check::i32(op, "pos", pos);
   check::shape(op, "pos", pos, Shape{N});
+  if (on.cpu() && y.dtype() == DType::bf16)
+    return cpu::moe_unpermute_bwd(dy.data<float>(), dweight.data<float>(), dout.data<float>(), y.data<bf16>(),
+                                  weight.data<float>(), pos.data<int32_t>(), N, H);
   if (on.cpu())
     return cpu::moe_unpermute_bwd(dy.data<float>(), dweight.data<float>(), dout.data<float>(),
                                   y.data<float>(), weight.data<float>(), pos.data<int32_t>(), N, H);

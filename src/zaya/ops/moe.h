@@ -43,6 +43,8 @@ void moe_gather_backward(const Tensor& dx, const Tensor& dxp, const Tensor& pos,
 void moe_unpermute(const Tensor& out, const Tensor& y, const Tensor& weight, const Tensor& pos, int64_t M, int64_t N,
                    int64_t H);
 // dy[pos[n]] = weight[n]·dout[n]; dweight[n] = ⟨dout[n], y[pos[n]]⟩ (0 for skipped). Both written.
+// y f32, or bf16 (the saved copy of bf16 activations): widened exactly as it is read, so the result
+// is bitwise the f32 op's on the widened y.
 void moe_unpermute_backward(const Tensor& dy, const Tensor& dweight, const Tensor& dout, const Tensor& y, const Tensor& weight,
                             const Tensor& pos, int64_t M, int64_t N, int64_t H);
 

@@ -512,7 +512,32 @@ void swiglu_forward(const Tensor& y, const Tensor& gu) {
   }
 }
 
+namespace {
+void swiglu_backward_f32(const Tensor& dgu, const Tensor& dy, const Tensor& gu);
+}  // namespace
+
+// gu in bf16 (the saved copy of bf16 activations): blocks of rows widened exactly into the
+// calling thread's f32 buffer, then the f32 loop on them, so the result is the f32 op's bits on the
+// widened gu. The loop is compiled once on purpose: a second copy reading bf16 directly came out of
+// GCC with other contractions and gave other bits. 256 rows a block: 4 MiB of buffer at ZAYA1-base's
+// I = 2048, kept from call to call.
 void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
+  if (gu.dtype() != DType::bf16) return swiglu_backward_f32(dgu, dy, gu);
+  constexpr int64_t kRows = 256;
+  const int64_t n = gu.size(0), cols = gu.size(1);
+  thread_local AlignedVector<float> wide;
+  const size_t need = static_cast<size_t>(std::min(n, kRows) * cols);
+  if (wide.size() < need) wide.resize(need);
+  for (int64_t r0 = 0; r0 < n; r0 += kRows) {
+    const int64_t r1 = std::min(n, r0 + kRows);
+    const Tensor block = Tensor::borrow(wide.data(), Shape{r1 - r0, cols}, DType::f32);
+    cast_to_f32(block, gu.slice(r0, r1));
+    swiglu_backward_f32(dgu.slice(r0, r1), dy.slice(r0, r1), block);
+  }
+}
+
+namespace {
+void swiglu_backward_f32(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
   int64_t n = gu.size(0), inter = gu.size(1) / 2;
   const float *p = gu.data<float>(), *gp = dy.data<float>();
   float* dp = dgu.data<float>();
@@ -539,6 +564,7 @@ void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
     }
   }
 }
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // softmax over the last dim: y = exp(x − max) / Σ exp(x − max), exp by cpu::expf_fast (~1 ulp).

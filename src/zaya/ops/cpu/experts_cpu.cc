@@ -8,8 +8,8 @@
 //    to five. Each GEMM runs on one thread through the path a side-by-side grouped call gives it
 //    (gemm_grouped_on_this_thread), so the results are the grouped way's. Used in f32 for experts
 //    with small weights (those the grouped calls run side by side too) when the plan keeps the
-//    threads even, in row pieces when it does not; the grouped way otherwise (bf16, ZAYA1's large
-//    experts, one thread).
+//    threads even, in row pieces when it does not; the grouped way otherwise (bf16 weights or saved
+//    activations, ZAYA1's large experts, one thread).
 #include "zaya/ops/cpu/experts_cpu.h"
 
 #include <algorithm>
@@ -58,7 +58,8 @@ void timed_gemm(std::atomic<int64_t>& ns, F&& f) {
   ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The grouped way, forward. With bf16 weights the GEMM inputs are bf16 copies (xp16, act16).
+// The grouped way, forward. With bf16 weights the GEMM inputs are bf16 copies (xp16, act16); gu16
+// and y16, where defined, receive bf16 copies of gu and y as the GEMMs make them.
 void grouped_forward(const Tensor& x, const Tensor& src, const int32_t* off, int64_t E, int64_t M,
                      const ExpertWeights& w, const ExpertActs& a) {
   const bool b16 = w.gate_up.dtype() == DType::bf16;
@@ -72,6 +73,7 @@ void grouped_forward(const Tensor& x, const Tensor& src, const int32_t* off, int
     if (off[e + 1] > off[e])
       problems.push_back({xp.slice(off[e], off[e + 1]), w.gate_up.select(e), a.gu.slice(off[e], off[e + 1])});
   ops::gemm_grouped(problems, Trans::N, Trans::T);
+  if (a.gu16.defined()) ops::cast_to_bf16(a.gu16.slice(0, M), a.gu.slice(0, M));
   ops::swiglu_forward(a.act.slice(0, M), a.gu.slice(0, M));
   if (b16) ops::cast_to_bf16(a.act16.slice(0, M), a.act.slice(0, M));
   const Tensor& act = b16 ? a.act16 : a.act;
@@ -80,6 +82,7 @@ void grouped_forward(const Tensor& x, const Tensor& src, const int32_t* off, int
     if (off[e + 1] > off[e])
       problems.push_back({act.slice(off[e], off[e + 1]), w.down.select(e), a.y.slice(off[e], off[e + 1])});
   ops::gemm_grouped(problems, Trans::N, Trans::T);
+  if (a.y16.defined()) ops::cast_to_bf16(a.y16.slice(0, M), a.y.slice(0, M));
 }
 
 // The grouped way, backward: dxp written, dW_d and dW_gu accumulated.
@@ -108,8 +111,8 @@ void grouped_backward(const Tensor& dy_f32, const Tensor& dxp, const int32_t* of
   };
   // y_e = act_e · W_d[e]ᵀ
   expert_linear_backward(dy, w.down, act, s.dact, g.down);
-  // act = SiLU(g) ⊙ v
-  ops::swiglu_backward(s.dgu.slice(0, M), s.dact.slice(0, M), a.gu.slice(0, M));
+  // act = SiLU(g) ⊙ v, from the saved bf16 copy of gu where there is one
+  ops::swiglu_backward(s.dgu.slice(0, M), s.dact.slice(0, M), (a.gu16.defined() ? a.gu16 : a.gu).slice(0, M));
   if (b16) ops::cast_to_bf16(s.dgu16.slice(0, M), s.dgu.slice(0, M));
   const Tensor& dgu = b16 ? s.dgu16 : s.dgu;
   // gu_e = xp_e · W_gu[e]ᵀ
@@ -158,11 +161,12 @@ struct ExpertBackwardProducts {
 //    backward keeps one task per expert when there are no more experts than threads (`few`: the
 //    thread with the largest expert sets the region's length while the others take the side
 //    tasks) and the rest goes grouped;
-//  * not possible (large weights, bf16, one thread, one expert with tokens, fused way off): grouped.
+//  * not possible (large weights, bf16 weights or saved activations, one thread, one expert with
+//    tokens, fused way off): grouped.
 // The backward plans again from the same token counts (cheaper than keeping a plan per layer).
 // Every way gives the same bits. docs/results/model-cpu.md has the measurements on 8 and 16 threads.
 SideBySidePlan plan_fused(const int32_t* off, int64_t E, const ExpertWeights& w, const ExpertActs& a) {
-  if (!g_fused || w.gate_up.dtype() != DType::f32) return {};
+  if (!g_fused || w.gate_up.dtype() != DType::f32 || a.gu16.defined() || a.y16.defined()) return {};
   std::vector<GemmProblem>& problems = t_ws.problems;
   problems.clear();
   t_ws.expert_ids.clear();

@@ -88,8 +88,21 @@ void moe_unpermute(float* out, const float* y, const float* weight, const int32_
   }
 }
 
-void moe_unpermute_bwd(float* dy, float* dweight, const float* dout, const float* y, const float* weight,
-                       const int32_t* pos, int64_t N, int64_t H) {
+namespace {
+// ⟨a, b⟩ with b in bf16: b widened exactly into the calling thread's buffer, then dotf itself, so
+// the bits of dotf on the widened b (one compiled reduction: a copy of dotf reading bf16 could be
+// compiled to other contractions).
+float dot_row(const float* a, const bf16* b, int64_t n) {
+  thread_local AlignedVector<float> wide;
+  if (wide.size() < static_cast<size_t>(n)) wide.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) wide[static_cast<size_t>(i)] = to_float(b[i]);
+  return dotf(a, wide.data(), n);
+}
+float dot_row(const float* a, const float* b, int64_t n) { return dotf(a, b, n); }
+
+template <class T>
+void unpermute_bwd(float* dy, float* dweight, const float* dout, const T* y, const float* weight, const int32_t* pos,
+                   int64_t N, int64_t H) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     if (pos[n] < 0) {
@@ -98,9 +111,20 @@ void moe_unpermute_bwd(float* dy, float* dweight, const float* dout, const float
     }
     const int64_t r = pos[n];
     const float* g = dout + n * H;
-    dweight[n] = dotf(g, y + r * H, H);
+    dweight[n] = dot_row(g, y + r * H, H);
     for (int64_t h = 0; h < H; ++h) dy[r * H + h] = weight[n] * g[h];
   }
+}
+}  // namespace
+
+void moe_unpermute_bwd(float* dy, float* dweight, const float* dout, const float* y, const float* weight,
+                       const int32_t* pos, int64_t N, int64_t H) {
+  unpermute_bwd(dy, dweight, dout, y, weight, pos, N, H);
+}
+
+void moe_unpermute_bwd(float* dy, float* dweight, const float* dout, const bf16* y, const float* weight,
+                       const int32_t* pos, int64_t N, int64_t H) {
+  unpermute_bwd(dy, dweight, dout, y, weight, pos, N, H);
 }
 
 }  // namespace zaya::ops::cpu

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "zaya/core/dtype.h"
+
 namespace zaya::ops::cpu {
 
 void moe_route(float* probs, int32_t* choice, float* weight, const float* logits, const float* beta, int64_t N,
@@ -15,6 +17,10 @@ void moe_gather(float* xp, const float* x, const int32_t* src, int64_t M, int64_
 void moe_gather_bwd(float* dx, const float* dxp, const int32_t* pos, int64_t N, int64_t H);
 void moe_unpermute(float* out, const float* y, const float* weight, const int32_t* pos, int64_t N, int64_t H);
 void moe_unpermute_bwd(float* dy, float* dweight, const float* dout, const float* y, const float* weight,
+                       const int32_t* pos, int64_t N, int64_t H);
+// The same with y in bf16 (the saved copy of bf16 activations), widened exactly as it is read:
+// bitwise the f32 kernel on the widened y.
+void moe_unpermute_bwd(float* dy, float* dweight, const float* dout, const bf16* y, const float* weight,
                        const int32_t* pos, int64_t N, int64_t H);
 
 }  // namespace zaya::ops::cpu

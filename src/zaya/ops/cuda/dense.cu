@@ -1,6 +1,6 @@
 // CUDA kernels for dense.h's per-token ops (arguments checked by the fronts in ops/dense.cc):
 // forward and backward side by side, the math written out as in cpu/dense_cpu.cc. fp32 tensors,
-// except the bf16 embedding table and the two casts.
+// except the bf16 embedding table, SwiGLU's backward's bf16 gu and the two casts.
 //
 // Elementwise ops are grid-stride loops over the elements; row ops (RMSNorm, softmax) give each row
 // one block of kThreads threads and reduce with block_sum/block_max; parameter gradients are column
@@ -268,11 +268,14 @@ __global__ void swiglu_forward_kernel(float* y, const float* gu, int64_t n, int6
     y[k] = math::swiglu(g[j], g[inter + j]);
   }
 }
-__global__ void swiglu_backward_kernel(float* dgu, const float* dy, const float* gu, int64_t n, int64_t inter) {
+// gu f32, or bf16 (the saved copy of bf16 activations) widened exactly: the f32 kernel's bits on
+// the widened values.
+template <class T>
+__global__ void swiglu_backward_kernel(float* dgu, const float* dy, const T* gu, int64_t n, int64_t inter) {
   GRID_STRIDE(k, n * inter) {
     const int64_t i = k / inter, j = k % inter;
-    const float* g = gu + i * 2 * inter;
-    const math::SwigluGrad d = math::swiglu_grad(dy[k], g[j], g[inter + j]);
+    const T* g = gu + i * 2 * inter;
+    const math::SwigluGrad d = math::swiglu_grad(dy[k], table_value(g[j]), table_value(g[inter + j]));
     dgu[i * 2 * inter + j] = d.dg;
     dgu[i * 2 * inter + inter + j] = d.dv;
   }
@@ -322,8 +325,12 @@ void swiglu_backward(const Tensor& dgu, const Tensor& dy, const Tensor& gu) {
   auto& ctx = context_for(op);
   const int64_t n = gu.size(0), inter = gu.size(1) / 2;
   if (n * inter == 0) return;
-  swiglu_backward_kernel<<<blocks_for(n * inter), kThreads, 0, stream_of(ctx)>>>(
-      dgu.data<float>(), dy.data<float>(), gu.data<float>(), n, inter);
+  if (gu.dtype() == DType::bf16)
+    swiglu_backward_kernel<<<blocks_for(n * inter), kThreads, 0, stream_of(ctx)>>>(
+        dgu.data<float>(), dy.data<float>(), gu.data<bf16>(), n, inter);
+  else
+    swiglu_backward_kernel<<<blocks_for(n * inter), kThreads, 0, stream_of(ctx)>>>(
+        dgu.data<float>(), dy.data<float>(), gu.data<float>(), n, inter);
   check_launch(op);
 }
 

@@ -69,9 +69,11 @@ void experts_forward(const ExpertActs& a, const Tensor& x, const Tensor& src, co
   check_launch(op);
   if (b16) ops::cast_to_bf16(a.xp16.slice(0, M), a.xp.slice(0, M));
   ops::gemm_grouped(per_expert(off, E, b16 ? a.xp16 : a.xp, w.gate_up, a.gu), Trans::N, Trans::T);  // gu = xp·W_guᵀ
+  if (a.gu16.defined()) ops::cast_to_bf16(a.gu16.slice(0, M), a.gu.slice(0, M));  // bf16 saved activations
   ops::swiglu_forward(a.act.slice(0, M), a.gu.slice(0, M));
   if (b16) ops::cast_to_bf16(a.act16.slice(0, M), a.act.slice(0, M));
   ops::gemm_grouped(per_expert(off, E, b16 ? a.act16 : a.act, w.down, a.y), Trans::N, Trans::T);  // y = act·W_dᵀ
+  if (a.y16.defined()) ops::cast_to_bf16(a.y16.slice(0, M), a.y.slice(0, M));
 }
 
 bool experts_backward(const Tensor& dxp, const ExpertWeights& grads, const Tensor& dy_f32, const Tensor& offsets,
@@ -99,7 +101,8 @@ bool experts_backward(const Tensor& dxp, const ExpertWeights& grads, const Tenso
     ops::gemm_grouped(problems, Trans::T, Trans::N, 1.0f, 1.0f);
   };
   expert_linear_backward(dy, w.down, act, s.dact, grads.down);  // y = act·W_dᵀ
-  ops::swiglu_backward(s.dgu.slice(0, M), s.dact.slice(0, M), a.gu.slice(0, M));  // act = SiLU(g) ⊙ v
+  // act = SiLU(g) ⊙ v, from the saved bf16 copy of gu where there is one
+  ops::swiglu_backward(s.dgu.slice(0, M), s.dact.slice(0, M), (a.gu16.defined() ? a.gu16 : a.gu).slice(0, M));
   if (b16) ops::cast_to_bf16(s.dgu16.slice(0, M), s.dgu.slice(0, M));
   expert_linear_backward(b16 ? s.dgu16 : s.dgu, w.gate_up, xp, dxp, grads.gate_up);  // gu = xp·W_guᵀ
   return false;  // the side tasks are the caller's: they run on the same stream after these

@@ -11,7 +11,7 @@
 // ranks each token among the earlier tokens of its expert (warp match + a scan over warps in order,
 // no order-dependent atomics), so pos/src equal the CPU's serial counting sort. The permutation
 // kernels are copies and single products, bitwise the CPU's; only ⟨dout, y⟩ is a sum in another
-// order (a warp's fixed butterfly).
+// order (a warp's fixed butterfly). The unpermute's backward also takes y in bf16 (widened as read).
 #include "zaya/ops/cuda/moe_cuda.h"
 
 #include <climits>
@@ -221,10 +221,21 @@ __global__ void moe_unpermute_kernel(V* out, const V* y, const float* weight, co
 __device__ inline float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 __device__ inline float dot4(float a, float b) { return a * b; }
 
+// y's rows in bf16 (the saved copy of bf16 activations): four at a time as float4's counterpart, and
+// every element widened exactly as it is read, so the products and sums are the f32 kernel's on the
+// widened values.
+struct alignas(8) Bf16x4 {
+  bf16 x, y, z, w;
+};
+__device__ inline float widened(float v) { return v; }
+__device__ inline float4 widened(float4 v) { return v; }
+__device__ inline float widened(bf16 v) { return to_float(v); }
+__device__ inline float4 widened(Bf16x4 v) { return make_float4(to_float(v.x), to_float(v.y), to_float(v.z), to_float(v.w)); }
+
 // One warp per token: dy[pos[n]] = w[n]·dout[n] and dweight[n] = ⟨dout[n], y[pos[n]]⟩, the lanes'
 // partial sums added in a fixed butterfly (deterministic). Skipped tokens: dweight 0, no dy row.
-template <class V>
-__global__ void moe_unpermute_backward_kernel(V* dy, float* dweight, const V* dout, const V* y,
+template <class V, class Y>
+__global__ void moe_unpermute_backward_kernel(V* dy, float* dweight, const V* dout, const Y* y,
                                               const float* weight, const int32_t* pos, int64_t N,
                                               int64_t hv) {
   const int lane = threadIdx.x % 32;
@@ -237,12 +248,12 @@ __global__ void moe_unpermute_backward_kernel(V* dy, float* dweight, const V* do
     }
     const float w = weight[n];
     const V* g = dout + n * hv;
-    const V* yr = y + static_cast<int64_t>(r) * hv;
+    const Y* yr = y + static_cast<int64_t>(r) * hv;
     V* d = dy + static_cast<int64_t>(r) * hv;
     float s = 0.0f;
     for (int64_t h = lane; h < hv; h += 32) {
       const V gv = g[h];
-      s += dot4(gv, yr[h]);
+      s += dot4(gv, widened(yr[h]));
       d[h] = scaled(w, gv);
     }
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -355,7 +366,18 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& dweight, const Tenso
   auto& ctx = context_for(op);
   const auto blocks = static_cast<unsigned>(
       std::clamp<int64_t>((N + kThreads / 32 - 1) / (kThreads / 32), 1, int64_t{1} << 20));
-  if (vec4_ok(H, {dy.raw(), dout.raw(), y.raw()})) {
+  if (y.dtype() == DType::bf16) {  // four bf16 of a row are 8 bytes: 8-byte aligned rows for Bf16x4
+    if (vec4_ok(H, {dy.raw(), dout.raw()}) && reinterpret_cast<uintptr_t>(y.raw()) % 8 == 0) {
+      moe_unpermute_backward_kernel<<<blocks, kThreads, 0, stream_of(ctx)>>>(
+          reinterpret_cast<float4*>(dy.data<float>()), dweight.data<float>(),
+          reinterpret_cast<const float4*>(dout.data<float>()), reinterpret_cast<const Bf16x4*>(y.data<bf16>()),
+          weight.data<float>(), pos.data<int32_t>(), N, H / 4);
+    } else {
+      moe_unpermute_backward_kernel<<<blocks, kThreads, 0, stream_of(ctx)>>>(
+          dy.data<float>(), dweight.data<float>(), dout.data<float>(), y.data<bf16>(), weight.data<float>(),
+          pos.data<int32_t>(), N, H);
+    }
+  } else if (vec4_ok(H, {dy.raw(), dout.raw(), y.raw()})) {
     moe_unpermute_backward_kernel<<<blocks, kThreads, 0, stream_of(ctx)>>>(
         reinterpret_cast<float4*>(dy.data<float>()), dweight.data<float>(),
         reinterpret_cast<const float4*>(dout.data<float>()), reinterpret_cast<const float4*>(y.data<float>()),

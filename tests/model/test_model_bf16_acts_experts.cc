@@ -1,0 +1,222 @@
+// bf16 saved activations (ZayaModel::set_activation_dtype), the experts' part: each layer keeps
+// only bf16 copies of the experts' gate/up output gu and of their output y; the f32 values are one
+// shared buffer each that the forward computes from. So the forward and the loss are bitwise those
+// of f32 activations (with the same bf16 GEMMs), the backward reads the rounded values (the SwiGLU's
+// backward gu, the combine's backward y), the gradients move by a bounded amount, and each layer
+// saves 2 bytes per element of gu and y.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "device_or_emulated.h"
+#include "model/random_model.h"
+#include "zaya/model/model_internal.h"
+#include "zaya/model/zaya_model.h"
+
+namespace zaya::model {
+namespace {
+
+struct Step {
+  double loss;
+  std::vector<float> grads;
+};
+
+Tensor tokens(int64_t B, int64_t T, int64_t V, uint64_t seed, Device device) {
+  Tensor t = Tensor::empty(Shape{B, T}, DType::i32);
+  for (int64_t i = 0; i < B * T; ++i) t.data<int32_t>()[i] = static_cast<int32_t>((i * 7919 + seed * 13) % V);
+  return t.to(device);
+}
+
+Step train_step(ZayaModel& m, const Tensor& ids, const Tensor& tg) {
+  m.zero_grad();
+  Step s;
+  s.loss = m.forward(ids, tg);
+  m.backward();
+  const Tensor g = m.grads_flat().to(Device::cpu);
+  s.grads.assign(g.data<float>(), g.data<float>() + g.numel());
+  return s;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+double rel(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return den == 0 ? (num == 0 ? 0.0 : INFINITY) : std::sqrt(num / den);
+}
+
+// The bound on each parameter's gradient, norm-wise relative to the f32-activation step (the same
+// bf16 GEMMs), and its derivation. The two steps are bitwise alike up to the first read of a
+// rounded activation in the backward, so every difference starts at such a read. Per layer the
+// backward reads two (gu16 in the SwiGLU's backward, y16 in dL/dweight = ⟨dm, y⟩): a value rounded
+// to nearest bf16 is off by ≤ 2^-9 relative, and SwiGLU's gradient in g carries that with a factor
+// 1 + g(1 − σ(g)) of order 1, so each read moves what it computes by ≤ 2^-8 relative. From there
+// the difference flows through the rest of the backward, and each bf16 rounding of a GEMM input the
+// difference reaches (the experts' dgu16, the router's dlogits16, dg2_16, dg1_16 and dr16, the
+// attention's dout_proj16, dz16 and dvcd16, the layer below's experts' dy16) may round the two
+// values to neighbouring bf16 numbers: one more step of ≤ 2^-8. With the 2 reads and those 9
+// roundings in each of L layers, independent, the steps add like a random walk: √(11·L)·2^-8; four
+// times that bounds the spread (0.073 at L = 2, 0.090 at L = 3), as ModelBf16's bound does for the
+// bf16 GEMMs. A gradient that read the f32 values, or bf16 copies of the wrong rows, would be
+// unchanged (caught below: the gradients must differ) or off by O(1).
+double gradient_bound(int64_t layers) { return 4.0 * std::sqrt(11.0 * static_cast<double>(layers)) / 256.0; }
+
+// Every parameter's gradient of `b16` (bf16 activations) within the bound of `f32`'s, and the
+// experts' gate/up gradients different (the rounded gu reached them). Prints each with
+// ZAYA_TEST_VERBOSE.
+void expect_within_bound(const ZayaModel& m, const Step& b16, const Step& f32) {
+  const bool verbose = std::getenv("ZAYA_TEST_VERBOSE") != nullptr;
+  const double tol = gradient_bound(m.config().num_hidden_layers);
+  double worst = 0;
+  for (size_t i = 0; i < m.specs().size(); ++i) {
+    const int64_t off = m.param_offset(static_cast<int>(i)), n = m.specs()[i].shape.numel();
+    const double e = rel(b16.grads.data() + off, f32.grads.data() + off, n);
+    worst = std::max(worst, e);
+    if (verbose) std::printf("%-60s %.3e\n", m.specs()[i].name.c_str(), e);
+    EXPECT_LE(e, tol) << m.specs()[i].name;
+    if (m.specs()[i].name.find("experts.gate_up_proj") != std::string::npos)
+      EXPECT_NE(std::memcmp(b16.grads.data() + off, f32.grads.data() + off, static_cast<size_t>(n) * 4), 0)
+          << m.specs()[i].name << ": the bf16 copy of gu did not reach its gradient";
+  }
+  if (verbose) std::printf("largest deviation %.3e, bound %.3e\n", worst, tol);
+}
+
+struct Case {
+  const char* name;
+  test::ModelDims dims;
+  bool passthrough;
+  int64_t B, T;
+  uint64_t seed;
+};
+
+const Case kCases[] = {
+    {"two layers", {4, 2, 16, 4, 2, 16, 24, 32, 64}, false, 2, 24, 11},
+    {"three layers, skip passthrough", {6, 2, 8, 5, 3, 24, 40, 48, 300}, true, 2, 20, 13},
+};
+
+ModelConfig config_of(const Case& k) {
+  ModelConfig c = test::small_config(k.dims, 64);
+  c.skip_passthrough = k.passthrough;
+  return c;
+}
+
+// On the CPU: the loss bitwise the f32-activation step's, every gradient within the bound and not
+// all alike; with recompute the bf16-activation step is bitwise the one without (the re-run makes
+// the same copies); switching back to f32 activations gives the f32-activation step again, bitwise.
+TEST(Bf16ActivationsExperts, LossBitwiseAndGradientsWithinTheBoundOfF32Activations) {
+  for (const Case& k : kCases) {
+    SCOPED_TRACE(k.name);
+    const ModelConfig c = config_of(k);
+    ZayaModel m(c, k.B, k.T);
+    test::randomize(m, k.seed, 2.0f);
+    m.set_gemm_dtype(DType::bf16);
+    const Tensor ids = tokens(k.B, k.T, c.vocab_size, 1, Device::cpu), tg = tokens(k.B, k.T, c.vocab_size, 2, Device::cpu);
+    const Step f32 = train_step(m, ids, tg);
+    m.set_activation_dtype(DType::bf16);
+    EXPECT_EQ(m.activation_dtype(), DType::bf16);
+    const Step b16 = train_step(m, ids, tg);
+    EXPECT_EQ(std::memcmp(&b16.loss, &f32.loss, sizeof(double)), 0) << b16.loss << " vs " << f32.loss;
+    EXPECT_FALSE(same_bits(b16.grads, f32.grads));
+    expect_within_bound(m, b16, f32);
+    m.set_recompute(true);
+    const Step re = train_step(m, ids, tg);
+    EXPECT_EQ(std::memcmp(&re.loss, &b16.loss, sizeof(double)), 0);
+    EXPECT_TRUE(same_bits(re.grads, b16.grads)) << "recompute changed a gradient";
+    m.set_recompute(false);
+    m.set_activation_dtype(DType::f32);
+    const Step back = train_step(m, ids, tg);
+    EXPECT_EQ(std::memcmp(&back.loss, &f32.loss, sizeof(double)), 0);
+    EXPECT_TRUE(same_bits(back.grads, f32.grads));
+  }
+}
+
+// The same on the device (a GPU, else the emulated device: placement): a CPU-randomized model's
+// parameters copied into two device models, f32 and bf16 activations, both with bf16 GEMMs. The
+// forward computes from the same f32 values either way, so the losses are bitwise alike there too.
+TEST(Bf16ActivationsExperts, LossBitwiseAndGradientsWithinTheBoundOnTheDevice) {
+  ZAYA_GPU_OR_EMULATED(real);
+  const Case& k = kCases[1];
+  const ModelConfig c = config_of(k);
+  ZayaModel host(c, k.B, k.T);
+  test::randomize(host, k.seed, 2.0f);
+  std::unique_ptr<ZayaModel> m[2];
+  for (int i = 0; i < 2; ++i) {
+    m[i] = std::make_unique<ZayaModel>(c, k.B, k.T, Device::cuda);
+    Tensor(m[i]->params_flat()).copy_from(host.params_flat());
+    Tensor(m[i]->balancing_biases()).copy_from(host.balancing_biases());
+    m[i]->set_gemm_dtype(DType::bf16);
+  }
+  m[1]->set_activation_dtype(DType::bf16);
+  const Tensor ids = tokens(k.B, k.T, c.vocab_size, 1, Device::cuda), tg = tokens(k.B, k.T, c.vocab_size, 2, Device::cuda);
+  const Step f32 = train_step(*m[0], ids, tg), b16 = train_step(*m[1], ids, tg);
+  EXPECT_EQ(std::memcmp(&b16.loss, &f32.loss, sizeof(double)), 0) << b16.loss << " vs " << f32.loss;
+  EXPECT_FALSE(same_bits(b16.grads, f32.grads));
+  expect_within_bound(*m[1], b16, f32);
+}
+
+// gu and y are one f32 buffer each for all layers, each layer has its own bf16 copies, and the
+// backward reads only those: with the shared f32 values poisoned (NaN) between the forward and the
+// backward, the loss and every gradient stay bitwise those of the untouched step (tolerance 0; a
+// read would carry NaN into some gradient).
+TEST(Bf16ActivationsExperts, BackwardReadsOnlyTheBf16CopiesOfGuAndY) {
+  const Case& k = kCases[0];
+  const ModelConfig c = config_of(k);
+  ZayaModel m(c, k.B, k.T);
+  test::randomize(m, k.seed, 2.0f);
+  m.set_gemm_dtype(DType::bf16);
+  m.set_activation_dtype(DType::bf16);
+  for (int l = 1; l < c.num_hidden_layers; ++l) {
+    EXPECT_EQ(m.layer_acts(l).gu.raw(), m.layer_acts(0).gu.raw()) << "layer " << l;
+    EXPECT_EQ(m.layer_acts(l).y.raw(), m.layer_acts(0).y.raw()) << "layer " << l;
+    EXPECT_NE(m.layer_acts(l).gu16.raw(), m.layer_acts(0).gu16.raw()) << "layer " << l;
+    EXPECT_NE(m.layer_acts(l).y16.raw(), m.layer_acts(0).y16.raw()) << "layer " << l;
+  }
+  const Tensor ids = tokens(k.B, k.T, c.vocab_size, 3, Device::cpu), tg = tokens(k.B, k.T, c.vocab_size, 4, Device::cpu);
+  auto step = [&](bool poison) {
+    m.zero_grad();
+    Step s;
+    s.loss = m.forward(ids, tg);
+    if (poison)
+      for (Tensor t : {m.layer_acts(0).gu, m.layer_acts(0).y}) t.fill_(std::nan(""));
+    m.backward();
+    const float* g = m.grads_flat().data<float>();
+    s.grads.assign(g, g + m.grads_flat().numel());
+    return s;
+  };
+  const Step clean = step(false), poisoned = step(true);
+  EXPECT_EQ(std::memcmp(&clean.loss, &poisoned.loss, sizeof(double)), 0);
+  EXPECT_TRUE(same_bits(clean.grads, poisoned.grads)) << "the backward read the shared f32 gu or y";
+}
+
+// Per layer and token, bf16 activations save 2 bytes for each element of gu (2I) and y (H) against
+// f32 activations with the same bf16 GEMMs: 4I + 2H bytes, exactly, with recompute off and on (the
+// one shared set shrinks alike). N = 64 rows: every block a multiple of the arena's 64-byte
+// alignment, so no padding blurs the sums. ZAYA1-base (H = I = 2048): 12,288 bytes per token per
+// layer.
+TEST(Bf16ActivationsExperts, SavedBytesPerLayerShrinkByHalfOfGuAndY) {
+  const ModelConfig c = config_of(kCases[0]);
+  const int64_t B = 2, T = 32, N = B * T, H = c.hidden_size, I = c.moe_intermediate_size;
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recompute" : "saved activations");
+    ZayaModel m(c, B, T);
+    m.set_recompute(recompute);
+    m.set_gemm_dtype(DType::bf16);
+    const double f32 = m.saved_bytes_per_token_per_layer() * static_cast<double>(N);
+    m.set_activation_dtype(DType::bf16);
+    const double experts = static_cast<double>(N * (2 * 2 * I + 2 * H));  // gu [N, 2I] and y [N, H]: 4 → 2 bytes
+    EXPECT_EQ(m.saved_bytes_per_token_per_layer() * static_cast<double>(N), f32 - experts);
+  }
+}
+
+}  // namespace
+}  // namespace zaya::model
