@@ -127,7 +127,7 @@ run | tests)
     2>&1 | tee -a "$out/tests.txt" || status=1
   # The GEMM ops at ZAYA1-base's shapes in FLOP/s (dense, one expert, 16 experts grouped, the experts op).
   # The whole model, then the trainer, on the GPU against the CPU (fp32, TF32 off).
-  "$pack_dir/test_model" --gtest_filter='ModelDevice.*:Bf16WeightStorage.*OnTheDevice:Bf16ActivationsExperts.*OnTheDevice' 2>&1 | tee -a "$out/tests.txt" || status=1
+  "$pack_dir/test_model" --gtest_filter='ModelDevice.*:Bf16WeightStorage.*OnTheDevice:Bf16Activations.*OnTheDevice' 2>&1 | tee -a "$out/tests.txt" || status=1
   "$pack_dir/test_train" --gtest_filter='TrainDevice.*' 2>&1 | tee -a "$out/tests.txt" || status=1
   "$pack_dir/bench_ops_gemm_cuda" --benchmark_min_time=0.2 2>&1 | tee -a "$out/ops_bench.txt" || status=1
   "$pack_dir/test_bench" --gtest_filter='GemmBench.*:ExpertsBench.TimesTheExpertsOpOnTheDevice' 2>&1 | tee -a "$out/tests.txt" || status=1

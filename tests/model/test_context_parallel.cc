@@ -319,11 +319,11 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(s.B) + "_nq" + std::to_string(s.nq) + "_nkv" + std::to_string(s.nkv);
     });
 
-// bf16 saved activations of the experts (gu16, y16) under context parallelism: each rank plans its
-// own N = B·S/cp rows, so with bf16 GEMMs on every rank the loss and the logits are bitwise those of
+// bf16 saved activations (gu16, y16, o16, m16) under context parallelism: each rank plans its own
+// N = B·S/cp rows, so with bf16 GEMMs on every rank the loss and the logits are bitwise those of
 // f32 activations (the forward computes from the f32 values), and the gradients differ (the rounded
-// gu and y reached them) within the bound test_model_bf16_acts_experts.cc derives, 4·√(11·L)·2⁻⁸
-// norm-wise per parameter (L = 2: 0.073).
+// values reached them) within the bound test_model_bf16_activations.cc derives, 4·√(13·L)·2⁻⁸
+// norm-wise per parameter (L = 2: 0.080).
 TEST(ContextParallelBf16Activations, LossBitwiseAndGradientsWithinTheBoundOfF32Activations) {
   const CpCase s{16, 2, 1, 8, 3, 2, 12, 2};
   auto precision = [](DType activations) {
@@ -338,7 +338,7 @@ TEST(ContextParallelBf16Activations, LossBitwiseAndGradientsWithinTheBoundOfF32A
   EXPECT_EQ(std::memcmp(b16.logits.data(), f32.logits.data(), f32.logits.size() * 4), 0);
   EXPECT_NE(std::memcmp(b16.grads.data(), f32.grads.data(), f32.grads.size() * 4), 0);
   ZayaModel layout(config_of(s), 1, 8);
-  const double tol = 4.0 * std::sqrt(11.0 * layout.config().num_hidden_layers) / 256.0;
+  const double tol = 4.0 * std::sqrt(13.0 * layout.config().num_hidden_layers) / 256.0;
   for (size_t p = 0; p < layout.specs().size(); ++p) {
     const int64_t off = layout.param_offset(static_cast<int>(p)), n = layout.specs()[p].shape.numel();
     double num = 0, den = 0;

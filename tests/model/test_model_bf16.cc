@@ -191,7 +191,11 @@ TEST(ModelBf16, DenseProjectionsRunOnBf16Copies) {
     return y;
   };
   const int64_t C = c.conv_channels();
-  EXPECT_TRUE(same(t.u16, b16(t.u)));
+  // u's f32 field is staging in this mode (shared by the layers), so layer 0's u16 is checked
+  // against its RMSNorm_in(x⁰) made again.
+  Tensor u = Tensor::empty(t.x_mid.shape(), DType::f32), rstd_in = Tensor::empty(Shape{N}, DType::f32);
+  ops::rmsnorm_forward(u, rstd_in, m.layer_input(0), p.w_in, static_cast<float>(c.rms_norm_eps));
+  EXPECT_TRUE(same(t.u16, b16(u)));
   EXPECT_TRUE(same(t.z, linear(t.u16, p.w_qkv.slice(0, C), Tensor{})));
   EXPECT_TRUE(same(t.att16, b16(t.att)));
   EXPECT_TRUE(same(t.o, linear(t.att16, p.w_o, Tensor{})));
@@ -209,7 +213,7 @@ TEST(ModelBf16, DenseProjectionsRunOnBf16Copies) {
   EXPECT_FALSE(same(t.o, y32));
 }
 
-// In the bf16 mode the f32 values that only feed their bf16 copies (w without the skip
+// In the bf16 mode the f32 values that only feed their bf16 copies (u, w without the skip
 // passthrough, the experts' xp and act, the router's zr, g1, g2) are one buffer shared by every
 // layer. The backward must read none of them: filled with NaN between the forward and the
 // backward, the loss and every gradient stay bitwise those of the untouched step (tolerance 0; a
@@ -237,7 +241,7 @@ TEST(ModelBf16, StagedF32ActivationsAreSharedAndReadByNoBackward) {
       if (poison)
         for (int l = 0; l < c.num_hidden_layers; ++l) {
           const LayerActs& t = m.layer_acts(l);
-          for (Tensor x : {t.xp, t.act, t.zr, t.g1, t.g2}) x.fill_(std::nan(""));
+          for (Tensor x : {t.u, t.xp, t.act, t.zr, t.g1, t.g2}) x.fill_(std::nan(""));
           if (!passthrough) Tensor(t.w).fill_(std::nan(""));
         }
       m.backward();
@@ -247,10 +251,11 @@ TEST(ModelBf16, StagedF32ActivationsAreSharedAndReadByNoBackward) {
     };
     // f32 mode: every layer has its own.
     for (int l = 1; l < c.num_hidden_layers; ++l)
-      for (auto f : {&LayerActs::w, &LayerActs::xp, &LayerActs::act})
+      for (auto f : {&LayerActs::u, &LayerActs::w, &LayerActs::xp, &LayerActs::act})
         EXPECT_NE((m.layer_acts(l).*f).raw(), (m.layer_acts(0).*f).raw()) << "layer " << l;
     m.set_gemm_dtype(DType::bf16);
     for (int l = 1; l < c.num_hidden_layers; ++l) {
+      EXPECT_EQ(m.layer_acts(l).u.raw(), m.layer_acts(0).u.raw()) << "layer " << l;
       EXPECT_EQ(m.layer_acts(l).xp.raw(), m.layer_acts(0).xp.raw()) << "layer " << l;
       EXPECT_EQ(m.layer_acts(l).act.raw(), m.layer_acts(0).act.raw()) << "layer " << l;
       EXPECT_EQ(m.layer_acts(l).w.raw() == m.layer_acts(0).w.raw(), !passthrough) << "layer " << l;
@@ -268,8 +273,8 @@ TEST(ModelBf16, StagedF32ActivationsAreSharedAndReadByNoBackward) {
 }
 
 // The bf16 mode's saved bytes per layer are the f32 mode's plus the bf16 copies of the GEMM inputs
-// (u, att, w, zr, g1, g2, xp, act) less the f32 values kept only as staging for them (zr, g1, g2,
-// xp, act, and w without the skip passthrough), exactly, with recompute off and on (the one
+// (u, att, w, zr, g1, g2, xp, act) less the f32 values kept only as staging for them (u, zr, g1,
+// g2, xp, act, and w without the skip passthrough), exactly, with recompute off and on (the one
 // shared set shrinks alike). The staging buffers are the model's, once: with recompute off, a
 // per-layer w (the passthrough's) costs L − 1 more [N, H] f32 blocks than the shared one; with it
 // on, none (layer 0's set is the shared one). N = 64 rows, so every block is a multiple of the
@@ -289,7 +294,7 @@ TEST(ModelBf16, SavedBytesPerLayerKeepOnlyTheBf16CopiesOfStagedInputs) {
       const double f32 = m.saved_bytes_per_token_per_layer() * static_cast<double>(N);
       m.set_gemm_dtype(DType::bf16);
       const double copies = 2.0 * static_cast<double>(N * (H + q + H + 3 * R + H + I));
-      const double staged = 4.0 * static_cast<double>(N * (3 * R + H + I + (passthrough ? 0 : H)));
+      const double staged = 4.0 * static_cast<double>(N * (H + 3 * R + H + I + (passthrough ? 0 : H)));
       EXPECT_EQ(m.saved_bytes_per_token_per_layer() * static_cast<double>(N), f32 + copies - staged);
       arena[passthrough] = m.activation_bytes();
     }

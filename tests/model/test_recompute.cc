@@ -133,12 +133,13 @@ TEST(Recompute, ArenaShrinksByWhatThePlanSays) {
       m.set_recompute(true);
       const size_t with = m.activation_bytes();
       // The plan: layers 1..L−1 give up their saved activations and keep only r [N, R] f32 and
-      // their choice [N] i32; the odd layers' u [N, H] and att [N, q] take one buffer each (and, with
-      // bf16 GEMMs, their bf16 copies: 2 bytes more per element).
+      // their choice [N] i32; the odd layers' u [N, H] and att [N, q] take one buffer each (with
+      // bf16 GEMMs: their bf16 copies, which the pending weight gradients read, and att's f32; u's
+      // f32 is the model's one staging block then).
       const double kept = 4.0 * static_cast<double>(N * (c.router_hidden_size + 1));
-      const double u_att_bytes = gemm == DType::bf16 ? 6.0 : 4.0;
-      const double second_u_att =
-          L > 1 ? u_att_bytes * static_cast<double>(N * (c.hidden_size + c.q_dim())) : 0.0;
+      const double H = static_cast<double>(c.hidden_size), q = static_cast<double>(c.q_dim());
+      const double u_att = gemm == DType::bf16 ? 2.0 * (H + q) + 4.0 * q : 4.0 * (H + q);
+      const double second_u_att = L > 1 ? u_att * static_cast<double>(N) : 0.0;
       const double predicted =
           static_cast<double>(without) - static_cast<double>(L - 1) * (layer - kept) + second_u_att;
       EXPECT_EQ(static_cast<double>(with), predicted);

@@ -348,6 +348,69 @@ TEST(ResidualScale, ForwardBackward) {
   }
 }
 
+// The bf16-h form (the model's bf16 saved o and m, ZayaModel::set_activation_dtype): h is read
+// widened, which is exact, into the same expression, so every output is bitwise the f32 op's on the
+// widened h (tolerance 0), over 3 full 64-row chunks of the column sums and a partial one, with and
+// without dh and dx. Only ds_h reads h: against the f32 op on the unrounded h, dh, dx and the other
+// three parameter gradients are bitwise the same and ds_h differs (the rounded values were read).
+TEST(ResidualScale, Bf16HIsTheF32OpOnTheWidenedHBitwise) {
+  const int64_t n = 205, f = 37;
+  Tensor h = random_tensor({n, f}, 21), x = random_tensor({n, f}, 22), g = random_tensor({n, f}, 23);
+  Tensor h16 = Tensor::empty({n, f}, DType::bf16), widened = Tensor::empty({n, f}, DType::f32);
+  cast_to_bf16(h16, h);
+  cast_to_f32(widened, h16);
+  const ResidualScaleParams p{random_tensor({f}, 24), random_tensor({f}, 25), random_tensor({f}, 26),
+                              random_tensor({f}, 27)};
+  struct Out {
+    Tensor dh, dx;
+    ResidualScaleParams grads;
+  };
+  auto backward = [&](const Tensor& hh, bool with_dhdx) {
+    // The parameter gradients start nonzero: they accumulate.
+    auto out = [&] { return with_dhdx ? Tensor::empty({n, f}, DType::f32) : Tensor{}; };
+    Out o{out(), out(),
+          {random_tensor({f}, 30), random_tensor({f}, 31), random_tensor({f}, 32), random_tensor({f}, 33)}};
+    residual_scale_backward(o.dh, o.dx, o.grads, g, hh, x, p);
+    return o;
+  };
+  auto same = [](const Tensor& a, const Tensor& b) { return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0; };
+  for (bool with_dhdx : {true, false}) {
+    SCOPED_TRACE(with_dhdx ? "with dh, dx" : "parameter gradients only");
+    const Out a = backward(h16, with_dhdx), b = backward(widened, with_dhdx), c = backward(h, with_dhdx);
+    EXPECT_TRUE(same(a.grads.hidden_scale, b.grads.hidden_scale));
+    EXPECT_TRUE(same(a.grads.hidden_bias, b.grads.hidden_bias));
+    EXPECT_TRUE(same(a.grads.residual_scale, b.grads.residual_scale));
+    EXPECT_TRUE(same(a.grads.residual_bias, b.grads.residual_bias));
+    EXPECT_FALSE(same(a.grads.hidden_scale, c.grads.hidden_scale));
+    EXPECT_TRUE(same(a.grads.hidden_bias, c.grads.hidden_bias));
+    EXPECT_TRUE(same(a.grads.residual_scale, c.grads.residual_scale));
+    EXPECT_TRUE(same(a.grads.residual_bias, c.grads.residual_bias));
+    if (with_dhdx) {
+      EXPECT_TRUE(same(a.dh, b.dh) && same(a.dx, b.dx));
+      EXPECT_TRUE(same(a.dh, c.dh) && same(a.dx, c.dx));
+    }
+  }
+}
+
+TEST(ResidualScale, HDtypesAndShapesAreNamed) {
+  const int64_t n = 4, f = 8;
+  Tensor x = random_tensor({n, f}, 1), dy = random_tensor({n, f}, 2), y = Tensor::empty({n, f}, DType::f32);
+  const ResidualScaleParams p{random_tensor({f}, 3), random_tensor({f}, 4), random_tensor({f}, 5),
+                              random_tensor({f}, 6)};
+  const ResidualScaleParams g{Tensor::zeros({f}, DType::f32), Tensor::zeros({f}, DType::f32),
+                              Tensor::zeros({f}, DType::f32), Tensor::zeros({f}, DType::f32)};
+  const Tensor h_i32 = Tensor::zeros({n, f}, DType::i32);
+  EXPECT_EQ(test::error_of([&] { residual_scale_backward(Tensor{}, Tensor{}, g, dy, h_i32, x, p); }),
+            "residual_scale_backward: h must be f32 or bf16, found i32[4, 8] cpu");
+  const std::string shape = test::error_of(
+      [&] { residual_scale_backward(Tensor{}, Tensor{}, g, dy, Tensor::zeros({n, f + 1}, DType::bf16), x, p); });
+  EXPECT_NE(shape.find("residual_scale_backward: x vs h"), std::string::npos) << shape;
+  EXPECT_NE(shape.find("[4, 9]"), std::string::npos) << shape;
+  // The forward reads h's f32 values (the model computes from them): bf16 is refused there.
+  EXPECT_EQ(test::error_of([&] { residual_scale_forward(y, Tensor::zeros({n, f}, DType::bf16), x, p); }),
+            "residual_scale_forward: h must be f32, found bf16[4, 8] cpu");
+}
+
 // -------------------------------------------------------------------------------------- activations
 using Fwd = void (*)(const Tensor&, const Tensor&);
 using Bwd = void (*)(const Tensor&, const Tensor&, const Tensor&);

@@ -177,6 +177,44 @@ TEST(DenseCuda, ResidualScaleMatchesTheCpu) {
               bitwise_equal(a.residual_scale, b.residual_scale) && bitwise_equal(a.residual_bias, b.residual_bias));
 }
 
+// The backward on a bf16 h (the model's bf16 saved o and m): against the CPU's bf16-h op with the
+// tolerances above (dh, dx: kFewTerms; the column sums: kColumnSums), and bitwise the CUDA op on
+// the widened h (the same kernel on the same values: the term reads h widened, exactly).
+TEST(DenseCuda, ResidualScaleBackwardOnBf16HMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  Tensor h = random_tensor({N, F}, 41), x = random_tensor({N, F}, 42), dy = random_tensor({N, F}, 43);
+  Tensor h16 = Tensor::empty({N, F}, DType::bf16), widened = Tensor::empty({N, F}, DType::f32);
+  cast_to_bf16(h16, h);
+  cast_to_f32(widened, h16);
+  const ResidualScaleParams p{random_tensor({F}, 44), random_tensor({F}, 45), random_tensor({F}, 46),
+                              random_tensor({F}, 47)};
+  const ResidualScaleParams pg{on_gpu(p.hidden_scale), on_gpu(p.hidden_bias), on_gpu(p.residual_scale),
+                               on_gpu(p.residual_bias)};
+  auto grads_from = [](uint64_t seed, Device d) {
+    return ResidualScaleParams{random_tensor({F}, seed).to(d), random_tensor({F}, seed + 1).to(d),
+                               random_tensor({F}, seed + 2).to(d), random_tensor({F}, seed + 3).to(d)};
+  };
+  Tensor dh = Tensor::empty({N, F}, DType::f32), dx = Tensor::empty({N, F}, DType::f32);
+  const ResidualScaleParams g = grads_from(50, Device::cpu);
+  residual_scale_backward(dh, dx, g, dy, h16, x, p);
+  Tensor dhg = Tensor::empty({N, F}, DType::f32, Device::cuda), dxg = Tensor::empty({N, F}, DType::f32, Device::cuda);
+  const ResidualScaleParams gg = grads_from(50, Device::cuda);
+  residual_scale_backward(dhg, dxg, gg, on_gpu(dy), on_gpu(h16), on_gpu(x), pg);
+  EXPECT_LT(rel_diff(dhg, dh), kFewTerms);
+  EXPECT_LT(rel_diff(dxg, dx), kFewTerms);
+  EXPECT_LT(rel_diff(gg.hidden_scale, g.hidden_scale), kColumnSums);
+  EXPECT_LT(rel_diff(gg.hidden_bias, g.hidden_bias), kColumnSums);
+  EXPECT_LT(rel_diff(gg.residual_scale, g.residual_scale), kColumnSums);
+  EXPECT_LT(rel_diff(gg.residual_bias, g.residual_bias), kColumnSums);
+
+  Tensor dhw = Tensor::empty({N, F}, DType::f32, Device::cuda), dxw = Tensor::empty({N, F}, DType::f32, Device::cuda);
+  const ResidualScaleParams gw = grads_from(50, Device::cuda);
+  residual_scale_backward(dhw, dxw, gw, on_gpu(dy), on_gpu(widened), on_gpu(x), pg);
+  EXPECT_TRUE(bitwise_equal(dhw, dhg) && bitwise_equal(dxw, dxg));
+  EXPECT_TRUE(bitwise_equal(gw.hidden_scale, gg.hidden_scale) && bitwise_equal(gw.hidden_bias, gg.hidden_bias) &&
+              bitwise_equal(gw.residual_scale, gg.residual_scale) && bitwise_equal(gw.residual_bias, gg.residual_bias));
+}
+
 TEST(DenseCuda, EmbeddingMatchesTheCpuExactlyWithPaddingAndRepeatedIds) {
   SKIP_WITHOUT_GPU();
   const int64_t vocab = 17, n = 200;

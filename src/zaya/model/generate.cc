@@ -63,6 +63,7 @@ void ZayaDecoder::prefill(const Tensor& ids, const Tensor& logits) {
              S_, " (the cache length)");
   check_shape("ZayaDecoder::prefill: logits", logits, Shape{B_, c.vocab_size});
   const int64_t T = ids.size(1), H = c.hidden_size, kv = c.kv_dim(), C = c.conv_channels();
+  const float eps = static_cast<float>(c.rms_norm_eps);
   if (m_.batch() != B_ || m_.seq_len() != T) m_.set_batch_shape(B_, T);
   // The caches are filled from every layer's saved activations, which a model in recompute mode
   // does not keep: the prefill runs without it (two re-plans of the arena) and turns it back on.
@@ -91,11 +92,15 @@ void ZayaDecoder::prefill(const Tensor& ids, const Tensor& logits) {
         else
           conv_state.slice(b * 2 + s, b * 2 + s + 1).zero_();
       }
-      ops::copy_block(u_, b, 0, a.u, b * T + T - 1, 0, 1, H);  // the last token's normed input
+      ops::copy_block(x_, b, 0, m_.layer_input(l), b * T + T - 1, 0, 1, H);  // the last token's layer input
     }
-    // The forward does not keep vd; recompute the last token's from its saved normed input:
-    // vd = u·W_vdᵀ, W_vd = the last nkv·hd/2 rows of the fused [W_q; W_k; W_vc; W_vd].
-    ops::linear_forward(lc.vd_prev, u_, m_.layer_param_views(l).w_qkv.slice(C + kv / 2, C + kv), Tensor{});
+    // The forward does not keep vd; recompute the last token's from its normed input, normalized
+    // again from the layer input x^l (the forward keeps u's f32 values only in f32 GEMM mode; the
+    // norm is per row, so these are the forward's u bits): u = RMSNorm_in(x^l), vd = u·W_vdᵀ,
+    // W_vd = the last nkv·hd/2 rows of the fused [W_q; W_k; W_vc; W_vd].
+    const LayerParams& p = m_.layer_param_views(l);
+    ops::rmsnorm_forward(u_, rstd_, x_, p.w_in, eps);
+    ops::linear_forward(lc.vd_prev, u_, p.w_qkv.slice(C + kv / 2, C + kv), Tensor{});
   }
   for (int64_t b = 0; b < B_; ++b) ops::copy_block(hf_, b, 0, m_.final_hidden(), b * T + T - 1, 0, 1, H);
   ops::gemm(logits, hf_, ops::Trans::N, m_.param(0), ops::Trans::T);  // tied head

@@ -71,16 +71,22 @@ struct LayerActs {
   // and not xp and act, so in this mode xp and act are views of shared scratch (ScratchActs).
   Tensor xp16, act16;
   // bf16 GEMM path: the dense projections' inputs in bf16 (their forward and weight-gradient GEMMs
-  // read these). u and att stay f32 besides (the cached decoder reads u, the attention's backward
-  // att). w is read in f32 only in the forward (the experts' gather) unless the skip passthrough's
-  // backward reads it too, so without the passthrough its f32 field is a view of shared scratch;
-  // zr, g1 and g2 feed only their GEMMs, so their f32 fields are views of one shared scratch row
-  // block. Only the bf16 copies of those are kept per layer.
+  // read these). att stays f32 besides (the attention's backward reads it). u feeds only its GEMMs
+  // after the forward (the cached decoder normalizes the layer input again), so its f32 field is a
+  // view of shared scratch. w is read in f32 only in the forward (the experts' gather) unless the
+  // skip passthrough's backward reads it too, so without the passthrough its f32 field is a view of
+  // shared scratch; zr, g1 and g2 feed only their GEMMs, so their f32 fields are views of one
+  // shared scratch row block. Only the bf16 copies of those are kept per layer.
   Tensor u16, att16, w16, zr16, g1_16, g2_16;
   // bf16 saved activations (set_activation_dtype), the experts' part: gu and y are f32 only for the
   // forward (the SwiGLU and the combine read them there), views of shared scratch (ScratchActs);
   // each layer keeps their bf16 copies, which the SwiGLU's and the combine's backwards read.
   Tensor gu16, y16;
+  // bf16 saved activations (ZayaModel::set_activation_dtype): the residual scalings' h, o (RS_attn)
+  // and m (RS_mlp). Their forwards read the f32 values, views of one shared scratch block
+  // (ScratchActs::rs_h_f32: o is spent before m is made); only ds_h of their backwards reads h, from
+  // these bf16 copies.
+  Tensor o16, m16;
   // Context parallelism: each chunk's halo, the two positions before it [B·2·2, C + nkv·hd]
   // (z's columns, then [vc | vd]; zeros before the sequence), as the conv and value shift saw it.
   Tensor halo;
@@ -125,6 +131,10 @@ struct ScratchActs {
   // bf16 saved activations, the experts' part: gu [N, 2I] and y [N, H] in f32, shared by every
   // layer's forward (each layer keeps gu16 and y16).
   Tensor gu_f32, y_f32;
+  // bf16 path: the input RMSNorm's output u [N, H] in f32, read by its forward GEMMs' bf16 cast only.
+  Tensor u_f32;
+  // bf16 saved activations: o and m in f32 [N, H], each read only by its residual scaling's forward.
+  Tensor rs_h_f32;
   CpScratch cp;
 };
 

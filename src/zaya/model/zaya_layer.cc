@@ -126,6 +126,7 @@ void ZayaModel::layer_forward(int l, bool recomputing) {
   const LayerParams& p = lp_[l];
   const Tensor& x = s.xs[l];
   const bool b16 = gemm_dtype_ == DType::bf16;
+  const bool a16 = activation_dtype_ == DType::bf16;  // o and m saved as bf16 copies only
   SectionClock clock(*this);
 
   // --- attention -------------------------------------------------------------------------
@@ -155,6 +156,7 @@ void ZayaModel::layer_forward(int l, bool recomputing) {
   if (b16) ops::cast_to_bf16(t.att16, t.att);
   ops::linear_forward(t.o, d.att, d.w_o, Tensor{});
   ops::residual_scale_forward(t.x_mid, t.o, x, p.rs_attn);
+  if (a16) ops::cast_to_bf16(t.o16, t.o);
 
   // --- router ----------------------------------------------------------------------------
   clock.part("forward: router");
@@ -185,6 +187,7 @@ void ZayaModel::layer_forward(int l, bool recomputing) {
   ops::experts_forward(expert_acts(l), t.w, t.src, t.offsets, expert_weights(l), t.M);
   ops::moe_unpermute(t.m, t.y, t.weight, t.pos, t.M, N, H);  // m = p_choice · y (0 if skipped)
   if (cfg_.skip_passthrough) ops::moe_skip_forward(t.m, t.w, t.probs, t.choice, N, E, H);  // m = p_skip · w if skipped
+  if (a16) ops::cast_to_bf16(t.m16, t.m);
   if (!recomputing) ops::residual_scale_forward(s.xs[l + 1], t.m, t.x_mid, p.rs_mlp);
 }
 
@@ -202,13 +205,17 @@ void ZayaModel::layer_backward(int l) {
   const Tensor& x = s.xs[l];
   const bool b16 = gemm_dtype_ == DType::bf16;
   const DenseGemms d = dense_gemms(l);
+  // The residual scalings' h as saved: f32, or the bf16 copies (read widened, by ds_h only).
+  const bool a16 = activation_dtype_ == DType::bf16;
+  const Tensor& o_saved = a16 ? t.o16 : t.o;
+  const Tensor& m_saved = a16 ? t.m16 : t.m;
   SectionClock clock(*this);
   // Context parallel, overlapped: attention's K/V gather runs under the experts' backward.
   if (cp_ && cp_schedule_ == CpSchedule::overlapped) cp_start_kv_gather(l);
 
   // x_out = RS_mlp(m, x_mid)
   clock.part("backward: experts, residual (+ side tasks)");
-  ops::residual_scale_backward(s.dm, s.dxmid, g.rs_mlp, s.dxa, t.m, t.x_mid, p.rs_mlp);
+  ops::residual_scale_backward(s.dm, s.dxmid, g.rs_mlp, s.dxa, m_saved, t.x_mid, p.rs_mlp);
   // m = weight · y[pos]; with bf16 saved activations from y's bf16 copy (t.y is shared scratch then)
   ops::moe_unpermute_backward(s.dy, s.dweight, s.dm, t.y16.defined() ? t.y16 : t.y, t.weight, t.pos, t.M, N, H);
   // The experts, with the router's backward and the pending weight gradients as side tasks (see
@@ -235,7 +242,7 @@ void ZayaModel::layer_backward(int l) {
 
   // x_mid = RS_attn(o, x)
   clock.part("backward: out projection, residual");
-  ops::residual_scale_backward(s.dout_proj, s.dxb, g.rs_attn, s.dxmid, t.o, x, p.rs_attn);
+  ops::residual_scale_backward(s.dout_proj, s.dxb, g.rs_attn, s.dxmid, o_saved, x, p.rs_attn);
   ops::linear_backward(s.datt, Tensor{}, Tensor{}, s.dout_proj, d.att, d.w_o, s.dout_proj16);
   // dW_o, pending; on the bf16 path from the dy copy linear_backward just made.
   pending_wgrads_.push_back({b16 ? s.dout_proj16 : s.dout_proj, d.att, g.w_o});

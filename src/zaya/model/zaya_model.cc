@@ -247,6 +247,7 @@ const LayerActs& ZayaModel::layer_acts(int l) const {
              "not layer ", l, "'s; call set_recompute(false) before the forward that fills them");
   return acts_.at(static_cast<size_t>(l));
 }
+const Tensor& ZayaModel::layer_input(int l) const { return scratch_->xs.at(static_cast<size_t>(l)); }
 const Tensor& ZayaModel::final_hidden() const { return scratch_->hf; }
 
 void ZayaModel::init(uint64_t seed) {
@@ -362,6 +363,7 @@ void ZayaModel::plan() {
                 kv = cfg_.kv_dim(), C = cfg_.conv_channels(), R = cfg_.router_hidden_size, E = cfg_.num_experts,
                 I = cfg_.moe_intermediate_size, V = cfg_.vocab_size, nq = cfg_.num_attention_heads;
   const bool b16 = gemm_dtype_ == DType::bf16;
+  const bool a16 = activation_dtype_ == DType::bf16;  // needs b16 (set_activation_dtype)
   size_t counted = 0;
   bool counting = true;
   auto a = [&](Shape s, DType d = DType::f32) -> Tensor {
@@ -384,11 +386,14 @@ void ZayaModel::plan() {
     s.w_f32 = w_staged ? a({N, H}) : Tensor{};
     s.xp_f32 = b16 ? a({N, H}) : Tensor{};
     s.act_f32 = b16 ? a({N, I}) : Tensor{};
-    // bf16 saved activations, the experts' part: gu and y in f32 are one buffer each for every
-    // layer's forward; a layer keeps their bf16 copies (model_internal.h).
-    const bool experts16 = activation_dtype_ == DType::bf16;
-    s.gu_f32 = experts16 ? a({N, 2 * I}) : Tensor{};
-    s.y_f32 = experts16 ? a({N, H}) : Tensor{};
+    // bf16 path: u's f32 values only feed their bf16 copy (the cached decoder normalizes the layer
+    // input again). bf16 saved activations: gu and y in f32 are one buffer each for every layer's
+    // forward, and o and m share one block (o is spent before m is made); a layer keeps their bf16
+    // copies (model_internal.h).
+    s.u_f32 = b16 ? a({N, H}) : Tensor{};
+    s.gu_f32 = a16 ? a({N, 2 * I}) : Tensor{};
+    s.y_f32 = a16 ? a({N, H}) : Tensor{};
+    s.rs_h_f32 = a16 ? a({N, H}) : Tensor{};
     for (int64_t l = 0; l < L; ++l) {
       LayerActs& t = acts_[l];
       if (recompute_ && l > 0) {
@@ -397,9 +402,10 @@ void ZayaModel::plan() {
         // state (the next layer's EDA reads it in the forward, its re-run and its backward) and
         // routing choice (router_choice()). u and att alternate between two buffers because the
         // weight gradients of layer l+1's projections (dW_o from att, dW_qkv from u) are still
-        // pending while layer l is recomputed (zaya_layer.cc, "Backward scheduling").
+        // pending while layer l is recomputed (zaya_layer.cc, "Backward scheduling"). On the bf16
+        // path those GEMMs read the bf16 copies, which alternate; u's f32 is the shared scratch.
         if (l == 1) {
-          u_odd = a({N, H}); att_odd = a({N, q});
+          u_odd = b16 ? s.u_f32 : a({N, H}); att_odd = a({N, q});
           if (b16) { u16_odd = a({N, H}, DType::bf16); att16_odd = a({N, q}, DType::bf16); }
         }
         const size_t before = counted;
@@ -411,12 +417,12 @@ void ZayaModel::plan() {
         continue;
       }
       size_t before = counted;
-      t.rstd_in = a({N}); t.u = a({N, H});
+      t.rstd_in = a({N}); t.u = b16 ? s.u_f32 : a({N, H});
       t.z = a({N, C}); t.qpre = a({N, q}); t.kpre = a({N, kv});
       t.qr = a({N, q}); t.kr = a({N, kv}); t.v = a({N, kv});
       t.att = a({N, q});
       t.lse = cp_ ? a({2 * B_, nq, T_ / 2}) : a({B_, nq, T_});  // cp: one [nq, c] block per chunk
-      t.o = a({N, H}); t.x_mid = a({N, H});
+      t.o = a16 ? s.rs_h_f32 : a({N, H}); t.x_mid = a({N, H});
       t.rstd_post = a({N}); t.w = w_staged ? s.w_f32 : a({N, H});
       t.r = a({N, R}); t.rstd_r = a({N});
       t.a1 = a({N, R}); t.a2 = a({N, R});
@@ -431,12 +437,13 @@ void ZayaModel::plan() {
       t.counts = a({E}, DType::i32); t.offsets = a({E + 1}, DType::i32);
       t.pos = a({N}, DType::i32); t.src = a({N}, DType::i32);
       t.xp = b16 ? s.xp_f32 : a({N, H});
-      t.gu = experts16 ? s.gu_f32 : a({N, 2 * I});
+      t.gu = a16 ? s.gu_f32 : a({N, 2 * I});
       t.act = b16 ? s.act_f32 : a({N, I});
-      t.y = experts16 ? s.y_f32 : a({N, H});
-      t.m = a({N, H});
+      t.y = a16 ? s.y_f32 : a({N, H});
+      t.m = a16 ? s.rs_h_f32 : a({N, H});
+      if (a16) { t.o16 = a({N, H}, DType::bf16); t.m16 = a({N, H}, DType::bf16); }
       if (b16) { t.xp16 = a({N, H}, DType::bf16); t.act16 = a({N, I}, DType::bf16); }
-      if (experts16) { t.gu16 = a({N, 2 * I}, DType::bf16); t.y16 = a({N, H}, DType::bf16); }
+      if (a16) { t.gu16 = a({N, 2 * I}, DType::bf16); t.y16 = a({N, H}, DType::bf16); }
       if (cp_) t.halo = a({4 * B_, C + kv});
       if (l == 0) layer_bytes = counted - before;
     }

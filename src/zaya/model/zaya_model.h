@@ -202,10 +202,11 @@ class ZayaModel {
 
   // Read-only views for the cached decoder (generate.cc), which prefills with forward() and then
   // reads what it needs from the saved activations: layer l's parameter views, layer l's saved
-  // activations of the last forward (not with recompute on: throws), and the final-normed hidden
-  // states [B·T, H].
+  // activations of the last forward (not with recompute on: throws), layer l's input x^l [B·T, H]
+  // (the residual stream, kept in every mode), and the final-normed hidden states [B·T, H].
   const LayerParams& layer_param_views(int l) const;
   const LayerActs& layer_acts(int l) const;
+  const Tensor& layer_input(int l) const;
   const Tensor& final_hidden() const;
 
  private:

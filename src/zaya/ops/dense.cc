@@ -204,7 +204,11 @@ void residual_scale_backward(const Tensor& dh, const Tensor& dx, const ResidualS
                          {"grad of hidden_states_bias", grads.hidden_bias},
                          {"grad of residual_scale", grads.residual_scale},
                          {"grad of residual_bias", grads.residual_bias}});
-  check_f32_like(op, {{"h", &h}, {"x", &x}, {"dy", &dy}});
+  // h f32, or its bf16 copy (dense.h); x and dy f32 of h's shape.
+  check::defined(op, "h", h);
+  ZAYA_CHECK(h.dtype() == DType::f32 || h.dtype() == DType::bf16, op, ": h must be f32 or bf16, found ", h.str());
+  check_f32_like(op, {{"x", &x}, {"dy", &dy}});
+  check::same_shape(op, "x", x, "h", h);
   const int64_t f = last_dim(h);
   check_residual_params(op, p, f, "");
   check_residual_params(op, grads, f, "grad of ");

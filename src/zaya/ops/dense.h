@@ -50,6 +50,9 @@ struct ResidualScaleParams {
 };
 void residual_scale_forward(const Tensor& y, const Tensor& h, const Tensor& x, const ResidualScaleParams& p);
 // dh, dx written (either may be undefined); the four parameter gradients in `grads` accumulate.
+// h is f32, or bf16: the model's bf16 saved activations (ZayaModel::set_activation_dtype) keep only
+// a bf16 copy of h, and only ds_h += Σ dy ⊙ (h + b_h) reads it. A bf16 h is read widened (exact),
+// so the result is bitwise the f32 op on the widened h.
 void residual_scale_backward(const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads, const Tensor& dy,
                              const Tensor& h, const Tensor& x, const ResidualScaleParams& p);
 

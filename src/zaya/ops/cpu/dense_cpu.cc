@@ -241,9 +241,16 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& dy, cons
 
 namespace {
 
+// h's element as f32: itself, or a bf16 copy widened (exact).
+inline float h_value(float v) { return v; }
+inline float h_value(bf16 v) { return to_float(v); }
+
 // One row of residual_scale_backward: dh, dx (when wanted) and the row's terms of the three column
-// sums. Restrict-qualified parameters, so that every loop vectorizes.
-void residual_scale_backward_row(const float* __restrict__ gi, const float* __restrict__ hi,
+// sums. Restrict-qualified parameters, so that every loop vectorizes. HT is h's element type: the
+// widened bf16 value enters the same expression as an f32 one, so the sums are bitwise the f32
+// op's on the widened h.
+template <class HT>
+void residual_scale_backward_row(const float* __restrict__ gi, const HT* __restrict__ hi,
                                  const float* __restrict__ xi, const float* __restrict__ sh,
                                  const float* __restrict__ bh, const float* __restrict__ sx,
                                  const float* __restrict__ bx, int64_t f, float* __restrict__ dhi,
@@ -254,7 +261,7 @@ void residual_scale_backward_row(const float* __restrict__ gi, const float* __re
   if (dxi)
     for (int64_t j = 0; j < f; ++j) dxi[j] = gi[j] * sx[j];
   for (int64_t j = 0; j < f; ++j) {
-    p_sh[j] += gi[j] * (hi[j] + bh[j]);
+    p_sh[j] += gi[j] * (h_value(hi[j]) + bh[j]);
     p_sx[j] += gi[j] * (xi[j] + bx[j]);
     p_g[j] += gi[j];
   }
@@ -275,10 +282,13 @@ void residual_scale_forward(const Tensor& y, const Tensor& h, const Tensor& x, c
     }
 }
 
-void residual_scale_backward(const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads, const Tensor& dy,
-                             const Tensor& h, const Tensor& x, const ResidualScaleParams& p) {
+namespace {
+template <class HT>
+void residual_scale_backward_impl(const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads,
+                                  const Tensor& dy, const Tensor& h, const Tensor& x, const ResidualScaleParams& p) {
   int64_t f = last_dim(h), n = rows_of(h);
-  const float *hp = h.data<float>(), *xp = x.data<float>(), *gp = dy.data<float>();
+  const HT* hp = h.data<HT>();
+  const float *xp = x.data<float>(), *gp = dy.data<float>();
   const float *sh = p.hidden_scale.data<float>(), *bh = p.hidden_bias.data<float>();
   const float *sx = p.residual_scale.data<float>(), *bx = p.residual_bias.data<float>();
   float* dhp = dh.defined() ? dh.data<float>() : nullptr;
@@ -309,6 +319,15 @@ void residual_scale_backward(const Tensor& dh, const Tensor& dx, const ResidualS
     dbh[j] += sums[2 * f + j] * sh[j];  // Σ dy ⊙ s_h = s_h · Σ dy
     dbx[j] += sums[2 * f + j] * sx[j];
   }
+}
+}  // namespace
+
+void residual_scale_backward(const Tensor& dh, const Tensor& dx, const ResidualScaleParams& grads, const Tensor& dy,
+                             const Tensor& h, const Tensor& x, const ResidualScaleParams& p) {
+  if (h.dtype() == DType::bf16)
+    residual_scale_backward_impl<bf16>(dh, dx, grads, dy, h, x, p);
+  else
+    residual_scale_backward_impl<float>(dh, dx, grads, dy, h, x, p);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // CUDA kernels for dense.h's per-token ops (arguments checked by the fronts in ops/dense.cc):
 // forward and backward side by side, the math written out as in cpu/dense_cpu.cc. fp32 tensors,
-// except the bf16 embedding table, SwiGLU's backward's bf16 gu and the two casts.
+// except the bf16 embedding table, SwiGLU's backward's bf16 gu, the residual scaling backward's bf16 h
+// and the two casts.
 //
 // Elementwise ops are grid-stride loops over the elements; row ops (RMSNorm, softmax) give each row
 // one block of kThreads threads and reduce with block_sum/block_max; parameter gradients are column
@@ -32,7 +33,7 @@ int64_t rows_of(const Tensor& t) {
 // embedding: y[n] = E[ids[n]].  dE[ids[n]] += dy[n] unless ids[n] == padding_idx.
 
 namespace {
-// A table element as f32: itself, or a bf16 one widened (exact).
+// A table (or saved activation) element as f32: itself, or a bf16 one widened (exact).
 __device__ inline float table_value(float e) { return e; }
 __device__ inline float table_value(bf16 e) { return to_float(e); }
 
@@ -188,13 +189,18 @@ __global__ void residual_scale_backward_kernel(float* dh, float* dx, const float
   }
 }
 
-// Columns [0, f): dy ⊙ (h + b_h); [f, 2f): dy ⊙ (x + b_x); [2f, 3f): dy.
+// Columns [0, f): dy ⊙ (h + b_h); [f, 2f): dy ⊙ (x + b_x); [2f, 3f): dy. HT is h's element type:
+// f32, or a bf16 saved copy read widened (exact), so that the sums are bitwise those over the
+// widened h.
+template <class HT>
 struct ResidualTerm {
-  const float *dy, *h, *x;
+  const float* dy;
+  const HT* h;
+  const float* x;
   ResidualPtrs p;
   int64_t f;
   __device__ float operator()(int64_t i, int64_t c) const {
-    if (c < f) return dy[i * f + c] * (h[i * f + c] + p.bh[c]);
+    if (c < f) return dy[i * f + c] * (table_value(h[i * f + c]) + p.bh[c]);
     if (c < 2 * f) return dy[i * f + c - f] * (x[i * f + c - f] + p.bx[c - f]);
     return dy[i * f + c - 2 * f];
   }
@@ -238,9 +244,14 @@ void residual_scale_backward(const Tensor& dh, const Tensor& dx, const ResidualS
         n, f);
     check_launch(op);
   }
-  column_sums(op, ctx, n, 3 * f, ResidualTerm{dy.data<float>(), h.data<float>(), x.data<float>(), ptrs(p), f},
-              ResidualFinish{grads.hidden_scale.data<float>(), grads.residual_scale.data<float>(),
-                             grads.hidden_bias.data<float>(), grads.residual_bias.data<float>(), ptrs(p), f});
+  const ResidualFinish finish{grads.hidden_scale.data<float>(), grads.residual_scale.data<float>(),
+                              grads.hidden_bias.data<float>(), grads.residual_bias.data<float>(), ptrs(p), f};
+  if (h.dtype() == DType::bf16)
+    column_sums(op, ctx, n, 3 * f, ResidualTerm<bf16>{dy.data<float>(), h.data<bf16>(), x.data<float>(), ptrs(p), f},
+                finish);
+  else
+    column_sums(op, ctx, n, 3 * f, ResidualTerm<float>{dy.data<float>(), h.data<float>(), x.data<float>(), ptrs(p), f},
+                finish);
 }
 
 // ---------------------------------------------------------------------------------------------

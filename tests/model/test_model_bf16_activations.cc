@@ -1,9 +1,10 @@
-// bf16 saved activations (ZayaModel::set_activation_dtype), the experts' part: each layer keeps
-// only bf16 copies of the experts' gate/up output gu and of their output y; the f32 values are one
-// shared buffer each that the forward computes from. So the forward and the loss are bitwise those
-// of f32 activations (with the same bf16 GEMMs), the backward reads the rounded values (the SwiGLU's
-// backward gu, the combine's backward y), the gradients move by a bounded amount, and each layer
-// saves 2 bytes per element of gu and y.
+// bf16 saved activations (ZayaModel::set_activation_dtype): each layer keeps only bf16 copies of
+// the experts' gate/up output gu and output y and of the residual scalings' h (o and m); the f32
+// values are shared buffers the forward computes from. So the forward and the loss are bitwise
+// those of f32 activations (with the same bf16 GEMMs), the backward reads the rounded values (the
+// SwiGLU's backward gu, the combine's backward y, the residual scalings' ds_h o and m), the
+// gradients move by a bounded amount, and each layer saves 2 bytes per element of gu, y, o and m.
+// (test_activation_bf16_residual.cc: what the backward and the decoder read of o, m and u.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 
 #include "device_or_emulated.h"
 #include "model/random_model.h"
+#include "zaya/core/error.h"
 #include "zaya/model/model_internal.h"
 #include "zaya/model/zaya_model.h"
 
@@ -58,22 +60,23 @@ double rel(const float* a, const float* b, int64_t n) {
 // The bound on each parameter's gradient, norm-wise relative to the f32-activation step (the same
 // bf16 GEMMs), and its derivation. The two steps are bitwise alike up to the first read of a
 // rounded activation in the backward, so every difference starts at such a read. Per layer the
-// backward reads two (gu16 in the SwiGLU's backward, y16 in dL/dweight = ⟨dm, y⟩): a value rounded
-// to nearest bf16 is off by ≤ 2^-9 relative, and SwiGLU's gradient in g carries that with a factor
-// 1 + g(1 − σ(g)) of order 1, so each read moves what it computes by ≤ 2^-8 relative. From there
+// backward reads four (gu16 in the SwiGLU's backward, y16 in dL/dweight = ⟨dm, y⟩, o16 and m16 in
+// the residual scalings' ds_h = Σ dy ⊙ (h + b_h)): a value rounded to nearest bf16 is off by ≤ 2^-8
+// relative (half an ulp of 8 significant bits), and SwiGLU's gradient in g carries that with a
+// factor 1 + g(1 − σ(g)) of order 1, so each read moves what it computes by ≤ 2^-8 relative. From there
 // the difference flows through the rest of the backward, and each bf16 rounding of a GEMM input the
 // difference reaches (the experts' dgu16, the router's dlogits16, dg2_16, dg1_16 and dr16, the
 // attention's dout_proj16, dz16 and dvcd16, the layer below's experts' dy16) may round the two
-// values to neighbouring bf16 numbers: one more step of ≤ 2^-8. With the 2 reads and those 9
-// roundings in each of L layers, independent, the steps add like a random walk: √(11·L)·2^-8; four
-// times that bounds the spread (0.073 at L = 2, 0.090 at L = 3), as ModelBf16's bound does for the
+// values to neighbouring bf16 numbers: one more step of ≤ 2^-8. With the 4 reads and those 9
+// roundings in each of L layers, independent, the steps add like a random walk: √(13·L)·2^-8; four
+// times that bounds the spread (0.080 at L = 2, 0.098 at L = 3), as ModelBf16's bound does for the
 // bf16 GEMMs. A gradient that read the f32 values, or bf16 copies of the wrong rows, would be
 // unchanged (caught below: the gradients must differ) or off by O(1).
-double gradient_bound(int64_t layers) { return 4.0 * std::sqrt(11.0 * static_cast<double>(layers)) / 256.0; }
+double gradient_bound(int64_t layers) { return 4.0 * std::sqrt(13.0 * static_cast<double>(layers)) / 256.0; }
 
 // Every parameter's gradient of `b16` (bf16 activations) within the bound of `f32`'s, and the
-// experts' gate/up gradients different (the rounded gu reached them). Prints each with
-// ZAYA_TEST_VERBOSE.
+// experts' gate/up gradients and the residual scalings' hidden_states_scale gradients different (the
+// rounded gu and h reached them). Prints each with ZAYA_TEST_VERBOSE.
 void expect_within_bound(const ZayaModel& m, const Step& b16, const Step& f32) {
   const bool verbose = std::getenv("ZAYA_TEST_VERBOSE") != nullptr;
   const double tol = gradient_bound(m.config().num_hidden_layers);
@@ -84,9 +87,12 @@ void expect_within_bound(const ZayaModel& m, const Step& b16, const Step& f32) {
     worst = std::max(worst, e);
     if (verbose) std::printf("%-60s %.3e\n", m.specs()[i].name.c_str(), e);
     EXPECT_LE(e, tol) << m.specs()[i].name;
-    if (m.specs()[i].name.find("experts.gate_up_proj") != std::string::npos)
+    const std::string& name = m.specs()[i].name;
+    if (name.find("experts.gate_up_proj") != std::string::npos ||
+        name.find("residual_scale.hidden_states_scale") != std::string::npos) {
       EXPECT_NE(std::memcmp(b16.grads.data() + off, f32.grads.data() + off, static_cast<size_t>(n) * 4), 0)
-          << m.specs()[i].name << ": the bf16 copy of gu did not reach its gradient";
+          << name << ": the bf16 copy of what it reads did not reach it";
+    }
   }
   if (verbose) std::printf("largest deviation %.3e, bound %.3e\n", worst, tol);
 }
@@ -102,6 +108,7 @@ struct Case {
 const Case kCases[] = {
     {"two layers", {4, 2, 16, 4, 2, 16, 24, 32, 64}, false, 2, 24, 11},
     {"three layers, skip passthrough", {6, 2, 8, 5, 3, 24, 40, 48, 300}, true, 2, 20, 13},
+    {"three layers, chunked loss", {6, 2, 8, 5, 3, 24, 40, 48, 9000}, false, 2, 20, 17},
 };
 
 ModelConfig config_of(const Case& k) {
@@ -113,7 +120,7 @@ ModelConfig config_of(const Case& k) {
 // On the CPU: the loss bitwise the f32-activation step's, every gradient within the bound and not
 // all alike; with recompute the bf16-activation step is bitwise the one without (the re-run makes
 // the same copies); switching back to f32 activations gives the f32-activation step again, bitwise.
-TEST(Bf16ActivationsExperts, LossBitwiseAndGradientsWithinTheBoundOfF32Activations) {
+TEST(Bf16Activations, LossBitwiseAndGradientsWithinTheBoundOfF32Activations) {
   for (const Case& k : kCases) {
     SCOPED_TRACE(k.name);
     const ModelConfig c = config_of(k);
@@ -138,12 +145,14 @@ TEST(Bf16ActivationsExperts, LossBitwiseAndGradientsWithinTheBoundOfF32Activatio
     EXPECT_EQ(std::memcmp(&back.loss, &f32.loss, sizeof(double)), 0);
     EXPECT_TRUE(same_bits(back.grads, f32.grads));
   }
+  ZayaModel f32_gemms(test::small_config(kCases[0].dims, 64), 2, 8);
+  EXPECT_THROW(f32_gemms.set_activation_dtype(DType::bf16), Error) << "bf16 activations need bf16 GEMMs";
 }
 
 // The same on the device (a GPU, else the emulated device: placement): a CPU-randomized model's
 // parameters copied into two device models, f32 and bf16 activations, both with bf16 GEMMs. The
 // forward computes from the same f32 values either way, so the losses are bitwise alike there too.
-TEST(Bf16ActivationsExperts, LossBitwiseAndGradientsWithinTheBoundOnTheDevice) {
+TEST(Bf16Activations, LossBitwiseAndGradientsWithinTheBoundOnTheDevice) {
   ZAYA_GPU_OR_EMULATED(real);
   const Case& k = kCases[1];
   const ModelConfig c = config_of(k);
@@ -168,7 +177,7 @@ TEST(Bf16ActivationsExperts, LossBitwiseAndGradientsWithinTheBoundOnTheDevice) {
 // backward reads only those: with the shared f32 values poisoned (NaN) between the forward and the
 // backward, the loss and every gradient stay bitwise those of the untouched step (tolerance 0; a
 // read would carry NaN into some gradient).
-TEST(Bf16ActivationsExperts, BackwardReadsOnlyTheBf16CopiesOfGuAndY) {
+TEST(Bf16Activations, BackwardReadsOnlyTheBf16CopiesOfGuAndY) {
   const Case& k = kCases[0];
   const ModelConfig c = config_of(k);
   ZayaModel m(c, k.B, k.T);
@@ -198,12 +207,12 @@ TEST(Bf16ActivationsExperts, BackwardReadsOnlyTheBf16CopiesOfGuAndY) {
   EXPECT_TRUE(same_bits(clean.grads, poisoned.grads)) << "the backward read the shared f32 gu or y";
 }
 
-// Per layer and token, bf16 activations save 2 bytes for each element of gu (2I) and y (H) against
-// f32 activations with the same bf16 GEMMs: 4I + 2H bytes, exactly, with recompute off and on (the
-// one shared set shrinks alike). N = 64 rows: every block a multiple of the arena's 64-byte
-// alignment, so no padding blurs the sums. ZAYA1-base (H = I = 2048): 12,288 bytes per token per
-// layer.
-TEST(Bf16ActivationsExperts, SavedBytesPerLayerShrinkByHalfOfGuAndY) {
+// Per layer and token, bf16 activations save 2 bytes for each element of gu (2I), y (H), o (H) and m
+// (H) against f32 activations with the same bf16 GEMMs: 4I + 6H bytes, exactly, with recompute off
+// and on (the one shared set shrinks alike). N = 64 rows: every block a multiple of the arena's
+// 64-byte alignment, so no padding blurs the sums. ZAYA1-base (H = I = 2048): 20,480 bytes per token
+// per layer.
+TEST(Bf16Activations, SavedBytesPerLayerShrinkByHalfOfGuYOAndM) {
   const ModelConfig c = config_of(kCases[0]);
   const int64_t B = 2, T = 32, N = B * T, H = c.hidden_size, I = c.moe_intermediate_size;
   for (bool recompute : {false, true}) {
@@ -213,8 +222,9 @@ TEST(Bf16ActivationsExperts, SavedBytesPerLayerShrinkByHalfOfGuAndY) {
     m.set_gemm_dtype(DType::bf16);
     const double f32 = m.saved_bytes_per_token_per_layer() * static_cast<double>(N);
     m.set_activation_dtype(DType::bf16);
-    const double experts = static_cast<double>(N * (2 * 2 * I + 2 * H));  // gu [N, 2I] and y [N, H]: 4 → 2 bytes
-    EXPECT_EQ(m.saved_bytes_per_token_per_layer() * static_cast<double>(N), f32 - experts);
+    // gu [N, 2I], y, o and m [N, H]: 4 → 2 bytes each
+    const double halved = static_cast<double>(N * (2 * 2 * I + 3 * 2 * H));
+    EXPECT_EQ(m.saved_bytes_per_token_per_layer() * static_cast<double>(N), f32 - halved);
   }
 }
 
