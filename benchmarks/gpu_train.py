@@ -6,7 +6,7 @@ What runs, one process at a time (so each has the device to itself and its own p
 
 - zaya: `zaya bench step --device cuda` on configs/zaya1-base.toml with --set overrides (the layer
   count, and for --smoke tiny shapes): bf16 weights with fp32 master weights (--param-dtype bf16),
-  bf16 GEMM inputs (--gemm-dtype bf16), the optimizer's update in every step (--optimizer; AdamW,
+  bf16 GEMM inputs (--gemm-dtype bf16), bf16 saved activations (--activation-dtype bf16), the optimizer's update in every step (--optimizer; AdamW,
   as the transformers side, unless --zaya-muon), random tokens. Tokens/s, model FLOPs per token as
   `zaya size` counts them, MFU against --peak-tflops (989: the dense bf16 datasheet peak of an
   H100/H200 SXM), the peak of zaya's tensors on the device. A second, shorter run with --sections
@@ -170,7 +170,7 @@ def zaya_bench(a, sets, zaya_device):
     env = dict(os.environ)
     base = [a.zaya, "bench", "step", "--init-config", a.config, "--seed", "1", "--device", zaya_device,
             "--batch", str(a.micro_batch), "--seq", str(a.seq), "--gemm-dtype", "bf16", "--param-dtype", "bf16",
-            "--optimizer"]
+            "--activation-dtype", "bf16", "--optimizer"]
     for s in sets:
         base += ["--set", s]
     with DriverMemory(zaya_device == "cuda") as mem:

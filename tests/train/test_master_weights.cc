@@ -116,16 +116,19 @@ class MixedPrecision : public ::testing::Test {
     prefix_ = toy::make_corpus(root_ / "data");
   }
   void TearDown() override { fs::remove_all(root_); }
-  // bf16 GEMMs in both precisions (bf16 weights need them): the runs differ in the weights alone.
-  RunConfig config(const std::string& run, int steps, const std::string& param_dtype) {
+  // bf16 GEMMs in every precision (bf16 weights need them): the runs differ in the weights (and
+  // the saved activations) alone.
+  RunConfig config(const std::string& run, int steps, const std::string& param_dtype,
+                   const std::string& activation_dtype = "f32") {
     return parse_run_config(toy::toy_config(prefix_, root_ / run, steps), "toy.toml",
-                            {"train.param_dtype=\"" + param_dtype + "\"", "train.gemm_dtype=\"bf16\""});
+                            {"train.param_dtype=\"" + param_dtype + "\"", "train.gemm_dtype=\"bf16\"",
+                             "train.activation_dtype=\"" + activation_dtype + "\""});
   }
   fs::path root_;
   std::string prefix_;
 };
 
-// bf16 weights carry 8 bits of mantissa (2^-9 relative rounding) against f32's 24, so the two runs
+// bf16 weights carry 8 significant bits (2^-8 relative rounding) against f32's 24, so the two runs
 // differ from the first step on: by about 1e-4 relative in the loss over these 12 steps of the toy
 // model, in which the loss falls by 10%. 1e-3 per step bounds that, while updates lost to the
 // rounding (no master weights) or a wrong master would show by the end of the run.
@@ -159,15 +162,32 @@ TEST_F(MixedPrecision, WeightsAreBf16AndCheckpointsHoldTheMasters) {
   EXPECT_GT(masters_not_bf16, total / 2) << "the checkpoint holds rounded weights, not fp32 masters";
 }
 
+// ZAYA1's precision whole: bf16 GEMMs, bf16 weights with fp32 masters and bf16 saved activations
+// (the backward reads rounded activations too). Against the run with only bf16 GEMMs the loss moves
+// by the weights' rounding, as above, plus the gradients' (each step's gradient within a few 2^-8
+// of the other's: tests/model/test_model_bf16_activations.cc), which the update scales by the
+// learning rate: 2e-3 per step's loss bounds both over these 12 steps, while a backward that read
+// wrong activations would not learn.
+TEST_F(MixedPrecision, Zaya1PrecisionLearnsAndTracksTheF32WeightsRun) {
+  const int steps = 12;
+  Trainer f32(config("f32", steps, "f32"), {.quiet = true});
+  Trainer z1(config("zaya1", steps, "bf16", "bf16"), {.quiet = true});
+  const TrainResult a = f32.run(), b = z1.run();
+  ASSERT_EQ(b.losses.size(), static_cast<size_t>(steps));
+  for (int s = 0; s < steps; ++s) EXPECT_NEAR(b.losses[s], a.losses[s], 2e-3 * a.losses[s]) << "step " << s + 1;
+  EXPECT_LT(b.losses.back(), b.losses.front() * 0.95) << "the run did not learn";
+  EXPECT_EQ(z1.model().activation_dtype(), DType::bf16);
+}
+
 TEST_F(MixedPrecision, ResumeIsBitExact) {
   const int total = 10, first = 5;
-  Trainer straight(config("straight", total, "bf16"), {.quiet = true});
+  Trainer straight(config("straight", total, "bf16", "bf16"), {.quiet = true});
   const TrainResult a = straight.run();
   {
-    Trainer part(config("split", total, "bf16"), {.quiet = true, .stop_after_steps = first});
+    Trainer part(config("split", total, "bf16", "bf16"), {.quiet = true, .stop_after_steps = first});
     part.run();
   }
-  Trainer resumed(config("split", total, "bf16"), {.resume = "latest", .quiet = true});
+  Trainer resumed(config("split", total, "bf16", "bf16"), {.resume = "latest", .quiet = true});
   const TrainResult c = resumed.run();
   ASSERT_EQ(c.losses.size(), static_cast<size_t>(total - first));
   for (int i = 0; i < total - first; ++i) EXPECT_EQ(a.losses[first + i], c.losses[i]) << "step " << first + i + 1;

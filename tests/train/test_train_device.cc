@@ -124,7 +124,8 @@ TEST_F(TrainDevice, GradientSyncOnTheDeviceTracksTheCpu) {
 
 // The issue's own check of mixed precision, on a real GPU only (on the emulated device it would run
 // 100 demo-size steps of the CPU kernels, minutes of the suite): 50 steps of configs/demo.toml's
-// model and optimizer in bf16 (bf16 GEMM inputs, bf16 weights with fp32 masters) on the GPU track the
+// model and optimizer in bf16 (bf16 GEMM inputs, bf16 weights with fp32 masters, bf16 saved
+// activations) on the GPU track the
 // same run on the CPU. The corpus is the toy one (the demo's data is not part of the checkout). The
 // bound is Bf16TrainingTracksTheCpu's, for its reason: 2% per step's loss.
 TEST_F(TrainDevice, DemoModelInBf16TracksTheCpuOverFiftySteps) {
@@ -141,6 +142,7 @@ TEST_F(TrainDevice, DemoModelInBf16TracksTheCpuOverFiftySteps) {
                              "train.steps=50", "train.eval_every=0", "ckpt.every=0", "ckpt.save_final=false",
                              "train.progress=false", "train.out_dir=\"" + (root_ / run).string() + "\"",
                              "train.gemm_dtype=\"bf16\"", "train.param_dtype=\"bf16\"",
+                             "train.activation_dtype=\"bf16\"",
                              "parallel.device=\"" + device + "\""});
   };
   Trainer cpu(demo("cpu", "cpu"), {.quiet = true});
