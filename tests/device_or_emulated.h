@@ -19,6 +19,15 @@ inline bool real_gpu_or_emulated() {
   return false;
 }
 
+// Switches the emulated device off again at the end of its scope, when `on` (a test binary whose
+// other tests expect no device where there is none): `EmulationOffAtExit off{!real};`.
+struct EmulationOffAtExit {
+  bool on;
+  ~EmulationOffAtExit() {
+    if (on) cuda::set_emulated(false);
+  }
+};
+
 }  // namespace zaya::test
 
 // At the top of a device-path test: says which of the two it is running on.

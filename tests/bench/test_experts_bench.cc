@@ -102,12 +102,7 @@ TEST(ExpertsBench, TimesTheExpertsOpOnTheCpu) {
 TEST(ExpertsBench, TimesTheExpertsOpOnTheDevice) {
   if (!cuda::built_with_cuda()) GTEST_SKIP() << "CPU-only build";
   ZAYA_GPU_OR_EMULATED(real);
-  struct EmulationOff {  // other tests of this binary expect no device when there is none
-    bool on;
-    ~EmulationOff() {
-      if (on) cuda::set_emulated(false);
-    }
-  } off{!real};
+  const test::EmulationOffAtExit off{!real};  // other tests of this binary expect no device
   time_tiny_experts(Device::cuda, DType::f32);
   time_tiny_experts(Device::cuda, DType::bf16);
 }

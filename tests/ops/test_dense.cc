@@ -621,12 +621,7 @@ TEST(DenseDevice, MixedDevicesAreRejectedNamingTheArgument) {
 // exact (a gather and a widening), so the device's result is the CPU's bit for bit on either.
 TEST(DenseDevice, Bf16TableEmbeddingAndCastToF32OnTheDeviceAreBitwiseTheCpus) {
   ZAYA_GPU_OR_EMULATED(real);
-  struct EmulationOff {  // other tests of this binary expect no device when there is none
-    bool on;
-    ~EmulationOff() {
-      if (on) cuda::set_emulated(false);
-    }
-  } off{!real};
+  const test::EmulationOffAtExit off{!real};  // other tests of this binary expect no device
   const int64_t vocab = 13, h = 37, n = 40;
   Tensor ids = Tensor::empty({n}, DType::i32);
   for (int64_t i = 0; i < n; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 5) % vocab);

@@ -193,7 +193,9 @@ TEST(CrossEntropyBf16, ForwardAloneIsTheForwardBackwardsLossAndLseBitwise) {
         EXPECT_EQ(f.loss, 0.0);
       } else {
         EXPECT_GT(f.count, 0);
-        if (c.vocab > 1) EXPECT_GT(f.loss, 0.1);  // random logits over ≥ 7 columns: far from a sure guess
+        if (c.vocab > 1) {
+          EXPECT_GT(f.loss, 0.1);  // random logits over ≥ 7 columns: far from a sure guess
+        }
       }
     }
   }
@@ -252,12 +254,7 @@ TEST(CrossEntropyBf16, ForwardAloneBadArgumentsAreNamed) {
 // row sums and CUDA's expf/logf).
 TEST(CrossEntropyDevice, Bf16ForwardAloneOnTheDeviceIsItsForwardBackwardsAndTheCpus) {
   ZAYA_GPU_OR_EMULATED(real);
-  struct EmulationOff {  // other tests of this binary expect no device when there is none
-    bool on;
-    ~EmulationOff() {
-      if (on) cuda::set_emulated(false);
-    }
-  } off{!real};
+  const test::EmulationOffAtExit off{!real};  // other tests of this binary expect no device
   const std::vector<int32_t> t = targets();
   Tensor h16 = random_tensor({kRows, kHidden}, 99, 0.5f, DType::bf16);
   Tensor E16 = random_tensor({kVocab, kHidden}, 100, 0.5f, DType::bf16), tg = make_targets(t);
