@@ -82,15 +82,16 @@ TEST_F(TrainDevice, Bf16TrainingTracksTheCpu) {
     EXPECT_NEAR(b.losses[i], a.losses[i], 2e-2 * std::abs(a.losses[i])) << "step " << i + 1;
 }
 
-// bf16 weights with fp32 master weights (train.param_dtype = "bf16") on the device: the bf16
-// weights, the masters, their update and the rounding live there. The bound is the bf16 one above: a
-// last-bit difference in a master can round its bf16 weight the other way.
+// ZAYA1's precision on the device: bf16 weights with fp32 master weights (train.param_dtype =
+// "bf16": the bf16 weights, the masters, their update and the rounding live there) and bf16 saved
+// activations. The bound is the bf16 one above: a last-bit difference in a master can round its
+// bf16 weight the other way, and so can one in a saved activation.
 TEST_F(TrainDevice, Bf16WeightsTrackTheCpu) {
   ZAYA_GPU_OR_EMULATED(real);
   auto bf16 = [&](const std::string& run, const std::string& device) {
     return parse_run_config(toy::toy_config(prefix_, root_ / run, 20), "toy.toml",
                             {"parallel.device=\"" + device + "\"", "train.param_dtype=\"bf16\"",
-                             "train.gemm_dtype=\"bf16\""});
+                             "train.gemm_dtype=\"bf16\"", "train.activation_dtype=\"bf16\""});
   };
   Trainer cpu(bf16("cpu", "cpu"), {.quiet = true});
   Trainer dev(bf16("dev", "cuda"), {.quiet = true});
@@ -99,6 +100,7 @@ TEST_F(TrainDevice, Bf16WeightsTrackTheCpu) {
   for (size_t i = 0; i < a.losses.size(); ++i)
     EXPECT_NEAR(b.losses[i], a.losses[i], 2e-2 * std::abs(a.losses[i])) << "step " << i + 1;
   EXPECT_EQ(dev.model().weight_dtype(), DType::bf16);
+  EXPECT_EQ(dev.model().activation_dtype(), DType::bf16);
   EXPECT_EQ(dev.model().params_flat().device(), Device::cuda);
 }
 
