@@ -65,14 +65,24 @@ void ZayaDecoder::prefill(const Tensor& ids, const Tensor& logits) {
   const int64_t T = ids.size(1), H = c.hidden_size, kv = c.kv_dim(), C = c.conv_channels();
   const float eps = static_cast<float>(c.rms_norm_eps);
   if (m_.batch() != B_ || m_.seq_len() != T) m_.set_batch_shape(B_, T);
-  // The caches are filled from every layer's saved activations, which a model in recompute mode
-  // does not keep: the prefill runs without it (two re-plans of the arena) and turns it back on.
-  struct RecomputeOff {
+  // The caches are filled from every layer's saved f32 z, kr and v, which a model in recompute mode
+  // or with bf16 saved activations does not keep (one shared set; the layers keep bf16 copies, and
+  // rounded caches would change the tokens): the prefill runs without either (re-plans of the
+  // arena) and turns them back on.
+  struct SavedF32Activations {
     ZayaModel& m;
-    bool was;
-    explicit RecomputeOff(ZayaModel& model) : m(model), was(model.recompute()) { m.set_recompute(false); }
-    ~RecomputeOff() { m.set_recompute(was); }
-  } recompute_off(m_);
+    bool recompute;
+    DType activations;
+    explicit SavedF32Activations(ZayaModel& model)
+        : m(model), recompute(model.recompute()), activations(model.activation_dtype()) {
+      m.set_recompute(false);
+      if (activations != DType::f32) m.set_activation_dtype(DType::f32);
+    }
+    ~SavedF32Activations() {
+      if (activations != DType::f32) m.set_activation_dtype(activations);
+      m.set_recompute(recompute);
+    }
+  } saved_f32(m_);
   m_.forward(ids, Tensor{}, false);
 
   for (int l = 0; l < c.num_hidden_layers; ++l) {

@@ -71,7 +71,8 @@ struct LayerActs {
   // and not xp and act, so in this mode xp and act are views of shared scratch (ScratchActs).
   Tensor xp16, act16;
   // bf16 GEMM path: the dense projections' inputs in bf16 (their forward and weight-gradient GEMMs
-  // read these). att stays f32 besides (the attention's backward reads it). u feeds only its GEMMs
+  // read these). att stays f32 besides (the attention's backward reads it; with bf16 saved
+  // activations from att16 widened into shared scratch, see below). u feeds only its GEMMs
   // after the forward (the cached decoder normalizes the layer input again), so its f32 field is a
   // view of shared scratch. w is read in f32 only in the forward (the experts' gather) unless the
   // skip passthrough's backward reads it too, so without the passthrough its f32 field is a view of
@@ -87,6 +88,13 @@ struct LayerActs {
   // (ScratchActs::rs_h_f32: o is spent before m is made); only ds_h of their backwards reads h, from
   // these bf16 copies.
   Tensor o16, m16;
+  // bf16 saved activations, the sequence ops' part: the conv input z, the QK-norm inputs qpre and
+  // kpre, and the attention's inputs qr, kr, v. Their f32 fields are views of shared scratch
+  // (ScratchActs::z_f32 ...) that the forward computes from; each layer keeps these bf16 copies,
+  // which the layer's backward widens exactly back into that scratch before the f32 backward ops
+  // (and the context-parallel K/V gather) read it. att works the same way with att16, the o_proj
+  // GEMM's copy. The ops, the CPU's attention kernels among them, so stay f32 throughout.
+  Tensor z16, qpre16, kpre16, qr16, kr16, v16;
   // Context parallelism: each chunk's halo, the two positions before it [B·2·2, C + nkv·hd]
   // (z's columns, then [vc | vd]; zeros before the sequence), as the conv and value shift saw it.
   Tensor halo;
@@ -135,6 +143,10 @@ struct ScratchActs {
   Tensor u_f32;
   // bf16 saved activations: o and m in f32 [N, H], each read only by its residual scaling's forward.
   Tensor rs_h_f32;
+  // bf16 saved activations: the sequence ops' saved tensors in f32 (LayerActs::z16 ...), one set for
+  // every layer: the forward writes them and casts them to the layer's bf16 copies; the backward
+  // widens a layer's copies back into them. Nothing reads them across layers.
+  Tensor z_f32, qpre_f32, kpre_f32, qr_f32, kr_f32, v_f32, att_f32;
   CpScratch cp;
 };
 

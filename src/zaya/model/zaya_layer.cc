@@ -126,7 +126,7 @@ void ZayaModel::layer_forward(int l, bool recomputing) {
   const LayerParams& p = lp_[l];
   const Tensor& x = s.xs[l];
   const bool b16 = gemm_dtype_ == DType::bf16;
-  const bool a16 = activation_dtype_ == DType::bf16;  // o and m saved as bf16 copies only
+  const bool a16 = activation_dtype_ == DType::bf16;  // o, m and the sequence ops' saved as bf16 copies only
   SectionClock clock(*this);
 
   // --- attention -------------------------------------------------------------------------
@@ -151,6 +151,14 @@ void ZayaModel::layer_forward(int l, bool recomputing) {
     ops::value_shift_forward(t.v, s.vcd, B_, T_, kv / 2);
     clock.part("forward: attention");
     ops::attention_forward(t.att, t.lse, t.qr, t.kr, t.v, B_, T_, nq, nkv, hd);
+  }
+  if (a16) {  // the layer's saved copies; the f32 values (shared scratch) are the next layer's to reuse
+    ops::cast_to_bf16(t.z16, t.z);
+    ops::cast_to_bf16(t.qpre16, t.qpre);
+    ops::cast_to_bf16(t.kpre16, t.kpre);
+    ops::cast_to_bf16(t.qr16, t.qr);
+    ops::cast_to_bf16(t.kr16, t.kr);
+    ops::cast_to_bf16(t.v16, t.v);
   }
   clock.part("forward: out projection, residual");
   if (b16) ops::cast_to_bf16(t.att16, t.att);
@@ -210,6 +218,20 @@ void ZayaModel::layer_backward(int l) {
   const Tensor& o_saved = a16 ? t.o16 : t.o;
   const Tensor& m_saved = a16 ? t.m16 : t.m;
   SectionClock clock(*this);
+  // bf16 saved activations: the sequence ops' saved tensors back into their shared f32 scratch
+  // (exact), which the f32 attention and CCA backward ops below read as t.z ... t.att. Here at the
+  // start, since the overlapped context-parallel K/V gather reads kr and v from now on; nothing
+  // before the attention's backward writes that scratch.
+  if (a16) {
+    clock.part("backward: widen the saved attention inputs");
+    ops::cast_to_f32(t.z, t.z16);
+    ops::cast_to_f32(t.qpre, t.qpre16);
+    ops::cast_to_f32(t.kpre, t.kpre16);
+    ops::cast_to_f32(t.qr, t.qr16);
+    ops::cast_to_f32(t.kr, t.kr16);
+    ops::cast_to_f32(t.v, t.v16);
+    ops::cast_to_f32(t.att, t.att16);
+  }
   // Context parallel, overlapped: attention's K/V gather runs under the experts' backward.
   if (cp_ && cp_schedule_ == CpSchedule::overlapped) cp_start_kv_gather(l);
 

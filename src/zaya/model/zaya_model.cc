@@ -394,6 +394,12 @@ void ZayaModel::plan() {
     s.gu_f32 = a16 ? a({N, 2 * I}) : Tensor{};
     s.y_f32 = a16 ? a({N, H}) : Tensor{};
     s.rs_h_f32 = a16 ? a({N, H}) : Tensor{};
+    // bf16 saved activations: the sequence ops' saved tensors in f32, one set for every layer (the
+    // forward's values, then a layer's bf16 copies widened for its backward).
+    if (a16) {
+      s.z_f32 = a({N, C}); s.qpre_f32 = a({N, q}); s.kpre_f32 = a({N, kv});
+      s.qr_f32 = a({N, q}); s.kr_f32 = a({N, kv}); s.v_f32 = a({N, kv}); s.att_f32 = a({N, q});
+    }
     for (int64_t l = 0; l < L; ++l) {
       LayerActs& t = acts_[l];
       if (recompute_ && l > 0) {
@@ -403,9 +409,11 @@ void ZayaModel::plan() {
         // routing choice (router_choice()). u and att alternate between two buffers because the
         // weight gradients of layer l+1's projections (dW_o from att, dW_qkv from u) are still
         // pending while layer l is recomputed (zaya_layer.cc, "Backward scheduling"). On the bf16
-        // path those GEMMs read the bf16 copies, which alternate; u's f32 is the shared scratch.
+        // path those GEMMs read the bf16 copies, which alternate; u's f32 is the shared scratch, and
+        // so is att's with bf16 saved activations (only the attention's backward reads it then, from
+        // att16 widened).
         if (l == 1) {
-          u_odd = b16 ? s.u_f32 : a({N, H}); att_odd = a({N, q});
+          u_odd = b16 ? s.u_f32 : a({N, H}); att_odd = a16 ? s.att_f32 : a({N, q});
           if (b16) { u16_odd = a({N, H}, DType::bf16); att16_odd = a({N, q}, DType::bf16); }
         }
         const size_t before = counted;
@@ -418,9 +426,17 @@ void ZayaModel::plan() {
       }
       size_t before = counted;
       t.rstd_in = a({N}); t.u = b16 ? s.u_f32 : a({N, H});
-      t.z = a({N, C}); t.qpre = a({N, q}); t.kpre = a({N, kv});
-      t.qr = a({N, q}); t.kr = a({N, kv}); t.v = a({N, kv});
-      t.att = a({N, q});
+      if (a16) {  // the f32 values are shared scratch; the layer keeps bf16 copies (att: att16)
+        t.z = s.z_f32; t.qpre = s.qpre_f32; t.kpre = s.kpre_f32;
+        t.qr = s.qr_f32; t.kr = s.kr_f32; t.v = s.v_f32;
+        t.att = s.att_f32;
+        t.z16 = a({N, C}, DType::bf16); t.qpre16 = a({N, q}, DType::bf16); t.kpre16 = a({N, kv}, DType::bf16);
+        t.qr16 = a({N, q}, DType::bf16); t.kr16 = a({N, kv}, DType::bf16); t.v16 = a({N, kv}, DType::bf16);
+      } else {
+        t.z = a({N, C}); t.qpre = a({N, q}); t.kpre = a({N, kv});
+        t.qr = a({N, q}); t.kr = a({N, kv}); t.v = a({N, kv});
+        t.att = a({N, q});
+      }
       t.lse = cp_ ? a({2 * B_, nq, T_ / 2}) : a({B_, nq, T_});  // cp: one [nq, c] block per chunk
       t.o = a16 ? s.rs_h_f32 : a({N, H}); t.x_mid = a({N, H});
       t.rstd_post = a({N}); t.w = w_staged ? s.w_f32 : a({N, H});

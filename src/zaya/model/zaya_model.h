@@ -84,10 +84,11 @@ class ZayaModel {
   DType gemm_dtype() const { return gemm_dtype_; }
 
   // Saved activations: f32 (default), or bf16 (needs bf16 GEMMs): the large tensors that the
-  // backward reads in element-wise ops are saved as bf16 copies only. The forward computes from
-  // their f32 values, as in f32 mode, so the forward and the loss are unchanged; the backward reads
-  // the rounded values. The residual stream, the norms' statistics and attention's logsumexp stay
-  // f32. Which tensors: LayerActs in model_internal.h. Re-plans the arena (allocates).
+  // backward reads outside the GEMMs (element-wise, CCA and attention ops) are saved as bf16
+  // copies only. The forward computes from their f32 values, as in f32 mode, so the forward and
+  // the loss are unchanged; the backward reads the rounded values. The residual stream, the norms'
+  // statistics and attention's logsumexp stay f32. Which tensors: LayerActs in model_internal.h.
+  // Re-plans the arena (allocates).
   void set_activation_dtype(DType dtype);
   DType activation_dtype() const { return activation_dtype_; }
 
