@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "sizing/zaya1_base_shape.h"
 #include "zaya/core/error.h"
 #include "zaya/sizing/hardware.h"
 #include "zaya/sizing/size_report.h"
@@ -14,17 +15,7 @@ namespace {
 
 // ZAYA1-base's layer shape with 8 layers at one 4096-token sequence: the GPU benchmark's model.
 SizeReport base_report(const std::optional<HardwareProfile>& hw) {
-  model::ModelConfig c;
-  c.hidden_size = 2048;
-  c.num_hidden_layers = 8;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 128;
-  c.num_experts = 16;
-  c.moe_intermediate_size = 2048;
-  c.router_hidden_size = 256;
-  c.vocab_size = 262272;
-  c.max_position_embeddings = 4096;
+  const model::ModelConfig c = test::zaya1_base_shape(8);
   RunShape run;
   run.mbs = 2;
   run.seq = 4096;

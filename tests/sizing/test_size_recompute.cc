@@ -4,28 +4,13 @@
 
 #include <cstdio>
 
+#include "sizing/zaya1_base_shape.h"
 #include "zaya/model/params.h"
 #include "zaya/sizing/hardware.h"
 #include "zaya/sizing/size_report.h"
 
 namespace zaya::sizing {
 namespace {
-
-// ZAYA1-base's layer shape (hidden 2048, CCA 8/2 x 128, 16 experts x 2048, router 256) with L layers.
-model::ModelConfig base_shape(int layers) {
-  model::ModelConfig c;
-  c.hidden_size = 2048;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 128;
-  c.num_experts = 16;
-  c.moe_intermediate_size = 2048;
-  c.router_hidden_size = 256;
-  c.vocab_size = 262272;
-  c.max_position_embeddings = 4096;
-  return c;
-}
 
 TEST(SizeRecompute, ActivationsShrinkToInputsPlusOneLayerAndTheStepGrows) {
   const HardwareProfile h100 = builtin_profile("h100");
@@ -34,7 +19,7 @@ TEST(SizeRecompute, ActivationsShrinkToInputsPlusOneLayerAndTheStepGrows) {
   run.seq = 4096;
   for (int L : {1, 8, 40}) {
     SCOPED_TRACE(testing::Message() << L << " layers");
-    const model::ModelConfig c = base_shape(L);
+    const model::ModelConfig c = test::zaya1_base_shape(L);
     const SizeReport plain = size_model(c, run, h100);
     RunShape rc_run = run;
     rc_run.recompute = true;

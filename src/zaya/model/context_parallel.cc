@@ -72,6 +72,22 @@ void zigzag_copy(const char* what, const Tensor& rows, const Tensor& part, int64
         std::memcpy(w, m, static_cast<size_t>(4 * c));
     }
 }
+
+// Device rows between rank-major order [K·N, F] (each rank's B rows of two chunks of c, as an
+// all-gather leaves them and a reduce-scatter takes them) and sequence order [B·S, F], either way.
+void zigzag_reorder(const Tensor& rank_major, const Tensor& sequence, int64_t K, int64_t B, int64_t S, int64_t c,
+                    bool to_sequence) {
+  const int64_t N = B * 2 * c, F = rank_major.size(1);
+  for (int64_t r = 0; r < K; ++r)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t seg = 0; seg < 2; ++seg) {
+        const int64_t g = r * N + (2 * b + seg) * c, q = b * S + zigzag_chunk(r, seg, K) * c;
+        if (to_sequence)
+          ops::copy_block(sequence, q, 0, rank_major, g, 0, c, F);
+        else
+          ops::copy_block(rank_major, g, 0, sequence, q, 0, c, F);
+      }
+}
 }  // namespace
 
 void zigzag_select(const Tensor& out, const Tensor& rows, int64_t rank, int64_t cp) {
@@ -96,15 +112,9 @@ void ZayaModel::cp_gather_kv(int l) {
 }
 
 void ZayaModel::cp_place_kv() {
-  const int64_t K = cp_->size(), c = T_ / 2, N = B_ * T_;
   CpScratch& x = scratch_->cp;
-  for (int64_t r = 0; r < K; ++r)
-    for (int64_t b = 0; b < B_; ++b)
-      for (int64_t seg = 0; seg < 2; ++seg) {
-        const int64_t src = r * N + (2 * b + seg) * c, dst = b * S_ + zigzag_chunk(r, seg, K) * c;
-        ops::copy_block(x.kfull, dst, 0, x.kg, src, 0, c, x.kg.size(1));
-        ops::copy_block(x.vfull, dst, 0, x.vg, src, 0, c, x.vg.size(1));
-      }
+  zigzag_reorder(x.kg, x.kfull, cp_->size(), B_, S_, T_ / 2, /*to_sequence=*/true);
+  zigzag_reorder(x.vg, x.vfull, cp_->size(), B_, S_, T_ / 2, /*to_sequence=*/true);
 }
 
 void ZayaModel::cp_attention_forward(int l) {
@@ -243,13 +253,8 @@ void ZayaModel::cp_attention_backward_overlapped(int l) {
                                    x.kfull.slice(b * S_, b * S_ + start), x.vfull.slice(b * S_, b * S_ + start),
                                    rows(t.att), t.lse.slice(u, u + 1), 1, c, start, nq, nkv, hd);
   }
-  for (int64_t r = 0; r < K; ++r)
-    for (int64_t b = 0; b < B_; ++b)
-      for (int64_t seg = 0; seg < 2; ++seg) {
-        const int64_t dst = r * N + (2 * b + seg) * c, src = b * S_ + zigzag_chunk(r, seg, K) * c;
-        ops::copy_block(x.dkg, dst, 0, x.dkfull, src, 0, c, kv);
-        ops::copy_block(x.dvg, dst, 0, x.dvfull, src, 0, c, kv);
-      }
+  zigzag_reorder(x.dkg, x.dkfull, K, B_, S_, c, /*to_sequence=*/false);
+  zigzag_reorder(x.dvg, x.dvfull, K, B_, S_, c, /*to_sequence=*/false);
   Exchange scatter_k = cp_->start_reduce_scatter(s.dkr, x.dkg), scatter_v = cp_->start_reduce_scatter(s.dv, x.dvg);
   x.dk_own.zero_();
   x.dv_own.zero_();
@@ -270,7 +275,7 @@ void ZayaModel::cp_attention_backward_overlapped(int l) {
 // Attention's backward under CpSchedule::blocking: every unit adds its keys' gradients into the
 // full dK, dV; the owners get their sum.
 void ZayaModel::cp_attention_backward_blocking(int l) {
-  const int64_t K = cp_->size(), c = T_ / 2, N = B_ * T_, kv = cfg_.kv_dim();
+  const int64_t K = cp_->size(), c = T_ / 2;
   const int64_t nq = cfg_.num_attention_heads, nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim;
   LayerActs& t = acts_[static_cast<size_t>(l)];
   ScratchActs& s = *scratch_;
@@ -286,13 +291,8 @@ void ZayaModel::cp_attention_backward_blocking(int l) {
                                x.kfull.slice(b * S_, b * S_ + keys), x.vfull.slice(b * S_, b * S_ + keys),
                                rows(t.att), t.lse.slice(u, u + 1), 1, c, keys, start, nq, nkv, hd);
   }
-  for (int64_t r = 0; r < K; ++r)
-    for (int64_t b = 0; b < B_; ++b)
-      for (int64_t seg = 0; seg < 2; ++seg) {
-        const int64_t dst = r * N + (2 * b + seg) * c, src = b * S_ + zigzag_chunk(r, seg, K) * c;
-        ops::copy_block(x.dkg, dst, 0, x.dkfull, src, 0, c, kv);
-        ops::copy_block(x.dvg, dst, 0, x.dvfull, src, 0, c, kv);
-      }
+  zigzag_reorder(x.dkg, x.dkfull, K, B_, S_, c, /*to_sequence=*/false);
+  zigzag_reorder(x.dvg, x.dvfull, K, B_, S_, c, /*to_sequence=*/false);
   cp_->reduce_scatter(s.dkr, x.dkg);
   cp_->reduce_scatter(s.dv, x.dvg);
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <functional>
 #include <string>
@@ -95,6 +96,11 @@ struct LayerActs {
   // (and the context-parallel K/V gather) read it. att works the same way with att16, the o_proj
   // GEMM's copy. The ops, the CPU's attention kernels among them, so stay f32 throughout.
   Tensor z16, qpre16, kpre16, qr16, kr16, v16;
+  // Those six as (f32 field, bf16 copy) pairs, in one list for the forward's rounding and the
+  // backward's widening.
+  std::array<std::pair<Tensor*, Tensor*>, 6> sequence_copies() {
+    return {{{&z, &z16}, {&qpre, &qpre16}, {&kpre, &kpre16}, {&qr, &qr16}, {&kr, &kr16}, {&v, &v16}}};
+  }
   // Context parallelism: each chunk's halo, the two positions before it [B·2·2, C + nkv·hd]
   // (z's columns, then [vc | vd]; zeros before the sequence), as the conv and value shift saw it.
   Tensor halo;

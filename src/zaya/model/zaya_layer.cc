@@ -152,14 +152,8 @@ void ZayaModel::layer_forward(int l, bool recomputing) {
     clock.part("forward: attention");
     ops::attention_forward(t.att, t.lse, t.qr, t.kr, t.v, B_, T_, nq, nkv, hd);
   }
-  if (a16) {  // the layer's saved copies; the f32 values (shared scratch) are the next layer's to reuse
-    ops::cast_to_bf16(t.z16, t.z);
-    ops::cast_to_bf16(t.qpre16, t.qpre);
-    ops::cast_to_bf16(t.kpre16, t.kpre);
-    ops::cast_to_bf16(t.qr16, t.qr);
-    ops::cast_to_bf16(t.kr16, t.kr);
-    ops::cast_to_bf16(t.v16, t.v);
-  }
+  if (a16)  // the layer's saved copies; the f32 values (shared scratch) are the next layer's to reuse
+    for (auto [f32, b16copy] : t.sequence_copies()) ops::cast_to_bf16(*b16copy, *f32);
   clock.part("forward: out projection, residual");
   if (b16) ops::cast_to_bf16(t.att16, t.att);
   ops::linear_forward(t.o, d.att, d.w_o, Tensor{});
@@ -224,12 +218,7 @@ void ZayaModel::layer_backward(int l) {
   // before the attention's backward writes that scratch.
   if (a16) {
     clock.part("backward: widen the saved attention inputs");
-    ops::cast_to_f32(t.z, t.z16);
-    ops::cast_to_f32(t.qpre, t.qpre16);
-    ops::cast_to_f32(t.kpre, t.kpre16);
-    ops::cast_to_f32(t.qr, t.qr16);
-    ops::cast_to_f32(t.kr, t.kr16);
-    ops::cast_to_f32(t.v, t.v16);
+    for (auto [f32, b16copy] : t.sequence_copies()) ops::cast_to_f32(*f32, *b16copy);
     ops::cast_to_f32(t.att, t.att16);
   }
   // Context parallel, overlapped: attention's K/V gather runs under the experts' backward.

@@ -170,8 +170,8 @@ void ZayaModel::store_weights_bf16() {
     f32 = Tensor{};
   }
   // The parameters f32 ops read, in runs of neighbours: one widening cast per run.
-  small_views_.assign(specs_.size(), Tensor{});
   small_segments_.clear();
+  std::vector<int64_t> small_at(specs_.size(), -1);  // each small parameter's offset in small32_
   int64_t small = 0;
   for (size_t i = 0; i < specs_.size(); ++i) {
     if (specs_[i].is_gemm_weight()) continue;
@@ -180,13 +180,13 @@ void ZayaModel::store_weights_bf16() {
       small_segments_.back().end = e;
     else
       small_segments_.push_back({b, e, small});
+    small_at[i] = small;
     small += e - b;
   }
   small32_ = Tensor::empty(Shape{small}, DType::f32, device_);
-  for (const SmallSegment& g : small_segments_)
-    for (size_t i = 0; i < specs_.size(); ++i)
-      if (!specs_[i].is_gemm_weight() && offsets_[i] >= g.begin && offsets_[i] < g.end)
-        small_views_[i] = small32_.window(g.at + offsets_[i] - g.begin, specs_[i].shape);
+  small_views_.assign(specs_.size(), Tensor{});
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (small_at[i] >= 0) small_views_[i] = small32_.window(small_at[i], specs_[i].shape);
   params_ = w16;
   for (size_t i = 0; i < specs_.size(); ++i) param_views_[i] = params_.window(offsets_[i], specs_[i].shape);
   widen_small(0, params_.numel());

@@ -32,7 +32,8 @@ struct ParamTable {
   Tensor param(size_t i) const { return param_window(offsets[i], specs[i].shape); }
   Tensor grad(size_t i) const { return grads.window(offsets[i], specs[i].shape); }
 
-  // The table of a ZayaModel: views of its live buffers (its weights must be f32).
+  // The table of a ZayaModel: views of its live buffers. An optimizer updates f32 values: with bf16
+  // weights its params are the master weights instead (train::MasterWeights::table).
   static ParamTable of(const model::ZayaModel& m);
   // Throws naming the first inconsistency (offsets out of order or past the buffers, a dtype or a
   // size mismatch between params and grads, params not inside the layout).

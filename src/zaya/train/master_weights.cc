@@ -21,13 +21,9 @@ MasterWeights::MasterWeights(model::ZayaModel& model, optim::ShardRange range) :
 }
 
 optim::ParamTable MasterWeights::table() const {
-  optim::ParamTable t;
-  t.specs = model_.specs();
-  for (size_t i = 0; i < t.specs.size(); ++i) t.offsets.push_back(model_.param_offset(static_cast<int>(i)));
+  optim::ParamTable t = optim::ParamTable::of(model_);
   t.params = master_;
   t.params_begin = range_.begin;
-  t.grads = model_.grads_flat();
-  t.balancing_biases = model_.balancing_biases();
   return t;
 }
 
